@@ -1,0 +1,120 @@
+"""Kiln's error hierarchy.
+
+Every error Kiln raises derives from :class:`KilnError`, which derives from
+``Exception`` (Prefect reports a ``BaseException`` as Crashed, not Failed).
+Whether an error is worth retrying is a property of its type: retry
+conditions look at :attr:`KilnError.retryable` and nothing else.
+
+This module lives in ``release/`` because it is the lowest layer: ``tasks``
+and ``flows`` import it, and ``release`` must stay importable without them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class KilnError(Exception):
+    """Root of every error Kiln raises on purpose."""
+
+    retryable: ClassVar[bool] = False
+
+
+class RetryableError(KilnError):
+    """A transient fault: the same call may succeed if tried again."""
+
+    retryable = True
+
+
+class PermanentError(KilnError):
+    """A real fault: retrying cannot help; fail at once with the message."""
+
+    retryable = False
+
+
+# --- bad input (invariant 7) -------------------------------------------------
+
+
+class InvalidInputError(PermanentError):
+    """Input that is malformed: a bad name, version, path or value."""
+
+
+class ConfigError(InvalidInputError):
+    """``kiln.toml`` or a flow parameter is invalid; nothing was started."""
+
+
+# --- storage and publishing --------------------------------------------------
+
+
+class IntegrityError(PermanentError):
+    """Bytes do not match the hash that was promised for them."""
+
+
+class AccessDeniedError(PermanentError):
+    """The store refused the call for lack of permission."""
+
+
+class ThrottledError(RetryableError):
+    """The store asked us to slow down (S3 ``SlowDown``, HTTP 503...)."""
+
+
+class TransientStoreError(RetryableError):
+    """A connection reset, a timeout or a 5xx from the store."""
+
+
+class ConflictError(RetryableError):
+    """A compare-and-swap lost a race; re-read and try again."""
+
+
+# --- build -------------------------------------------------------------------
+
+
+class CompileError(PermanentError):
+    """A kernel failed to compile for one target."""
+
+
+class CacheDriftError(RetryableError):
+    """A cache entry's artifact is missing or its hash differs.
+
+    The build stage invalidates the entry's whole batch and rebuilds it.
+    """
+
+
+class ToolchainMissingError(PermanentError):
+    """A required compiler or tool is not installed."""
+
+
+# --- test --------------------------------------------------------------------
+
+
+class InfrastructureError(RetryableError):
+    """A worker was lost, a rendezvous failed, a device ran out of memory."""
+
+
+class DistributedTestError(PermanentError):
+    """One or more ranks of a distributed test failed."""
+
+
+class TestTimeoutError(PermanentError):
+    """A test or rank ran past its deadline and was terminated."""
+
+    __test__ = False  # not a pytest test class
+
+
+# --- benchmark / release -------------------------------------------------------
+
+
+class RegressionError(PermanentError):
+    """A benchmark regressed beyond both the threshold and the noise."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it was raised from) is a retryable Kiln error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KilnError):
+            return current.retryable
+        seen.add(id(current))
+        current = current.__cause__
+    return False
