@@ -161,6 +161,7 @@ class KilnConfig(_Model):
     build: Build = Build()
     suites: tuple[Suite, ...] = ()
     bench: Bench = Bench()
+    artifacts: Target = Target(url="file://.kiln/artifacts")
     publish: Publish
     permissions: dict[Step, Permission] = {}
     root: Path = Field(default=Path("."), exclude=True)
