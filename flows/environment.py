@@ -1,0 +1,24 @@
+"""Quiet, offline-safe Prefect defaults, applied before Prefect is imported.
+
+A release engineer's laptop or a CI box may have no internet: analytics and
+telemetry would only produce connection errors in the logs. Values already in
+the environment win, so a real deployment can turn any of them back on.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+    "PREFECT_TELEMETRY_ENABLE_RESOURCE_METRICS": "false",
+    "DO_NOT_TRACK": "1",
+    # Triton's one-time notice about its FP-fusion default changing is noise in every run.
+    "TRITON_DEFAULT_FP_FUSION": "1",
+}
+
+
+def apply_defaults() -> None:
+    for key, value in DEFAULTS.items():
+        os.environ.setdefault(key, value)
