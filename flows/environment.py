@@ -14,6 +14,8 @@ DEFAULTS = {
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
     "PREFECT_TELEMETRY_ENABLE_RESOURCE_METRICS": "false",
     "DO_NOT_TRACK": "1",
+    # Route the plain-Python libraries' loggers (tasks/, release/) into Prefect's run logs.
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln",
     # Triton's one-time notice about its FP-fusion default changing is noise in every run.
     "TRITON_DEFAULT_FP_FUSION": "1",
 }

@@ -1,0 +1,72 @@
+"""Session-wide test setup: an isolated Prefect home and one Prefect test server.
+
+PREFECT_HOME points at a temporary directory before Prefect is imported, so
+tests never touch the developer's ~/.prefect database. Flow tests share one
+server per session (`prefect_server`); subprocesses that run flows get its URL
+from `prefect_env`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="kiln-test-prefect-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("PREFECT_API_KEY", None)
+
+from flows.environment import apply_defaults  # noqa: E402
+
+apply_defaults()
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a GPU (none detected)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One Prefect API server for the whole session (SQLite in PREFECT_HOME)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def prefect_env(prefect_server) -> dict[str, str]:
+    """Environment for a subprocess that must talk to the session's server."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ)
+    env["PREFECT_API_URL"] = str(PREFECT_API_URL.value())
+    return env
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_PREFECT_HOME, ignore_errors=True)
