@@ -1,0 +1,92 @@
+"""LocalStore: create-only and compare-and-swap semantics, key validation."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from release.errors import ConflictError, IntegrityError, InvalidInputError
+from release.fsutil import sha256_bytes
+from release.store import LocalStore, check_key, open_store
+
+
+def test_open_store_resolves_relative_file_urls_against_root(tmp_path: Path) -> None:
+    store = open_store("file://sub/dir", root=tmp_path)
+    store.put_immutable("a.txt", b"x", "text/plain", "no-cache")
+    assert (tmp_path / "sub" / "dir" / "a.txt").read_bytes() == b"x"
+
+
+def test_open_store_keeps_absolute_file_urls(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/abs", root=Path("/nonexistent"))
+    store.put_immutable("k", b"1", "text/plain", "no-cache")
+    assert (tmp_path / "abs" / "k").read_bytes() == b"1"
+
+
+def test_open_store_refuses_unknown_scheme(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="ftp://x"):
+        open_store("ftp://x", root=tmp_path)
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "../up", "a/../b", "a//b", "a\\b", "a/\nb", "./a", "a/\x7f"])
+def test_check_key_refuses_escaping_or_control_keys(key: str) -> None:
+    with pytest.raises(InvalidInputError):
+        check_key(key)
+
+
+def test_put_immutable_same_bytes_is_success_other_bytes_integrity_error(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    first = store.put_immutable("w/a.whl", b"abc", "application/octet-stream", "immutable")
+    again = store.put_immutable("w/a.whl", b"abc", "application/octet-stream", "immutable")
+    assert first == again and first.sha256 == sha256_bytes(b"abc")
+    with pytest.raises(IntegrityError, match="immutable"):
+        store.put_immutable("w/a.whl", b"abd", "application/octet-stream", "immutable")
+    assert (tmp_path / "w" / "a.whl").read_bytes() == b"abc"
+    assert store.list() == ["w/a.whl"]  # no temp files left behind
+
+
+def test_put_immutable_with_bad_key_writes_nothing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "root")
+    with pytest.raises(InvalidInputError):
+        store.put_immutable("../evil", b"x", "text/plain", "no-cache")
+    assert not (tmp_path / "evil").exists()
+    assert not (tmp_path / "root").exists() or store.list() == []
+
+
+def test_put_page_compare_and_swap(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    created = store.put_page("p/index.html", b"v1", "text/html", "max-age=60", expected_etag=None)
+    with pytest.raises(ConflictError):
+        store.put_page("p/index.html", b"v2", "text/html", "max-age=60", expected_etag=None)
+    store.put_page("p/index.html", b"v2", "text/html", "max-age=60", expected_etag=created.etag)
+    with pytest.raises(ConflictError):  # stale ETag: the page moved on to v2
+        store.put_page("p/index.html", b"v3", "text/html", "max-age=60", expected_etag=created.etag)
+    assert store.get_page("p/index.html") == (b"v2", sha256_bytes(b"v2"))
+
+
+def test_head_and_get_of_missing_key_are_none(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    assert store.get("missing") is None and store.head("missing") is None and store.get_page("x/y") is None
+
+
+def _race(root: str, n: int, results: "multiprocessing.Queue[str]") -> None:
+    store = LocalStore(Path(root))
+    try:
+        store.put_immutable("same.whl", bytes([n]) * 1000, "application/octet-stream", "immutable")
+        results.put("ok")
+    except IntegrityError:
+        results.put("integrity")
+
+
+def test_concurrent_create_only_writers_one_wins_other_gets_integrity_error(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(str(tmp_path), n, results)) for n in (1, 2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    outcome = sorted(results.get(timeout=5) for _ in procs)
+    assert outcome == ["integrity", "ok"]
+    assert (tmp_path / "same.whl").read_bytes() in (b"\x01" * 1000, b"\x02" * 1000)
