@@ -28,6 +28,8 @@ class Specialization:
     ``constexprs`` gives the value of each ``constexpr`` parameter.
     ``backends`` restricts the specialization (e.g. an fp8 one) to some
     backends; ``min_arch`` maps a backend to the lowest arch it compiles for.
+    ``options`` are passed to ``triton.compile`` (``num_warps``...), so the
+    artifact matches what the JIT launch would build.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Specialization:
     constexprs: dict[str, Any] = field(default_factory=dict)
     backends: tuple[Backend, ...] = ("cuda", "hip")
     min_arch: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""One launch helper for every Triton op: a precompiled artifact when the
+wheel ships one for this device, else Triton's JIT.
+
+Everything here works from host metadata only (shapes, dtypes, the cached
+platform): no device sync in the per-call path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernels.platform import current_platform
+
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def short(dtype: torch.dtype) -> str:
+    """Specialization-name spelling of a dtype (``torch.bfloat16`` -> ``bf16``)."""
+    return _SHORT[dtype]
+
+
+def launch(
+    kernel: str,
+    entry: str,
+    specialization: str,
+    jit_fn: Any,
+    grid: tuple[int, ...],
+    args: tuple,
+    constexprs: dict[str, Any],
+    device: torch.device,
+    **options: Any,
+) -> None:
+    """Run ``jit_fn[grid](*args, **constexprs)``.
+
+    ``constexprs`` must list the kernel's constexpr parameters in signature
+    order, after all runtime ``args``: a precompiled kernel takes every
+    argument positionally.
+    """
+    platform = current_platform(device)
+    compiled = None
+    if platform.backend != "cpu" and not platform.interpreter:
+        from kernels import _loader
+
+        compiled = _loader.aot_kernel(kernel, entry, specialization, platform)
+    if compiled is not None:
+        grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        compiled[grid3](*args, *constexprs.values())
+        return
+    jit_fn[grid](*args, **constexprs, **options)

@@ -1,0 +1,17 @@
+"""Errors the kernel library raises on purpose.
+
+``kernels`` may import only torch and triton (DESIGN.md), so it cannot derive
+from ``release.errors``; the pipeline translates these where it calls us.
+"""
+
+from __future__ import annotations
+
+
+class KernelError(Exception):
+    """Root of every error ``kernels`` raises on purpose."""
+
+
+class KernelUnavailableError(KernelError):
+    """A compiled kernel cannot be used here: no GPU, no built library, or a
+    library that does not load. Callers fall back to the torch reference or
+    build the library first; the message says which."""
