@@ -1,0 +1,128 @@
+"""S3Store against moto's S3 server on loopback: conditional writes, checksums, typed errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from release.errors import (
+    AccessDeniedError,
+    ConflictError,
+    IntegrityError,
+    InvalidInputError,
+    PermanentError,
+    ThrottledError,
+    TransientStoreError,
+    is_retryable,
+)
+from release.fsutil import sha256_bytes
+from release.s3 import S3Store, make_client, translate
+from release.store import open_store
+
+
+def test_put_immutable_sets_content_type_cache_control_and_reads_hash_back(s3_store: S3Store) -> None:
+    info = s3_store.put_immutable("p/a-1.0+cu130-py3-none-any.whl", b"wheel", "application/octet-stream", "public, max-age=31536000, immutable")
+    assert info.sha256 == sha256_bytes(b"wheel")
+    raw = s3_store.client.head_object(Bucket=s3_store.bucket, Key="simple/p/a-1.0+cu130-py3-none-any.whl")
+    assert raw["ContentType"] == "application/octet-stream"
+    assert raw["CacheControl"] == "public, max-age=31536000, immutable"
+    assert s3_store.list("p/") == ["p/a-1.0+cu130-py3-none-any.whl"]
+
+
+def test_put_immutable_same_bytes_succeeds_other_bytes_is_integrity_error(s3_store: S3Store) -> None:
+    s3_store.put_immutable("k.whl", b"one", "application/octet-stream", "immutable")
+    assert s3_store.put_immutable("k.whl", b"one", "application/octet-stream", "immutable").sha256 == sha256_bytes(b"one")
+    with pytest.raises(IntegrityError, match="immutable") as caught:
+        s3_store.put_immutable("k.whl", b"two", "application/octet-stream", "immutable")
+    assert not is_retryable(caught.value)
+    assert s3_store.get("k.whl") == b"one"
+
+
+def test_put_page_is_compare_and_swap_on_etag(s3_store: S3Store) -> None:
+    first = s3_store.put_page("p/index.html", b"v1", "text/html", "max-age=60", None)
+    with pytest.raises(ConflictError):
+        s3_store.put_page("p/index.html", b"x", "text/html", "max-age=60", None)
+    data, etag = s3_store.get_page("p/index.html")  # type: ignore[misc]
+    assert (data, etag) == (b"v1", first.etag)
+    s3_store.put_page("p/index.html", b"v2", "text/html", "max-age=60", etag)
+    with pytest.raises(ConflictError):
+        s3_store.put_page("p/index.html", b"v3", "text/html", "max-age=60", etag)
+    assert s3_store.get("p/index.html") == b"v2"
+
+
+def test_missing_objects_are_none(s3_store: S3Store) -> None:
+    assert s3_store.get("nope") is None and s3_store.head("nope") is None and s3_store.get_page("a/b") is None
+
+
+def test_expected_bucket_owner_is_sent_on_every_call(s3_endpoint: str, s3_session: Any, s3_bucket: str) -> None:
+    client = make_client(s3_session, "us-east-1", s3_endpoint)
+    seen: list[tuple[str, Any]] = []
+    client.meta.events.register(
+        "before-parameter-build.s3.*", lambda params, event_name, **_: seen.append((event_name, params.get("ExpectedBucketOwner")))
+    )
+    store = S3Store(client, s3_bucket, "x", expected_owner="123456789012")
+    store.put_immutable("a", b"1", "text/plain", "immutable")
+    store.put_page("b", b"2", "text/html", "no-cache", None)
+    store.get("a"), store.head("a"), store.list()
+    assert len(seen) >= 5 and all(owner == "123456789012" for _, owner in seen)
+
+
+def test_open_store_builds_an_s3_store_for_s3_urls(s3_endpoint: str, s3_session: Any, s3_bucket: str, tmp_path) -> None:
+    store = open_store(f"s3://{s3_bucket}/a/b", root=tmp_path, region="us-east-1", endpoint=s3_endpoint, session=s3_session)
+    store.put_immutable("k", b"v", "text/plain", "immutable")
+    assert store.list() == ["k"] and store.url == f"s3://{s3_bucket}/a/b"
+
+
+def test_open_store_refuses_traversal_in_prefix(tmp_path) -> None:
+    with pytest.raises(InvalidInputError):
+        open_store("s3://bucket/a/../b", root=tmp_path)
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        ("SlowDown", 503, ThrottledError),
+        ("InternalError", 500, TransientStoreError),
+        ("AccessDenied", 403, AccessDeniedError),
+        ("BadDigest", 400, IntegrityError),
+        ("PreconditionFailed", 412, ConflictError),
+        ("SomethingNew", 400, PermanentError),
+    ],
+)
+def test_translate_maps_botocore_errors_to_typed_errors_keeping_the_cause(code: str, status: int, kind: type) -> None:
+    cause = _client_error(code, status)
+    with pytest.raises(kind, match=code) as caught:
+        translate(cause, "put_object s3://b/k")
+    assert caught.value.__cause__ is cause
+
+
+def test_translate_makes_connection_errors_retryable() -> None:
+    with pytest.raises(TransientStoreError) as caught:
+        translate(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "get")
+    assert is_retryable(caught.value)
+
+
+def test_access_denied_from_the_server_is_permanent(s3_store: S3Store) -> None:
+    # Fault injector: moto grants everything, so answer one call with a 403 the way S3 would.
+    def deny(request: Any, **_: Any) -> AWSResponse:
+        body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        return AWSResponse(request.url, 403, {}, _Raw(body))
+
+    s3_store.client.meta.events.register_first("before-send.s3.PutObject", deny)
+    with pytest.raises(AccessDeniedError, match="AccessDenied"):
+        s3_store.put_page("p", b"x", "text/html", "no-cache", None)
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any):
+        yield self._body
