@@ -1,0 +1,101 @@
+"""Per-step store credentials: each step gets its own boto3 session.
+
+Sources, exactly one per step (``[permissions.<step>.credentials]``):
+
+* ``block = "name"`` — a Prefect ``AwsCredentials`` block (prefect-aws);
+* ``role_arn = "arn:..."`` — STS ``AssumeRole`` with the step's generated
+  least-privilege policy as the session policy, so the session can never do
+  more than ``kiln policies`` says even if the role itself is broader;
+* ``ambient = true`` — the worker's own credentials, only when kiln.toml says
+  so explicitly.
+
+Secrets are never logged: only the block name, the role ARN and the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from release.errors import AccessDeniedError, ConfigError, TransientStoreError
+from release.policies import policies_from_config, session_policy
+
+log = logging.getLogger("kiln.credentials")
+
+SESSION_SECONDS = 3600
+
+
+def _target_settings(config: Any) -> tuple[str | None, str | None]:
+    """Region and endpoint of the S3 publish target (None, None without one)."""
+    targets = config.publish.targets
+    default = targets.get(config.publish.default_target)
+    s3 = [t for _, t in sorted(targets.items()) if t.url.startswith("s3://")]
+    chosen = default if default is not None and default.url.startswith("s3://") else (s3[0] if s3 else None)
+    return (chosen.region, chosen.endpoint) if chosen else (None, None)
+
+
+def _from_block(name: str, step: str) -> boto3.Session:
+    from prefect_aws import AwsCredentials  # prefect-aws is only needed when a block is used
+
+    try:
+        block = AwsCredentials.load(name)
+    except ValueError as exc:
+        raise ConfigError(f"permissions.{step}.credentials.block: no AwsCredentials block named {name!r} "
+                          f"(create it in the Prefect UI or with AwsCredentials(...).save({name!r}))") from exc
+    has_secret = block.aws_secret_access_key is not None and bool(block.aws_secret_access_key.get_secret_value())
+    if not ((block.aws_access_key_id and has_secret) or block.profile_name or block.assume_role_arn):
+        # An empty block silently falls back to the worker's ambient chain.
+        raise ConfigError(f"AwsCredentials block {name!r} (step {step}) holds no keys, profile or role; "
+                          f"it would use the worker's ambient credentials — set ambient = true to mean that")
+    session = block.get_boto3_session()
+    log.info("step %s: credentials from AwsCredentials block %r", step, name)
+    return session
+
+
+def _assume_role(config: Any, step: str, role_arn: str, region: str | None, endpoint: str | None,
+                 sts_client: Any = None) -> boto3.Session:
+    policy = session_policy(policies_from_config(config)[step])
+    # MinIO and moto serve STS on the store's endpoint; AWS ignores endpoint=None.
+    sts = sts_client or boto3.client("sts", region_name=region, endpoint_url=endpoint)
+    log.info("step %s: assuming role %s with its generated session policy", step, role_arn)
+    try:
+        answer = sts.assume_role(RoleArn=role_arn, RoleSessionName=f"kiln-{step}", Policy=policy,
+                                 DurationSeconds=SESSION_SECONDS)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in ("Throttling", "RequestLimitExceeded", "ServiceUnavailable"):
+            raise TransientStoreError(f"STS throttled AssumeRole of {role_arn} for step {step}") from exc
+        if code in ("NoSuchEntity", "ValidationError", "MalformedPolicyDocument", "PackedPolicyTooLarge"):
+            raise ConfigError(f"permissions.{step}.credentials.role_arn {role_arn!r}: {code}: "
+                              f"{exc.response['Error'].get('Message', '')}") from exc
+        raise AccessDeniedError(f"step {step} may not assume role {role_arn} ({code}); check the role's trust "
+                                f"policy and the worker's sts:AssumeRole permission") from exc
+    except BotoCoreError as exc:
+        raise ConfigError(f"cannot assume role {role_arn} for step {step}: {type(exc).__name__} "
+                          f"(the worker needs base credentials to call STS)") from exc
+    creds = answer["Credentials"]
+    return boto3.Session(aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+                         aws_session_token=creds["SessionToken"], region_name=region)
+
+
+def session_for(config: Any, step: str, *, sts_client: Any = None) -> boto3.Session:
+    """The boto3 session ``step`` talks to the store with.
+
+    Raises :class:`ConfigError` when the step has no ``[permissions]`` entry,
+    the block does not exist or is empty, or the role cannot be found.
+    """
+    permission = config.permissions.get(step)
+    if permission is None:
+        raise ConfigError(f"kiln.toml has no [permissions.{step}]; every step that touches the store needs "
+                          f"one (known: {sorted(config.permissions)})")
+    source = permission.credentials
+    region, endpoint = _target_settings(config)
+    if source.block:
+        return _from_block(source.block, step)
+    if source.role_arn:
+        return _assume_role(config, step, source.role_arn, region, endpoint, sts_client)
+    log.warning("step %s uses the worker's ambient credentials (kiln.toml: ambient = true)", step)
+    return boto3.Session(region_name=region)

@@ -1,0 +1,28 @@
+"""``kiln policies --out DIR``: one least-privilege IAM policy per step."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from release.fsutil import atomic_write_text
+from release.policies import policies_from_config, render
+from tasks.config import load_config
+
+log = logging.getLogger("kiln.policies")
+
+
+def policies_command(config_path: str, out: str, target: str | None = None) -> int:
+    """Write ``out/<step>.json`` for every step in ``[permissions]``; return 0.
+
+    Every document is generated (and validated) before the first file is
+    written, so a bad kiln.toml raises :class:`ConfigError` and changes nothing.
+    """
+    config = load_config(config_path)
+    documents = policies_from_config(config, target)
+    directory = Path(out)
+    for step, document in documents.items():
+        path = directory / f"{step}.json"
+        atomic_write_text(path, render(document))
+        log.info("wrote the %s policy to %s", step, path)
+    return 0

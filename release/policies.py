@@ -1,0 +1,188 @@
+"""Least-privilege IAM policy documents, one per pipeline step, from kiln.toml.
+
+Pure: plain inputs in, ``{step: policy_document}`` out, deterministic JSON.
+Every prefix in ``[permissions.*]`` and ``[publish] channels`` is relative to
+the S3 publish target's base prefix (``s3://bucket/base`` → ``base/<prefix>``),
+the same place the store writes a channel.
+
+Besides the allows, each document carries explicit ``Deny`` statements: an
+explicit deny wins over any allow another policy attached to the same
+principal might grant, so a step stays inside its box even when an operator
+attaches something broader by mistake.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from release.errors import ConfigError
+
+STEPS: tuple[str, ...] = ("build", "test", "bench", "publish-nightly", "publish-release")
+# Which channel each publishing step owns; every other step owns none.
+CHANNEL_OF_STEP: Mapping[str, str] = {"publish-nightly": "nightly", "publish-release": "release"}
+
+READ_ACTIONS = ("s3:GetObject",)  # HeadObject is authorised as GetObject
+WRITE_ACTIONS = ("s3:AbortMultipartUpload", "s3:PutObject")
+# Deletes and anything that changes a bucket's or an object's settings. Kept
+# to wildcards so the document stays under STS's 2048-character session
+# policy limit.
+DESTRUCTIVE_ACTIONS = (
+    "s3:BypassGovernanceRetention",
+    "s3:Delete*",
+    "s3:PutBucket*",
+    "s3:PutEncryptionConfiguration",
+    "s3:PutLifecycleConfiguration",
+    "s3:PutObjectAcl",
+    "s3:PutObjectLegalHold",
+    "s3:PutObjectRetention",
+    "s3:PutObjectVersionAcl",
+    "s3:PutReplicationConfiguration",
+)
+SESSION_POLICY_LIMIT = 2048
+
+
+@dataclass(frozen=True)
+class StepAccess:
+    """What one step may read and write, as prefixes relative to the base."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+
+def _prefix(value: str, where: str) -> str:
+    """Normalise a prefix to ``a/b/`` form; refuse what IAM would misread."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {value!r} is not a string prefix")
+    bad = [c for c in ("*", "?", "$", "\\") if c in value]
+    parts = [p for p in value.strip("/").split("/")]
+    if bad or any(p in (".", "..") for p in parts) or value.startswith("/"):
+        raise ConfigError(f"{where}: prefix {value!r} must be a plain relative path such as 'nightly/' "
+                          f"(no leading '/', '..', or IAM wildcards)")
+    joined = "/".join(p for p in parts if p)
+    return f"{joined}/" if joined else ""
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a.startswith(b) or b.startswith(a)
+
+
+def _validate(steps: Mapping[str, StepAccess], channels: Mapping[str, str]) -> None:
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        raise ConfigError(f"[permissions] names unknown steps {unknown}; known steps: {list(STEPS)}")
+    for name in CHANNEL_OF_STEP.values():
+        if name not in channels:
+            raise ConfigError(f"[publish] channels has no {name!r} prefix; policies need one per channel")
+    for step, access in steps.items():
+        own = CHANNEL_OF_STEP.get(step)
+        for write in access.write:
+            if own is not None and not write.startswith(channels[own]):
+                raise ConfigError(f"permissions.{step}.write: {write!r} is outside the {own} channel prefix "
+                                  f"{channels[own]!r}; {step} may write only there")
+            for channel, prefix in channels.items():
+                if channel != own and _overlaps(write, prefix):
+                    raise ConfigError(f"permissions.{step}.write: {write!r} overlaps the {channel} index prefix "
+                                      f"{prefix!r}; only publish-{channel} may write an index")
+
+
+def _object_arns(bucket: str, base: str, prefixes: Sequence[str]) -> list[str]:
+    return sorted({f"arn:aws:s3:::{bucket}/{base}{p}*" for p in prefixes})
+
+
+def _statement(sid: str, effect: str, actions: Sequence[str], resources: Sequence[str],
+               condition: dict[str, Any] | None = None) -> dict[str, Any]:
+    statement: dict[str, Any] = {"Sid": sid, "Effect": effect, "Action": sorted(actions), "Resource": list(resources)}
+    if condition:
+        statement["Condition"] = condition
+    return statement
+
+
+def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels: Mapping[str, str]) -> dict[str, Any]:
+    statements = []
+    if access.read:
+        statements.append(_statement("Read", "Allow", READ_ACTIONS, _object_arns(bucket, base, access.read)))
+        # Listing is a bucket-level action: scope it with the prefix condition.
+        listed = sorted({f"{base}{p}*" for p in access.read})
+        statements.append(_statement("List", "Allow", ("s3:ListBucket",), [f"arn:aws:s3:::{bucket}"],
+                                     {"StringLike": {"s3:prefix": listed}}))
+    if access.write:
+        statements.append(_statement("Write", "Allow", WRITE_ACTIONS, _object_arns(bucket, base, access.write)))
+    foreign = [p for c, p in sorted(channels.items()) if c != CHANNEL_OF_STEP.get(step)]
+    if foreign:
+        statements.append(_statement("DenyForeignIndexWrites", "Deny", ("s3:PutObject*",),
+                                     _object_arns(bucket, base, foreign)))
+    statements.append(_statement("DenyDestructive", "Deny", DESTRUCTIVE_ACTIONS,
+                                 [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]))
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def policies_for(bucket: str, base_prefix: str, steps: Mapping[str, StepAccess],
+                 channels: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``{step: IAM policy document}`` for every step in ``steps``.
+
+    Raises :class:`ConfigError` (and returns nothing) when a step's declared
+    access would break the least-privilege rules: build, test and bench write
+    no index; each publisher writes only its own channel.
+    """
+    if not bucket or "/" in bucket or "*" in bucket:
+        raise ConfigError(f"bucket {bucket!r} is not a bucket name")
+    base = _prefix(base_prefix, "publish target prefix")
+    norm_channels = {c: _prefix(p, f"publish.channels.{c}") for c, p in channels.items()}
+    norm_steps = {
+        step: StepAccess(
+            read=tuple(_prefix(p, f"permissions.{step}.read") for p in access.read),
+            write=tuple(_prefix(p, f"permissions.{step}.write") for p in access.write),
+        )
+        for step, access in steps.items()
+    }
+    _validate(norm_steps, norm_channels)
+    return {step: _step_policy(step, norm_steps[step], bucket, base, norm_channels) for step in sorted(norm_steps)}
+
+
+def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
+    """``(bucket, base_prefix)`` of the S3 publish target the policies cover.
+
+    ``config`` is duck-typed (a ``KilnConfig``): ``release`` does not import
+    ``tasks``. Without ``target``, the default target if it is S3, else the
+    only S3 target.
+    """
+    targets = config.publish.targets
+    if target is None:
+        s3 = sorted(n for n, t in targets.items() if t.url.startswith("s3://"))
+        if targets[config.publish.default_target].url.startswith("s3://"):
+            target = config.publish.default_target
+        elif len(s3) == 1:
+            target = s3[0]
+        else:
+            raise ConfigError(f"cannot tell which S3 target the policies are for (S3 targets: {s3}); name one")
+    if target not in targets:
+        raise ConfigError(f"unknown publish target {target!r}; kiln.toml defines {sorted(targets)}")
+    url = targets[target].url
+    if not url.startswith("s3://"):
+        raise ConfigError(f"publish target {target!r} is {url!r}; IAM policies apply to s3:// targets only")
+    bucket, _, base = url[len("s3://"):].partition("/")
+    return bucket, base
+
+
+def policies_from_config(config: Any, target: str | None = None) -> dict[str, dict[str, Any]]:
+    """Policies for every step ``config.permissions`` declares."""
+    bucket, base = s3_target(config, target)
+    steps = {step: StepAccess(tuple(p.read), tuple(p.write)) for step, p in config.permissions.items()}
+    return policies_for(bucket, base, steps, dict(config.publish.channels))
+
+
+def render(document: Mapping[str, Any]) -> str:
+    """Stable, reviewable JSON (sorted keys, two-space indent, final newline)."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def session_policy(document: Mapping[str, Any]) -> str:
+    """Compact JSON for STS ``AssumeRole(Policy=...)``; refuses one STS would reject."""
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    if len(text) > SESSION_POLICY_LIMIT:
+        raise ConfigError(f"the session policy is {len(text)} characters; STS accepts at most "
+                          f"{SESSION_POLICY_LIMIT}: declare fewer read/write prefixes for this step")
+    return text

@@ -1,0 +1,122 @@
+"""The generated policies hold under IAM enforcement (moto S3/IAM/STS on loopback).
+
+Users and a role are created from ``kiln policies`` output, enforcement is
+switched on, and each step's credentials are tried against every prefix.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from botocore.exceptions import ClientError
+
+from flows.credentials import session_for
+from release.errors import ConfigError
+from release.policies import policies_from_config, render
+
+from .conftest import BUCKET, kiln_config
+
+pytestmark = pytest.mark.slow
+
+PREFIXES = ("artifacts/", "bench-history/", "nightly/", "release/")
+WORKER_POLICY = {"Version": "2012-10-17",
+                 "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"}]}
+
+
+@pytest.fixture(scope="module")
+def enforced(moto_server):
+    """Bucket, one user per step, a role for publish-release; then enforcement on."""
+    s3, iam = moto_server.admin("s3"), moto_server.admin("iam")
+    s3.create_bucket(Bucket=BUCKET)
+    for prefix in PREFIXES:
+        s3.put_object(Bucket=BUCKET, Key=f"simple/{prefix}seed.txt", Body=b"seed")
+    config = kiln_config(moto_server.url, {})
+    for step, document in policies_from_config(config).items():
+        iam.create_user(UserName=f"kiln-{step}")
+        iam.put_user_policy(UserName=f"kiln-{step}", PolicyName="kiln", PolicyDocument=render(document))
+        key = iam.create_access_key(UserName=f"kiln-{step}")["AccessKey"]
+        moto_server.users[step] = {"aws_access_key_id": key["AccessKeyId"],
+                                   "aws_secret_access_key": key["SecretAccessKey"]}
+    worker = iam.create_user(UserName="worker")["User"]["Arn"]
+    iam.put_user_policy(UserName="worker", PolicyName="assume", PolicyDocument=json.dumps(WORKER_POLICY))
+    key = iam.create_access_key(UserName="worker")["AccessKey"]
+    moto_server.users["worker"] = {"aws_access_key_id": key["AccessKeyId"],
+                                   "aws_secret_access_key": key["SecretAccessKey"]}
+    trust = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"AWS": worker}, "Action": "sts:AssumeRole"}]}
+    role = iam.create_role(RoleName="kiln-publish-release", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    iam.put_role_policy(RoleName="kiln-publish-release", PolicyName="kiln",
+                        PolicyDocument=render(policies_from_config(config)["publish-release"]))
+    moto_server.enforce()
+    return moto_server, role["Arn"]
+
+
+def _code(call) -> str:
+    try:
+        call()
+    except ClientError as exc:
+        return exc.response["Error"]["Code"]
+    return "OK"
+
+
+def _put(s3, prefix: str):
+    return lambda: s3.put_object(Bucket=BUCKET, Key=f"simple/{prefix}new.txt", Body=b"x")
+
+
+def test_enforcement_is_on(enforced):
+    server, _ = enforced
+    anonymous = server.admin("s3")  # keys that belong to no IAM user
+    assert _code(lambda: anonymous.get_object(Bucket=BUCKET, Key="simple/release/seed.txt")) != "OK"
+
+
+@pytest.mark.parametrize("step", ["build", "test", "bench"])
+def test_build_test_bench_cannot_write_any_index_or_delete(enforced, step):
+    server, _ = enforced
+    s3 = server.client_as(step)
+    assert _code(_put(s3, "nightly/")) == "AccessDenied"
+    assert _code(_put(s3, "release/")) == "AccessDenied"
+    assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="simple/artifacts/seed.txt")) == "AccessDenied"
+    own = "bench-history/" if step == "bench" else "artifacts/"
+    assert _code(_put(s3, own)) == "OK"  # the box is not simply empty
+
+
+def test_nightly_publisher_is_denied_release_prefix_delete_and_bucket_settings(enforced):
+    server, _ = enforced
+    s3 = server.client_as("publish-nightly")
+    assert _code(_put(s3, "nightly/")) == "OK"
+    assert _code(lambda: s3.get_object(Bucket=BUCKET, Key="simple/nightly/seed.txt")) == "OK"
+    assert _code(_put(s3, "release/")) == "AccessDenied"
+    assert _code(lambda: s3.get_object(Bucket=BUCKET, Key="simple/release/seed.txt")) == "AccessDenied"
+    assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="simple/nightly/seed.txt")) == "AccessDenied"
+    assert _code(lambda: s3.put_bucket_versioning(
+        Bucket=BUCKET, VersioningConfiguration={"Status": "Suspended"})) == "AccessDenied"
+
+
+def test_release_publisher_succeeds_on_its_prefix_only(enforced):
+    server, _ = enforced
+    s3 = server.client_as("publish-release")
+    assert _code(_put(s3, "release/")) == "OK"
+    assert s3.get_object(Bucket=BUCKET, Key="simple/release/new.txt")["Body"].read() == b"x"
+    assert _code(_put(s3, "nightly/")) == "AccessDenied"
+    assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="simple/release/new.txt")) == "AccessDenied"
+
+
+def test_session_for_assumes_the_step_role(enforced, monkeypatch):
+    server, role_arn = enforced
+    for name, value in server.users["worker"].items():
+        monkeypatch.setenv(name.upper(), value)
+    config = kiln_config(server.url, {"publish-release": {"role_arn": role_arn}})
+    session = session_for(config, "publish-release")
+    s3 = session.client("s3", endpoint_url=server.url)
+    assert _code(_put(s3, "release/")) == "OK"
+    assert _code(_put(s3, "nightly/")) == "AccessDenied"
+    # The worker's own keys cannot write anything: the role is what grants it.
+    assert _code(_put(server.client_as("worker"), "release/")) == "AccessDenied"
+
+
+def test_session_for_names_a_missing_permissions_entry(enforced):
+    server, _ = enforced
+    config = kiln_config(server.url, {})
+    with pytest.raises(ConfigError, match=r"no \[permissions.deploy\]"):
+        session_for(config, "deploy")
