@@ -47,9 +47,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def prefect_server():
     """One Prefect API server for the whole session (SQLite in PREFECT_HOME)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    # Heartbeats detect crashed runs in production; in tests each one only adds
+    # about a second to every flow run while its thread winds down.
+    with prefect_test_harness(server_startup_timeout=120), temporary_settings(
+        updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    ):
         yield
 
 
