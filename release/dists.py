@@ -1,0 +1,170 @@
+"""The distribution record an index lists, validated once at the edge.
+
+A :class:`Distribution` is one file of one project: its PEP 427 wheel (or
+sdist) filename, SHA-256, size, upload time, and what PEP 503/592/658/700 need
+(``Requires-Python``, the metadata sidecar's hash, a yank reason). Every field
+is checked when the record is made — names go through ``packaging.utils``,
+never a regex — so the index generator can trust what it renders.
+
+Upload times are whole Unix seconds: index pages round-trip them through an
+ISO 8601 string, and whole seconds make that round trip exact (a re-run must
+produce the same bytes).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion
+
+from release.errors import InvalidInputError
+
+_HEX = frozenset(string.hexdigits.lower())
+UPLOAD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # PEP 700
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """One file of one project, as an index lists it. Build with :func:`make_distribution`."""
+
+    filename: str
+    project: str  # PEP 503-normalised name
+    version: str  # normalised PEP 440 version, local part included
+    sha256: str
+    size: int
+    upload_time: int  # Unix seconds
+    requires_python: str | None = None
+    metadata_sha256: str | None = None  # PEP 658 sidecar ``<filename>.metadata``
+    yanked: str | None = None  # PEP 592: None = not yanked, "" = yanked without reason
+
+    @property
+    def upload_time_iso(self) -> str:
+        return datetime.fromtimestamp(self.upload_time, timezone.utc).strftime(UPLOAD_TIME_FORMAT)
+
+
+def check_filename(filename: str) -> str:
+    """Refuse anything that is not a bare file name (no path, no control characters)."""
+    if not isinstance(filename, str) or not filename:
+        raise InvalidInputError(f"distribution filename {filename!r} is empty")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in filename):
+        raise InvalidInputError(f"distribution filename {filename!r} contains a control character")
+    if "/" in filename or "\\" in filename or filename.startswith(".") or ":" in filename:
+        raise InvalidInputError(
+            f"distribution filename {filename!r} must be a bare file name, not a path (no '/', '\\', ':' or leading '.')"
+        )
+    return filename
+
+
+def parse_filename(filename: str) -> tuple[str, str]:
+    """(normalised project name, normalised version) of a PEP 427 wheel or an sdist filename."""
+    check_filename(filename)
+    try:
+        if filename.endswith(".whl"):
+            name, version, _build, _tags = parse_wheel_filename(filename)
+        elif filename.endswith((".tar.gz", ".zip")):
+            name, version = parse_sdist_filename(filename)
+        else:
+            raise InvalidInputError(f"{filename!r} is neither a wheel (.whl) nor an sdist (.tar.gz, .zip)")
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion) as exc:
+        raise InvalidInputError(f"{filename!r} is not a valid distribution filename (PEP 427 / sdist): {exc}") from exc
+    return canonicalize_name(name), str(version)
+
+
+def check_sha256(value: Any, what: str) -> str:
+    if not isinstance(value, str) or len(value) != 64 or not _HEX.issuperset(value):
+        raise InvalidInputError(f"{what}: {value!r} is not a lowercase hex SHA-256 (64 characters)")
+    return value
+
+
+@lru_cache(maxsize=4096)
+def check_requires_python(value: str) -> str:
+    """Validate a ``Requires-Python`` specifier (cached: a whole index shares a handful)."""
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier as exc:
+        raise InvalidInputError(f"requires_python {value!r} is not a valid PEP 440 specifier set: {exc}") from exc
+    if any(ord(ch) < 32 for ch in value):
+        raise InvalidInputError(f"requires_python {value!r} contains a control character")
+    return value
+
+
+def _check_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+        raise InvalidInputError(f"{what}: {value!r} must be a non-negative number")
+    return int(value)
+
+
+def make_distribution(
+    filename: str,
+    sha256: str,
+    size: int,
+    upload_time: float,
+    requires_python: str | None = None,
+    metadata_sha256: str | None = None,
+    yanked: str | None = None,
+) -> Distribution:
+    """Validate every field and build the record; raise :class:`InvalidInputError` naming the bad one."""
+    project, version = parse_filename(filename)
+    where = f"distribution {filename!r}"
+    if yanked is not None and not isinstance(yanked, str):
+        raise InvalidInputError(f"{where}: yanked must be a reason string, got {yanked!r}")
+    if yanked and any(ord(ch) < 32 for ch in yanked):
+        raise InvalidInputError(f"{where}: yank reason {yanked!r} contains a control character")
+    return Distribution(
+        filename=filename,
+        project=project,
+        version=version,
+        sha256=check_sha256(sha256, f"{where} sha256"),
+        size=_check_int(size, f"{where} size"),
+        upload_time=_check_int(upload_time, f"{where} upload_time"),
+        requires_python=None if not requires_python else check_requires_python(requires_python),
+        metadata_sha256=None if metadata_sha256 is None else check_sha256(metadata_sha256, f"{where} metadata_sha256"),
+        yanked=yanked,
+    )
+
+
+_RECORD_KEYS = {"filename", "sha256", "size", "upload_time", "requires_python", "metadata_sha256", "yanked"}
+
+
+def from_record(record: Any, where: str = "record") -> Distribution:
+    """A distribution from one ``--from-list`` JSON object (see ``kiln index --from-list``)."""
+    if not isinstance(record, dict):
+        raise InvalidInputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    unknown = set(record) - _RECORD_KEYS
+    missing = {"filename", "sha256", "size", "upload_time"} - set(record)
+    if unknown or missing:
+        raise InvalidInputError(
+            f"{where}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; allowed: {sorted(_RECORD_KEYS)}"
+        )
+    return make_distribution(**record)
+
+
+def to_record(dist: Distribution) -> dict[str, Any]:
+    """The inverse of :func:`from_record` (optional keys only when set)."""
+    record: dict[str, Any] = {
+        "filename": dist.filename, "sha256": dist.sha256, "size": dist.size, "upload_time": dist.upload_time,
+    }
+    for key in ("requires_python", "metadata_sha256", "yanked"):
+        if getattr(dist, key) is not None:
+            record[key] = getattr(dist, key)
+    return record
+
+
+def parse_upload_time(value: str, where: str) -> int:
+    try:
+        parsed = datetime.strptime(value, UPLOAD_TIME_FORMAT).replace(tzinfo=timezone.utc)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{where}: upload-time {value!r} is not {UPLOAD_TIME_FORMAT}") from exc
+    return int(parsed.timestamp())

@@ -1,0 +1,173 @@
+"""Index pages from distributions: a pure function, deterministic to the byte.
+
+Layout of one index root (the directory a user passes as ``--index-url``)::
+
+    index.html, index.json                 root page (PEP 503 HTML, PEP 691 JSON)
+    <project>/index.html, index.json       project page
+    <project>/<filename>                   the file (written by the publisher)
+    <project>/<filename>.metadata          its PEP 658 core-metadata sidecar
+
+Every file link is relative (the file sits beside its page), carries
+``#sha256=``, percent-encodes ``+`` as ``%2B`` (S3 and CDNs decode a bare ``+``
+in a path as a space and answer 404), and advertises the sidecar with both
+``data-dist-info-metadata`` (PEP 658) and ``data-core-metadata`` (PEP 714).
+JSON pages are PEP 691 v1.1 with PEP 700's ``versions``, ``size`` and
+``upload-time``. Same input, same bytes: files are sorted by name, projects by
+normalised name, JSON keys sorted.
+
+Nothing here reads or writes storage; :mod:`release.publish` and
+:mod:`release.cli` do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from packaging.version import Version
+
+from release.dists import Distribution, check_filename, make_distribution, parse_upload_time
+from release.errors import IntegrityError, InvalidInputError
+
+API_VERSION = "1.1"
+HTML_TYPE = "text/html; charset=utf-8"
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+HTML_PAGE = "index.html"
+JSON_PAGE = "index.json"
+_META_TAG = f'<meta name="pypi:repository-version" content="{API_VERSION}">'
+
+
+def group(dists: Iterable[Distribution]) -> dict[str, list[Distribution]]:
+    """Distributions by project, each list sorted by filename.
+
+    The same filename twice with the same record is one file; with a
+    different hash it is refused — an index must never name two contents.
+    """
+    by_name: dict[str, Distribution] = {}
+    for dist in dists:
+        seen = by_name.get(dist.filename)
+        if seen is not None and seen.sha256 != dist.sha256:
+            raise IntegrityError(f"{dist.filename} is listed twice with different sha256 ({seen.sha256}, {dist.sha256})")
+        by_name[dist.filename] = dist
+    projects: dict[str, list[Distribution]] = {}
+    for filename in sorted(by_name):
+        dist = by_name[filename]
+        projects.setdefault(dist.project, []).append(dist)
+    return projects
+
+
+def _href(dist: Distribution) -> str:
+    return f"{quote(dist.filename, safe='')}#sha256={dist.sha256}"
+
+
+def _anchor(dist: Distribution) -> str:
+    attrs = [f'href="{_href(dist)}"']
+    if dist.requires_python:
+        attrs.append(f'data-requires-python="{escape(dist.requires_python)}"')
+    if dist.metadata_sha256:
+        attrs.append(f'data-dist-info-metadata="sha256={dist.metadata_sha256}"')
+        attrs.append(f'data-core-metadata="sha256={dist.metadata_sha256}"')
+    if dist.yanked is not None:
+        attrs.append(f'data-yanked="{escape(dist.yanked)}"')
+    return f"    <a {' '.join(attrs)}>{escape(dist.filename)}</a><br>\n"
+
+
+def _html(title: str, body: Iterable[str]) -> bytes:
+    head = (
+        f"<!DOCTYPE html>\n<html>\n  <head>\n    {_META_TAG}\n    <title>{escape(title)}</title>\n  </head>\n"
+        f"  <body>\n    <h1>{escape(title)}</h1>\n"
+    )
+    return (head + "".join(body) + "  </body>\n</html>\n").encode()
+
+
+def _json(data: Mapping[str, Any]) -> bytes:
+    return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def _file_json(dist: Distribution) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "filename": dist.filename,
+        "url": quote(dist.filename, safe=""),
+        "hashes": {"sha256": dist.sha256},
+        "size": dist.size,
+        "upload-time": dist.upload_time_iso,
+        "yanked": False if dist.yanked is None else (dist.yanked or True),
+    }
+    if dist.requires_python:
+        entry["requires-python"] = dist.requires_python
+    if dist.metadata_sha256:
+        entry["core-metadata"] = entry["dist-info-metadata"] = {"sha256": dist.metadata_sha256}
+    return entry
+
+
+def project_pages(project: str, dists: Sequence[Distribution]) -> dict[str, bytes]:
+    """The HTML and JSON page of one project (``dists`` as :func:`group` returns them)."""
+    versions = sorted({d.version for d in dists}, key=Version)
+    html = _html(f"Links for {project}", map(_anchor, dists))
+    data = {"meta": {"api-version": API_VERSION}, "name": project, "versions": versions,
+            "files": [_file_json(d) for d in dists]}
+    return {f"{project}/{HTML_PAGE}": html, f"{project}/{JSON_PAGE}": _json(data)}
+
+
+def root_pages(projects: Iterable[str]) -> dict[str, bytes]:
+    names = sorted(set(projects))
+    html = _html("Simple index", (f'    <a href="{quote(n)}/">{escape(n)}</a><br>\n' for n in names))
+    data = {"meta": {"api-version": API_VERSION}, "projects": [{"name": n} for n in names]}
+    return {HTML_PAGE: html, JSON_PAGE: _json(data)}
+
+
+def generate(dists: Iterable[Distribution]) -> dict[str, bytes]:
+    """Every page of an index: ``{relative path: bytes}``."""
+    projects = group(dists)
+    pages = root_pages(projects)
+    for project, files in projects.items():
+        pages.update(project_pages(project, files))
+    return pages
+
+
+def regenerate(previous: Iterable[Distribution], current: Iterable[Distribution]) -> dict[str, bytes]:
+    """Only the pages that differ between two index states.
+
+    A project page is rendered again only when its file set changed; the root
+    only when the set of projects did. Adding one wheel to an existing project
+    therefore renders one project's two pages and nothing else.
+    """
+    before, after = group(previous), group(current)
+    pages: dict[str, bytes] = {}
+    for project, files in after.items():
+        if before.get(project) != files:
+            pages.update(project_pages(project, files))
+    if set(before) != set(after):
+        pages.update(root_pages(after))
+    return pages
+
+
+def parse_project_json(data: bytes, where: str) -> list[Distribution]:
+    """Read back a PEP 691 project page this module wrote (the publisher merges into it)."""
+    try:
+        page = json.loads(data)
+        files = page["files"]
+        return [
+            make_distribution(
+                check_filename(f["filename"]),
+                f["hashes"]["sha256"],
+                f["size"],
+                parse_upload_time(f["upload-time"], where),
+                f.get("requires-python"),
+                (f.get("core-metadata") or {}).get("sha256") if isinstance(f.get("core-metadata"), dict) else None,
+                None if f.get("yanked") in (None, False) else ("" if f["yanked"] is True else f["yanked"]),
+            )
+            for f in files
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidInputError(f"{where} is not a PEP 691 project page Kiln can merge into: {exc!r}") from exc
+
+
+def parse_root_json(data: bytes, where: str) -> list[str]:
+    try:
+        return [p["name"] for p in json.loads(data)["projects"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidInputError(f"{where} is not a PEP 691 root page: {exc!r}") from exc

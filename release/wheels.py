@@ -1,0 +1,69 @@
+"""Read a wheel for an index: its hash, size and core metadata (the PEP 658 sidecar)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from email.parser import BytesHeaderParser
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from release.dists import Distribution, make_distribution, parse_filename
+from release.errors import InvalidInputError
+from release.fsutil import sha256_bytes
+
+
+def core_metadata(filename: str, data: bytes) -> bytes:
+    """The bytes of ``<name>-<version>.dist-info/METADATA`` inside a wheel.
+
+    The metadata must name the same project and version as the filename: a
+    sidecar that disagrees with its wheel would make resolvers pick wrong.
+    """
+    project, version = parse_filename(filename)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            candidates = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(candidates) != 1:
+                raise InvalidInputError(f"{filename}: expected one top-level *.dist-info/METADATA, found {candidates}")
+            metadata = archive.read(candidates[0])
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InvalidInputError(f"{filename} is not a readable wheel (zip): {exc}") from exc
+    headers = BytesHeaderParser().parsebytes(metadata)
+    try:
+        meta_version = str(Version(headers.get("Version", "")))
+    except InvalidVersion as exc:
+        raise InvalidInputError(f"{filename}: METADATA Version {headers.get('Version')!r} is invalid") from exc
+    if canonicalize_name(headers.get("Name", "")) != project or meta_version != version:
+        raise InvalidInputError(
+            f"{filename}: METADATA says {headers.get('Name')!r} {headers.get('Version')!r},"
+            f" the filename says {project} {version}"
+        )
+    return metadata
+
+
+def requires_python(metadata: bytes) -> str | None:
+    value = BytesHeaderParser().parsebytes(metadata).get("Requires-Python")
+    return str(value).strip() if value else None
+
+
+def describe_wheel(filename: str, data: bytes, upload_time: float) -> tuple[Distribution, bytes]:
+    """The index record of a wheel held in memory, and its METADATA bytes."""
+    metadata = core_metadata(filename, data)
+    dist = make_distribution(
+        filename,
+        sha256_bytes(data),
+        len(data),
+        upload_time,
+        requires_python=requires_python(metadata),
+        metadata_sha256=sha256_bytes(metadata),
+    )
+    return dist, metadata
+
+
+def read_wheel(path: Path, upload_time: float | None = None) -> tuple[Distribution, bytes]:
+    """Like :func:`describe_wheel` for a file; the upload time defaults to its mtime (stable across runs)."""
+    path = Path(path)
+    data = path.read_bytes()
+    return describe_wheel(path.name, data, path.stat().st_mtime if upload_time is None else upload_time)

@@ -1,0 +1,51 @@
+"""Tiny, valid, installable wheels for release tests (no build backend needed)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+
+def _record_line(path: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(data)}"
+
+
+def make_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    *,
+    module: str | None = None,
+    requires_python: str | None = ">=3.8",
+    tag: str = "py3-none-any",
+    payload: str = "",
+) -> Path:
+    """Write ``<name>-<version>-<tag>.whl`` with an importable module and return its path.
+
+    ``payload`` goes into the module so two wheels of one name can differ in bytes.
+    """
+    dist = canonicalize_name(name).replace("-", "_")
+    module = module or dist
+    info = f"{dist}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    if requires_python:
+        metadata += f"Requires-Python: {requires_python}\n"
+    files = {
+        f"{module}/__init__.py": f"__version__ = {version!r}\nPAYLOAD = {payload!r}\n".encode(),
+        f"{info}/METADATA": metadata.encode(),
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: kiln-tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode(),
+    }
+    record = [_record_line(p, d) for p, d in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = Path(directory) / f"{dist}-{version}-{tag}.whl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in files.items():
+            # fixed timestamps: the same call gives the same bytes
+            archive.writestr(zipfile.ZipInfo(member, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    return path
