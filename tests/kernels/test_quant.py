@@ -1,0 +1,108 @@
+"""per_token_quant against a float64 reference, through the Triton
+interpreter on a CPU (or the GPU when there is one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import quant
+from kernels.platform import record_paths
+
+SHAPES = [(1, 1), (3, 7), (5, 130), (4, 513), (2, 2100)]  # non-powers of two, one over both blocks
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def ref64(x: torch.Tensor, qmax: float = 127.0) -> tuple[torch.Tensor, torch.Tensor]:
+    xd = x.double()
+    scale = xd.abs().amax(dim=1, keepdim=True).clamp_min(quant.EPS) / qmax
+    return torch.round(xd / scale).clamp(-qmax, qmax), scale
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_matches_float64_reference(shape, dtype, device):
+    x = torch.randn(shape, device=device).to(dtype)
+    with record_paths() as seen:
+        q, scale = kernels.per_token_quant(x)
+    assert seen == [("per_token_quant", "triton")]
+    assert q.dtype == torch.int8 and q.shape == shape
+    assert scale.dtype == torch.float32 and scale.shape == (shape[0], 1)
+    rq, rscale = ref64(x.cpu())
+    torch.testing.assert_close(scale.cpu().double(), rscale, rtol=1e-6, atol=0)
+    diff = (q.cpu().double() - rq).abs()
+    assert diff.max() <= 1  # a value on a rounding boundary may land either side
+    assert (diff > 0).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_round_trip_within_half_a_step(dtype, device):
+    x = torch.randn(6, 333, device=device).to(dtype)
+    q, scale = kernels.per_token_quant(x)
+    err = (q.float() * scale - x.float()).abs()
+    assert (err <= 0.5 * scale * (1 + 1e-5)).all()
+
+
+def test_all_zero_rows_give_zero_codes_and_eps_scale(device):
+    x = torch.randn(4, 100, device=device)
+    x[1] = 0
+    x[3] = 0
+    q, scale = kernels.per_token_quant(x)
+    assert (q[[1, 3]] == 0).all()
+    torch.testing.assert_close(scale[[1, 3]].cpu(), torch.full((2, 1), quant.EPS / 127.0))
+    assert q[0].abs().max() == 127
+
+
+@pytest.mark.parametrize("dtype, huge", [(torch.float32, 3e38), (torch.float16, 65504.0), (torch.bfloat16, 3e38)])
+def test_one_huge_value_saturates_only_itself(dtype, huge, device):
+    x = torch.randn(3, 77, device=device).to(dtype)
+    x[1, 40] = huge
+    x[2, 5] = -huge
+    q, scale = kernels.per_token_quant(x)
+    assert torch.isfinite(scale).all()
+    assert q[1, 40] == 127 and q[2, 5] == -127
+    # everything else in those rows is tiny next to the max and rounds to 0
+    assert (q[1, :40] == 0).all() and (q[2, 6:] == 0).all()
+    rq, _ = ref64(x[:1].cpu())
+    assert (q[:1].cpu().double() - rq).abs().max() <= 1
+
+
+def test_fp8_matches_reference_within_one_e4m3_step(device):
+    x = torch.randn(5, 129, device=device)
+    q, scale = kernels.per_token_quant(x, torch.float8_e4m3fn)
+    assert q.dtype == torch.float8_e4m3fn
+    xd = x.cpu().double()
+    rscale = xd.abs().amax(dim=1, keepdim=True) / 448.0
+    torch.testing.assert_close(scale.cpu().double(), rscale, rtol=1e-6, atol=0)
+    y = xd / rscale
+    # e4m3 has 3 mantissa bits: relative step 2^-3 for normal numbers
+    assert ((q.cpu().double() - y).abs() <= y.abs() * 2**-4 + 2**-9).all()
+
+
+def test_fp8_on_the_interpreter_takes_the_reference_path():
+    """The interpreter's fp8 conversion is not faithful (it flushes subnormals
+    and misrounds at binade edges), so fp8 runs the kernel only on a GPU."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter-only behaviour")
+    with record_paths() as seen:
+        kernels.per_token_quant(torch.randn(2, 8), torch.float8_e4m3fn)
+    assert seen == [("per_token_quant", "reference")]
+
+
+def test_rejects_bad_input():
+    with pytest.raises(ValueError, match="2-D"):
+        kernels.per_token_quant(torch.randn(2, 3, 4))
+    with pytest.raises(TypeError, match="output dtype"):
+        kernels.per_token_quant(torch.randn(2, 3), torch.int16)
+    with pytest.raises(TypeError, match="input dtype"):
+        kernels.per_token_quant(torch.randn(2, 3).double())
+
+
+def test_same_output_under_torch_compile_fullgraph(device):
+    torch._dynamo.reset()
+    x = torch.randn(5, 130, device=device, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda t: kernels.per_token_quant(t), fullgraph=True, backend="aot_eager")
+    q_c, s_c = compiled(x)
+    q_e, s_e = kernels.per_token_quant(x)
+    assert torch.equal(q_c, q_e) and torch.equal(s_c, s_e)
