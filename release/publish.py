@@ -1,0 +1,284 @@
+"""The publish protocol: from a run manifest to index pages, crash-safe and concurrent-safe.
+
+Store layout. A target (``file://`` directory or ``s3://bucket/prefix``) holds
+one prefix per channel (``[publish].channels`` in kiln.toml, e.g. ``nightly``)
+and, under it, one PEP 503 index root per variant::
+
+    <channel>/<variant>/simple/index.html|json               root pages
+    <channel>/<variant>/simple/<project>/index.html|json     project pages
+    <channel>/<variant>/simple/<project>/<wheel>             wheel (immutable)
+    <channel>/<variant>/simple/<project>/<wheel>.metadata    PEP 658 sidecar (immutable)
+
+Users install with ``--index-url <target>/<channel>/<variant>/simple/``. One
+index per variant rather than per channel because the variants differ only in
+their local version (``+cu130``, ``+rocm``, ``+cpu``): in one shared index
+pip and uv would pick the highest local version (``rocm`` > ``cu130`` in PEP
+440 ordering) whatever the machine — the reason PyTorch serves one index per
+CUDA version. Everything a channel writes lives under its prefix, which is
+what the generated IAM policies grant.
+
+Order (invariant 1): every wheel, then its sidecar, each verified by hash
+after the write; then project pages; the root page last. Pages are merged
+into what the channel already lists (the JSON page is the record) and written
+with compare-and-swap, re-read and re-merged on a lost race, a bounded number
+of times. A re-run after a crash finds the verified files present (same hash:
+nothing uploaded) and finishes the pages.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from release.dists import Distribution
+from release.errors import ConflictError, IntegrityError
+from release.fsutil import sha256_bytes
+from release.index import (
+    HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, group, parse_project_json, parse_root_json, project_pages, root_pages,
+)
+from release.manifest import RunManifest
+from release.store import Store
+from release.wheels import describe_wheel
+
+log = logging.getLogger("kiln.publish")
+
+WHEEL_TYPE = "application/octet-stream"
+SIDECAR_TYPE = "text/plain; charset=utf-8"
+IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
+PAGE_CACHE = "public, max-age=60, must-revalidate"  # short: a new nightly shows within a minute
+CAS_ATTEMPTS = 8
+
+Outcome = Literal["added", "present", "conflict"]
+
+
+def index_prefix(channel_prefix: str, variant: str) -> str:
+    return f"{channel_prefix.strip('/')}/{variant}/simple"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One local file to publish into one variant's index."""
+
+    variant: str
+    index: str  # the index root key, see :func:`index_prefix`
+    dist: Distribution
+    source: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.index}/{self.dist.project}/{self.dist.filename}"
+
+    @property
+    def sidecar_key(self) -> str:
+        return self.key + ".metadata"
+
+    @property
+    def unit_id(self) -> str:
+        return f"publish/{self.variant}/{self.dist.filename}"
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    upload: Upload
+    outcome: Outcome
+    message: str = ""
+
+
+@dataclass
+class Plan:
+    """What a publish did (or, for a dry run, would do) on the target."""
+
+    target: str
+    channel: str
+    uploads: list[Upload] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # variant -> why it is not published
+    results: list[UploadResult] = field(default_factory=list)
+    pages: list[str] = field(default_factory=list)  # keys whose bytes changed
+    dry_run: bool = False
+
+    def keys(self, outcome: Outcome) -> list[str]:
+        return sorted(r.upload.key for r in self.results if r.outcome == outcome)
+
+    def to_markdown(self) -> str:
+        verb = "would change" if self.dry_run else "changed"
+        lines = [f"## Publish to `{self.target}` ({self.channel}{', dry run' if self.dry_run else ''})", ""]
+        for title, keys in (("added", self.keys("added")), ("already present", self.keys("present")),
+                            ("conflicting", self.keys("conflict")), (f"pages {verb}", sorted(self.pages))):
+            lines.append(f"- {title}: {len(keys)}")
+            lines.extend(f"  - `{k}`" for k in keys)
+        lines.extend(f"- variant `{v}` not published: {why}" for v, why in sorted(self.skipped.items()))
+        return "\n".join(lines) + "\n"
+
+
+def gate(run: RunManifest, variants: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """Variants whose build and required tests passed, and why the others are held back.
+
+    A test unit without a variant gates every variant.
+    """
+    publishable, skipped = [], {}
+    for variant in variants:
+        blocking = [
+            u.id for u in run.units
+            if u.state == "failed" and (
+                (u.stage == "build" and u.variant == variant)
+                or (u.stage == "test" and u.required and u.variant in (None, variant))
+            )
+        ]
+        if blocking:
+            skipped[variant] = f"failed: {', '.join(sorted(blocking)[:5])}" + (" …" if len(blocking) > 5 else "")
+        else:
+            publishable.append(variant)
+    return publishable, skipped
+
+
+def collect(
+    run: RunManifest, channel_prefix: str, variants: Sequence[str], clock: Callable[[], float] = time.time,
+    extra: Sequence[tuple[str | None, Path]] = (),
+) -> tuple[list[Upload], dict[str, str]]:
+    """The uploads of a publish, every local file verified against the manifest first.
+
+    Nothing is written before every file has passed: a hash mismatch stops
+    the publish before it touches the target. ``extra`` adds verified pinned
+    files as (variant or None for all, path).
+    """
+    publishable, skipped = gate(run, variants)
+    now = clock()
+    uploads: list[Upload] = []
+    wheels = [(a.variant, run.verify(a)) for a in run.artifacts_of("wheel") if a.state == "ok"]
+    for variant_of_file, path in [*wheels, *extra]:
+        dist, _ = describe_wheel(path.name, path.read_bytes(), now)
+        for variant in publishable:
+            if variant_of_file in (None, variant):
+                uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path))
+    return uploads, skipped
+
+
+def upload_file(store: Store, upload: Upload) -> UploadResult:
+    """Put one wheel and then its sidecar, verifying both; never overwrite.
+
+    A wheel already on the target with the same hash is not uploaded again
+    (a re-run after a crash); with another hash it is a conflict.
+    """
+    data = upload.source.read_bytes()
+    if sha256_bytes(data) != upload.dist.sha256:
+        raise IntegrityError(f"{upload.source} changed after it was verified; rebuild it, never publish it")
+    existing = store.head(upload.key)
+    if existing is not None and existing.sha256 != upload.dist.sha256:
+        return UploadResult(upload, "conflict", f"{upload.key} already holds sha256 {existing.sha256}")
+    _, metadata = describe_wheel(upload.dist.filename, data, upload.dist.upload_time)
+    if existing is None:
+        log.info("uploading %s to %s", upload.key, store.url)
+        _check(store.put_immutable(upload.key, data, WHEEL_TYPE, IMMUTABLE_CACHE).sha256, upload.dist.sha256, upload.key)
+    sidecar = store.head(upload.sidecar_key)
+    if sidecar is None:
+        sidecar = store.put_immutable(upload.sidecar_key, metadata, SIDECAR_TYPE, IMMUTABLE_CACHE)
+    _check(sidecar.sha256, upload.dist.metadata_sha256, upload.sidecar_key)
+    return UploadResult(upload, "present" if existing is not None else "added")
+
+
+def _check(actual: str | None, expected: str | None, key: str) -> None:
+    if actual != expected:
+        raise IntegrityError(f"{key}: the store holds sha256 {actual}, expected {expected}")
+
+
+def _merge_files(current: list[Distribution], new: Iterable[Distribution], where: str) -> list[Distribution]:
+    by_name = {d.filename: d for d in current}
+    for dist in new:
+        listed = by_name.get(dist.filename)
+        if listed is not None and listed.sha256 != dist.sha256:
+            raise IntegrityError(f"{where} lists {dist.filename} with sha256 {listed.sha256}, not {dist.sha256}")
+        by_name.setdefault(dist.filename, dist)  # keep the first upload time: re-runs change no bytes
+    return list(group(by_name.values()).values())[0]
+
+
+def _cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[bytes | None], dict[str, bytes]],
+               sleep: Callable[[float], None]) -> list[str]:
+    """Re-read, re-render and compare-and-swap one HTML+JSON page pair until it sticks.
+
+    The HTML ETag is read before the JSON: an HTML written by anyone after our
+    read then breaks our swap, so we never put back an HTML older than the
+    JSON we merged from.
+    """
+    for attempt in range(CAS_ATTEMPTS):
+        html, current = store.get_page(html_key), store.get_page(json_key)
+        pages = render(None if current is None else current[0])
+        try:
+            changed = []
+            for key, old, ctype in ((json_key, current, JSON_TYPE), (html_key, html, HTML_TYPE)):
+                if old is None or old[0] != pages[key]:
+                    store.put_page(key, pages[key], ctype, PAGE_CACHE, None if old is None else old[1])
+                    changed.append(key)
+            return changed
+        except ConflictError:
+            log.info("lost a race on %s (attempt %d of %d); re-reading", json_key, attempt + 1, CAS_ATTEMPTS)
+            sleep(random.uniform(0.01, 0.05) * 2**attempt)
+    raise ConflictError(f"{json_key}: still changing after {CAS_ATTEMPTS} attempts; retry the publish")
+
+
+def update_pages(store: Store, index: str, dists: Sequence[Distribution],
+                 sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Merge ``dists`` (all verified on the target) into the project pages, then the root."""
+    changed: list[str] = []
+    projects = group(dists)
+    for project, files in projects.items():
+        html_key, json_key = f"{index}/{project}/{HTML_PAGE}", f"{index}/{project}/{JSON_PAGE}"
+
+        def render(current: bytes | None, project: str = project, files: list[Distribution] = files) -> dict[str, bytes]:
+            listed = [] if current is None else parse_project_json(current, f"{store.url}/{json_key}")
+            merged = _merge_files(listed, files, f"{store.url}/{json_key}")
+            return {f"{index}/{k}": v for k, v in project_pages(project, merged).items()}
+
+        changed += _cas_pages(store, html_key, json_key, render, sleep)
+
+    def render_root(current: bytes | None) -> dict[str, bytes]:
+        listed = [] if current is None else parse_root_json(current, f"{store.url}/{index}/{JSON_PAGE}")
+        return {f"{index}/{k}": v for k, v in root_pages([*listed, *projects]).items()}
+
+    if projects:
+        changed += _cas_pages(store, f"{index}/{HTML_PAGE}", f"{index}/{JSON_PAGE}", render_root, sleep)
+    return changed
+
+
+def publish(
+    run: RunManifest, store: Store, *, channel: str, channel_prefix: str, variants: Sequence[str],
+    clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
+) -> Plan:
+    """The whole protocol in one call (the flow runs the same steps as separate tasks).
+
+    Conflicting files are reported in the plan and left off the pages; every
+    other file is published. Raises only for errors that stop everything.
+    """
+    uploads, skipped = collect(run, channel_prefix, variants, clock, extra)
+    plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run)
+    plan.results = [upload_file(store, u) for u in uploads]
+    plan.pages = publish_pages(store, plan.results)
+    return plan
+
+
+def publish_pages(store: Store, results: Iterable[UploadResult | BaseException]) -> list[str]:
+    """Pages for every index that gained a verified file; failed uploads are left off."""
+    by_index: dict[str, list[Distribution]] = {}
+    for result in results:
+        if isinstance(result, UploadResult) and result.outcome != "conflict":
+            by_index.setdefault(result.upload.index, []).append(result.upload.dist)
+    changed: list[str] = []
+    for index, dists in sorted(by_index.items()):
+        changed += update_pages(store, index, dists)
+    return changed
+
+
+def raise_for_conflict(result: UploadResult) -> UploadResult:
+    if result.outcome == "conflict":
+        raise IntegrityError(f"{result.message}; published files are immutable — bump the version instead")
+    return result
+
+
+__all__ = [
+    "Plan", "Upload", "UploadResult", "collect", "gate", "index_prefix", "publish", "publish_pages",
+    "raise_for_conflict", "update_pages", "upload_file",
+]

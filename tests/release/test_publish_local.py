@@ -1,0 +1,149 @@
+"""The publish protocol against a local directory target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from release.errors import IntegrityError, InvalidInputError
+from release.fsutil import sha256_bytes
+from release.manifest import RunManifest, Unit
+from release.publish import gate, publish
+from release.staging import StagingStore
+from release.store import LocalStore
+
+from .pageparse import parse_html, parse_json
+from .runkit import make_run
+
+CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_index_consistent(store, index: str) -> int:
+    """Every link of every page resolves to bytes with the advertised hash; returns the file count."""
+    root_html = store.get(f"{index}/index.html")
+    root_json = store.get(f"{index}/index.json")
+    if root_html is None and root_json is None:
+        return 0
+    _, projects = parse_html(root_html)
+    assert sorted(p["name"] for p in parse_json(root_json)["projects"]) == sorted(a.text for a in projects)
+    files = 0
+    for anchor in projects:
+        project = anchor.href.rstrip("/")
+        page = parse_json(store.get(f"{index}/{project}/index.json"))
+        _, anchors = parse_html(store.get(f"{index}/{project}/index.html"))
+        assert [a.decoded_name for a in anchors] == [f["filename"] for f in page["files"]]
+        for entry in page["files"]:
+            data = store.get(f"{index}/{project}/{entry['filename']}")
+            assert data is not None, f"{entry['filename']} is listed but missing"
+            assert sha256_bytes(data) == entry["hashes"]["sha256"] and len(data) == entry["size"]
+            sidecar = store.get(f"{index}/{project}/{entry['filename']}.metadata")
+            assert sidecar is not None and sha256_bytes(sidecar) == entry["core-metadata"]["sha256"]
+            files += 1
+    return files
+
+
+def _publish(run: RunManifest, store, **kw):
+    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=CLOCK, **kw)
+
+
+def test_publish_writes_per_variant_indexes_that_resolve(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("kiln-kernels", "0.1.0+cu130")], "cpu": [("kiln-kernels", "0.1.0+cpu")]})
+    store = LocalStore(tmp_path / "target")
+    plan = _publish(run, store)
+    assert plan.keys("added") == [
+        "nightly/cpu/simple/kiln-kernels/kiln_kernels-0.1.0+cpu-py3-none-any.whl",
+        "nightly/cu130/simple/kiln-kernels/kiln_kernels-0.1.0+cu130-py3-none-any.whl",
+    ]
+    assert assert_index_consistent(store, "nightly/cu130/simple") == 1
+    assert assert_index_consistent(store, "nightly/cpu/simple") == 1
+    assert set(plan.pages) == {f"nightly/{v}/simple/{p}" for v in ("cu130", "cpu")
+                               for p in ("index.html", "index.json", "kiln-kernels/index.html", "kiln-kernels/index.json")}
+
+
+def test_rerun_uploads_nothing_and_changes_no_bytes(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("kiln-kernels", "0.1.0+cu130")]})
+    store = LocalStore(tmp_path / "target")
+    _publish(run, store)
+    before = _snapshot(tmp_path / "target")
+    plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 2e9)
+    assert plan.keys("added") == [] and len(plan.keys("present")) == 1 and plan.pages == []
+    assert _snapshot(tmp_path / "target") == before
+
+
+def test_second_run_merges_into_existing_pages(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "target")
+    _publish(make_run(tmp_path / "a", {"cu130": [("kiln-kernels", "0.1.0+cu130")]}), store)
+    plan = _publish(make_run(tmp_path / "b", {"cu130": [("kiln-kernels", "0.2.0+cu130")]}), store)
+    assert set(plan.pages) == {"nightly/cu130/simple/kiln-kernels/index.html", "nightly/cu130/simple/kiln-kernels/index.json"}
+    page = parse_json(store.get("nightly/cu130/simple/kiln-kernels/index.json"))
+    assert page["versions"] == ["0.1.0+cu130", "0.2.0+cu130"]
+    assert assert_index_consistent(store, "nightly/cu130/simple") == 2
+
+
+def test_variant_with_failed_build_or_required_test_is_not_published(tmp_path: Path) -> None:
+    units = [Unit("build/cu130/x", "build", "failed", variant="cu130"), Unit("build/cpu/x", "build", "completed", variant="cpu"),
+             Unit("test/optional", "test", "failed", required=False)]
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "cpu": [("k", "1.0+cpu")]}, units)
+    store = LocalStore(tmp_path / "target")
+    plan = _publish(run, store)
+    assert "cu130" in plan.skipped and "build/cu130/x" in plan.skipped["cu130"]
+    assert store.list("nightly/cu130") == [] and assert_index_consistent(store, "nightly/cpu/simple") == 1
+
+
+def test_a_failed_required_test_without_variant_gates_every_variant() -> None:
+    run = RunManifest(root=Path("."), run_id="r", units=[Unit("test/kernels", "test", "failed", required=True)])
+    assert gate(run, ["cu130", "cpu"]) == ([], {"cu130": "failed: test/kernels", "cpu": "failed: test/kernels"})
+    run.units.append(Unit("test/kernels", "test", "completed"))
+    run.units.pop(0)
+    assert gate(run, ["cu130"]) == (["cu130"], {})
+
+
+def test_manifest_hash_mismatch_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("a", "1.0"), ("b", "1.0")]})
+    (tmp_path / "run" / run.artifacts[1].path).write_bytes(b"tampered")
+    with pytest.raises(IntegrityError, match="does not match"):
+        _publish(run, LocalStore(tmp_path / "target"))
+    assert not (tmp_path / "target").exists()
+
+
+def test_manifest_path_traversal_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("a", "1.0")]})
+    data = json.loads((tmp_path / "run" / "run.json").read_text())
+    data["artifacts"][0]["path"] = "../outside.whl"
+    (tmp_path / "run" / "run.json").write_text(json.dumps(data))
+    with pytest.raises(InvalidInputError, match="outside.whl"):
+        RunManifest.load(tmp_path / "run")
+
+
+def test_same_filename_with_other_bytes_is_a_conflict_left_off_the_pages(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "target")
+    _publish(make_run(tmp_path / "a", {"cu130": [("k", "1.0")]}, payload="first"), store)
+    before = _snapshot(tmp_path / "target")
+    plan = _publish(make_run(tmp_path / "b", {"cu130": [("k", "1.0"), ("j", "2.0")]}, payload="second"), store)
+    assert plan.keys("conflict") == ["nightly/cu130/simple/k/k-1.0-py3-none-any.whl"]
+    after = _snapshot(tmp_path / "target")
+    published = [k for k in before if not k.endswith(("/index.html", "/index.json"))]
+    assert published and all(after[k] == before[k] for k in published)  # nothing published was overwritten
+    assert after["nightly/cu130/simple/k/k-1.0-py3-none-any.whl"] == before["nightly/cu130/simple/k/k-1.0-py3-none-any.whl"]
+    assert assert_index_consistent(store, "nightly/cu130/simple") == 2
+
+
+def test_dry_run_plans_against_staging_and_leaves_the_target_untouched(tmp_path: Path) -> None:
+    target = LocalStore(tmp_path / "target")
+    _publish(make_run(tmp_path / "a", {"cu130": [("k", "1.0")]}, payload="first"), target)
+    before = _snapshot(tmp_path / "target")
+    run = make_run(tmp_path / "b", {"cu130": [("k", "1.0"), ("k", "2.0")]}, payload="first")
+    staging = StagingStore(target, tmp_path / "staging")
+    plan = _publish(run, staging, dry_run=True)
+    assert _snapshot(tmp_path / "target") == before
+    assert plan.keys("present") == ["nightly/cu130/simple/k/k-1.0-py3-none-any.whl"]
+    assert plan.keys("added") == ["nightly/cu130/simple/k/k-2.0-py3-none-any.whl"]
+    assert set(plan.pages) == {"nightly/cu130/simple/k/index.html", "nightly/cu130/simple/k/index.json"}
+    assert "would change" in plan.to_markdown() and "k-2.0-py3-none-any.whl" in plan.to_markdown()
+    assert assert_index_consistent(staging, "nightly/cu130/simple") == 2
