@@ -22,7 +22,7 @@ def _check(size: str) -> None:
 
 def quant_cases(size: str) -> list[BenchCase]:
     _check(size)
-    shapes = [(8, 256, torch.float32, torch.int8), (4, 1000, torch.bfloat16, torch.int8)]
+    shapes = [(2, 256, torch.float32, torch.int8), (2, 1000, torch.bfloat16, torch.int8)]
     if size == "large":
         shapes = [(4096, 7168, torch.bfloat16, torch.int8), (4096, 7168, torch.bfloat16, torch.float8_e4m3fn),
                   (16, 7168, torch.float16, torch.int8)]
@@ -72,7 +72,7 @@ def _decode_inputs(device: str, b: int, h: int, k: int, v: int, s: int, dt: torc
 
 def decode_cases(size: str) -> list[BenchCase]:
     _check(size)
-    shapes = [(4, 2, 16, 16, 8, torch.float32), (3, 2, 24, 20, 6, torch.bfloat16)]
+    shapes = [(2, 2, 16, 16, 8, torch.float32), (3, 1, 24, 20, 6, torch.bfloat16)]
     if size == "large":
         shapes = [(256, 32, 128, 128, 512, torch.bfloat16), (8, 32, 128, 128, 64, torch.bfloat16)]
     return [

@@ -1,0 +1,123 @@
+"""The registry is the pipeline's only view of the kernels: it must describe
+exactly what the op wrappers launch, and every specialization must compile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import decode, quant, registry, router
+from kernels.registry import BenchCase, KernelSpec
+
+PKG = Path(kernels.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, KernelSpec]:
+    return {s.name: s for s in registry.registry()}
+
+
+def test_four_kernels(specs):
+    assert set(specs) == {"per_token_quant", "router_logits", "gated_delta_decode", "silu_and_mul"}
+    assert specs["silu_and_mul"].csrc is not None and not specs["silu_and_mul"].triton
+
+
+def test_signatures_name_every_parameter(specs):
+    for spec in specs.values():
+        for entry in spec.triton:
+            names = [s.name for s in entry.specializations]
+            assert len(names) == len(set(names)), f"{spec.name}: duplicate specialization names"
+            for s in entry.specializations:
+                assert list(s.signature) == list(entry.fn.arg_names), s.name
+                consts = [p for p, t in s.signature.items() if t == "constexpr"]
+                assert sorted(consts) == sorted(s.constexprs), s.name
+
+
+def test_fp8_specializations_need_sm89_or_gfx942(specs):
+    fp8 = [s for s in specs["per_token_quant"].triton[0].specializations if "fp8" in s.name]
+    assert fp8
+    for s in fp8:
+        assert not registry.targets_for(s, "cuda", "8.0") and registry.targets_for(s, "cuda", "8.9")
+        assert registry.targets_for(s, "cuda", "12.0")
+        assert not registry.targets_for(s, "hip", "gfx90a") and registry.targets_for(s, "hip", "gfx942")
+
+
+def test_every_launch_configuration_has_a_specialization():
+    names = []
+    for dt in quant.IN_DTYPES:
+        for out in quant.QMAX:
+            names += [("per_token_quant", "per_token_quant_kernel", quant.spec_name(dt, out, quant.block_for(n)))
+                      for n in (1, 512, 513, 8192)]
+        names += [("gated_delta_decode", "gated_delta_decode_kernel", decode.spec_name(dt, decode.config_for(k)))
+                  for k in (1, 64, 65, 128)]
+    names += [("router_logits", "router_logits_kernel", router.spec_name(router.config_for(t))) for t in (1, 17)]
+    for kernel, entry, name in names:
+        spec, fn = registry.find_specialization(kernel, entry, name)
+        assert spec.name == name and fn is not None
+
+
+def test_csrc_sources_exist_and_archs_are_cuda(specs):
+    csrc = specs["silu_and_mul"].csrc
+    for src in csrc.sources:
+        assert (PKG / src).is_file(), src
+    assert set(specs["silu_and_mul"].supported) == {"cuda"}
+    assert set(csrc.supported) == set(specs["silu_and_mul"].supported["cuda"])
+
+
+def test_supported_archs_are_well_formed(specs):
+    for spec in specs.values():
+        for arch in spec.supported.get("cuda", ()):
+            kernels.platform.cuda_arch_key(arch)
+        assert all(a.startswith("gfx") for a in spec.supported.get("hip", ()))
+
+
+def _outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("kernel", ["per_token_quant", "router_logits", "gated_delta_decode", "silu_and_mul"])
+def test_small_bench_cases_run_fast_and_match_reference(kernel, specs, device):
+    cases = specs[kernel].bench_cases("small")
+    assert cases and all(isinstance(c, BenchCase) and c.bytes > 0 for c in cases)
+    for case in cases:
+        inputs = case.make_inputs(device)
+        ref_inputs = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+        got = _outputs(case.fn(*inputs))
+        elapsed = []  # best of three: the first interpreter call pays imports, and CI cores are shared
+        for _ in range(3):
+            fresh = case.make_inputs(device)
+            start = time.perf_counter()
+            case.fn(*fresh)
+            elapsed.append(time.perf_counter() - start)
+        want = _outputs(case.reference(*ref_inputs))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)  # int8 codes may differ by 1
+        assert min(elapsed) < 0.05, f"{case.name}: {min(elapsed) * 1e3:.0f} ms"
+
+
+def test_large_bench_cases_are_declared_without_building_inputs(specs):
+    for spec in specs.values():
+        cases = spec.bench_cases("large")
+        assert cases and all(c.flops > 0 and c.bytes > 0 for c in cases)
+    with pytest.raises(ValueError, match="small"):
+        specs["router_logits"].bench_cases("medium")
+
+
+@pytest.mark.slow
+def test_every_specialization_compiles_for_sm90_and_gfx942():
+    """Ahead of time, no GPU: cubin for sm_90, hsaco for gfx942 (~30 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.compile_all", "--target", "cuda:9.0", "--target", "hip:gfx942"],
+        cwd=PKG.parent, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = sum(len(e.specializations) for s in registry.registry() for e in s.triton) * 2
+    assert f"{expected} compiles" in proc.stdout
