@@ -118,3 +118,7 @@ def is_retryable(exc: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__
     return False
+
+
+class BenchmarkError(PermanentError):
+    """A benchmark case could not run (its kernel or reference raised)."""
