@@ -1,0 +1,103 @@
+"""publish_flow under the session's Prefect server: one task run per upload, units, final state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.publish import publish_flow
+from release.manifest import RunManifest, Unit
+from release.store import LocalStore
+
+from .runkit import make_run
+from .test_publish_local import assert_index_consistent
+
+KILN_TOML = """
+[project]
+package = "demo"
+distribution = "demo"
+version = "1.0"
+source = "src"
+registry = "demo.registry:registry"
+
+[[variants]]
+name = "cu130"
+backend = "cuda"
+archs = ["9.0"]
+
+[[variants]]
+name = "cpu"
+backend = "cpu"
+archs = []
+
+[publish]
+default_target = "local"
+channels = {{ nightly = "nightly", release = "release" }}
+
+[publish.targets.local]
+url = "file://{{out}}/index"
+
+[publish.targets.s3]
+url = "s3://{bucket}/simple"
+region = "us-east-1"
+endpoint = "{endpoint}"
+
+[permissions.publish-nightly]
+read = ["nightly/"]
+write = ["nightly/"]
+credentials = {{ ambient = true }}
+"""
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> str:
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "kiln.toml"
+    path.write_text(KILN_TOML.format(bucket=s3_bucket, endpoint=s3_endpoint))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_publish_flow_local_target_publishes_passing_variants_and_records_units(
+    prefect_server, tmp_path: Path, config_path: str
+) -> None:
+    out = tmp_path / "run"
+    make_run(out, {"cu130": [("demo", "1.0+cu130")], "cpu": [("demo", "1.0+cpu")]},
+             [Unit("build/cpu/k", "build", "failed", variant="cpu")])
+    state = publish_flow(config_path=config_path, out=str(out), return_state=True)
+    assert state.is_completed(), state.message
+    store = LocalStore(out / "index")
+    assert assert_index_consistent(store, "nightly/cu130/simple") == 1
+    assert store.list("nightly/cpu") == []
+    units = {u.id: u for u in RunManifest.load(out).units if u.stage == "publish"}
+    assert units["publish/cu130/demo-1.0+cu130-py3-none-any.whl"].state == "completed"
+    assert units["publish/cpu"].state == "skipped" and "build/cpu/k" in units["publish/cpu"].message
+    assert units["publish/pages"].state == "completed"
+
+
+@pytest.mark.slow
+def test_publish_flow_conflicting_wheel_fails_its_unit_and_the_flow_but_publishes_the_rest(
+    prefect_server, tmp_path: Path, config_path: str
+) -> None:
+    first = tmp_path / "first"
+    make_run(first, {"cu130": [("demo", "1.0")]}, payload="a")
+    assert publish_flow(config_path=config_path, out=str(first), target="s3", return_state=True).is_completed()
+    second = tmp_path / "second"
+    make_run(second, {"cu130": [("demo", "1.0"), ("other", "2.0")]}, payload="b")
+    state = publish_flow(config_path=config_path, out=str(second), target="s3", return_state=True)
+    assert state.is_failed() and "1 of" in state.message
+    units = {u.id: u.state for u in RunManifest.load(second).units if u.stage == "publish"}
+    assert units["publish/cu130/demo-1.0-py3-none-any.whl"] == "failed"
+    assert units["publish/cu130/other-2.0-py3-none-any.whl"] == "completed"
+
+
+@pytest.mark.slow
+def test_publish_flow_dry_run_changes_nothing_on_the_target(prefect_server, tmp_path: Path, config_path: str) -> None:
+    out = tmp_path / "run"
+    make_run(out, {"cu130": [("demo", "1.0")]})
+    state = publish_flow(config_path=config_path, out=str(out), dry_run=True, return_state=True)
+    assert state.is_completed(), state.message
+    assert not (out / "index").exists()
+    staged = list((out / "publish-staging").rglob("demo-1.0-py3-none-any.whl"))
+    assert len(staged) == 1
