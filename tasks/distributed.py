@@ -1,0 +1,190 @@
+"""Distributed tests: ``run(fn, world_size)`` on ranks that cannot race for a port.
+
+Ranks rendezvous through a file in a fresh temporary directory per call
+(``file://``), never a TCP port chosen in advance: two groups that pick the
+same port can hang, or worse, join each other and pass with wrong sums.
+
+Every rank leads its own process group and has the whole call's deadline. If
+a rank raises, the others are torn down at once (a survivor would block in a
+collective until its own timeout) and :class:`DistributedTestError` names the
+failing ranks with their tracebacks; a hung rank ends in
+:class:`TestTimeoutError` with every rank's stacks.
+
+Ranks are forked from a fork server (a fresh interpreter that imported
+torch.distributed and never touched a GPU) or spawned (``start="spawn"``);
+the start method is a local multiprocessing context, never the global one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import wait as wait_any
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+from release.errors import DistributedTestError, InfrastructureError, InvalidInputError, TestTimeoutError
+from release.fsutil import atomic_write_bytes
+from tasks.classify import is_infrastructure_exception
+from tasks.deadline import dump_stacks, install_stack_dump, signal_name, terminate
+from tasks.devices import detect_gpu_count
+
+logger = logging.getLogger("kiln.test.distributed")
+
+Backend = Literal["gloo", "nccl"]
+StartMethod = Literal["forkserver", "spawn"]
+GRACE_S = 2.0
+PRELOAD = ["torch", "torch.distributed"]
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str, init_method: str,
+               timeout: float, args: Sequence[Any], workdir: str) -> None:
+    os.setpgid(0, 0)  # the rank's helpers die with it
+    stacks = install_stack_dump(Path(workdir) / f"rank{rank}.stacks")  # noqa: F841 — must stay open
+    outcome: dict[str, Any]
+    try:
+        import torch.distributed as dist
+
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(rank)  # one device per rank
+        # The collective timeout outlasts the parent's deadline so a hang is
+        # reported as a hang (with stacks), not as a peer's timeout error.
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=2 * timeout + 5))
+        try:
+            outcome = {"value": fn(rank, world_size, *args)}
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # reported to the parent, which decides what it means
+        outcome = {"error": "".join(traceback.format_exception(exc)), "infra": is_infrastructure_exception(exc),
+                   "type": type(exc).__name__}
+    try:
+        data = pickle.dumps(outcome)
+    except Exception as exc:
+        data = pickle.dumps({"error": f"rank {rank} returned a value that cannot be pickled: {exc}", "infra": False})
+    atomic_write_bytes(Path(workdir) / f"rank{rank}.result", data)
+    os._exit(0 if "value" in outcome else 1)
+
+
+class _Rank:
+    """Adapts a multiprocessing.Process to tasks.deadline's Child protocol."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, stacks: Path) -> None:
+        self.process, self.stacks = process, stacks
+        self.pid = process.pid or 0
+
+    def wait(self, timeout: float) -> int | None:
+        self.process.join(timeout)
+        return self.process.exitcode
+
+
+def _context(start: StartMethod) -> multiprocessing.context.BaseContext:
+    context = multiprocessing.get_context(start)
+    if start == "forkserver":
+        context.set_forkserver_preload(PRELOAD)  # only takes effect before the server first starts
+    return context
+
+
+def _validate(world_size: int, backend: str, timeout: float, start: str) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise InvalidInputError(f"world_size={world_size!r} must be a positive integer")
+    if backend not in ("gloo", "nccl"):
+        raise InvalidInputError(f"backend={backend!r}: use 'gloo' (CPU) or 'nccl' (GPU)")
+    if not timeout > 0:
+        raise InvalidInputError(f"timeout={timeout!r} must be > 0 seconds")
+    if start not in ("forkserver", "spawn"):
+        raise InvalidInputError(f"start={start!r}: use 'forkserver' or 'spawn'")
+    if backend == "nccl" and world_size > detect_gpu_count():
+        raise InvalidInputError(f"backend='nccl' with world_size={world_size} needs {world_size} GPUs, "
+                                f"{detect_gpu_count()} available")
+
+
+def run(fn: Callable[..., Any], world_size: int, backend: Backend = "gloo", timeout: float = 60,
+        args: Sequence[Any] = (), *, start: StartMethod = "forkserver") -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; their return values in rank order.
+
+    ``fn`` and ``args`` must be picklable (a module-level function).
+    """
+    _validate(world_size, backend, timeout, start)
+    workdir = Path(tempfile.mkdtemp(prefix="kiln-dist-"))
+    init_method = (workdir / "rendezvous").as_uri()
+    context = _context(start)
+    ranks: list[_Rank] = []
+    try:
+        for rank in range(world_size):
+            process = context.Process(target=_rank_main, name=f"kiln-rank{rank}", daemon=False,
+                                      args=(fn, rank, world_size, backend, init_method, timeout, tuple(args), str(workdir)))
+            process.start()
+            ranks.append(_Rank(process, workdir / f"rank{rank}.stacks"))
+        logger.info("started %d %s ranks, rendezvous %s", world_size, backend, init_method)
+        hung, torn_down = _supervise(ranks, time.monotonic() + timeout)
+        return _collect(ranks, workdir, hung, torn_down, timeout)
+    finally:
+        for rank in ranks:  # nothing outlives the call, whatever happened above
+            if rank.process.exitcode is None:
+                terminate(rank, GRACE_S, dump=False)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _supervise(ranks: list[_Rank], deadline: float) -> tuple[dict[int, str], set[int]]:
+    """Wait for every rank; on a failure tear the rest down, on the deadline dump and kill.
+
+    Returns the stacks of ranks still running at the deadline, and the ranks
+    torn down because another one failed.
+    """
+    while any(r.process.exitcode is None for r in ranks):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return _teardown(ranks, dump=True), set()
+        wait_any([r.process.sentinel for r in ranks if r.process.exitcode is None], timeout=min(remaining, 0.5))
+        if any(r.process.exitcode not in (None, 0) for r in ranks):
+            return {}, set(_teardown(ranks, dump=False))
+    return {}, set()
+
+
+def _teardown(ranks: list[_Rank], dump: bool) -> dict[int, str]:
+    running = {index: rank for index, rank in enumerate(ranks) if rank.process.exitcode is None}
+    # Every stack first: once one rank dies its peers unwind into error paths.
+    stacks = {index: dump_stacks(rank, rank.stacks) if dump else "" for index, rank in running.items()}
+    for rank in running.values():
+        terminate(rank, GRACE_S, dump=False)
+    return stacks
+
+
+def _collect(ranks: list[_Rank], workdir: Path, hung: dict[int, str], torn_down: set[int],
+             timeout: float) -> list[Any]:
+    values, failures, infra = [], [], True
+    for index, rank in enumerate(ranks):
+        path = workdir / f"rank{index}.result"
+        if index in hung or index in torn_down:
+            continue  # still running when stopped: what it wrote while dying is a consequence, not a cause
+        if path.exists():
+            outcome = pickle.loads(path.read_bytes())
+            if "value" in outcome:
+                values.append(outcome["value"])
+                continue
+            failures.append(f"rank {index} raised:\n{outcome['error']}")
+            infra = infra and outcome["infra"]
+        else:
+            crash = signal_name(rank.process.exitcode) or f"exit status {rank.process.exitcode}"
+            dump = (workdir / f"rank{index}.stacks").read_text(errors="replace")
+            failures.append(f"rank {index} died ({crash}) without a result\n{dump}".rstrip())
+            infra = False
+    if hung and not failures:
+        detail = "\n".join(f"rank {i} stacks:\n{text}" for i, text in sorted(hung.items()))
+        raise TestTimeoutError(f"distributed test timed out after {timeout:g}s; hung ranks {sorted(hung)}\n{detail}")
+    if failures:
+        failed = [int(f.split()[1].rstrip(":")) for f in failures]
+        stopped = f"; ranks {sorted(torn_down)} were torn down" if torn_down else ""
+        message = f"{len(failures)} of {len(ranks)} ranks failed (ranks {failed}){stopped}\n" + "\n".join(failures)
+        raise (InfrastructureError if infra else DistributedTestError)(message)
+    return values

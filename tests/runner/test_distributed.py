@@ -1,0 +1,104 @@
+"""tasks.distributed.run: gloo on CPU, file:// rendezvous, failing and hanging ranks."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from release.errors import DistributedTestError, InvalidInputError, TestTimeoutError
+from tasks import distributed
+
+
+def all_reduce_sum(rank: int, world_size: int, offset: float = 0.0) -> float:
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(rank + 1) + offset])
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def raise_on_rank_one(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("rank one is broken on purpose")
+    dist.barrier()  # the healthy ranks would wait here forever without a teardown
+
+
+def hang_on_rank_zero(rank: int, world_size: int, pid_dir: str) -> None:
+    import torch.distributed as dist
+
+    Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    if rank == 0:
+        time.sleep(3600)
+    dist.barrier()
+
+
+def expected_sum(world_size: int, offset: float = 0.0) -> float:
+    return sum(r + 1 + offset for r in range(world_size))
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_all_reduce_returns_every_rank_sum_in_rank_order(world_size):
+    values = distributed.run(all_reduce_sum, world_size, timeout=60)
+    assert values == [expected_sum(world_size)] * world_size
+
+
+def test_args_reach_every_rank():
+    assert distributed.run(all_reduce_sum, 2, timeout=60, args=(10.0,)) == [expected_sum(2, 10.0)] * 2
+
+
+def test_raising_rank_is_named_with_its_traceback_and_peers_are_torn_down():
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError) as info:
+        distributed.run(raise_on_rank_one, 3, timeout=30)
+    message = str(info.value)
+    assert "ranks [1]" in message
+    assert "ValueError: rank one is broken on purpose" in message
+    assert "raise_on_rank_one" in message  # the traceback, not just the message
+    assert time.monotonic() - start < 30  # torn down on the failure, not at the deadline
+
+
+def test_hung_rank_times_out_with_its_stacks_and_leaves_no_rank_alive(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(TestTimeoutError) as info:
+        distributed.run(hang_on_rank_zero, 2, timeout=3, args=(str(tmp_path),))
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert "hung ranks [0, 1]" in message
+    assert "hang_on_rank_zero" in message  # rank 0's stack dump points at the sleeping line
+    assert elapsed < 3 + 2 * distributed.GRACE_S + 5
+    for pidfile in tmp_path.glob("rank*.pid"):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pidfile.read_text()), 0)
+
+
+@pytest.mark.slow
+def test_32_groups_started_at_once_all_get_their_own_sums():
+    # Distinct offsets: if two groups ever joined each other the sums would mix.
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        futures = [pool.submit(distributed.run, all_reduce_sum, 2, "gloo", 240, (float(g * 100),)) for g in range(32)]
+        results = [f.result(timeout=300) for f in futures]
+    assert results == [[expected_sum(2, g * 100.0)] * 2 for g in range(32)]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"world_size": 0}, "world_size=0"),
+    ({"world_size": 2, "backend": "mpi"}, "backend='mpi'"),
+    ({"world_size": 2, "timeout": 0}, "timeout=0"),
+    ({"world_size": 2, "start": "fork"}, "start='fork'"),
+])
+def test_bad_arguments_are_refused_before_any_rank_starts(kwargs, needle):
+    with pytest.raises(InvalidInputError, match=needle.replace("[", r"\[")):
+        distributed.run(all_reduce_sum, **kwargs)
+
+
+def test_nccl_needs_one_gpu_per_rank(monkeypatch):
+    monkeypatch.setenv("KILN_GPU_COUNT", "1")
+    with pytest.raises(InvalidInputError, match="needs 2 GPUs, 1 available"):
+        distributed.run(all_reduce_sum, 2, backend="nccl")
