@@ -50,8 +50,21 @@ def parse_manifest(data: Any, root: Path) -> tuple[Artifact, ...]:
     return tuple(out)
 
 
+_root: list[Path] = [AOT_DIR]  # one slot; replaced by use_root()
+
+
+def use_root(root: Path) -> None:
+    """Read artifacts from ``root`` instead of the package's ``_aot/`` (self
+    checks build a manifest in a scratch directory), forgetting what was loaded."""
+    _root[0] = root
+    manifest.cache_clear()
+    _compiled.clear()
+    _warned.clear()
+
+
 @functools.cache
-def manifest(root: Path = AOT_DIR) -> tuple[Artifact, ...]:
+def manifest(root: Path | None = None) -> tuple[Artifact, ...]:
+    root = root or _root[0]
     file = root / "manifest.json"
     if not file.is_file():
         return ()

@@ -72,7 +72,7 @@ def _decode_inputs(device: str, b: int, h: int, k: int, v: int, s: int, dt: torc
 
 def decode_cases(size: str) -> list[BenchCase]:
     _check(size)
-    shapes = [(2, 2, 16, 16, 8, torch.float32), (3, 1, 24, 20, 6, torch.bfloat16)]
+    shapes = [(2, 1, 16, 16, 8, torch.float32), (1, 2, 24, 20, 6, torch.bfloat16)]
     if size == "large":
         shapes = [(256, 32, 128, 128, 512, torch.bfloat16), (8, 32, 128, 128, 64, torch.bfloat16)]
     return [

@@ -92,3 +92,20 @@ def test_hash_mismatch_is_never_launched(tmp_path, monkeypatch, caplog):
         assert _loader.aot_kernel("per_token_quant", "per_token_quant_kernel", "bf16_i8_b512", H100) is None
     assert "sha256" in caplog.text
     assert hashlib.sha256(b"cubin bytes").hexdigest() != "0" * 64
+
+
+def test_artifacts_built_for_sm90_are_found_and_rebuilt(tmp_path):
+    """The build → manifest → loader chain without a GPU: everything short
+    of the launch (the GPU tests and gpu_check.sh launch it)."""
+    from kernels import selfcheck
+
+    selfcheck.build(tmp_path, "cuda", "9.0")
+    try:
+        _loader.use_root(tmp_path)
+        for kernel, entry, name, _, _ in selfcheck.CHECKS:
+            assert _loader.artifact_path(kernel, entry, name, H100).is_file()
+            compiled = _loader.aot_kernel(kernel, entry, name, H100)
+            assert compiled is not None and compiled.name == entry
+            assert _loader.aot_kernel(kernel, entry, name, MI300) is None
+    finally:
+        _loader.use_root(_loader.AOT_DIR)

@@ -99,7 +99,8 @@ def test_small_bench_cases_run_fast_and_match_reference(kernel, specs, device):
         want = _outputs(case.reference(*ref_inputs))
         for g, w in zip(got, want):
             torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)  # int8 codes may differ by 1
-        assert min(elapsed) < 0.05, f"{case.name}: {min(elapsed) * 1e3:.0f} ms"
+        # ~10-30 ms on an idle core; the bound leaves room for loaded CI cores
+        assert min(elapsed) < 0.2, f"{case.name}: {min(elapsed) * 1e3:.0f} ms"
 
 
 def test_large_bench_cases_are_declared_without_building_inputs(specs):
