@@ -111,53 +111,76 @@ def _warm_up(fn: Callable[..., Any], pool: Sequence[tuple], calls: int) -> None:
     torch.cuda.synchronize()
 
 
+def _capture(fn: Callable[..., Any], pool: Sequence[tuple], order: list[int]) -> Any:
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for index in order:
+            fn(*pool[index])
+    graph.replay()  # the first replay uploads the graph; not a sample
+    torch.cuda.synchronize()
+    return graph
+
+
+def _timed_replay(graph: Any) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
 @dataclass(frozen=True)
 class GraphReplayTimer:
-    """Capture K rotated calls into one CUDA graph; time replays with events."""
+    """Capture K rotated calls of each op into a CUDA graph; time alternating replays with events.
+
+    Alternating kernel and reference replays puts both through the same clock
+    and thermal state, so their paired ratio is robust to drift.
+    """
 
     repeats: int = 25
     warmup: int = 3
 
-    def __call__(self, fn: Callable[..., Any], pool: Sequence[tuple]) -> list[float]:
-        import torch
-
+    def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any],
+                 pool: Sequence[tuple]) -> tuple[list[float], list[float]]:
         order = rotation_order(len(pool), calls_per_graph(len(pool)))
-        _warm_up(fn, pool, max(self.warmup, len(pool)))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for index in order:
-                fn(*pool[index])
-        graph.replay()  # first replay uploads the graph; not a sample
-        torch.cuda.synchronize()
-        samples = []
+        graphs = []
+        for op in (fn, reference):
+            _warm_up(op, pool, max(self.warmup, len(pool)))
+            graphs.append(_capture(op, pool, order))
+        kernel: list[float] = []
+        ref: list[float] = []
         for _ in range(self.repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3 / len(order))
-        del graph
-        return samples
+            kernel.append(_timed_replay(graphs[0]) / len(order))
+            ref.append(_timed_replay(graphs[1]) / len(order))
+        return kernel, ref
 
 
 @dataclass(frozen=True)
 class EagerTimer:
-    """Events around single rotated calls: what a Python caller pays per call."""
+    """Events around single rotated calls, kernel and reference alternating: what a Python caller pays."""
 
     calls: int = 100
     warmup: int = 3
 
-    def __call__(self, fn: Callable[..., Any], pool: Sequence[tuple]) -> list[float]:
+    def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any],
+                 pool: Sequence[tuple]) -> tuple[list[float], list[float]]:
         import torch
 
-        _warm_up(fn, pool, max(self.warmup, len(pool)))
-        events = []
+        for op in (fn, reference):
+            _warm_up(op, pool, max(self.warmup, len(pool)))
+        events: tuple[list, list] = ([], [])
         for index in rotation_order(len(pool), self.calls):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(*pool[index])
-            end.record()
-            events.append((start, end))
+            for op, recorded in zip((fn, reference), events):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                op(*pool[index])
+                end.record()
+                recorded.append((start, end))
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) / 1e3 for start, end in events]
+        kernel, ref = ([start.elapsed_time(end) / 1e3 for start, end in recorded] for recorded in events)
+        return kernel, ref

@@ -90,34 +90,19 @@ def summarize(samples: Sequence[float], *, what: str = "samples", seed: int = DE
     return Summary(n=int(values.size), median=float(median), spread=float(q75 - q25), ci_low=low, ci_high=high)
 
 
-def judge(
-    baseline: Summary,
-    current: Summary,
-    threshold: float,
-    reference: tuple[Summary, Summary] | None = None,
-) -> Verdict:
-    """Regression = slower by more than ``threshold`` AND outside the noise of both runs.
-
-    ``reference`` is the (baseline, current) summary of the torch reference,
-    measured in the same runs. When it slowed down measurably too, the machine
-    drifted: the case is a regression only if it also lost more than
-    ``threshold`` relative to the reference.
-    """
+def judge(baseline: Summary, current: Summary, threshold: float) -> Verdict:
+    """Regression = slower by more than ``threshold`` even at the edges of both runs' noise."""
     if not 0 < threshold < 10:
         raise InvalidInputError(f"threshold must be a fraction in (0, 10), got {threshold}")
     change = current.median / baseline.median - 1
     slower = current.ci_low / baseline.ci_high - 1 > threshold and change > _relative_spread(baseline, current)
     faster = current.ci_high < baseline.ci_low
-    drift = _drift(reference)
-    relative = (1 + change) / (1 + drift) - 1
-    regression = change > threshold and slower and relative > threshold
+    regression = change > threshold and slower
     improvement = change < -threshold and faster
     if regression:
         reason = f"{change:+.1%} slower, beyond the {threshold:.0%} threshold and the noise"
-    elif change > threshold and not slower:
-        reason = f"{change:+.1%} but within the noise (intervals or spread overlap the threshold)"
     elif change > threshold:
-        reason = f"{change:+.1%}, explained by machine drift (reference {drift:+.1%})"
+        reason = f"{change:+.1%} but within the noise (intervals or spread overlap the threshold)"
     elif improvement:
         reason = f"{change:+.1%} faster"
     else:
@@ -130,11 +115,7 @@ def _relative_spread(*summaries: Summary) -> float:
     return max(s.spread / s.median for s in summaries)
 
 
-def _drift(reference: tuple[Summary, Summary] | None) -> float:
-    """How much the reference measurably slowed down between the runs (0 when not measurably)."""
-    if reference is None:
-        return 0.0
-    base, cur = reference
-    if cur.ci_low <= base.ci_high:
-        return 0.0
-    return cur.median / base.median - 1
+def paired_ratios(kernel: Sequence[float], reference: Sequence[float]) -> list[float]:
+    """Kernel/reference time per interleaved block pair: load that hits both cancels out."""
+    pairs = min(len(kernel), len(reference))
+    return [k / r for k, r in zip(kernel[:pairs], reference[:pairs])]

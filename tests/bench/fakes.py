@@ -51,14 +51,16 @@ class FakeTimer:
     sigma: float = 0.03
     samples: int = 30
     seed: int = 0
-    calls: list[Callable[..., Any]] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
 
-    def __call__(self, fn: Callable[..., Any], pool: Any) -> list[float]:
-        self.calls.append(fn)
-        median = self.kernel if fn.role == "kernel" else self.reference
+    def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any], pool: Any) -> tuple[list[float], list[float]]:
+        self.calls.append((fn.role, reference.role))
+        return self._draw(self.kernel), self._draw(self.reference)
+
+    def _draw(self, median: float) -> list[float]:
         return [float(v) for v in median * np.exp(self.rng.normal(0.0, self.sigma, self.samples))]
 
 

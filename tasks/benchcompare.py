@@ -1,0 +1,154 @@
+"""Compare a benchmark run against a baseline, case by case; decide each kernel's unit.
+
+Statistics are re-derived from the stored samples (the bootstrap is seeded),
+so a verdict never depends on summary numbers someone could edit by hand.
+Only cases measured with the run's decision metric can be flagged; eager
+numbers beside graph replay are shown, never decided on.
+
+A case regresses only when both its own time and its time relative to the
+reference (paired per interleaved block, measured in the same run) slowed
+beyond the threshold and the noise. The first keeps a faster torch from
+passing for a slower kernel; the second keeps a busier machine, which slows
+kernel and reference alike, from passing for a regression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from release.manifest import Unit
+from tasks.benchresults import BenchResults, CaseResult, Stats
+from tasks.benchstats import Summary, Verdict, judge, paired_ratios, summarize
+
+
+@dataclass(frozen=True)
+class CaseComparison:
+    key: tuple[str, str, str]  # kernel, case name, metric
+    baseline: float  # median seconds per call
+    current: float
+    verdict: Verdict  # of the kernel's own time
+    relative: Verdict | None  # of kernel/reference, when both runs measured the reference
+    reference_change: float | None  # how much the reference moved: machine drift, or a new torch
+    decides: bool  # measured with the decision metric
+
+    @property
+    def regression(self) -> bool:
+        drift_free = self.relative is None or self.relative.regression
+        return self.decides and self.verdict.regression and drift_free
+
+    @property
+    def reason(self) -> str:
+        if self.verdict.regression and self.relative is not None and not self.relative.regression:
+            return (f"{self.verdict.change:+.1%}, explained by machine drift: kernel/reference "
+                    f"{self.relative.change:+.1%}")
+        return self.verdict.reason
+
+    def describe(self) -> str:
+        kernel, name, metric = self.key
+        drift = "" if self.reference_change is None else f"; reference {self.reference_change:+.1%}"
+        return f"{kernel}/{name} [{metric}]: {self.reason}{drift}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    baseline_run: str  # run id of the baseline, or "" when there was none
+    threshold: float
+    cases: tuple[CaseComparison, ...]
+    unmatched: tuple[tuple[str, str, str], ...]  # current cases the baseline lacks
+    notes: tuple[str, ...] = ()
+
+    def regressions(self, kernel: str | None = None) -> list[CaseComparison]:
+        return [c for c in self.cases if c.regression and (kernel is None or c.key[0] == kernel)]
+
+    def for_case(self, key: tuple[str, str, str]) -> CaseComparison | None:
+        return next((c for c in self.cases if c.key == key), None)
+
+
+NO_BASELINE = Comparison(baseline_run="", threshold=0.0, cases=(), unmatched=(), notes=("no baseline",))
+
+
+def _summary(stats: Stats, what: str) -> Summary:
+    return summarize(stats.samples, what=what)
+
+
+def _compare_case(base: CaseResult, cur: CaseResult, threshold: float, decision: str) -> CaseComparison:
+    where = "/".join(cur.key)
+    verdict = judge(_summary(base.stats, f"baseline {where}"), _summary(cur.stats, f"current {where}"), threshold)
+    ref_change, relative = None, None
+    if base.reference is not None and cur.reference is not None:
+        ref_change = cur.reference.median / base.reference.median - 1
+        relative = judge(_ratios(base, f"baseline {where}"), _ratios(cur, f"current {where}"), threshold)
+    return CaseComparison(key=cur.key, baseline=base.stats.median, current=cur.stats.median, verdict=verdict,
+                          relative=relative, reference_change=ref_change, decides=cur.metric == decision)
+
+
+def _ratios(case: CaseResult, what: str) -> Summary:
+    assert case.reference is not None
+    return summarize(paired_ratios(case.stats.samples, case.reference.samples), what=f"{what} kernel/reference")
+
+
+def _notes(baseline: BenchResults, current: BenchResults) -> tuple[str, ...]:
+    notes = []
+    if baseline.hardware.device != current.hardware.device or baseline.hardware.cpu != current.hardware.cpu:
+        notes.append(f"baseline ran on {baseline.hardware.device} / {baseline.hardware.cpu}; this run on "
+                     f"{current.hardware.device} / {current.hardware.cpu}: absolute times may not be comparable")
+    if baseline.decision_metric != current.decision_metric:
+        notes.append(f"baseline decided on {baseline.decision_metric}, this run on {current.decision_metric}")
+    return tuple(notes)
+
+
+def compare_results(baseline: BenchResults | None, current: BenchResults, threshold: float) -> Comparison:
+    """Judge every case of ``current`` that ``baseline`` also measured (same kernel, name, metric)."""
+    if baseline is None:
+        return NO_BASELINE
+    compared, unmatched = [], []
+    for case in current.cases:
+        base = baseline.case(case.key)
+        if base is None:
+            unmatched.append(case.key)
+            continue
+        compared.append(_compare_case(base, case, threshold, current.decision_metric))
+    return Comparison(baseline_run=baseline.run_id, threshold=threshold, cases=tuple(compared),
+                      unmatched=tuple(unmatched), notes=_notes(baseline, current))
+
+
+@dataclass(frozen=True)
+class KernelOutcome:
+    """What one kernel's benchmark task produced: its cases, or the error that stopped it."""
+
+    kernel: str
+    cases: tuple[CaseResult, ...] = ()
+    error: str = ""
+    duration_s: float = 0.0
+
+
+def kernel_unit(outcome: KernelOutcome, comparison: Comparison, fail_on_regression: bool) -> Unit:
+    """The manifest unit of one kernel: failed when it crashed, or regressed and regressions fail."""
+    unit_id = f"bench/{outcome.kernel}"
+    if outcome.error:
+        return Unit(id=unit_id, stage="bench", state="failed", kernel=outcome.kernel,
+                    message=outcome.error, duration_s=outcome.duration_s)
+    regressions = comparison.regressions(outcome.kernel)
+    if regressions:
+        lines = "; ".join(r.describe() for r in regressions)
+        state = "failed" if fail_on_regression else "completed"
+        label = "regression" if fail_on_regression else "regression (warning only)"
+        message = f"{label}: {lines}"
+    else:
+        state = "completed"
+        message = _quiet_message(outcome, comparison)
+    return Unit(id=unit_id, stage="bench", state=state, kernel=outcome.kernel, message=message,
+                duration_s=outcome.duration_s)
+
+
+def _quiet_message(outcome: KernelOutcome, comparison: Comparison) -> str:
+    if not outcome.cases:
+        return "no benchmark cases declared"
+    count = len({c.name for c in outcome.cases})
+    against = f"no regression vs run {comparison.baseline_run}" if comparison.baseline_run else "no baseline"
+    return f"{count} cases measured; {against}"
+
+
+def kernel_units(outcomes: Sequence[KernelOutcome], comparison: Comparison, fail_on_regression: bool) -> list[Unit]:
+    return [kernel_unit(o, comparison, fail_on_regression) for o in outcomes]

@@ -1,0 +1,62 @@
+"""Tables and markdown for a benchmark run: what the Prefect artifacts show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.benchcompare import Comparison
+from tasks.benchresults import BenchResults, CaseResult
+
+
+def _us(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e6:.2f}"
+
+
+def _change(case: CaseResult, comparison: Comparison) -> tuple[str, str]:
+    found = comparison.for_case(case.key)
+    if found is None:
+        return ("", "no baseline" if not comparison.baseline_run else "new case")
+    verdict = "REGRESSION" if found.regression else ("faster" if found.verdict.improvement else "ok")
+    return (f"{found.verdict.change:+.1%}", verdict)
+
+
+def kernel_rows(results: BenchResults, comparison: Comparison, kernel: str) -> list[dict[str, Any]]:
+    """One row per case and metric of ``kernel``: times in µs, speed-up, rates, change vs baseline."""
+    rows = []
+    for case in (c for c in results.cases if c.kernel == kernel):
+        change, verdict = _change(case, comparison)
+        rows.append({
+            "case": case.name,
+            "shape": " ".join(f"{k}={v}" for k, v in case.shape.items()),
+            "dtype": case.dtype,
+            "metric": case.metric,
+            "kernel_us": _us(case.stats.median),
+            "spread_us": _us(case.stats.spread),
+            "reference_us": _us(case.reference.median if case.reference else None),
+            "speedup": "" if case.speedup is None else f"{case.speedup:.2f}x",
+            "GB/s": "" if case.gbps is None else f"{case.gbps:.1f}",
+            "TFLOP/s": "" if case.tflops is None else f"{case.tflops:.3f}",
+            "change_vs_baseline": change,
+            "verdict": verdict,
+        })
+    return rows
+
+
+def summary_markdown(results: BenchResults, comparison: Comparison, failed: dict[str, str]) -> str:
+    """The run's headline: where it ran, what it was compared with, what regressed or failed."""
+    hw = results.hardware
+    lines = [
+        f"# Benchmarks — {results.variant}, decided on `{results.decision_metric}`",
+        "",
+        f"- commit `{results.commit}`, size `{results.size}`, {len(results.cases)} case results",
+        f"- hardware: {hw.device} (driver {hw.driver}), CPU {hw.cpu}",
+        f"- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(results.versions.items())),
+        f"- baseline: run `{comparison.baseline_run}` (threshold {comparison.threshold:.0%})"
+        if comparison.baseline_run else "- baseline: none",
+    ]
+    lines += [f"- note: {note}" for note in comparison.notes if comparison.baseline_run]
+    regressions = comparison.regressions()
+    lines += ["", f"## Regressions: {len(regressions)}"] + [f"- {r.describe()}" for r in regressions]
+    if failed:
+        lines += ["", f"## Kernels that failed: {len(failed)}"] + [f"- `{k}`: {m}" for k, m in sorted(failed.items())]
+    return "\n".join(lines) + "\n"
