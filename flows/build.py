@@ -1,0 +1,83 @@
+"""The build stage as a Prefect flow: one task run per compile unit.
+
+Order and final state only; every decision is in ``tasks.build`` and
+``tasks.build_stage``. Prefect's result cache is off for compile units on
+purpose: Kiln's content-addressed cache re-hashes every artifact it serves,
+and a Prefect cache hit would skip that check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
+
+from flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
+from tasks import build as build_units
+from tasks import build_stage
+from tasks.build import BuildEnv, CompileUnit, UnitResult
+from tasks.build_stage import BuildSetup
+
+# Retries are for retryable errors only (cache drift, a lost worker); two are enough
+# for a drift found mid-run: the batch is invalidated before the error is raised.
+UNIT_RETRIES = 2
+
+
+@task(name="plan-build", cache_policy=NO_CACHE)
+def plan_task(config_path: str, version: str | None, variants: list[str] | None, nvcc: str | None) -> BuildSetup:
+    return build_stage.prepare_build(config_path, version, variants, nvcc)
+
+
+@task(name="verify-build-cache", cache_policy=NO_CACHE)
+def verify_cache_task(setup: BuildSetup) -> list[str]:
+    return build_units.verify_cache(setup.plan, build_units.BuildCache(setup.cache_root))
+
+
+@task(name="compile", cache_policy=NO_CACHE, retries=UNIT_RETRIES, retry_delay_seconds=1,
+      retry_condition_fn=retry_on_retryable)
+def compile_task(unit: CompileUnit, env: BuildEnv) -> UnitResult:
+    return build_units.build_unit(unit, env)
+
+
+@task(name="assemble-variant", cache_policy=NO_CACHE)
+def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict, out: str) -> build_stage.VariantOutput:
+    return build_stage.assemble_variant(setup, variant, outcomes, out)
+
+
+@flow(name="build")
+def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
+               variants: list[str] | None = None, nvcc: str | None = None) -> Any:
+    """Build every unit of the matrix, then one wheel per variant whose units all built.
+
+    ``nvcc``: path of the nvcc to use (default: the one on PATH); a missing
+    one skips the CUDA C++ units with a message.
+    """
+    setup = plan_task(config_path, version, variants, nvcc)
+    run = open_run(out, "build", setup.version)
+    for skip in setup.plan.skips:
+        record(run, build_units.skip_record(skip))
+    verify_events = verify_cache_task(setup)
+    units = setup.plan.units
+    with build_stage.build_env(setup, out) as env:
+        futures = [compile_task.with_options(task_run_name=f"compile {u.id}").submit(u, env) for u in units]
+        wait(futures)
+        events = [*verify_events, *env.events]
+    outcomes = {u.id: f.result(raise_on_failure=False) for u, f in zip(units, futures)}
+    records = {u.id: record(run, build_units.unit_record(u, outcomes[u.id])) for u in units}
+    for variant in setup.plan.variants:
+        output = assemble_task(setup, variant, outcomes, out)
+        record(run, output.unit)
+        for path, kind in output.files:
+            run.add_artifact(path, step="build", kind=kind, variant=variant.name)
+    run.info["build_cache_events"] = events
+    run.save()
+    try:
+        create_table_artifact(key="kiln-build", table=build_stage.table_rows(units, outcomes, records),
+                              description=f"Build units — run {run.run_id}")
+    except Exception as exc:  # a side report never fails the run
+        logger.warning("could not create the build table artifact: %s", exc)
+    markdown_report("kiln-build-cache", build_stage.cache_report(events), "Build cache events")
+    return finish_stage(run, "build", "Build")
