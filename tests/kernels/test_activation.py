@@ -50,3 +50,23 @@ def test_op_on_cpu_runs_the_reference(dtype):
 def test_rejects_odd_width():
     with pytest.raises(ValueError, match="2D"):
         kernels.silu_and_mul(torch.randn(2, 5))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not installed")
+def test_csrc_builds_with_nvcc_and_exposes_the_c_abi(tmp_path, monkeypatch):
+    """nvcc builds the source set without a GPU; the library loads through
+    ctypes and reports its ABI (launching needs a GPU: see test_gpu.py)."""
+    import subprocess
+    from pathlib import Path
+
+    src = Path(activation.__file__).parent / activation.SOURCES[0]
+    lib = tmp_path / activation.LIBRARY
+    subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90,code=sm_90",
+                    "-o", str(lib), str(src)], check=True, timeout=300, capture_output=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    handle = kernels.load_library(lib)
+    assert handle.kiln_csrc_abi_version() == activation.ABI_VERSION
+    assert handle.kiln_silu_and_mul_f32(None, None, -1, 4, None) == -1  # host-side argument check
+    assert b"invalid shape" in handle.kiln_csrc_last_error()
