@@ -18,12 +18,13 @@ from packaging.version import InvalidVersion, Version
 from release.errors import ConfigError, ConflictError, InvalidInputError, KilnError, RegressionError
 from release.fsutil import atomic_write_bytes, atomic_write_text
 from release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
+from release.publish import PAGE_CACHE
 from release.store import Store, open_store
 
 log = logging.getLogger("kiln.release")
 
 PAGE_NAMES = (HTML_PAGE, JSON_PAGE)
-PAGE_CACHE_CONTROL = "no-cache"
+
 CAS_ATTEMPTS = 5
 
 
@@ -124,7 +125,7 @@ def _restore_one(store: Store, key: str, old: bytes) -> bool:
         if current is not None and current[0] == old:
             return False
         try:
-            store.put_page(key, old, content_type, PAGE_CACHE_CONTROL, current[1] if current else None)
+            store.put_page(key, old, content_type, PAGE_CACHE, current[1] if current else None)
             return True
         except ConflictError:
             continue
