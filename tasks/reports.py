@@ -14,7 +14,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from release.fsutil import atomic_write_bytes, atomic_write_text
 from tasks.classify import TestResult, counts, suite_state, summary_line
@@ -55,21 +55,31 @@ def _testcase(parent: ET.Element, result: TestResult) -> None:
         ET.SubElement(case, "system-err").text = _clean(stderr)
 
 
-def junit_xml(suite: str, results: Sequence[TestResult], timestamp: float | None = None) -> bytes:
+def _testsuite(root: ET.Element, suite: str, results: Sequence[TestResult], timestamp: float) -> None:
     tally = counts(results)
-    root = ET.Element("testsuites", name="kiln")
     node = ET.SubElement(
         root, "testsuite", name=suite, tests=str(len(results)),
         failures=str(tally.get("failed", 0)),
         errors=str(sum(tally.get(k, 0) for k in ("error", "timeout", "crashed", "infrastructure"))),
         skipped=str(tally.get("skipped", 0)),
         time=f"{sum(r.duration_s for r in results):.3f}",
-        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp or time.time())),
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)),
     )
     for result in results:
         _testcase(node, result)
+
+
+def junit_document(suites: Mapping[str, Sequence[TestResult]], timestamp: float | None = None) -> bytes:
+    """One ``<testsuites>`` document with a ``<testsuite>`` per suite."""
+    root = ET.Element("testsuites", name="kiln")
+    for name, results in suites.items():
+        _testsuite(root, name, results, timestamp or time.time())
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def junit_xml(suite: str, results: Sequence[TestResult], timestamp: float | None = None) -> bytes:
+    return junit_document({suite: results}, timestamp)
 
 
 def summary(suite: str, results: Sequence[TestResult], elapsed_s: float = 0.0) -> dict:
