@@ -24,27 +24,43 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def assert_index_consistent(store, index: str) -> int:
-    """Every link of every page resolves to bytes with the advertised hash; returns the file count."""
-    root_html = store.get(f"{index}/index.html")
-    root_json = store.get(f"{index}/index.json")
-    if root_html is None and root_json is None:
-        return 0
-    _, projects = parse_html(root_html)
-    assert sorted(p["name"] for p in parse_json(root_json)["projects"]) == sorted(a.text for a in projects)
+def _check_file(store, base: str, filename: str, sha256: str, size: int | None, metadata_sha256: str | None) -> None:
+    data = store.get(f"{base}/{filename}")
+    assert data is not None, f"{base}/{filename} is listed but missing"
+    assert sha256_bytes(data) == sha256 and (size is None or len(data) == size), f"{filename}: hash or size differs"
+    sidecar = store.get(f"{base}/{filename}.metadata")
+    assert sidecar is not None and sha256_bytes(sidecar) == metadata_sha256, f"{filename}: sidecar missing or differs"
+
+
+def assert_index_consistent(store, index: str, settled: bool = True) -> int:
+    """Every link of every page (HTML and JSON, each on its own) resolves to bytes with the advertised hash.
+
+    ``settled``: also require the HTML and JSON pages to list the same things
+    (not true mid-publish or after a crash: the pair is two writes). Returns
+    the number of files the JSON pages list.
+    """
+    root_html, root_json = store.get(f"{index}/index.html"), store.get(f"{index}/index.json")
+    html_projects = [a.href.rstrip("/") for a in parse_html(root_html)[1]] if root_html else []
+    json_projects = [p["name"] for p in parse_json(root_json)["projects"]] if root_json else []
+    if settled:
+        assert sorted(html_projects) == sorted(json_projects)
     files = 0
-    for anchor in projects:
-        project = anchor.href.rstrip("/")
-        page = parse_json(store.get(f"{index}/{project}/index.json"))
-        _, anchors = parse_html(store.get(f"{index}/{project}/index.html"))
-        assert [a.decoded_name for a in anchors] == [f["filename"] for f in page["files"]]
-        for entry in page["files"]:
-            data = store.get(f"{index}/{project}/{entry['filename']}")
-            assert data is not None, f"{entry['filename']} is listed but missing"
-            assert sha256_bytes(data) == entry["hashes"]["sha256"] and len(data) == entry["size"]
-            sidecar = store.get(f"{index}/{project}/{entry['filename']}.metadata")
-            assert sidecar is not None and sha256_bytes(sidecar) == entry["core-metadata"]["sha256"]
-            files += 1
+    for project in sorted(set(html_projects) | set(json_projects)):
+        base = f"{index}/{project}"
+        html, data = store.get(f"{base}/index.html"), store.get(f"{base}/index.json")
+        assert html is not None and data is not None, f"{project} is listed on the root but has no page"
+        anchors = parse_html(html)[1]
+        for anchor in anchors:
+            metadata = anchor.attrs["data-core-metadata"].removeprefix("sha256=")
+            assert anchor.attrs["data-dist-info-metadata"] == anchor.attrs["data-core-metadata"]
+            _check_file(store, base, anchor.decoded_name, anchor.fragment.removeprefix("sha256="), None, metadata)
+        entries = parse_json(data)["files"]
+        for entry in entries:
+            _check_file(store, base, entry["filename"], entry["hashes"]["sha256"], entry["size"],
+                        entry["core-metadata"]["sha256"])
+        if settled:
+            assert [a.decoded_name for a in anchors] == [e["filename"] for e in entries]
+        files += len(entries) if project in json_projects else 0
     return files
 
 
