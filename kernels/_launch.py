@@ -48,4 +48,23 @@ def launch(
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         compiled[grid3](*args, *constexprs.values())
         return
-    jit_fn[grid](*args, **constexprs, **options)
+    runnable(jit_fn, platform.interpreter)[grid](*args, **constexprs, **options)
+
+
+_variants: dict[tuple[int, bool], Any] = {}
+
+
+def runnable(jit_fn: Any, interpreter: bool) -> Any:
+    """``jit_fn`` in the form this mode runs: ``@triton.jit`` picks JIT or
+    interpreter once, when its module is imported, and in a shared test
+    process that may have happened before ``TRITON_INTERPRET`` was set (or
+    after). Rebuilding from the Python function removes the ordering hazard."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(jit_fn, InterpretedFunction) == interpreter:
+        return jit_fn
+    key = (id(jit_fn), interpreter)
+    if key not in _variants:
+        _variants[key] = InterpretedFunction(jit_fn.fn) if interpreter else JITFunction(jit_fn.fn)
+    return _variants[key]

@@ -30,7 +30,8 @@ def quant_cases(size: str) -> list[BenchCase]:
         BenchCase(
             kernel="per_token_quant", name=f"m{m}_n{n}_{str(dt)[6:]}_{str(out)[6:]}",
             shape={"M": m, "N": n}, dtype=str(dt)[6:],
-            make_inputs=lambda device, m=m, n=n, dt=dt, out=out: (torch.randn(m, n, device=device, dtype=dt), out),
+            make_inputs=lambda device, m=m, n=n, dt=dt, out=out: (
+                torch.randn(m, n, device=device, dtype=dt), out),
             fn=quant.per_token_quant, reference=quant.reference,
             bytes=m * n * (_SIZE[dt] + 1) + m * 4, flops=3 * m * n,
         )

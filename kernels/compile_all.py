@@ -34,7 +34,8 @@ def compile_all(targets: list[tuple[str, str]], out: Path | None = None) -> list
                     start = time.perf_counter()
                     compiled = aot.compile_specialization(entry.fn, s, aot.target_for(backend, arch))
                     if out is not None:
-                        aot.write_artifact(compiled, out / f"{backend}-{arch}", f"{spec.name}.{entry.name}.{s.name}")
+                        stem = f"{spec.name}.{entry.name}.{s.name}"
+                        aot.write_artifact(compiled, out / f"{backend}-{arch}", stem)
                     rows.append((f"{spec.name}/{entry.name}/{s.name}", f"{backend}:{arch}",
                                  time.perf_counter() - start))
     return rows

@@ -161,24 +161,25 @@ def _decode_specs() -> tuple[Specialization, ...]:
 
 def _build() -> tuple[KernelSpec, ...]:
     from kernels import _decode_tl, _quant_tl, _router_tl, activation, bench_cases
+    from kernels.aot import jit_function as jit  # always a compilable JITFunction
 
     gpus = {"cuda": CUDA_ARCHS, "hip": HIP_ARCHS}
     return (
         KernelSpec(
             name="per_token_quant", module="kernels.quant", supported=gpus,
-            triton=(TritonEntry("per_token_quant_kernel", _quant_tl.per_token_quant_kernel, _quant_specs()),),
+            triton=(TritonEntry("per_token_quant_kernel", jit(_quant_tl.per_token_quant_kernel), _quant_specs()),),
             bench_cases=bench_cases.quant_cases,
             description="row-wise dynamic quantization to int8 / fp8 e4m3",
         ),
         KernelSpec(
             name="router_logits", module="kernels.router", supported=gpus,
-            triton=(TritonEntry("router_logits_kernel", _router_tl.router_logits_kernel, _router_specs()),),
+            triton=(TritonEntry("router_logits_kernel", jit(_router_tl.router_logits_kernel), _router_specs()),),
             bench_cases=bench_cases.router_cases,
             description="MoE router GEMM, bf16 in, float32 out",
         ),
         KernelSpec(
             name="gated_delta_decode", module="kernels.decode", supported=gpus,
-            triton=(TritonEntry("gated_delta_decode_kernel", _decode_tl.gated_delta_decode_kernel,
+            triton=(TritonEntry("gated_delta_decode_kernel", jit(_decode_tl.gated_delta_decode_kernel),
                                 _decode_specs()),),
             bench_cases=bench_cases.decode_cases,
             description="gated delta-rule decode step over a slot pool",

@@ -25,13 +25,14 @@ def router_path(
     platform: Platform, settings: Settings, *, has_bias: bool,
     hidden_dtype: torch.dtype, weight_dtype: torch.dtype,
 ) -> RouterPath:
-    """Which implementation runs (pure). ``torch.mm(out_dtype=)`` exists for
-    CUDA from torch 2.8; ROCm and the interpreter use the Triton kernel."""
+    """Which implementation runs (pure). ``torch.mm(out_dtype=)`` is used on
+    CUDA with torch 2.9 or newer only (older releases lack or half-support
+    the overload); ROCm and the interpreter use the Triton kernel."""
     if has_bias or not settings.allows(KERNEL):
         return "unfused"
     if hidden_dtype != torch.bfloat16 or weight_dtype != torch.bfloat16:
         return "unfused"
-    if platform.cuda_at_least("8.0") and platform.torch_at_least("2.8"):
+    if platform.cuda_at_least("8.0") and platform.torch_at_least("2.9"):
         return "fused_mm"
     return "fused_triton" if platform.runs_triton else "unfused"
 

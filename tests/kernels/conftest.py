@@ -17,11 +17,6 @@ if not HAS_CUDA:
 from kernels import platform  # noqa: E402  (after TRITON_INTERPRET)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds on a CPU")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:
         return

@@ -122,3 +122,30 @@ def test_every_specialization_compiles_for_sm90_and_gfx942():
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = sum(len(e.specializations) for s in registry.registry() for e in s.triton) * 2
     assert f"{expected} compiles" in proc.stdout
+
+
+def test_registry_functions_compile_even_in_an_interpreter_process():
+    """Build-stage code calls triton.compile on entry.fn directly; that must
+    work in a process where TRITON_INTERPRET=1 was set first."""
+    from triton.runtime.jit import JITFunction
+
+    for spec in registry.registry():
+        for entry in spec.triton:
+            assert type(entry.fn) is JITFunction, entry.name
+
+
+def test_ops_run_when_the_kernel_module_was_imported_in_the_other_mode():
+    """A JITFunction (module imported before TRITON_INTERPRET was set) still
+    runs through the interpreter on a CPU."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter-only behaviour")
+    from kernels import _launch, _quant_tl, aot
+
+    jit_fn = aot.jit_function(_quant_tl.per_token_quant_kernel)
+    x = torch.randn(2, 40)
+    q = torch.empty(2, 40, dtype=torch.int8)
+    scale = torch.empty(2, 1)
+    consts = {"BLOCK": 512, "EPS": quant.EPS, "QMAX": 127.0, "IS_INT": True}
+    _launch.launch("per_token_quant", "per_token_quant_kernel", "fp32_i8_b512", jit_fn, (2,),
+                   (x, q, scale, 40, 40, 40), consts, x.device)
+    assert torch.equal(q, quant.reference(x)[0])
