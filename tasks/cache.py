@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from release.errors import CacheDriftError
-from release.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes
+from release.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
 
 _log = logging.getLogger("kiln.cache")
 
@@ -63,7 +63,8 @@ class BuildCache:
         for name, data in files.items():
             sha = sha256_bytes(data)
             target = self._object_path(sha)
-            if not target.is_file():
+            # An object already there may be the damaged copy that caused a drift.
+            if not target.is_file() or sha256_file(target) != sha:
                 atomic_write_bytes(target, data)
             listed[name] = {"sha256": sha, "size": len(data)}
         entry = {"key": key, "batch": batch, "files": listed, "info": info or {}}

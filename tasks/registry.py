@@ -14,6 +14,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from release.errors import ConfigError, InvalidInputError
@@ -26,13 +27,30 @@ _BACKENDS = ("cuda", "hip")
 
 
 def _ensure_on_path(root: str) -> None:
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    # First on the path: the project's own package wins over a same-named one elsewhere.
+    if root in sys.path:
+        sys.path.remove(root)
+    sys.path.insert(0, root)
+
+
+def _forget_other_copies(module_name: str, root: str) -> None:
+    """Drop a same-named package imported from another project root, so a
+    process that builds two projects (tests, a monorepo) gets each one's own."""
+    top = module_name.split(".")[0]
+    loaded = sys.modules.get(top)
+    location = getattr(loaded, "__file__", None) or next(iter(getattr(loaded, "__path__", [])), None)
+    if loaded is None or location is None or Path(location).resolve().is_relative_to(Path(root).resolve()):
+        return
+    _log.info("re-importing %s from %s (was %s)", top, root, location)
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
 
 
 def _import_entry(entry: str, root: str) -> Any:
     module_name, _, attr = entry.partition(":")
     _ensure_on_path(root)
+    _forget_other_copies(module_name, root)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

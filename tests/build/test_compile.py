@@ -1,0 +1,109 @@
+"""Ahead-of-time compile units: real Triton in spawned workers, ELF arch checked."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from release.errors import CompileError, InfrastructureError
+from release.fsutil import sha256_file
+from tasks.build import BuildEnv, build_unit, unit_record
+from tasks.build_stage import prepare_build
+from tasks.cache import BuildCache
+from tasks.triton_aot import check_elf_arch, elf_arch
+from tasks.workers import WorkerPool, WorkerTimeout
+from tests.build.conftest import copy_project
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    triton_cache = tmp_path_factory.mktemp("triton-cache")
+    with WorkerPool(2, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": str(triton_cache)}) as pool:
+        yield pool
+
+
+def _env(setup, tmp_path, pool):
+    return BuildEnv(setup.config_path, tmp_path / "out" / "build", BuildCache(tmp_path / "cache"), pool,
+                    120, setup.plan.toolchain)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return prepare_build(str(copy_project("tiny", tmp_path_factory.mktemp("tiny"))), "0.1.0", None)
+
+
+@pytest.mark.parametrize(("unit_id", "elf"), [
+    ("build/cu130/9.0/add/fp32_b64", "sm_90"),
+    ("build/rocm/gfx942/add/fp32_b64", "gfx942"),
+])
+def test_compile_writes_a_binary_for_the_planned_arch(tiny, tmp_path, pool, unit_id, elf):
+    unit = next(u for u in tiny.plan.units if u.id == unit_id)
+    result = build_unit(unit, _env(tiny, tmp_path, pool))
+    binary = next(p for p in result.files if p.suffix in (".cubin", ".hsaco"))
+    assert elf_arch(binary.read_bytes()) == elf
+    assert binary.with_suffix(".json").is_file()  # Triton's metadata travels with the binary
+    (entry,) = result.entries
+    assert entry["sha256"] == sha256_file(binary) and entry["size"] == binary.stat().st_size
+    assert entry["arch"] == unit.arch and entry["kind"] == binary.suffix[1:]
+    assert result.cache == "miss"
+    assert build_unit(unit, _env(tiny, tmp_path, pool)).cache == "hit"
+
+
+def test_failed_compile_names_kernel_arch_spec_and_compiler_message(tmp_path, pool):
+    setup = prepare_build(str(copy_project("broken", tmp_path)), "0.1.0", ["cu130"])
+    unit = next(u for u in setup.plan.units if u.id == "build/cu130/8.0/fp8cast/fp32_b64")
+    with pytest.raises(CompileError) as info:
+        build_unit(unit, _env(setup, tmp_path, pool))
+    message = str(info.value)
+    for needle in ("'fp8cast'", "'fp32_b64'", "cuda 8.0", "fp8e4nv not supported"):
+        assert needle in message
+    row = unit_record(unit, info.value)
+    assert row.state == "failed" and row.arch == "8.0" and row.kernel == "fp8cast"
+    assert "fp8e4nv not supported" in row.message
+    # the same kernel builds for 9.0: one failure stays one failure
+    ok = next(u for u in setup.plan.units if u.id == "build/cu130/9.0/fp8cast/fp32_b64")
+    assert build_unit(ok, _env(setup, tmp_path, pool)).cache == "miss"
+
+
+def _elf(machine: int, flags: int, abi: int = 8) -> bytes:
+    header = bytearray(64)
+    header[:4] = b"\x7fELF"
+    header[4], header[8] = 2, abi
+    struct.pack_into("<H", header, 18, machine)
+    struct.pack_into("<I", header, 48, flags)
+    return bytes(header)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (_elf(190, 0x500550, abi=7), "sm_80"),
+    (_elf(190, 0x9005A04), "sm_90"),
+    (_elf(190, 0x9007802), "sm_120"),
+    (_elf(224, 0x54C), "gfx942"),
+    (_elf(224, 0x53F), "gfx90a"),
+])
+def test_elf_arch_reads_cubin_and_hsaco_headers(data, expected):
+    assert elf_arch(data) == expected
+
+
+def test_wrong_or_garbled_binary_is_a_compile_error():
+    with pytest.raises(CompileError, match="is for sm_80, the plan asked for sm_90"):
+        check_elf_arch(_elf(190, 0x500550, abi=7), "cuda", "9.0", "unit x")
+    with pytest.raises(CompileError, match="not a 64-bit ELF"):
+        elf_arch(b"garbage")
+    with pytest.raises(CompileError, match="ELF machine 62"):
+        elf_arch(_elf(62, 0))
+
+
+def test_hung_worker_is_killed_at_its_deadline_and_replaced(pool):
+    with pytest.raises(WorkerTimeout, match="deadline") as info:
+        pool.call("time:sleep", 60, timeout=1)
+    assert "terminated" in info.value.ladder or "killed" in info.value.ladder
+    assert pool.call("math:sqrt", 16, timeout=60) == 4.0
+
+
+def test_dead_worker_is_a_retryable_infrastructure_error(pool):
+    with pytest.raises(InfrastructureError) as info:
+        pool.call("os:_exit", 3, timeout=60)
+    assert info.value.retryable
+    assert pool.call("math:sqrt", 9, timeout=60) == 3.0

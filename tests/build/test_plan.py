@@ -1,0 +1,123 @@
+"""Planning the matrix variant × kernel × specialization × arch, with skips."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from release.errors import ConfigError
+from tasks.build import plan_build
+from tasks.registry import load_registry
+
+TOOLS = {"triton": "3.9.0", "torch": "2.13.0"}
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    signature: dict = field(default_factory=lambda: {"x": "*fp32"})
+    constexprs: dict = field(default_factory=dict)
+    backends: tuple = ("cuda", "hip")
+    min_arch: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    fn: Any
+    specializations: tuple
+
+
+@dataclass(frozen=True)
+class Csrc:
+    name: str
+    sources: tuple
+    supported: tuple
+    library: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    module: str
+    supported: dict
+    triton: tuple = ()
+    csrc: Any = None
+
+
+def _fn():
+    """A stand-in for a JIT function; planning never calls it."""
+
+
+def _kernel(name, supported, *specs, csrc=None):
+    return Kernel(name, "tinyk.add", supported, (Entry(f"{name}_kernel", _fn, tuple(specs)),) if specs else (), csrc)
+
+
+def _ids(plan):
+    return sorted(u.id for u in plan.units)
+
+
+def test_tiny_project_plan_has_units_and_a_skip_with_reason(tiny_config):
+    plan = plan_build(tiny_config, load_registry(tiny_config), "kiln.toml", TOOLS)
+    assert _ids(plan) == [
+        "build/cu130/8.0/add/fp32_b64", "build/cu130/8.0/scale/fp32_b64",
+        "build/cu130/9.0/add/fp32_b64", "build/rocm/gfx942/add/fp32_b64",
+    ]
+    (skip,) = plan.skips
+    assert skip.variant == "rocm" and skip.kernel == "scale"
+    assert "['gfx942']" in skip.reason and "supported archs []" in skip.reason
+    assert [v.name for v in plan.variants] == ["cu130", "rocm", "cpu"]
+    assert plan.variants[2].units == () and plan.variants[2].skips == ()
+
+
+def test_specialization_backends_and_min_arch_become_skips(tiny_config):
+    kernel = _kernel("q", {"cuda": ("8.0", "9.0"), "hip": ("gfx942",)},
+                     Spec("i8"), Spec("fp8", min_arch={"cuda": "8.9"}), Spec("cuda_only", backends=("cuda",)))
+    plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS)
+    assert _ids(plan) == [
+        "build/cu130/8.0/q/cuda_only", "build/cu130/8.0/q/i8",
+        "build/cu130/9.0/q/cuda_only", "build/cu130/9.0/q/fp8", "build/cu130/9.0/q/i8",
+        "build/rocm/gfx942/q/fp8", "build/rocm/gfx942/q/i8",
+    ]
+    reasons = {s.id: s.reason for s in plan.skips}
+    assert "needs cuda arch >= 8.9" in reasons["build/cu130/8.0/q/fp8"]
+    assert "only for ['cuda']" in reasons["build/rocm/gfx942/q/cuda_only"]
+
+
+def test_variant_filter_and_unknown_variant(tiny_config):
+    specs = load_registry(tiny_config)
+    plan = plan_build(tiny_config, specs, "kiln.toml", TOOLS, variants=["rocm"])
+    assert _ids(plan) == ["build/rocm/gfx942/add/fp32_b64"]
+    with pytest.raises(ConfigError, match="unknown variant 'cu999'"):
+        plan_build(tiny_config, specs, "kiln.toml", TOOLS, variants=["cu999"])
+
+
+def test_nvcc_unit_gets_exactly_the_filtered_archs(tiny_config):
+    kernel = _kernel("act", {"cuda": ("8.0",)}, csrc=Csrc("csrc", ("add.py",), ("7.5", "8.0", "8.6"), "libx.so"))
+    plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS)
+    (unit,) = plan.units
+    assert unit.kind == "nvcc" and unit.archs == ("8.0",)  # 9.0 is not covered by 7.5/8.0/8.6
+    assert unit.id == "build/cu130/sm_80/act/csrc"
+
+
+def test_missing_nvcc_skips_cuda_cpp_units_with_the_reason(tiny_config):
+    kernel = _kernel("act", {"cuda": ("8.0",)}, Spec("s"), csrc=Csrc("csrc", ("add.py",), ("8.0",), "libx.so"))
+    plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS, nvcc_missing="CUDA C++ units skipped: nvcc not found")
+    assert [u.kind for u in plan.units] == ["triton"]  # Triton units still build
+    (skip,) = [s for s in plan.skips if s.id.endswith("/act/csrc")]
+    assert skip.reason == "CUDA C++ units skipped: nvcc not found"
+
+
+def test_keys_change_with_source_target_and_toolchain(tiny_config):
+    specs = load_registry(tiny_config)
+    base = {u.id: u.key for u in plan_build(tiny_config, specs, "kiln.toml", TOOLS).units}
+    assert len(set(base.values())) == len(base)  # every unit has its own key
+    other = {u.id: u.key for u in plan_build(tiny_config, specs, "kiln.toml", {**TOOLS, "triton": "3.10"}).units}
+    assert not set(base.values()) & set(other.values())
+    add = tiny_config.path("tinyk/add.py")
+    add.write_text(add.read_text() + "\n# edited\n")
+    edited = {u.id: u.key for u in plan_build(tiny_config, specs, "kiln.toml", TOOLS).units}
+    changed = sorted(uid for uid in base if base[uid] != edited[uid])
+    assert changed == ["build/cu130/8.0/add/fp32_b64", "build/cu130/9.0/add/fp32_b64", "build/rocm/gfx942/add/fp32_b64"]
