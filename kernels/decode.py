@@ -131,6 +131,10 @@ def gated_delta_decode(
     """One decode step; updates ``state`` in place and returns ``out (B, H, V)``
     in the dtype of ``q``."""
     _check(q, k, v, g, beta, state, slot_ids)
+    if scale is not None and not isinstance(scale, float):
+        if isinstance(scale, torch.Tensor):  # float(tensor) would be a host sync
+            raise TypeError("gated_delta_decode: scale must be a Python number, not a tensor")
+        scale = float(scale)
     return torch.ops.kiln.gated_delta_decode(q, k, v, g, beta, state, slot_ids, scale)
 
 

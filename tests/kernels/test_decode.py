@@ -148,3 +148,10 @@ def test_fullgraph_compile_matches_eager(device):
     compiled = fn(*args)
     assert torch.equal(compiled, eager)
     assert torch.equal(args[5], eager_state)  # the in-place update survives functionalization
+
+
+def test_integer_scale_is_accepted_and_tensor_scale_refused(device):
+    args = make(1, 1, 8, 8, 2, torch.float32, device, [1])
+    kernels.gated_delta_decode(*args, scale=1)
+    with pytest.raises(TypeError, match="Python number"):
+        kernels.gated_delta_decode(*args, scale=torch.tensor(0.5))

@@ -4,6 +4,8 @@ interpreter on a CPU (or the GPU when there is one)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import kernels
@@ -118,3 +120,18 @@ def test_same_output_under_inductor(device):
     q_c, s_c = compiled(x)
     q_e, s_e = kernels.per_token_quant(x * 2.0)
     assert torch.equal(q_c, q_e) and torch.equal(s_c, s_e)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    rows=st.integers(1, 4), cols=st.integers(1, 70),
+    log_scale=st.floats(-20, 20), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16),
+)
+def test_round_trip_bound_holds_for_any_row_magnitude(rows, cols, log_scale, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    big = torch.finfo(dtype).max
+    x = (torch.randn(rows, cols, generator=gen) * 2.0**log_scale).clamp(-big, big).to(dtype)
+    q, scale = kernels.per_token_quant(x)
+    err = (q.double() * scale.double() - x.double()).abs()
+    assert (err <= 0.5 * scale.double() * (1 + 1e-5) + 1e-30).all()
+    assert q.abs().max() <= 127
