@@ -148,7 +148,10 @@ def from_record(record: Any, where: str = "record") -> Distribution:
         raise InvalidInputError(
             f"{where}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; allowed: {sorted(_RECORD_KEYS)}"
         )
-    return make_distribution(**record)
+    try:
+        return make_distribution(**record)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from exc
 
 
 def to_record(dist: Distribution) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""Plain functions behind ``kiln index`` and ``kiln verify`` (no Prefect needed).
+
+They return an exit status and print a short summary; ``flows/cli.py`` wires
+them to the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from release.dists import Distribution, from_record
+from release.errors import IntegrityError, InvalidInputError, KilnError
+from release.fsutil import atomic_write_bytes, sha256_file
+from release.index import generate
+from release.verify import verify_index
+from release.wheels import read_wheel
+
+log = logging.getLogger("kiln.cli")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def read_list(path: Path) -> list[Distribution]:
+    """Distributions from a JSON-lines file; a bad line is an error naming its number."""
+    dists = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidInputError(f"{path}:{number}: not valid JSON: {exc}") from exc
+            dists.append(from_record(record, f"{path}:{number}"))
+    return dists
+
+
+def read_wheel_dir(directory: Path) -> tuple[list[Distribution], dict[str, tuple[Path, bytes]]]:
+    """Every ``*.whl`` in ``directory``: records, and (source, METADATA bytes) by filename."""
+    if not directory.is_dir():
+        raise InvalidInputError(f"wheel directory {directory} does not exist")
+    dists, files = [], {}
+    for path in sorted(directory.glob("*.whl")):
+        dist, metadata = read_wheel(path)
+        dists.append(dist)
+        files[dist.filename] = (path, metadata)
+    if not dists:
+        raise InvalidInputError(f"{directory} holds no *.whl files")
+    return dists, files
+
+
+def write_index(out: Path, pages: dict[str, bytes]) -> tuple[int, int]:
+    """Write the pages whose bytes differ from what ``out`` holds; (written, unchanged)."""
+    written = 0
+    for rel, data in pages.items():
+        path = out / rel
+        try:
+            if path.read_bytes() == data:
+                continue
+        except FileNotFoundError:
+            pass
+        atomic_write_bytes(path, data)
+        written += 1
+    return written, len(pages) - written
+
+
+def _copy_files(out: Path, dists: list[Distribution], files: dict[str, tuple[Path, bytes]]) -> None:
+    """Put each wheel and its sidecar beside its project page; never replace other bytes under a name."""
+    for dist in dists:  # check everything before writing anything
+        target = out / dist.project / dist.filename
+        if target.exists() and sha256_file(target) != dist.sha256:
+            raise IntegrityError(f"{target} already holds other bytes than {files[dist.filename][0]}; refusing to replace it")
+    for dist in dists:
+        source, metadata = files[dist.filename]
+        target = out / dist.project / dist.filename
+        if not target.exists():
+            atomic_write_bytes(target, source.read_bytes())
+        sidecar = out / dist.project / f"{dist.filename}.metadata"
+        if not sidecar.exists() or sidecar.read_bytes() != metadata:
+            atomic_write_bytes(sidecar, metadata)
+
+
+def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int:
+    """``kiln index WHEEL_DIR --out DIR`` or ``kiln index --from-list F.jsonl --out DIR``."""
+    if (wheel_dir is None) == (from_list is None):
+        print("kiln index: give exactly one of WHEEL_DIR or --from-list FILE", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if from_list is not None:
+            dists, files = read_list(Path(from_list)), {}
+        else:
+            dists, files = read_wheel_dir(Path(wheel_dir))  # type: ignore[arg-type]
+        pages = generate(dists)  # validates everything before anything is written
+        out_dir = Path(out)
+        if files:
+            _copy_files(out_dir, dists, files)
+        written, unchanged = write_index(out_dir, pages)
+    except KilnError as exc:
+        print(f"kiln index: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, InvalidInputError) else EXIT_FAILED
+    except OSError as exc:
+        print(f"kiln index: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    projects = len({d.project for d in dists})
+    print(f"kiln index: {len(dists)} files, {projects} projects -> {out} ({written} pages written, {unchanged} unchanged)")
+    return EXIT_OK
+
+
+def verify_command(url: str, install: bool = True) -> int:
+    """``kiln verify URL``: check every page, link, hash and sidecar, then install with pip and uv."""
+    try:
+        report = verify_index(url, install=install)
+    except KilnError as exc:
+        print(f"kiln verify: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(report.summary())
+    return EXIT_OK if report.ok else EXIT_FAILED

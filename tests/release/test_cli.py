@@ -1,0 +1,87 @@
+"""kiln index / kiln verify as plain functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
+from release.fsutil import sha256_file
+from release.serve import IndexServer
+from release.store import LocalStore
+
+from tests.helpers.indexcheck import check_local_index
+
+from .wheelkit import make_wheel
+
+
+def _mtimes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_index_from_wheel_dir_is_self_contained_and_checks_out(tmp_path: Path, capsys) -> None:
+    for version in ("1.0+cu130", "1.1+cu130"):
+        make_wheel(tmp_path / "wheels", "kiln-kernels", version)
+    assert index_command(str(tmp_path / "wheels"), None, str(tmp_path / "out")) == EXIT_OK
+    report = check_local_index(tmp_path / "out")
+    assert report.problems == [] and len(report.files) == 2
+    assert "2 files, 1 projects" in capsys.readouterr().out
+
+
+def test_index_rerun_with_one_new_wheel_rewrites_only_that_project(tmp_path: Path) -> None:
+    make_wheel(tmp_path / "wheels", "alpha", "1.0")
+    make_wheel(tmp_path / "wheels", "beta", "1.0")
+    index_command(str(tmp_path / "wheels"), None, str(tmp_path / "out"))
+    before = _mtimes(tmp_path / "out")
+    make_wheel(tmp_path / "wheels", "beta", "2.0")
+    index_command(str(tmp_path / "wheels"), None, str(tmp_path / "out"))
+    after = _mtimes(tmp_path / "out")
+    changed = sorted(k for k in before if after[k] != before[k])
+    assert changed == ["beta/index.html", "beta/index.json"]
+
+
+def _line(**kw) -> str:
+    record = {"filename": "p-1.0-py3-none-any.whl", "sha256": "a" * 64, "size": 10, "upload_time": 1.7e9}
+    return json.dumps({**record, **kw}) + "\n"
+
+
+def test_index_from_list_writes_pages_only(tmp_path: Path) -> None:
+    (tmp_path / "list.jsonl").write_text(_line() + _line(filename="q-2.0+cu130-py3-none-any.whl", yanked="bad"))
+    assert index_command(None, str(tmp_path / "list.jsonl"), str(tmp_path / "out")) == EXIT_OK
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file()) == [
+        "index.html", "index.json", "p/index.html", "p/index.json", "q/index.html", "q/index.json"]
+
+
+@pytest.mark.parametrize("bad", [_line(filename="../p-1.0-py3-none-any.whl"), _line(sha256="nothex"), "{not json\n",
+                                 _line(filename="p-1.0-py3-none-any.whl\u0007")])
+def test_index_from_bad_list_fails_naming_the_line_and_writes_nothing(tmp_path: Path, capsys, bad: str) -> None:
+    (tmp_path / "list.jsonl").write_text(_line(filename="ok-1.0-py3-none-any.whl") + bad)
+    assert index_command(None, str(tmp_path / "list.jsonl"), str(tmp_path / "out")) == EXIT_USAGE
+    assert "list.jsonl:2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_index_refuses_to_replace_a_wheel_with_other_bytes(tmp_path: Path) -> None:
+    make_wheel(tmp_path / "w1", "alpha", "1.0", payload="one")
+    index_command(str(tmp_path / "w1"), None, str(tmp_path / "out"))
+    original = sha256_file(tmp_path / "out" / "alpha" / "alpha-1.0-py3-none-any.whl")
+    make_wheel(tmp_path / "w2", "alpha", "1.0", payload="two")
+    assert index_command(str(tmp_path / "w2"), None, str(tmp_path / "out")) != EXIT_OK
+    assert sha256_file(tmp_path / "out" / "alpha" / "alpha-1.0-py3-none-any.whl") == original
+
+
+def test_index_needs_exactly_one_source(tmp_path: Path) -> None:
+    assert index_command(None, None, str(tmp_path)) == EXIT_USAGE
+    assert index_command("a", "b", str(tmp_path)) == EXIT_USAGE
+
+
+def test_verify_command_without_install_reports_ok_then_a_tampered_file(tmp_path: Path, capsys) -> None:
+    make_wheel(tmp_path / "wheels", "alpha", "1.0+cu130")
+    index_command(str(tmp_path / "wheels"), None, str(tmp_path / "out"))
+    with IndexServer(LocalStore(tmp_path / "out")) as server:
+        assert verify_command(server.url, install=False) == EXIT_OK
+        (tmp_path / "out" / "alpha" / "alpha-1.0+cu130-py3-none-any.whl").write_bytes(b"tampered")
+        assert verify_command(server.url, install=False) != EXIT_OK
+    assert "sha256 or size does not match" in capsys.readouterr().out

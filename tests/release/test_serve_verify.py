@@ -1,0 +1,99 @@
+"""Serving an index like a CDN would, and verifying it from the outside (pip and uv installs)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from release.index import JSON_TYPE
+from release.publish import publish
+from release.s3 import S3Store
+from release.serve import IndexServer, wants_json
+from release.store import LocalStore
+from release.verify import verify_index
+
+from .runkit import make_run
+
+
+def _get(url: str, accept: str | None = None) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, response.headers["Content-Type"], response.read()
+
+
+@pytest.mark.parametrize(
+    ("accept", "json"),
+    [
+        (None, False),
+        ("text/html", False),
+        (JSON_TYPE, True),
+        ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html; q=0.1, text/html; q=0.01", True),
+        ("application/vnd.pypi.simple.v1+json; q=0.5, text/html", False),
+        ("application/vnd.pypi.simple.latest+json", True),
+        ("*/*", False),
+    ],
+)
+def test_accept_negotiation_follows_pep691_qualities(accept: str | None, json: bool) -> None:
+    assert wants_json(accept) is json
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> LocalStore:
+    run = make_run(tmp_path / "run", {"cu130": [("kiln-kernels", "0.1.0+cu130"), ("kiln-kernels", "0.2.0+cu130")]})
+    store = LocalStore(tmp_path / "target")
+    publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 1.7e9)
+    return store
+
+
+def test_server_maps_directories_by_accept_and_decodes_plus_once(published: LocalStore) -> None:
+    with IndexServer(published, "nightly/cu130/simple") as server:
+        status, ctype, body = _get(server.url + "kiln-kernels/")
+        assert status == 200 and ctype.startswith("text/html") and b"%2B" in body
+        status, ctype, body = _get(server.url + "kiln-kernels/", JSON_TYPE)
+        assert ctype == JSON_TYPE and body.startswith(b'{"files"')
+        status, ctype, _ = _get(server.url + "kiln-kernels/kiln_kernels-0.1.0%2Bcu130-py3-none-any.whl")
+        assert status == 200 and ctype == "application/octet-stream"
+        status, _, body = _get(server.url + "kiln-kernels")  # redirected to kiln-kernels/
+        assert status == 200 and b"Links for kiln-kernels" in body
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            _get(server.url + "kiln-kernels/kiln_kernels-0.1.0 cu130-py3-none-any.whl".replace(" ", "%20"))
+        assert missing.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as escape:
+            _get(server.url + "..%2F..%2Fetc/passwd")
+        assert escape.value.code in (400, 404)
+
+
+def test_verify_finds_a_missing_sidecar(published: LocalStore, tmp_path: Path) -> None:
+    sidecar = tmp_path / "target/nightly/cu130/simple/kiln-kernels/kiln_kernels-0.2.0+cu130-py3-none-any.whl.metadata"
+    sidecar.unlink()
+    with IndexServer(published, "nightly/cu130/simple") as server:
+        report = verify_index(server.url, install=False)
+    assert not report.ok and any("metadata is advertised but does not resolve" in p for p in report.problems)
+
+
+def test_verify_passes_a_published_index_without_install(published: LocalStore) -> None:
+    with IndexServer(published, "nightly/cu130/simple") as server:
+        report = verify_index(server.url, install=False)
+    assert report.ok and report.files == 2 and report.pages == 4
+
+
+@pytest.mark.slow
+def test_pip_and_uv_install_the_newest_version_from_a_served_local_index(published: LocalStore) -> None:
+    with IndexServer(published, "nightly/cu130/simple") as server:
+        report = verify_index(server.url, install=True, timeout=240)
+    assert report.ok, report.summary()
+    assert set(report.installs) == {"pip kiln-kernels==0.2.0+cu130", "uv kiln-kernels==0.2.0+cu130"}
+
+
+@pytest.mark.slow
+def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) -> None:
+    run = make_run(tmp_path / "run", {"cpu": [("demo-pkg", "1.0+cpu")]})
+    publish(run, s3_store, channel="nightly", channel_prefix="nightly", variants=["cpu"], clock=lambda: 1.7e9)
+    with IndexServer(s3_store, "nightly/cpu/simple") as server:
+        report = verify_index(server.url, install=True, timeout=240, tools=("uv",))
+    assert report.ok, report.summary()
+    assert report.installs == {"uv demo-pkg==1.0+cpu": "ok"}
