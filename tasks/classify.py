@@ -36,8 +36,8 @@ INFRA_TYPE_NAMES: frozenset[str] = frozenset({
     "release.errors.InfrastructureError",
 })
 INFRA_MESSAGES: tuple[str, ...] = ("CUDA out of memory", "HIP out of memory", "CUDA error: out of memory")
-# pytest.fail() raises this; it is a failed check, like an assertion.
-ASSERTION_TYPE_NAMES: frozenset[str] = frozenset({"_pytest.outcomes.Failed"})
+# pytest.fail() raises this (its class reports module "builtins"); a failed check, like an assertion.
+ASSERTION_TYPE_NAMES: frozenset[str] = frozenset({"_pytest.outcomes.Failed", "builtins.Failed"})
 
 
 @dataclass(frozen=True)

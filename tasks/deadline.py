@@ -73,11 +73,39 @@ def signal_group(pid: int, sig: signal.Signals) -> bool:
 
 
 def group_alive(pid: int) -> bool:
+    """True while a process of the group led by ``pid`` runs (zombies do not count:
+    they are dead and only wait for init to reap them)."""
     try:
         os.killpg(pid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces or ")".
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pid and fields[0] != "Z":
+            return True
+    return False
+
+
+def kill_group(pid: int, wait_s: float = 1.0) -> None:
+    """SIGKILL whatever is left of the group, then wait (bounded) until it is gone.
+
+    Killed grandchildren are reaped by init, not by us; the short wait lets a
+    caller that checks right after see them gone rather than as zombies.
+    """
+    if not signal_group(pid, signal.SIGKILL):
+        return
+    end = time.monotonic() + wait_s
+    while group_alive(pid) and time.monotonic() < end:
+        time.sleep(POLL_S)
 
 
 def _read_stacks(path: Path | None, before: int) -> str:
@@ -126,6 +154,7 @@ def terminate(child: Child, grace_s: float, stack_path: Path | None = None, dump
         if code is None:
             code = child.wait(KILL_WAIT_S)
             escalation = "sigkill" if code is not None else "unreaped"
+        kill_group(child.pid)
     return LadderResult(code, True, escalation, stacks, time.monotonic() - start)
 
 
@@ -160,7 +189,7 @@ def watch(
         remaining = deadline() - clock()
         code = child.wait(min(poll_s, max(remaining, 0.0)))
         if code is not None:
-            signal_group(child.pid, signal.SIGKILL)
+            kill_group(child.pid)  # a test can exit and leave a grandchild behind
             return LadderResult(code, False, "exited", "", clock() - start)
         if clock() >= deadline():
             break

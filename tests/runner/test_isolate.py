@@ -12,6 +12,7 @@ import pytest
 from release.errors import InvalidInputError
 from tasks.deadline import DUMP_WINDOW_S
 from tasks.isolate import RunOptions, run_tests
+from tests.runner._procs import running
 
 REPO = Path(__file__).resolve().parents[2]
 LADDER = "tests/fixtures/suites/ladder"
@@ -45,8 +46,7 @@ def _assert_no_survivors(state: Path) -> None:
     pidfiles = sorted(state.glob("*.pid"))
     assert pidfiles, "the fixture wrote no pid files: the check below would prove nothing"
     for pidfile in pidfiles:
-        with pytest.raises(ProcessLookupError):
-            os.kill(int(pidfile.read_text()), 0)
+        assert not running(int(pidfile.read_text())), pidfile.name
 
 
 @pytest.fixture(scope="module")
