@@ -32,6 +32,7 @@ class Artifact:
     kind: str  # "cubin" | "hsaco"
     path: Path  # absolute
     sha256: str
+    triton: str | None = None  # the Triton version that built it, when the manifest says
 
 
 def parse_manifest(data: Any, root: Path) -> tuple[Artifact, ...]:
@@ -46,7 +47,9 @@ def parse_manifest(data: Any, root: Path) -> tuple[Artifact, ...]:
         path = (root / entry["path"]).resolve()
         if not path.is_relative_to(root.resolve()):
             raise ValueError(f"AOT manifest entry {i}: path {entry['path']!r} leaves {root}")
-        out.append(Artifact(**{k: entry[k] for k in _KEYS if k != "path"}, path=path))
+        toolchain = entry.get("toolchain") if isinstance(entry.get("toolchain"), dict) else {}
+        out.append(Artifact(**{k: entry[k] for k in _KEYS if k != "path"}, path=path,
+                            triton=toolchain.get("triton")))
     return tuple(out)
 
 
@@ -129,6 +132,10 @@ def aot_kernel(kernel: str, entry: str, specialization: str, platform: Platform)
     if art is None:
         _warn_once(kernel, "%s: no precompiled %s for %s %s; using Triton JIT",
                    kernel, specialization, platform.backend, platform.arch)
+    elif art.triton is not None and art.triton != platform.triton_version:
+        # A Triton binary's calling convention belongs to the Triton that built it.
+        _warn_once(kernel, "%s: artifacts were built with Triton %s, this is Triton %s; using Triton JIT",
+                   kernel, art.triton, platform.triton_version)
     elif not art.path.is_file():
         _warn_once(kernel, "%s: %s is listed in the manifest but missing; using Triton JIT", kernel, art.path)
     elif hashlib.sha256(art.path.read_bytes()).hexdigest() != art.sha256:

@@ -109,3 +109,14 @@ def test_artifacts_built_for_sm90_are_found_and_rebuilt(tmp_path):
             assert _loader.aot_kernel(kernel, entry, name, MI300) is None
     finally:
         _loader.use_root(_loader.AOT_DIR)
+
+
+def test_artifact_from_another_triton_is_not_launched(tmp_path, monkeypatch, caplog):
+    row = entry("9.0") | {"toolchain": {"triton": "3.1.0", "torch": "2.5.0"}}
+    arts = _loader.parse_manifest([row], tmp_path)
+    monkeypatch.setattr(_loader, "manifest", lambda root=None: arts)
+    monkeypatch.setattr(_loader, "_compiled", {})
+    monkeypatch.setattr(_loader, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="kiln.kernels.loader"):
+        assert _loader.aot_kernel("per_token_quant", "per_token_quant_kernel", "bf16_i8_b512", H100) is None
+    assert "Triton 3.1.0" in caplog.text
