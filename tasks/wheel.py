@@ -24,11 +24,11 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import sys_tags
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
-from release.errors import ConfigError
+from release.errors import ConfigError, InvalidInputError
 from tasks.config import KilnConfig
 
 _log = logging.getLogger("kiln.wheel")
@@ -51,8 +51,11 @@ def platform_tag() -> str:
 
 def wheel_filename(distribution: str, version: str, tag: str) -> str:
     name = canonicalize_name(distribution).replace("-", "_")
-    filename = f"{name}-{Version(version)}-{tag}.whl"
-    parse_wheel_filename(filename)  # refuses anything that is not PEP 427
+    try:
+        filename = f"{name}-{Version(version)}-{tag}.whl"
+        parse_wheel_filename(filename)  # refuses anything that is not PEP 427
+    except (InvalidVersion, InvalidWheelFilename) as exc:
+        raise InvalidInputError(f"cannot name a wheel for {distribution!r} {version!r} {tag!r}: {exc}") from exc
     return filename
 
 

@@ -1,0 +1,117 @@
+"""Per-variant wheels: valid RECORD, +variant version, metadata, installs in a fresh venv."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import shutil
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.utils import parse_wheel_filename
+
+from release.errors import InvalidInputError
+from tasks.config import load_config
+from tasks.wheel import WheelInput, build_wheel, wheel_filename
+from tests.build.conftest import copy_project
+
+
+def _record_ok(archive: zipfile.ZipFile) -> dict[str, str]:
+    """Check every RECORD row against the member's bytes; return name -> hash."""
+    record_name = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+    rows = list(csv.reader(io.StringIO(archive.read(record_name).decode())))
+    listed = {row[0]: row[1] for row in rows}
+    assert set(listed) == set(archive.namelist())
+    for name, value in listed.items():
+        if name == record_name:
+            assert value == ""
+            continue
+        data = archive.read(name)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert value == f"sha256={digest}", name
+    return listed
+
+
+@pytest.fixture
+def tiny_wheels(tmp_path):
+    config = load_config(copy_project("tiny", tmp_path))
+    cubin = tmp_path / "b" / "9.0" / "add" / "add_kernel__fp32_b64.cubin"
+    cubin.parent.mkdir(parents=True)
+    cubin.write_bytes(b"\x7fELF-not-really")
+    entry = {"kernel": "add", "entry": "add_kernel", "specialization": "fp32_b64", "arch": "9.0", "kind": "cubin",
+             "path": "9.0/add/add_kernel__fp32_b64.cubin", "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest(),
+             "size": cubin.stat().st_size, "toolchain": {"triton": "3.9.0"}}
+    gpu = build_wheel(config, "0.1.0.dev20261129+cu130", [WheelInput(cubin, entry["path"])], [entry],
+                      tmp_path / "wheels", pure=False)
+    cpu = build_wheel(config, "0.1.0.dev20261129+cpu", [], [], tmp_path / "wheels", pure=True)
+    return config, gpu, cpu, entry
+
+
+def test_gpu_wheel_has_record_version_metadata_and_aot_manifest(tiny_wheels):
+    config, gpu, _, entry = tiny_wheels
+    name, version, _, tags = parse_wheel_filename(gpu.name)
+    assert name == "tiny-kernels" and str(version) == "0.1.0.dev20261129+cu130"
+    assert {t.platform for t in tags} != {"any"}
+    with zipfile.ZipFile(gpu) as archive:
+        listed = _record_ok(archive)
+        assert "tinyk/_aot/9.0/add/add_kernel__fp32_b64.cubin" in listed
+        assert "tinyk/add.py" in listed and not any("__pycache__" in n for n in listed)
+        assert json.loads(archive.read("tinyk/_aot/manifest.json")) == [entry]
+        metadata = archive.read("tiny_kernels-0.1.0.dev20261129+cu130.dist-info/METADATA").decode()
+    assert "Name: tiny-kernels\n" in metadata and "Requires-Python: >=3.10\n" in metadata
+
+
+def test_cpu_wheel_is_pure_and_has_no_gpu_artifacts(tiny_wheels):
+    _, _, cpu, _ = tiny_wheels
+    assert cpu.name == "tiny_kernels-0.1.0.dev20261129+cpu-py3-none-any.whl"
+    with zipfile.ZipFile(cpu) as archive:
+        _record_ok(archive)
+        assert not [n for n in archive.namelist() if "/_aot/" in n]
+
+
+def test_same_inputs_give_the_same_wheel_bytes(tiny_wheels, tmp_path):
+    config, _, cpu, _ = tiny_wheels
+    again = build_wheel(config, "0.1.0.dev20261129+cpu", [], [], tmp_path / "again", pure=True)
+    assert again.read_bytes() == cpu.read_bytes()
+
+
+def test_bad_names_are_refused():
+    with pytest.raises(InvalidInputError, match="'not a version'"):
+        wheel_filename("tiny", "not a version", "py3-none-any")
+    with pytest.raises(InvalidInputError, match="'py3-none'"):
+        wheel_filename("tiny", "1.0", "py3-none")
+    with pytest.raises(InvalidInputError):
+        from tasks.versioning import variant_version
+
+        variant_version("0.1.0", "Bad-Name")
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_imports_in_a_fresh_venv(tiny_wheels, tmp_path):
+    _, gpu, _, entry = tiny_wheels
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # the registry imports triton: let the fresh venv see the parent's packages, read-only
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, timeout=60, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "parent.pth").write_text(site.getsitepackages()[0] + "\n")
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    subprocess.run([uv, "pip", "install", "--offline", "--no-deps", "--python", str(python), str(gpu)],
+                   check=True, timeout=300, capture_output=True)
+    probe = ("import json, pathlib, tinyk, tinyk.registry as r; "
+             "root = pathlib.Path(tinyk.__file__).parent; "
+             "print(json.dumps([str(root), [s.name for s in r.registry()], "
+             "json.loads((root / '_aot' / 'manifest.json').read_text())]))")
+    out = subprocess.run([str(python), "-c", probe], check=True, timeout=120, capture_output=True, text=True, cwd=tmp_path)
+    root, kernels, manifest = json.loads(out.stdout)
+    assert root.startswith(str(venv))
+    assert kernels == ["add", "scale"] and manifest == [entry]
+    assert (Path(root) / "_aot" / entry["path"]).read_bytes() == b"\x7fELF-not-really"
