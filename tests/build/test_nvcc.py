@@ -1,0 +1,65 @@
+"""nvcc units: exactly the filtered -gencode list, the embedded arch list checked, a clear skip without nvcc."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from release.errors import CompileError, ToolchainMissingError
+from tasks import nvcc as nvcc_mod
+from tasks.build_stage import prepare_build
+from tasks.nvcc import build_library, embedded_archs, expected_contents, find_nvcc, gencode_flags
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = REPO / "kernels" / "csrc" / "silu_and_mul.cu"
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+@pytest.mark.parametrize(("archs", "flags"), [
+    (("8.0",), ["-gencode", "arch=compute_80,code=sm_80"]),
+    (("9.0a", "12.0+PTX"), ["-gencode", "arch=compute_90a,code=sm_90a",
+                            "-gencode", "arch=compute_120,code=[sm_120,compute_120]"]),
+])
+def test_gencode_flags_are_exactly_the_planned_archs(archs, flags):
+    assert gencode_flags(archs) == flags
+
+
+def test_native_is_refused_in_gencode():
+    with pytest.raises(Exception, match="'native' is refused"):
+        gencode_flags(("native",))
+
+
+def test_missing_nvcc_is_a_clear_toolchain_error(tmp_path):
+    with pytest.raises(ToolchainMissingError, match=f"nvcc not found at {tmp_path}/nope/nvcc"):
+        find_nvcc(str(tmp_path / "nope" / "nvcc"))
+
+
+def test_missing_nvcc_skips_cuda_cpp_units_and_keeps_triton_units(tmp_path):
+    setup = prepare_build(str(REPO / "kiln.toml"), "0.1.0", ["cu130"], nvcc_path=str(tmp_path / "nope" / "nvcc"))
+    csrc_skips = [s for s in setup.plan.skips if s.id.startswith("build/cu130/-/silu_and_mul/")]
+    (skip,) = csrc_skips
+    assert "CUDA C++ units skipped: nvcc not found" in skip.reason and "Triton units still build" in skip.reason
+    assert setup.nvcc is None
+    assert [u for u in setup.plan.units if u.kind == "triton"]
+    assert not [u for u in setup.plan.units if u.kind == "nvcc"]
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_library_missing_a_planned_arch_is_a_compile_error(monkeypatch):
+    # Fault injection: a -gencode list that silently drops the last arch, as a typo would.
+    real = nvcc_mod.gencode_flags
+    monkeypatch.setattr(nvcc_mod, "gencode_flags", lambda archs: real(archs[:-1]))
+    with pytest.raises(CompileError, match=r"embeds SASS \['sm_80'\].*asked for SASS \['sm_80', 'sm_90'\]"):
+        build_library(find_nvcc(), [SOURCE], "libkiln_csrc.so", ("8.0", "9.0"), timeout=600)
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_nvcc_builds_two_archs_and_the_library_embeds_exactly_them(tmp_path):
+    nvcc = find_nvcc()
+    library = tmp_path / "lib.so"
+    library.write_bytes(build_library(nvcc, [SOURCE], "lib.so", ("8.0", "9.0+PTX"), timeout=600))
+    assert embedded_archs(library, nvcc.cuobjdump) == expected_contents(("8.0", "9.0+PTX")) == ({"sm_80", "sm_90"}, {"sm_90"})
