@@ -1,0 +1,141 @@
+"""A real Prefect server on loopback (SQLite, a free port) and a process worker.
+
+Everything runs as subprocesses in their own process groups with deadlines,
+and is stopped (SIGTERM, then SIGKILL) when the module's tests are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+log = logging.getLogger("kiln.tests.server")
+REPO = Path(__file__).resolve().parents[2]
+POOL = "kiln-process"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGTERM the process group, then SIGKILL it if it is still there."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class PrefectServer:
+    api_url: str
+    env: dict[str, str]
+    logs: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "prefect", "--no-prompt", *args]
+        log.info("running %s", " ".join(command))
+        proc = subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return proc
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """A long-running Prefect command (a worker); stopped with the server."""
+        command = [sys.executable, "-m", "prefect", *args]
+        log.info("starting %s", " ".join(command))
+        with open(self.logs / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def client(self):
+        from prefect.client.orchestration import SyncPrefectClient
+
+        return SyncPrefectClient(api=self.api_url)
+
+    def wait_final(self, flow_run_id, deadline_s: float):
+        """The flow run once it reached a final state; fails the test past the deadline."""
+        end = time.monotonic() + deadline_s
+        with self.client() as client:
+            while time.monotonic() < end:
+                run = client.read_flow_run(flow_run_id)
+                if run.state is not None and run.state.type.value in FINAL:
+                    return run
+                time.sleep(2)
+        worker_log = "".join(p.read_text(errors="replace")[-3000:] for p in self.logs.glob("worker*.log"))
+        pytest.fail(f"flow run {flow_run_id} not final after {deadline_s} s; worker log tail:\n{worker_log}")
+
+
+def _server_env(home: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln",
+        "PREFECT_SERVER_UI_ENABLED": "false",
+    })
+    return env
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory) -> Iterator[PrefectServer]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    for attempt in range(3):  # the free port can be taken between bind and start
+        port = free_port()
+        env = _server_env(home, port)
+        command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                   "--no-scheduler", "--no-late-runs"]
+        log.info("starting %s", " ".join(command))
+        with open(home / f"server-{attempt}.log", "ab") as out:
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 120
+        while time.monotonic() < end and proc.poll() is None and not _healthy(env["PREFECT_API_URL"]):
+            time.sleep(0.5)
+        if proc.poll() is None and _healthy(env["PREFECT_API_URL"]):
+            break
+        stop(proc)
+    else:
+        pytest.fail(f"the Prefect server did not become healthy; see {home}/server-*.log")
+    server = PrefectServer(env["PREFECT_API_URL"], env, home)
+    try:
+        yield server
+    finally:
+        for worker in server.procs:
+            stop(worker)
+        stop(proc)

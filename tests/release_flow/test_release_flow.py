@@ -1,0 +1,132 @@
+"""The release flow under the session's Prefect server, on the tiny project.
+
+Bad parameters are refused before any build; a secret credential leaks into
+no log, artifact or file; a release whose verification fails (fault
+injection) leaves every index page byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+import flows.release as release_module
+from flows.release import release_flow
+from release.dists import make_distribution
+from release.errors import IntegrityError
+from release.index import generate
+from release.store import LocalStore
+
+from ..permissions.conftest import BUCKET, moto_server  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"
+
+
+def _dist(filename: str):
+    return make_distribution(filename, hashlib.sha256(filename.encode()).hexdigest(), 10, 1_700_000_000)
+
+
+def _seed_pages(put, prefix: str, filenames: list[str]) -> None:
+    for key, data in generate(map(_dist, filenames)).items():
+        put(f"{prefix}/{key}", data)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A private copy of the tiny project (its build cache and history stay in tmp)."""
+    root = tmp_path / "tiny"
+    shutil.copytree(TINY, root, ignore=shutil.ignore_patterns(".kiln", "__pycache__"))
+    return root
+
+
+@pytest.fixture
+def published(project, tmp_path) -> Path:
+    """A run directory whose local release channel already holds 0.2.0."""
+    out = tmp_path / "out"
+    store = LocalStore(out / "index")
+    _seed_pages(lambda k, d: store.put_page(k, d, "text/html", "no-cache", None), "release/cpu/simple",
+                ["tiny_kernels-0.2.0+cpu-py3-none-any.whl"])
+    return out
+
+
+@pytest.mark.parametrize(
+    "params, needle",
+    [
+        ({"version": "0.3-beta-two"}, "is not a PEP 440 version"),
+        ({"version": "0.2.0"}, "0.2.0 is already published on the release channel"),
+        ({"version": "0.1.9"}, "lower than the last release release 0.2.0"),
+        # Refused by Prefect's parameter validation from the Literal annotation, before the body runs.
+        ({"version": "0.3.0", "channel": "beta"}, "channel: Input should be 'release' or 'nightly'"),
+    ],
+)
+def test_bad_parameters_are_refused_before_any_build(prefect_server, project, published, params, needle):
+    with pytest.raises(Exception) as info:
+        release_flow(yes=True, config_path=str(project / "kiln.toml"), out=str(published), **params)
+    assert needle in str(info.value)
+    assert sorted(p.name for p in published.iterdir()) == ["index"]  # no run.json, no build/, no wheels/
+    assert not (project / ".kiln").exists()  # the build cache was never touched
+
+
+def _secret_project(project: Path, endpoint: str, block: str) -> Path:
+    text = (project / "kiln.toml").read_text().replace('default_target = "local"', 'default_target = "s3"')
+    text += (f'\n[publish.targets.s3]\nurl = "s3://{BUCKET}/simple"\nregion = "us-east-1"\nendpoint = "{endpoint}"\n'
+             f'\n[permissions.publish-release]\nread = ["release/"]\nwrite = ["release/"]\n'
+             f'credentials = {{ block = "{block}" }}\n')
+    (project / "kiln.toml").write_text(text)
+    return project / "kiln.toml"
+
+
+def test_secret_credentials_never_leak(prefect_server, moto_server, project, tmp_path, caplog):  # noqa: F811
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+    from prefect_aws import AwsCredentials
+
+    secret = f"kiln-secret-{uuid.uuid4().hex}"
+    block = f"kiln-publish-release-{uuid.uuid4().hex[:6]}"
+    AwsCredentials(aws_access_key_id="AKIAKILNRELEASE", aws_secret_access_key=secret,
+                   region_name="us-east-1").save(block)
+    s3 = moto_server.admin("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    _seed_pages(lambda k, d: s3.put_object(Bucket=BUCKET, Key=f"simple/{k}", Body=d), "release/cpu/simple",
+                ["tiny_kernels-0.5.0+cpu-py3-none-any.whl"])
+    config = _secret_project(project, moto_server.url, block)
+    out = tmp_path / "out"
+
+    state = release_flow(version="0.4.0", yes=True, config_path=str(config), out=str(out), return_state=True)
+    # Refused as lower than 0.5.0: proof the channel was read with the block's session.
+    assert state.is_failed() and "lower than the last release release 0.5.0" in state.message
+
+    APILogHandler().flush()  # logs reach the API in batches; wait for them
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in runs])))
+        artifacts = client.read_artifacts()
+    assert logs, "the run left no logs to check"
+    texts = [log.message for log in logs] + [str(a.data) for a in artifacts] + [caplog.text, state.message]
+    texts += [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert not [t for t in texts if secret in t]
+
+
+@pytest.mark.slow
+def test_failed_verification_restores_every_page(prefect_server, project, published, monkeypatch):
+    before = {p.relative_to(published): p.read_bytes() for p in (published / "index").rglob("index.*")}
+
+    @release_module.task(name="verify-channel")
+    def failing_verify(config_path: str, out: str, channel: str) -> None:
+        # Fault injection: the real check would pass; this one says a hash is wrong.
+        raise IntegrityError("fault injected by the test: a published hash does not match")
+
+    monkeypatch.setattr(release_module, "verify_channel", failing_verify)
+    state = release_flow(version="0.3.0", yes=True, config_path=str(project / "kiln.toml"), out=str(published),
+                         return_state=True)
+    assert state.is_failed() and "rolled back" in state.message
+    wheels = list((published / "index").rglob("*0.3.0*.whl"))
+    assert wheels, "the publish step never ran, so there was nothing to roll back"
+    after = {p.relative_to(published): p.read_bytes() for p in (published / "index").rglob("index.*")}
+    assert {k: after[k] for k in before} == before
