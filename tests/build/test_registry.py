@@ -85,3 +85,15 @@ def test_unimportable_module_is_a_config_error(tmp_path):
     path = _project(tmp_path, "import does_not_exist_anywhere\n")
     with pytest.raises(ConfigError, match="cannot import module"):
         load_registry(load_config(path))
+
+
+def test_each_project_root_gets_its_own_copy_of_a_same_named_package(tmp_path):
+    from tests.build.conftest import copy_project
+
+    first = load_config(copy_project("tiny", tmp_path / "one"))
+    second_path = copy_project("tiny", tmp_path / "two")
+    registry = second_path.parent / "tinyk" / "registry.py"
+    registry.write_text(registry.read_text().replace('name="scale"', 'name="scale2"'))
+    assert [s.name for s in load_registry(first)] == ["add", "scale"]
+    assert [s.name for s in load_registry(load_config(second_path))] == ["add", "scale2"]
+    assert [s.name for s in load_registry(first)] == ["add", "scale"]

@@ -1,0 +1,108 @@
+"""Build-stage benchmarks: cold build vs warm rebuild, and 2 compile workers vs 1.
+
+Each measurement runs in a fresh Python process (``--one``), so a cold build
+pays for everything a CI job pays for: worker start-up, Triton and the
+kernel package's imports, every compile, the nvcc build, the wheels. A cold
+build gets an empty cache and an empty Triton cache; a warm rebuild reuses
+the cache the cold build just filled. Two timings are reported per run:
+
+- ``build``: planning done, units built, wheels written (``time.perf_counter``
+  inside the process, from after the registry is loaded to the last wheel);
+- ``process``: the whole subprocess, interpreter start and imports included.
+
+Usage::
+
+    python benchmarks/bench_build.py [--config kiln.toml] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def one(config: str, cache: str, out: str, jobs: int) -> dict:
+    """One build in this process; returns its timings and cache counts."""
+    from tasks.build import build_unit
+    from tasks.build_stage import assemble_variant, build_env, prepare_build
+
+    setup = prepare_build(config, "0.1.0", None, cache_dir=cache)
+    start = time.perf_counter()
+    outcomes = {}
+    with build_env(setup, out, jobs=jobs) as env, ThreadPoolExecutor(jobs) as threads:
+        results = threads.map(lambda u: (u.id, build_unit(u, env)), setup.plan.units)
+        outcomes.update(results)
+    for variant in setup.plan.variants:
+        assemble_variant(setup, variant, outcomes, out)
+    build_s = time.perf_counter() - start
+    caches = [r.cache for r in outcomes.values()]
+    return {"build_s": build_s, "units": len(caches), "hits": caches.count("hit"), "misses": caches.count("miss")}
+
+
+def measure(config: str, cache: Path, out: Path, jobs: int) -> dict:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--one", "--config", config, "--cache", str(cache), "--out", str(out),
+                           "--jobs", str(jobs)], capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
+    process_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"build failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**result, "process_s": process_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(REPO / "kiln.toml"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cache")
+    parser.add_argument("--out")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.config, args.cache, args.out, args.jobs)))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-build-") as tmp:
+        for run in range(args.repeats):
+            base = Path(tmp) / str(run)
+            cold2 = measure(args.config, base / "cache2", base / "out-cold2", 2)
+            warm2 = measure(args.config, base / "cache2", base / "out-warm2", 2)
+            cold1 = measure(args.config, base / "cache1", base / "out-cold1", 1)
+            rows.append({"cold2": cold2, "warm2": warm2, "cold1": cold1})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(r[kind][key] for r in rows)
+
+    summary = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "repeats": args.repeats,
+        "units": rows[0]["cold2"]["units"],
+        "warm_hits": rows[0]["warm2"]["hits"],
+        "cold_build_s": med("cold2", "build_s"), "warm_build_s": med("warm2", "build_s"),
+        "cold_process_s": med("cold2", "process_s"), "warm_process_s": med("warm2", "process_s"),
+        "cold_1job_build_s": med("cold1", "build_s"),
+        "warm_vs_cold_build": statistics.median(r["cold2"]["build_s"] / r["warm2"]["build_s"] for r in rows),
+        "warm_vs_cold_process": statistics.median(r["cold2"]["process_s"] / r["warm2"]["process_s"] for r in rows),
+        "speedup_2_vs_1": statistics.median(r["cold1"]["build_s"] / r["cold2"]["build_s"] for r in rows),
+        "runs": rows,
+    }
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
