@@ -7,7 +7,7 @@ import torch
 
 import kernels
 from kernels import platform, router
-from kernels.platform import record_paths
+from kernels.platform import Platform, record_paths
 
 SHAPES = [(1, 16, 8), (7, 40, 9), (33, 130, 70), (17, 64, 64)]  # (T, D, E)
 
@@ -82,3 +82,19 @@ def test_fullgraph_compile_traces_through_with_and_without_bias(device):
     fn = torch.compile(kernels.router_logits, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(fn(hidden, weight), kernels.router_logits(hidden, weight))
     torch.testing.assert_close(fn(hidden, weight, bias), kernels.router_logits(hidden, weight, bias))
+
+
+@pytest.mark.parametrize("plat", [
+    Platform("cuda", "9.0", triton_version="3.6.0", torch_version="2.9.0"),
+    Platform("hip", "gfx942", triton_version="3.6.0"),
+])
+def test_bias_is_never_dropped_on_a_gpu_platform(plat, monkeypatch):
+    """The op itself, on a monkeypatched CUDA/ROCm platform: with a bias the
+    unfused path runs and the bias is in the result."""
+    monkeypatch.setattr(router, "current_platform", lambda device=None: plat)
+    hidden, weight = _inputs(4, 32, 5, "cpu")
+    bias = torch.full((5,), 100.0)
+    with record_paths() as seen:
+        out = kernels.router_logits(hidden, weight, bias)
+    assert seen == [("router_logits", "unfused")]
+    torch.testing.assert_close(out.double(), ref64(hidden, weight, bias), rtol=1e-5, atol=1e-4)
