@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +117,7 @@ class BuildCache:
             return 0
         count = sum(1 for _ in directory.glob("*.json"))
         # Rename first so concurrent readers see the batch vanish at once.
-        doomed = directory.with_name(f".{batch}.invalid.{id(self)}")
+        doomed = directory.with_name(f".{batch}.invalid.{uuid.uuid4().hex}")
         try:
             directory.rename(doomed)
         except FileNotFoundError:
