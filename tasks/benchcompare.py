@@ -5,21 +5,27 @@ so a verdict never depends on summary numbers someone could edit by hand.
 Only cases measured with the run's decision metric can be flagged; eager
 numbers beside graph replay are shown, never decided on.
 
-A case regresses only when both its own time and its time relative to the
-reference (paired per interleaved block, measured in the same run) slowed
-beyond the threshold and the noise. The first keeps a faster torch from
-passing for a slower kernel; the second keeps a busier machine, which slows
-kernel and reference alike, from passing for a regression.
+The decision is on the kernel's time relative to its torch reference,
+paired per interleaved block of the same run: a busier or slower machine
+slows both alike and cancels out, so only the kernel losing ground counts.
+When the reference itself changed between the runs (another torch, CUDA or
+HIP version) the ratio would credit or blame the kernel for torch's change,
+so the decision falls back to the kernel's own time, and says so. Either way
+a change must exceed the threshold and the measured noise (:func:`judge`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 from release.manifest import Unit
 from tasks.benchresults import BenchResults, CaseResult, Stats
 from tasks.benchstats import Summary, Verdict, judge, paired_ratios, summarize
+
+
+Basis = Literal["kernel/reference", "kernel time"]
+REFERENCE_VERSIONS = ("torch", "cuda", "hip")  # what the torch reference's speed depends on
 
 
 @dataclass(frozen=True)
@@ -27,27 +33,30 @@ class CaseComparison:
     key: tuple[str, str, str]  # kernel, case name, metric
     baseline: float  # median seconds per call
     current: float
-    verdict: Verdict  # of the kernel's own time
-    relative: Verdict | None  # of kernel/reference, when both runs measured the reference
+    absolute: Verdict  # of the kernel's own time
+    relative: Verdict | None  # of kernel/reference, when both runs measured the same reference
     reference_change: float | None  # how much the reference moved: machine drift, or a new torch
     decides: bool  # measured with the decision metric
 
     @property
-    def regression(self) -> bool:
-        drift_free = self.relative is None or self.relative.regression
-        return self.decides and self.verdict.regression and drift_free
+    def basis(self) -> Basis:
+        return "kernel/reference" if self.relative is not None else "kernel time"
 
     @property
-    def reason(self) -> str:
-        if self.verdict.regression and self.relative is not None and not self.relative.regression:
-            return (f"{self.verdict.change:+.1%}, explained by machine drift: kernel/reference "
-                    f"{self.relative.change:+.1%}")
-        return self.verdict.reason
+    def verdict(self) -> Verdict:
+        """The verdict that decides: relative to the reference when comparable, else absolute."""
+        return self.relative if self.relative is not None else self.absolute
+
+    @property
+    def regression(self) -> bool:
+        return self.decides and self.verdict.regression
 
     def describe(self) -> str:
         kernel, name, metric = self.key
-        drift = "" if self.reference_change is None else f"; reference {self.reference_change:+.1%}"
-        return f"{kernel}/{name} [{metric}]: {self.reason}{drift}"
+        context = f"kernel time {self.absolute.change:+.1%}" if self.relative is not None else ""
+        if self.reference_change is not None:
+            context += f"{'; ' if context else ''}reference {self.reference_change:+.1%}"
+        return f"{kernel}/{name} [{metric}] {self.basis}: {self.verdict.reason}" + (f" ({context})" if context else "")
 
 
 @dataclass(frozen=True)
@@ -72,15 +81,22 @@ def _summary(stats: Stats, what: str) -> Summary:
     return summarize(stats.samples, what=what)
 
 
-def _compare_case(base: CaseResult, cur: CaseResult, threshold: float, decision: str) -> CaseComparison:
+def _compare_case(base: CaseResult, cur: CaseResult, threshold: float, decision: str,
+                  same_reference: bool) -> CaseComparison:
     where = "/".join(cur.key)
-    verdict = judge(_summary(base.stats, f"baseline {where}"), _summary(cur.stats, f"current {where}"), threshold)
+    absolute = judge(_summary(base.stats, f"baseline {where}"), _summary(cur.stats, f"current {where}"), threshold)
     ref_change, relative = None, None
     if base.reference is not None and cur.reference is not None:
         ref_change = cur.reference.median / base.reference.median - 1
-        relative = judge(_ratios(base, f"baseline {where}"), _ratios(cur, f"current {where}"), threshold)
-    return CaseComparison(key=cur.key, baseline=base.stats.median, current=cur.stats.median, verdict=verdict,
+        if same_reference:
+            relative = judge(_ratios(base, f"baseline {where}"), _ratios(cur, f"current {where}"), threshold)
+    return CaseComparison(key=cur.key, baseline=base.stats.median, current=cur.stats.median, absolute=absolute,
                           relative=relative, reference_change=ref_change, decides=cur.metric == decision)
+
+
+def same_reference(baseline: BenchResults, current: BenchResults) -> bool:
+    """The torch reference is the same code in both runs, so kernel/reference ratios compare."""
+    return all(baseline.versions.get(k) == current.versions.get(k) for k in REFERENCE_VERSIONS)
 
 
 def _ratios(case: CaseResult, what: str) -> Summary:
@@ -95,6 +111,9 @@ def _notes(baseline: BenchResults, current: BenchResults) -> tuple[str, ...]:
                      f"{current.hardware.device} / {current.hardware.cpu}: absolute times may not be comparable")
     if baseline.decision_metric != current.decision_metric:
         notes.append(f"baseline decided on {baseline.decision_metric}, this run on {current.decision_metric}")
+    if not same_reference(baseline, current):
+        changed = {k: (baseline.versions.get(k), current.versions.get(k)) for k in REFERENCE_VERSIONS}
+        notes.append(f"the reference changed ({changed}): deciding on kernel time, not kernel/reference")
     return tuple(notes)
 
 
@@ -103,12 +122,13 @@ def compare_results(baseline: BenchResults | None, current: BenchResults, thresh
     if baseline is None:
         return NO_BASELINE
     compared, unmatched = [], []
+    comparable = same_reference(baseline, current)
     for case in current.cases:
         base = baseline.case(case.key)
         if base is None:
             unmatched.append(case.key)
             continue
-        compared.append(_compare_case(base, case, threshold, current.decision_metric))
+        compared.append(_compare_case(base, case, threshold, current.decision_metric, comparable))
     return Comparison(baseline_run=baseline.run_id, threshold=threshold, cases=tuple(compared),
                       unmatched=tuple(unmatched), notes=_notes(baseline, current))
 

@@ -12,19 +12,21 @@ def _us(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds * 1e6:.2f}"
 
 
-def _change(case: CaseResult, comparison: Comparison) -> tuple[str, str]:
+def _change(case: CaseResult, comparison: Comparison) -> tuple[str, str, str]:
+    """Change of kernel time, change of kernel/reference, and the verdict."""
     found = comparison.for_case(case.key)
     if found is None:
-        return ("", "no baseline" if not comparison.baseline_run else "new case")
+        return ("", "", "no baseline" if not comparison.baseline_run else "new case")
     verdict = "REGRESSION" if found.regression else ("faster" if found.verdict.improvement else "ok")
-    return (f"{found.verdict.change:+.1%}", verdict)
+    relative = "" if found.relative is None else f"{found.relative.change:+.1%}"
+    return (f"{found.absolute.change:+.1%}", relative, verdict)
 
 
 def kernel_rows(results: BenchResults, comparison: Comparison, kernel: str) -> list[dict[str, Any]]:
     """One row per case and metric of ``kernel``: times in µs, speed-up, rates, change vs baseline."""
     rows = []
     for case in (c for c in results.cases if c.kernel == kernel):
-        change, verdict = _change(case, comparison)
+        change, relative, verdict = _change(case, comparison)
         rows.append({
             "case": case.name,
             "shape": " ".join(f"{k}={v}" for k, v in case.shape.items()),
@@ -37,6 +39,7 @@ def kernel_rows(results: BenchResults, comparison: Comparison, kernel: str) -> l
             "GB/s": "" if case.gbps is None else f"{case.gbps:.1f}",
             "TFLOP/s": "" if case.tflops is None else f"{case.tflops:.3f}",
             "change_vs_baseline": change,
+            "vs_reference_change": relative,
             "verdict": verdict,
         })
     return rows

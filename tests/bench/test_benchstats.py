@@ -36,7 +36,7 @@ def test_a_rerun_with_the_same_distribution_is_not_flagged(seed):
 def test_a_3_percent_change_inside_the_noise_is_not_flagged(seed):
     comparison = _compare(FakeTimer(sigma=0.05, seed=1), FakeTimer(kernel=1.03e-3, sigma=0.05, seed=seed))
     assert comparison.regressions() == []
-    assert all(abs(c.verdict.change) < THRESHOLD + 0.03 for c in comparison.cases)
+    assert all(abs(c.absolute.change) < THRESHOLD + 0.03 for c in comparison.cases)
 
 
 @pytest.mark.parametrize("seed", range(2, 7))
@@ -56,8 +56,29 @@ def test_a_huge_noise_run_hides_nothing_it_cannot_resolve_but_says_why():
 def test_machine_drift_that_slows_the_reference_alike_is_not_a_regression():
     comparison = _compare(FakeTimer(seed=1), FakeTimer(kernel=1.3e-3, reference=2.6e-3, seed=2))
     assert comparison.regressions() == []
-    assert all(c.verdict.regression for c in comparison.cases), "the kernel's own time did slow down"
-    assert all("machine drift" in c.reason for c in comparison.cases)
+    assert all(c.absolute.regression for c in comparison.cases), "the kernel's own time did slow down"
+    assert {c.basis for c in comparison.cases} == {"kernel/reference"}
+
+
+def _with_torch(results, version: str):
+    return results.model_copy(update={"versions": {**results.versions, "torch": version}})
+
+
+def test_a_new_torch_that_speeds_up_the_reference_does_not_blame_the_kernel():
+    baseline = _with_torch(fake_run(FakeTimer(seed=1), "base"), "2.12.0")
+    current = _with_torch(fake_run(FakeTimer(reference=1.4e-3, seed=2), "cur"), "2.13.0")
+    comparison = compare_results(baseline, current, THRESHOLD)
+    assert comparison.regressions() == []
+    assert {c.basis for c in comparison.cases} == {"kernel time"}
+    assert any("reference changed" in note for note in comparison.notes)
+
+
+def test_with_a_new_torch_a_slower_kernel_is_still_flagged_on_its_own_time():
+    baseline = _with_torch(fake_run(FakeTimer(seed=1), "base"), "2.12.0")
+    current = _with_torch(fake_run(FakeTimer(kernel=1.3e-3, reference=1.4e-3, seed=2), "cur"), "2.13.0")
+    comparison = compare_results(baseline, current, THRESHOLD)
+    assert [c.regression for c in comparison.cases] == [True, True, True]
+    assert all("kernel time:" in c.describe() for c in comparison.cases)
 
 
 def test_a_kernel_that_loses_ground_beyond_the_drift_is_still_flagged():

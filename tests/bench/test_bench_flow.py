@@ -1,0 +1,146 @@
+"""`kiln bench` for real on the CPU: results, comparison, units, artifacts, exit status.
+
+One real run is shared by the module; every later run compares against it,
+so the whole file costs a handful of small benchmark runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from release.manifest import RunManifest
+from tasks.bench import stats_of
+from tasks.benchhistory import history_store, store_results
+from tasks.benchresults import load_results, save_results
+from tasks.config import load_config
+
+from tests.bench.conftest import FIXTURE
+
+pytestmark = pytest.mark.slow
+CASES = ["axpy/n1024", "axpy/n4096", "rownorm/m8_n128", "rownorm/m16_n256"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bench-flow") / "benchproj"
+    shutil.copytree(FIXTURE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    return root / "kiln.toml"
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_server, project: Path) -> Path:
+    from flows.bench import bench_flow
+
+    out = project.parent.parent / "run1"
+    state = bench_flow(config_path=str(project), out=str(out), results_path=str(out / "copy.json"),
+                       return_state=True)
+    assert state.is_completed(), state.message
+    return out
+
+
+def _doctored(results_path: Path, target: Path, factor: float = 0.5, **update) -> Path:
+    """The baseline with every kernel time × ``factor`` (references untouched): a kernel that was faster."""
+    results = load_results(results_path)
+    cases = tuple(c.model_copy(update={"stats": stats_of([s * factor for s in c.stats.samples], c.name)})
+                  for c in results.cases)
+    return save_results(results.model_copy(update={"cases": cases, **update}), target)
+
+
+def _units(out: Path) -> dict[str, tuple[str, str]]:
+    return {u.id: (u.state, u.message) for u in RunManifest.load(out).units}
+
+
+def test_a_real_cpu_run_writes_a_valid_results_file_and_records_it(first_run: Path, project: Path):
+    results = load_results(first_run / "bench" / "results.json")
+    assert [f"{c.kernel}/{c.name}" for c in results.cases] == CASES
+    assert {c.metric for c in results.cases} == {"cpu"} and results.decision_metric == "cpu"
+    assert results.variant == "cpu" and results.flow == "bench" and results.hardware.device == "cpu"
+    assert all(c.reference is not None and len(c.stats.samples) >= 8 for c in results.cases)
+    assert load_results(first_run / "copy.json") == results
+    run = RunManifest.load(first_run)
+    assert [a.path for a in run.artifacts_of("bench")] == ["bench/results.json"]
+    run.verify(run.artifacts_of("bench")[0])
+    assert _units(first_run) == {
+        "bench/axpy": ("completed", "2 cases measured; no baseline"),
+        "bench/rownorm": ("completed", "2 cases measured; no baseline"),
+        "bench/nobench": ("completed", "no benchmark cases declared"),
+    }
+    assert (first_run / "bench" / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    stored = history_store(load_config(project)).list("bench-history/")
+    assert len(stored) == 1 and stored[0].endswith(f"-{run.run_id}.json")
+
+
+def test_the_run_leaves_a_table_per_kernel_and_a_summary_with_the_plot(first_run: Path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    keys = ["kiln-bench-axpy", "kiln-bench-rownorm", "kiln-bench-summary"]
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+    by_key = {a.key: a for a in found}
+    assert set(by_key) == set(keys)
+    rows = json.loads(by_key["kiln-bench-axpy"].data)
+    assert [r["case"] for r in rows] == ["n1024", "n4096"]
+    assert {"kernel_us", "reference_us", "speedup", "change_vs_baseline"} <= set(rows[0])
+    assert "data:image/png;base64," in by_key["kiln-bench-summary"].data
+
+
+def test_a_second_run_compared_with_the_first_flags_nothing(first_run: Path, project: Path):
+    from flows.bench import bench_flow
+
+    out = first_run.parent / "run2"
+    state = bench_flow(config_path=str(project), out=str(out), compare=str(first_run / "bench" / "results.json"),
+                       store_history=False, return_state=True)
+    assert state.is_completed(), state.message
+    assert all(message.startswith("2 cases measured; no regression vs run") for _, message in
+               (v for k, v in _units(out).items() if k != "bench/nobench"))
+
+
+def test_a_baseline_doctored_twice_as_fast_flags_every_case_and_ends_failed(first_run: Path, project: Path):
+    from flows.bench import bench_flow
+
+    baseline = _doctored(first_run / "bench" / "results.json", first_run.parent / "doctored.json")
+    out = first_run.parent / "run3"
+    state = bench_flow(config_path=str(project), out=str(out), compare=str(baseline), store_history=False,
+                       return_state=True)
+    assert state.is_failed() and "2 of 3 units failed" in state.message  # `kiln bench` exits 1 on Failed
+    units = _units(out)
+    assert units["bench/axpy"][0] == units["bench/rownorm"][0] == "failed"
+    assert units["bench/nobench"][0] == "completed"
+    messages = units["bench/axpy"][1] + units["bench/rownorm"][1]
+    assert all(f"{case} [cpu] kernel/reference: +" in messages for case in CASES), messages
+
+
+def test_the_nightly_keeps_a_regression_against_last_as_a_warning(first_run: Path, project: Path):
+    from flows.bench import bench_flow
+
+    config = load_config(project)
+    nightly = _doctored(first_run / "bench" / "results.json", first_run.parent / "nightly.json",
+                        flow="nightly", run_id="previous-nightly", created="2026-01-01T03:00:00Z")
+    store_results(history_store(config), config, load_results(nightly))
+    out = first_run.parent / "run4"
+    state = bench_flow(config_path=str(project), out=str(out), compare="last", fail_on_regression=False,
+                       store_history=False, return_state=True)
+    assert state.is_completed(), state.message
+    units = _units(out)
+    assert units["bench/axpy"][0] == "completed"
+    assert units["bench/axpy"][1].startswith("regression (warning only): axpy/n1024 [cpu]")
+
+
+def test_one_crashing_kernel_fails_alone_and_the_flow_ends_failed(project: Path, tmp_path: Path, prefect_server):
+    from flows.bench import bench_flow
+
+    broken = project.parent / "kiln-broken.toml"
+    broken.write_text(project.read_text().replace("benchk.registry:registry", "benchk.registry:with_broken"))
+    out = tmp_path / "run-broken"
+    state = bench_flow(config_path=str(broken), out=str(out), store_history=False, return_state=True)
+    assert state.is_failed() and "1 of 4 units failed" in state.message
+    units = _units(out)
+    assert units["bench/broken"][0] == "failed"
+    assert "broken/n16 failed: RuntimeError: this kernel always fails" in units["bench/broken"][1]
+    assert {units[k][0] for k in ("bench/axpy", "bench/rownorm", "bench/nobench")} == {"completed"}
+    assert [f"{c.kernel}/{c.name}" for c in load_results(out / "bench" / "results.json").cases] == CASES

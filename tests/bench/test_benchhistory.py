@@ -1,0 +1,135 @@
+"""Benchmark history in the artifact store: keys, immutability, `last`, S3."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import boto3
+import pytest
+
+from release.errors import IntegrityError, InvalidInputError
+from tasks.benchhistory import (
+    history_key, history_store, history_with, last_nightly, load_history, open_history, resolve_baseline,
+    store_if, store_results,
+)
+from tasks.benchresults import save_results
+from tasks.config import load_config
+
+from tests.bench.fakes import FakeTimer, fake_run
+
+
+def _run(run_id: str, created: str, flow: str = "nightly", variant: str = "cpu", seed: int = 1):
+    return fake_run(FakeTimer(seed=seed), run_id=run_id, flow=flow, variant=variant, created=created)
+
+
+@pytest.fixture
+def config(benchproj: Path):
+    return load_config(benchproj)
+
+
+def test_results_are_stored_under_the_history_prefix_by_time_and_run(config):
+    store = history_store(config)
+    key = store_results(store, config, _run("abc-123", "2026-11-29T03:04:05Z"))
+    assert key == "bench-history/20261129T030405Z-abc-123.json"
+    assert (config.root / "artifacts" / key).is_file()  # file:// is relative to kiln.toml
+
+
+def test_a_run_id_cannot_smuggle_a_path_into_the_key(config):
+    key = history_key(config, _run("../../etc/passwd", "2026-11-29T03:04:05Z"))
+    assert key.startswith("bench-history/") and ".." not in key and key.count("/") == 1
+
+
+def test_stored_results_are_immutable(config):
+    store = history_store(config)
+    results = _run("r1", "2026-11-29T03:04:05Z")
+    store_results(store, config, results)
+    store_results(store, config, results)  # same bytes again: a retried task is harmless
+    with pytest.raises(IntegrityError):
+        store_results(store, config, _run("r1", "2026-11-29T03:04:05Z", seed=2))
+
+
+def test_last_is_the_newest_nightly_of_the_same_variant_and_metric(config):
+    store = history_store(config)
+    for results in (
+        _run("old-nightly", "2026-11-27T03:00:00Z"),
+        _run("new-nightly", "2026-11-28T03:00:00Z"),
+        _run("ad-hoc", "2026-11-28T12:00:00Z", flow="bench"),
+        _run("gpu-nightly", "2026-11-28T13:00:00Z", variant="cu130"),
+    ):
+        store_results(store, config, results)
+    found = last_nightly(store, config, variant="cpu", metric="cpu")
+    assert found is not None and found.run_id == "new-nightly"
+    again = last_nightly(store, config, variant="cpu", metric="cpu", exclude_run="new-nightly")
+    assert again is not None and again.run_id == "old-nightly"
+    assert last_nightly(store, config, variant="rocm", metric="cpu") is None
+
+
+def test_a_corrupt_history_entry_is_skipped_with_a_warning(config, caplog):
+    store = history_store(config)
+    store_results(store, config, _run("good", "2026-11-27T03:00:00Z"))
+    store.put_immutable("bench-history/20261128T030000Z-bad.json", b"{broken", "application/json", "no-cache")
+    with caplog.at_level(logging.WARNING, logger="kiln.bench"):
+        found = last_nightly(store, config, variant="cpu", metric="cpu")
+    assert found is not None and found.run_id == "good"
+    assert "20261128T030000Z-bad.json" in caplog.text
+
+
+def test_history_is_oldest_first_and_ends_with_the_current_run(config):
+    store = history_store(config)
+    for day in (25, 26, 27):
+        store_results(store, config, _run(f"n{day}", f"2026-11-{day}T03:00:00Z"))
+    history = history_with(store, config, _run("now", "2026-11-29T03:00:00Z"))
+    assert [r.run_id for r in history] == ["n25", "n26", "n27", "now"]
+    assert [r.run_id for r in load_history(store, config, variant="cpu", metric="cpu", limit=2)] == ["n26", "n27"]
+
+
+def test_resolve_baseline_reads_a_file_or_the_last_nightly_or_nothing(config, tmp_path):
+    store = history_store(config)
+    current = _run("now", "2026-11-29T03:00:00Z")
+    assert resolve_baseline(None, current, config, store) is None
+    assert resolve_baseline("last", current, config, store) is None  # first night: nothing yet
+    store_results(store, config, _run("n1", "2026-11-28T03:00:00Z"))
+    assert resolve_baseline("last", current, config, store).run_id == "n1"
+    path = save_results(_run("file", "2026-11-01T00:00:00Z"), tmp_path / "base.json")
+    assert resolve_baseline(str(path), current, config, store).run_id == "file"
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        resolve_baseline(str(tmp_path / "nope.json"), current, config, store)
+    with pytest.raises(InvalidInputError, match="artifact store"):
+        resolve_baseline("last", current, config, None)
+
+
+def test_store_if_says_what_it_did(config):
+    results = _run("r", "2026-11-29T03:00:00Z")
+    assert "store_history is off" in store_if(False, history_store(config), config, results)
+    assert "could not be opened" in store_if(True, None, config, results)
+    assert store_if(True, history_store(config), config, results).startswith("stored as bench-history/")
+
+
+def _s3_config(benchproj: Path, endpoint: str, bucket: str):
+    text = benchproj.read_text().replace(
+        'url = "file://artifacts"', f'url = "s3://{bucket}/kiln"\nregion = "us-east-1"\nendpoint = "{endpoint}"')
+    benchproj.write_text(text)
+    return load_config(benchproj)
+
+
+def test_history_round_trips_through_s3_on_loopback(benchproj, s3_endpoint):
+    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    session.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="bench-history-test")
+    config = _s3_config(benchproj, s3_endpoint, "bench-history-test")
+    asked = []
+    store = open_history(config, session_factory=lambda: asked.append("bench") or session)
+    assert asked == ["bench"], "an s3:// store must use the bench step's session"
+    store_results(store, config, _run("n1", "2026-11-27T03:00:00Z"))
+    store_results(store, config, _run("n2", "2026-11-28T03:00:00Z"))
+    keys = session.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket="bench-history-test")["Contents"]
+    assert sorted(k["Key"] for k in keys) == ["kiln/bench-history/20261127T030000Z-n1.json",
+                                              "kiln/bench-history/20261128T030000Z-n2.json"]
+    assert last_nightly(store, config, variant="cpu", metric="cpu").run_id == "n2"
+
+
+def test_a_local_store_needs_no_credentials(config):
+    def no_session():  # fault injection: asking for credentials would be a bug here
+        raise AssertionError("a file:// store must not ask for credentials")
+
+    assert open_history(config, session_factory=no_session) is not None
