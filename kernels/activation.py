@@ -44,11 +44,13 @@ def activation_path(platform: Platform, settings: Settings, library_loads: bool)
 
 def load_library(path: Path | None = None) -> ctypes.CDLL:
     """Load the csrc library, or raise :class:`KernelUnavailableError` saying why."""
-    if not torch.cuda.is_available() or torch.version.hip:
+    if not torch.cuda.is_available():
         raise KernelUnavailableError(
             f"{LIBRARY}: no CUDA GPU is visible (torch.cuda.is_available() is False); "
             "the csrc kernels need an NVIDIA GPU — the torch reference is used instead"
         )
+    if torch.version.hip:
+        raise KernelUnavailableError(f"{LIBRARY}: built for NVIDIA GPUs only; this torch is a ROCm build")
     candidates = (path,) if path is not None else SEARCH
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:

@@ -10,7 +10,8 @@ Per row ``b`` (slot ``s``) and head ``h``::
 
 Rows with ``slot_ids[b] == NULL_BLOCK_ID`` are padding: no slot is read or
 written and their output is zero. Slot ids outside ``[0, S)`` are treated the
-same way, so a bad id can never write out of bounds.
+same way, so a bad id can never write out of bounds. Two live rows naming the
+same slot are a caller error (the Triton path races on it).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def reference(
     indices in ``index_copy_`` cannot make the result order-dependent."""
     n_slots, n_rows = state.shape[0], q.shape[0]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if n_slots == 0:  # every row is padding
+        return q.new_zeros((n_rows, q.shape[1], v.shape[-1]))
     slots = slot_ids.long()
     valid = (slots >= 0) & (slots < n_slots)
     idx = torch.where(valid, slots, 0)
@@ -69,14 +72,14 @@ def reference(
     new = torch.exp(g.float()).unsqueeze(-1) * old
     u = v.float() - torch.einsum("bhkv,bhk->bhv", new, k.float())
     new = new + beta.float()[..., None, None] * k.float().unsqueeze(-1) * u.unsqueeze(-2)
-    out = torch.einsum("bhkv,bhk->bhv", new, q.float() * scale) * valid[:, None, None]
+    out = torch.einsum("bhkv,bhk->bhv", new, q.float() * scale)
+    out = torch.where(valid[:, None, None], out, 0.0)  # not `* valid`: NaN * 0 is NaN
     rows = torch.arange(n_rows, device=q.device)
     owner = torch.full((n_slots + 1,), -1, dtype=torch.long, device=q.device)
     owner.scatter_reduce_(0, torch.where(valid, slots, n_slots), rows, reduce="amax")
     writer = owner[idx]
     value = torch.where((writer >= 0)[:, None, None, None], new[writer.clamp(min=0)], old)
-    if n_slots:
-        state.index_copy_(0, idx, value)
+    state.index_copy_(0, idx, value)
     return out.to(q.dtype)
 
 

@@ -155,3 +155,19 @@ def test_integer_scale_is_accepted_and_tensor_scale_refused(device):
     kernels.gated_delta_decode(*args, scale=1)
     with pytest.raises(TypeError, match="Python number"):
         kernels.gated_delta_decode(*args, scale=torch.tensor(0.5))
+
+
+def test_padding_rows_output_zero_even_if_slot_zero_holds_nan(device, path):
+    """A padding row is redirected to slot 0 for addressing only; whatever
+    slot 0 holds must not leak into its output."""
+    q, k, v, g, beta, state, slot_ids = make(2, 1, 8, 8, 3, torch.float32, device, [NULL, 2])
+    state[0] = float("nan")
+    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.isfinite(out[1]).all()
+
+
+def test_empty_pool_means_every_row_is_padding(device, path):
+    q, k, v, g, beta, state, slot_ids = make(2, 1, 8, 8, 0, torch.float32, device, [0, NULL])
+    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    assert out.shape == (2, 1, 8) and not out.any()
