@@ -13,7 +13,9 @@ produce the same bytes).
 
 from __future__ import annotations
 
+import re
 import string
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -33,6 +35,7 @@ from release.errors import InvalidInputError
 
 _HEX = frozenset(string.hexdigits.lower())
 UPLOAD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # PEP 700
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +54,15 @@ class Distribution:
 
     @property
     def upload_time_iso(self) -> str:
-        return datetime.fromtimestamp(self.upload_time, timezone.utc).strftime(UPLOAD_TIME_FORMAT)
+        # whole seconds, so the fraction is always zero; time.strftime is several times faster than datetime
+        return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(self.upload_time))
 
 
 def check_filename(filename: str) -> str:
     """Refuse anything that is not a bare file name (no path, no control characters)."""
     if not isinstance(filename, str) or not filename:
         raise InvalidInputError(f"distribution filename {filename!r} is empty")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in filename):
+    if _CONTROL.search(filename):
         raise InvalidInputError(f"distribution filename {filename!r} contains a control character")
     if "/" in filename or "\\" in filename or filename.startswith(".") or ":" in filename:
         raise InvalidInputError(
@@ -67,13 +71,39 @@ def check_filename(filename: str) -> str:
     return filename
 
 
+@lru_cache(maxsize=1 << 14)
+def _wheel_name(name_part: str) -> str:
+    return canonicalize_name(parse_wheel_filename(f"{name_part}-0-py3-none-any.whl")[0])
+
+
+@lru_cache(maxsize=1 << 14)
+def _wheel_version(rest: str) -> str:
+    return str(parse_wheel_filename(f"x-{rest}")[1])
+
+
+def _parse_wheel(filename: str) -> tuple[str, str]:
+    """``parse_wheel_filename`` split at the first '-' into two cached halves.
+
+    A wheel's name part holds no '-', so packaging validates the name and the
+    version/build/tags independently; an index repeats both halves thousands
+    of times (one version set across projects, one name across versions).
+    On any error the whole filename is parsed again so the message names it.
+    """
+    name_part, _, rest = filename.partition("-")
+    try:
+        return _wheel_name(name_part), _wheel_version(rest)
+    except (InvalidWheelFilename, InvalidVersion):
+        name, version, _build, _tags = parse_wheel_filename(filename)
+        return name, str(version)
+
+
 def parse_filename(filename: str) -> tuple[str, str]:
     """(normalised project name, normalised version) of a PEP 427 wheel or an sdist filename."""
     check_filename(filename)
     try:
         if filename.endswith(".whl"):
-            name, version, _build, _tags = parse_wheel_filename(filename)
-        elif filename.endswith((".tar.gz", ".zip")):
+            return _parse_wheel(filename)
+        if filename.endswith((".tar.gz", ".zip")):
             name, version = parse_sdist_filename(filename)
         else:
             raise InvalidInputError(f"{filename!r} is neither a wheel (.whl) nor an sdist (.tar.gz, .zip)")
@@ -95,7 +125,7 @@ def check_requires_python(value: str) -> str:
         SpecifierSet(value)
     except InvalidSpecifier as exc:
         raise InvalidInputError(f"requires_python {value!r} is not a valid PEP 440 specifier set: {exc}") from exc
-    if any(ord(ch) < 32 for ch in value):
+    if _CONTROL.search(value):
         raise InvalidInputError(f"requires_python {value!r} contains a control character")
     return value
 
@@ -120,7 +150,7 @@ def make_distribution(
     where = f"distribution {filename!r}"
     if yanked is not None and not isinstance(yanked, str):
         raise InvalidInputError(f"{where}: yanked must be a reason string, got {yanked!r}")
-    if yanked and any(ord(ch) < 32 for ch in yanked):
+    if yanked and _CONTROL.search(yanked):
         raise InvalidInputError(f"{where}: yank reason {yanked!r} contains a control character")
     return Distribution(
         filename=filename,

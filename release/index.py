@@ -22,7 +22,9 @@ Nothing here reads or writes storage; :mod:`release.publish` and
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -38,6 +40,15 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_PAGE = "index.html"
 JSON_PAGE = "index.json"
 _META_TAG = f'<meta name="pypi:repository-version" content="{API_VERSION}">'
+_URL_SAFE = re.compile(r"[A-Za-z0-9._~+-]+\Z")
+_version_key = lru_cache(maxsize=1 << 16)(Version)  # versions repeat across projects
+
+
+def file_url(filename: str) -> str:
+    """The relative, percent-encoded URL of a file beside its page ('+' becomes %2B)."""
+    if _URL_SAFE.match(filename):  # the usual wheel name: only '+' needs encoding
+        return filename.replace("+", "%2B")
+    return quote(filename, safe="")
 
 
 def group(dists: Iterable[Distribution]) -> dict[str, list[Distribution]]:
@@ -60,7 +71,7 @@ def group(dists: Iterable[Distribution]) -> dict[str, list[Distribution]]:
 
 
 def _href(dist: Distribution) -> str:
-    return f"{quote(dist.filename, safe='')}#sha256={dist.sha256}"
+    return f"{file_url(dist.filename)}#sha256={dist.sha256}"
 
 
 def _anchor(dist: Distribution) -> str:
@@ -90,7 +101,7 @@ def _json(data: Mapping[str, Any]) -> bytes:
 def _file_json(dist: Distribution) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "filename": dist.filename,
-        "url": quote(dist.filename, safe=""),
+        "url": file_url(dist.filename),
         "hashes": {"sha256": dist.sha256},
         "size": dist.size,
         "upload-time": dist.upload_time_iso,
@@ -105,7 +116,7 @@ def _file_json(dist: Distribution) -> dict[str, Any]:
 
 def project_pages(project: str, dists: Sequence[Distribution]) -> dict[str, bytes]:
     """The HTML and JSON page of one project (``dists`` as :func:`group` returns them)."""
-    versions = sorted({d.version for d in dists}, key=Version)
+    versions = sorted({d.version for d in dists}, key=_version_key)
     html = _html(f"Links for {project}", map(_anchor, dists))
     data = {"meta": {"api-version": API_VERSION}, "name": project, "versions": versions,
             "files": [_file_json(d) for d in dists]}

@@ -168,3 +168,29 @@ def test_generated_pages_agree_with_the_input_for_arbitrary_names(entries) -> No
             assert ("data-yanked" in anchor.attrs) == (dist.yanked is not None)
         listed += len(anchors)
     assert listed == len(dists)
+
+
+_wheelish = st.lists(st.sampled_from(["a", "B", "1", "_", ".", "-", "+", "__", "py3", "none", "any", "cp311", "1.0", "0"]),
+                     min_size=1, max_size=14).map(lambda parts: "".join(parts) + ".whl")
+
+
+@settings(max_examples=400, deadline=None)
+@given(_wheelish)
+def test_cached_wheel_parsing_accepts_and_refuses_exactly_what_packaging_does(filename: str) -> None:
+    from packaging.utils import InvalidWheelFilename
+
+    from release.dists import parse_filename
+
+    try:
+        name, version, _, _ = parse_wheel_filename(filename)
+        expected = (canonicalize_name(name), str(version))
+    except InvalidWheelFilename:
+        expected = None
+    try:
+        got = parse_filename(filename)
+    except InvalidInputError:
+        got = None
+    if filename.startswith("."):
+        assert got is None  # refused as a hidden file before packaging looks at it
+    else:
+        assert got == expected
