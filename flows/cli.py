@@ -93,13 +93,13 @@ def _pytest_args(args: list[str]) -> list[str]:
     return args[1:] if args and args[0] == "--" else args
 
 
-def _run_flow(flow: Callable[..., Any], out: str | None, **params: Any) -> int:
+def _run_flow(flow: Callable[..., Any], run_dir: str | None, **params: Any) -> int:
     """Run ``flow``; print the summary of its units; map its final state to an exit status."""
     from flows.summary import print_summary
 
     state = flow(**params, return_state=True)
-    if out is not None:
-        print_summary(Path(out))
+    if run_dir is not None:
+        print_summary(Path(run_dir))
     if state.is_completed():
         return EXIT_OK
     print(f"\n{flow.name} ended {state.name}: {state.message}", file=sys.stderr)

@@ -14,6 +14,9 @@ DEFAULTS = {
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
     "PREFECT_TELEMETRY_ENABLE_RESOURCE_METRICS": "false",
     "DO_NOT_TRACK": "1",
+    # The embedded server migrates a fresh SQLite database on first start; on a
+    # busy 2-core machine that takes longer than Prefect's 20 s default.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # Route the plain-Python libraries' loggers (tasks/, release/) into Prefect's run logs.
     "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln",
     # Triton's one-time notice about its FP-fusion default changing is noise in every run.
