@@ -9,7 +9,6 @@ nightly passes ``fail_on_regression=False`` and keeps regressions as warnings.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -21,10 +20,11 @@ from prefect.states import State
 from flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
 from release.manifest import RunManifest
 from release.store import Store
-from tasks import benchhistory, benchplots
+from flows.test import gpu_slots
+from tasks import benchhistory
 from tasks.bench import BenchSetup, assemble, bench_kernel, bench_specs, prepare
 from tasks.benchcompare import Comparison, KernelOutcome, compare_results, kernel_units
-from tasks.benchreport import kernel_rows, summary_markdown
+from tasks.benchreport import build_report
 from tasks.benchresults import BenchResults, save_results
 from tasks.config import KilnConfig, load_config
 
@@ -32,7 +32,8 @@ RESULTS = Path("bench") / "results.json"
 
 
 @task(name="bench-setup", cache_policy=NO_CACHE)
-def setup_task(config: KilnConfig, size: str | None, metric: str) -> BenchSetup:
+def setup_task(config: KilnConfig, size: str | None, metric: str, compare: str | None) -> BenchSetup:
+    benchhistory.check_compare(compare)  # a bad baseline path fails before anything is measured
     return prepare(config, size, metric)
 
 
@@ -41,7 +42,8 @@ def setup_task(config: KilnConfig, size: str | None, metric: str) -> BenchSetup:
 def bench_kernel_task(config: KilnConfig, kernel: str, setup: BenchSetup) -> KernelOutcome:
     started = time.monotonic()
     (spec,) = bench_specs(config, [kernel])
-    cases = bench_kernel(spec, setup.size, setup.plan)
+    with gpu_slots(setup.devices):  # a benchmark sharing its GPU with a test measures the test
+        cases = bench_kernel(spec, setup.size, setup.plan)
     return KernelOutcome(kernel=kernel, cases=tuple(cases), duration_s=time.monotonic() - started)
 
 
@@ -81,33 +83,18 @@ def store_task(config: KilnConfig, results: BenchResults, store: Store | None, e
     return benchhistory.store_if(enabled, store, config, results)
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 @task(name="bench-report", cache_policy=NO_CACHE)
 def report_task(config: KilnConfig, run: RunManifest, results: BenchResults, comparison: Comparison,
                 outcomes: list[KernelOutcome], store: Store | None) -> None:
-    """Table artifact per kernel; summary markdown with the speed-up and trend plots."""
-    bench_dir = run.root / RESULTS.parent
+    """A table artifact per kernel; the summary markdown with the speed-up and trend plots."""
     history = benchhistory.history_with(store, config, results)
-    plots = {
-        "Speed-up per shape": benchplots.try_plot("speed-up", benchplots.plot_speedups, results,
-                                                  bench_dir / "speedup.png"),
-        "Trend over stored history": benchplots.try_plot("trend", benchplots.plot_trend, history,
-                                                         bench_dir / "trend.png"),
-    }
-    for outcome in outcomes:
-        _table(f"kiln-bench-{_slug(outcome.kernel)}", kernel_rows(results, comparison, outcome.kernel),
-               f"Benchmarks of {outcome.kernel} ({results.decision_metric}) — run {run.run_id}")
-    failed = {o.kernel: o.error for o in outcomes if o.error}
-    drawn = [(title, path) for title, path in plots.items() if path is not None]
-    for _title, path in drawn:
+    report = build_report(results, comparison, outcomes, history, run.root / RESULTS.parent, run.run_id)
+    for key, (description, rows) in report.tables.items():
+        _table(key, rows, description)
+    for path in report.plots:
         run.add_artifact(path, step="bench", kind="other", variant=results.variant)
-    markdown = summary_markdown(results, comparison, failed) + "".join(
-        "\n" + benchplots.png_markdown(path, title) for title, path in drawn)
-    markdown_report("kiln-bench-summary", markdown, f"Benchmarks — run {run.run_id}")
     run.save()
+    markdown_report("kiln-bench-summary", report.markdown, f"Benchmarks — run {run.run_id}")
 
 
 def _table(key: str, rows: list[dict], description: str) -> None:
@@ -131,7 +118,7 @@ def bench_flow(
     """Benchmark every kernel; compare with ``compare`` (a results file or ``"last"``)."""
     config = load_config(config_path)
     run = open_run(out, "bench", config.project.version)
-    setup = setup_task(config, size, metric)
+    setup = setup_task(config, size, metric, compare)
     outcomes = [_outcome(name, bench_kernel_task(config, name, setup, return_state=True))
                 for name in setup.kernels]
     results = results_task(config, setup, outcomes, run, results_path)

@@ -208,6 +208,11 @@ class BenchSetup:
     plan: MetricPlan
     kernels: tuple[str, ...]
 
+    @property
+    def devices(self) -> int:
+        """GPUs one kernel's benchmark holds (slots of the device pool's concurrency limit)."""
+        return 0 if self.plan.device == "cpu" else 1
+
 
 def prepare(config: KilnConfig, size: str | None, metric: str) -> BenchSetup:
     """Validate the run's parameters before anything is measured (bad input changes nothing)."""

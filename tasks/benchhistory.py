@@ -107,6 +107,12 @@ def resolve_baseline(compare: str | None, current: BenchResults, config: KilnCon
     return load_results(compare)
 
 
+def check_compare(compare: str | None) -> None:
+    """Validate ``--compare`` before measuring: ``None``, ``"last"`` or a readable results file."""
+    if compare is not None and compare != "last":
+        load_results(compare)
+
+
 def open_history(config: KilnConfig, session_factory: Callable[[], Any] | None = None) -> Store | None:
     """The history store, or None (logged) when it cannot be opened.
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
-from tasks.benchcompare import Comparison
+from tasks.benchcompare import Comparison, KernelOutcome
+from tasks.benchplots import plot_speedups, plot_trend, png_markdown, try_plot
 from tasks.benchresults import BenchResults, CaseResult
 
 
@@ -63,3 +67,36 @@ def summary_markdown(results: BenchResults, comparison: Comparison, failed: dict
     if failed:
         lines += ["", f"## Kernels that failed: {len(failed)}"] + [f"- `{k}`: {m}" for k, m in sorted(failed.items())]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything the run shows in the Prefect UI: one table per kernel, a summary, the plots."""
+
+    tables: dict[str, tuple[str, list[dict[str, Any]]]]  # artifact key -> (description, rows)
+    markdown: str
+    plots: tuple[Path, ...]
+
+
+def artifact_key(kernel: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return "kiln-bench-" + (re.sub(r"[^a-z0-9]+", "-", kernel.lower()).strip("-") or "kernel")
+
+
+def build_report(results: BenchResults, comparison: Comparison, outcomes: Sequence[KernelOutcome],
+                 history: Sequence[BenchResults], bench_dir: Path, run_id: str) -> Report:
+    """Draw the plots (failures are warnings) and render every table and the summary."""
+    drawn = {
+        "Speed-up per shape": try_plot("speed-up", plot_speedups, results, bench_dir / "speedup.png"),
+        "Trend over stored history": try_plot("trend", plot_trend, history, bench_dir / "trend.png"),
+    }
+    plots = {title: path for title, path in drawn.items() if path is not None}
+    tables = {
+        artifact_key(o.kernel): (f"Benchmarks of {o.kernel} ({results.decision_metric}) — run {run_id}",
+                                 kernel_rows(results, comparison, o.kernel))
+        for o in outcomes
+    }
+    failed = {o.kernel: o.error for o in outcomes if o.error}
+    markdown = summary_markdown(results, comparison, failed) + "".join(
+        "\n" + png_markdown(path, title) for title, path in plots.items())
+    return Report(tables=tables, markdown=markdown, plots=tuple(plots.values()))

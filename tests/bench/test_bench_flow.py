@@ -144,3 +144,13 @@ def test_one_crashing_kernel_fails_alone_and_the_flow_ends_failed(project: Path,
     assert "broken/n16 failed: RuntimeError: this kernel always fails" in units["bench/broken"][1]
     assert {units[k][0] for k in ("bench/axpy", "bench/rownorm", "bench/nobench")} == {"completed"}
     assert [f"{c.kernel}/{c.name}" for c in load_results(out / "bench" / "results.json").cases] == CASES
+
+
+def test_a_missing_baseline_file_fails_before_anything_is_measured(project: Path, tmp_path: Path, prefect_server):
+    from flows.bench import bench_flow
+    from release.errors import InvalidInputError
+
+    out = tmp_path / "run-missing"
+    with pytest.raises(InvalidInputError, match="missing.json does not exist"):
+        bench_flow(config_path=str(project), out=str(out), compare=str(tmp_path / "missing.json"))
+    assert not (out / "bench").exists()

@@ -10,7 +10,7 @@ import pytest
 
 from release.errors import IntegrityError, InvalidInputError
 from tasks.benchhistory import (
-    history_key, history_store, history_with, last_nightly, load_history, open_history, resolve_baseline,
+    check_compare, history_key, history_store, history_with, last_nightly, load_history, open_history, resolve_baseline,
     store_if, store_results,
 )
 from tasks.benchresults import save_results
@@ -97,6 +97,13 @@ def test_resolve_baseline_reads_a_file_or_the_last_nightly_or_nothing(config, tm
         resolve_baseline(str(tmp_path / "nope.json"), current, config, store)
     with pytest.raises(InvalidInputError, match="artifact store"):
         resolve_baseline("last", current, config, None)
+
+
+def test_compare_is_checked_before_anything_is_measured(tmp_path):
+    check_compare(None)
+    check_compare("last")
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        check_compare(str(tmp_path / "missing.json"))
 
 
 def test_store_if_says_what_it_did(config):
