@@ -25,11 +25,13 @@ from flows.credentials import session_for
 from flows.publish import publish_flow
 from flows.test import test_flow
 from release.errors import KilnError
+from release.verify import verify_published
 from tasks import releasing
 from tasks.config import load_config
 
 Channel = Literal["release", "nightly"]
 APPROVAL_TIMEOUT_S = 24 * 3600
+APPROVAL_POLL_S = 5  # how soon an approval in the UI resumes the run
 SNAPSHOT_DIR = "rollback"
 
 
@@ -44,13 +46,17 @@ class ReleaseRejected(KilnError):
     """The approver said no; nothing was published."""
 
 
+def _session(config: Any, channel: str) -> Any:
+    """The channel publisher's own credentials; a local target needs none."""
+    if config.publish.targets[config.publish.default_target].kind != "s3":
+        return None
+    return session_for(config, f"publish-{channel}")
+
+
 def _store(config_path: str, out: str, channel: str) -> tuple[Any, str]:
     config = load_config(config_path)
     prefix = releasing.channel_prefix(config, channel)
-    session = None
-    if config.publish.targets[config.publish.default_target].kind == "s3":
-        session = session_for(config, f"publish-{channel}")
-    return releasing.open_target(config, out, session), prefix
+    return releasing.open_target(config, out, _session(config, channel)), prefix
 
 
 @task(name="validate-release")
@@ -74,11 +80,10 @@ def snapshot_pages(config_path: str, out: str, channel: str) -> list[str]:
 
 
 @task(name="verify-channel")
-def verify_channel(config_path: str, out: str, channel: str) -> None:
-    from release.verify import verify_published  # the verify stage's entry point
-
+def verify_channel(config_path: str, out: str, channel: str) -> int:
+    """Links, hashes, sidecars, then pip and uv installs from the served channel."""
     config = load_config(config_path)
-    verify_published(config, out, channel)
+    return len(verify_published(config, out, channel, session=_session(config, channel)))
 
 
 @task(name="rollback-pages")
@@ -92,7 +97,8 @@ def _approve(version: str, channel: str, yes: bool) -> str:
         return "approved on the command line (--yes)"
     get_run_logger().info("waiting for approval of %s on %s in the Prefect UI", version, channel)
     answer = pause_flow_run(wait_for_input=ApprovalInput.with_initial_data(
-        description=f"Publish {version} to the {channel} channel?", approve=False), timeout=APPROVAL_TIMEOUT_S)
+        description=f"Publish {version} to the {channel} channel?", approve=False),
+        timeout=APPROVAL_TIMEOUT_S, poll_interval=APPROVAL_POLL_S)
     if not answer.approve:
         raise ReleaseRejected(f"release {version} rejected by the approver: {answer.comment or 'no comment'}")
     return f"approved in the UI: {answer.comment or 'no comment'}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -130,3 +132,47 @@ def test_failed_verification_restores_every_page(prefect_server, project, publis
     assert wheels, "the publish step never ran, so there was nothing to roll back"
     after = {p.relative_to(published): p.read_bytes() for p in (published / "index").rglob("index.*")}
     assert {k: after[k] for k in before} == before
+
+
+def _paused_release(out: Path, deadline_s: float):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    end = time.monotonic() + deadline_s
+    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < end:
+            for run in client.read_flow_runs(flow_run_filter=paused):
+                if run.parameters.get("out") == str(out):
+                    return run
+            time.sleep(1)
+    pytest.fail(f"no release run paused for approval within {deadline_s} s")
+
+
+@pytest.mark.slow
+def test_release_pauses_for_typed_approval_then_publishes_and_verifies(prefect_server, project, tmp_path):
+    from prefect.flow_runs import resume_flow_run
+
+    out = tmp_path / "out"
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(state=release_flow(
+        version="0.1.0", config_path=str(project / "kiln.toml"), out=str(out), return_state=True)))
+    worker.start()
+    run = _paused_release(out, deadline_s=300)
+    assert not (out / "index").exists()  # nothing is published before the approval
+    resume_flow_run(run.id, run_input={"approve": True, "comment": "perf reviewed by the kernel team"})
+    worker.join(timeout=600)
+    assert not worker.is_alive(), "the release did not finish within 600 s of its approval"
+    state = result["state"]
+    assert state.is_completed(), state.message
+    assert "release 0.1.0 published to release" == state.message
+    wheels = sorted(p.name for p in (out / "index" / "release").rglob("*.whl"))
+    assert wheels and all("0.1.0+" in w for w in wheels)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        mine = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        text = next(a.data for a in client.read_artifacts(artifact_filter=mine) if a.key == "kiln-release-summary")
+    assert "perf reviewed by the kernel team" in text and "verify: COMPLETED" in text
