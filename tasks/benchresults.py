@@ -59,23 +59,22 @@ class CaseResult(_Model):
     reference: Stats | None = None
     bytes: int = Field(default=0, ge=0)
     flops: int = Field(default=0, ge=0)
+    # Derived from the fields above on every load, so they can never disagree with the samples.
+    speedup: float | None = None  # reference time / kernel time: above 1, the kernel is faster
+    gbps: float | None = None  # achieved bandwidth, when the kernel declares its bytes
+    tflops: float | None = None  # achieved FLOP rate, when the kernel declares its FLOPs
+
+    @model_validator(mode="after")
+    def _derive(self) -> "CaseResult":
+        median = self.stats.median
+        object.__setattr__(self, "speedup", self.reference.median / median if self.reference else None)
+        object.__setattr__(self, "gbps", self.bytes / median / 1e9 if self.bytes else None)
+        object.__setattr__(self, "tflops", self.flops / median / 1e12 if self.flops else None)
+        return self
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.kernel, self.name, self.metric)
-
-    @property
-    def speedup(self) -> float | None:
-        """Reference time / kernel time: above 1 means the kernel is faster."""
-        return self.reference.median / self.stats.median if self.reference else None
-
-    @property
-    def gbps(self) -> float | None:
-        return self.bytes / self.stats.median / 1e9 if self.bytes else None
-
-    @property
-    def tflops(self) -> float | None:
-        return self.flops / self.stats.median / 1e12 if self.flops else None
 
 
 class Hardware(_Model):
