@@ -39,16 +39,26 @@ def launch(
     argument positionally.
     """
     platform = current_platform(device)
-    compiled = None
+    pre = None
     if platform.backend != "cpu" and not platform.interpreter:
         from kernels import _loader
 
-        compiled = _loader.aot_kernel(kernel, entry, specialization, platform)
-    if compiled is not None:
+        pre = _loader.aot_kernel(kernel, entry, specialization, platform)
+    if pre is not None and divisible_by_16(args, pre.aligned):
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
-        compiled[grid3](*args, *constexprs.values())
+        pre.kernel[grid3](*args, *constexprs.values())
         return
     runnable(jit_fn, platform.interpreter)[grid](*args, **constexprs, **options)
+
+
+def divisible_by_16(args: tuple, positions: tuple[int, ...]) -> bool:
+    """Whether the arguments at ``positions`` meet an artifact's alignment
+    assumptions (tensor: data pointer; int: value). Host metadata only."""
+    for i in positions:
+        value = args[i].data_ptr() if isinstance(args[i], torch.Tensor) else args[i]
+        if value % 16:
+            return False
+    return True
 
 
 _variants: dict[tuple[int, bool], Any] = {}

@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernels.platform import Platform, cuda_arch_key
 
@@ -109,7 +109,14 @@ def artifact_path(kernel: str, entry: str, specialization: str, platform: Platfo
     return None if art is None else art.path
 
 
-_compiled: dict[tuple, Any] = {}
+class Precompiled(NamedTuple):
+    """A launchable artifact and the argument positions it assumes divisible by 16."""
+
+    kernel: Any  # triton CompiledKernel
+    aligned: tuple[int, ...]
+
+
+_compiled: dict[tuple, Precompiled | None] = {}
 _warned: set[str] = set()
 
 
@@ -119,7 +126,7 @@ def _warn_once(kernel: str, message: str, *args: Any) -> None:
         _log.warning(message, *args)
 
 
-def aot_kernel(kernel: str, entry: str, specialization: str, platform: Platform) -> Any:
+def aot_kernel(kernel: str, entry: str, specialization: str, platform: Platform) -> Precompiled | None:
     """A launchable precompiled kernel, or ``None`` (then the caller JITs).
 
     Resolved once per key. A binary whose hash differs from the manifest is
@@ -144,6 +151,7 @@ def aot_kernel(kernel: str, entry: str, specialization: str, platform: Platform)
         from kernels import aot, registry
 
         spec, fn = registry.find_specialization(kernel, entry, specialization)
-        result = aot.load_compiled(fn, spec, art.path)
+        names = list(fn.arg_names)
+        result = Precompiled(aot.load_compiled(fn, spec, art.path), tuple(names.index(p) for p in spec.aligned))
     _compiled[key] = result
     return result

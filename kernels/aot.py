@@ -49,7 +49,9 @@ def jit_function(fn: Any) -> JITFunction:
 
 
 def source(fn: Any, spec: Specialization) -> ASTSource:
-    return ASTSource(fn=jit_function(fn), signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+    fn = jit_function(fn)
+    return ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs),
+                     attrs=spec.triton_attrs(fn.arg_names))
 
 
 def compile_specialization(fn: Any, spec: Specialization, target: GPUTarget) -> Any:

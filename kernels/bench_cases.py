@@ -41,7 +41,9 @@ def quant_cases(size: str) -> list[BenchCase]:
 
 def router_cases(size: str) -> list[BenchCase]:
     _check(size)
-    shapes = [(8, 64, 16), (5, 96, 24)] if size == "small" else [(4096, 7168, 256), (64, 7168, 256), (1, 4096, 128)]
+    shapes = [(8, 64, 16), (5, 96, 24)]  # (T, D, E)
+    if size == "large":
+        shapes = [(4096, 7168, 256), (64, 7168, 256), (1, 4096, 128)]
 
     def make(device: str, t: int, d: int, e: int) -> tuple:
         hidden = torch.randn(t, d, device=device, dtype=torch.bfloat16)

@@ -14,7 +14,7 @@ archs the kernel can run on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 Backend = Literal["cuda", "hip", "cpu"]
 
@@ -29,7 +29,10 @@ class Specialization:
     ``backends`` restricts the specialization (e.g. an fp8 one) to some
     backends; ``min_arch`` maps a backend to the lowest arch it compiles for.
     ``options`` are passed to ``triton.compile`` (``num_warps``...), so the
-    artifact matches what the JIT launch would build.
+    artifact matches what the JIT launch would build. ``aligned`` names the
+    parameters compiled as divisible by 16 (pointers: 16-byte aligned), the
+    hint Triton's JIT derives per call and that vectorizes memory access; the
+    runtime launches such an artifact only for arguments that satisfy it.
     """
 
     name: str
@@ -38,6 +41,12 @@ class Specialization:
     backends: tuple[Backend, ...] = ("cuda", "hip")
     min_arch: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    aligned: tuple[str, ...] = ()
+
+    def triton_attrs(self, arg_names: Sequence[str]) -> dict[tuple[int, ...], list]:
+        """``ASTSource(..., attrs=...)`` for :attr:`aligned` (Triton ≥ 3.3 format)."""
+        names = list(arg_names)
+        return {(names.index(p),): [["tt.divisibility", 16]] for p in self.aligned}
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,7 @@ def _quant_specs() -> tuple[Specialization, ...]:
                     constexprs={"BLOCK": block, "EPS": quant.EPS, "QMAX": qmax, "IS_INT": not fp8},
                     min_arch={"cuda": "8.9", "hip": "gfx942"} if fp8 else {},
                     options={"num_warps": 4 if block == quant.BLOCKS[0] else 8},
+                    aligned=("x_ptr", "q_ptr", "N", "stride_xm", "stride_qm"),
                 ))
     return tuple(specs)
 
@@ -136,6 +146,7 @@ def _router_specs() -> tuple[Specialization, ...]:
             name=router.spec_name(cfg), signature=sig,
             constexprs={"BLOCK_T": cfg[0], "BLOCK_E": cfg[1], "BLOCK_D": cfg[2], "DOT_F32": False},
             options={"num_warps": cfg[3]},
+            aligned=("h_ptr", "w_ptr", "out_ptr", "D", "stride_ht", "stride_we", "stride_ot"),
         )
         for cfg in router.CONFIGS
     )
@@ -155,6 +166,7 @@ def _decode_specs() -> tuple[Specialization, ...]:
             specs.append(Specialization(
                 name=f"{dt}_k{cfg[0]}_v{cfg[1]}", signature=sig,
                 constexprs={"BLOCK_K": cfg[0], "BLOCK_V": cfg[1]}, options={"num_warps": cfg[2]},
+                aligned=("q_ptr", "k_ptr", "v_ptr", "g_ptr", "state_ptr", "out_ptr", "K", "V", *strides[:8]),
             ))
     return tuple(specs)
 

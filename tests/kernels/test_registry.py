@@ -38,6 +38,7 @@ def test_signatures_name_every_parameter(specs):
                 assert list(s.signature) == list(entry.fn.arg_names), s.name
                 consts = [p for p, t in s.signature.items() if t == "constexpr"]
                 assert sorted(consts) == sorted(s.constexprs), s.name
+                assert all(s.signature[p] != "constexpr" for p in s.aligned), s.name
 
 
 def test_fp8_specializations_need_sm89_or_gfx942(specs):
