@@ -21,6 +21,7 @@ for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -63,7 +64,7 @@ def one_run(config, specs, timer, run_id: str):
 
 def pair_stats(runs, threshold: float) -> dict:
     abs_changes, ratio_changes, flags, compared = [], [], 0, 0
-    for before, after in zip(runs, runs[1:]):
+    for before, after in itertools.pairwise(runs):
         comparison = compare_results(before, after, threshold)
         for case in comparison.cases:
             compared += 1

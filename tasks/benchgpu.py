@@ -175,7 +175,7 @@ class EagerTimer:
             _warm_up(op, pool, max(self.warmup, len(pool)))
         events: tuple[list, list] = ([], [])
         for index in rotation_order(len(pool), self.calls):
-            for op, recorded in zip((fn, reference), events):
+            for op, recorded in zip((fn, reference), events, strict=True):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 op(*pool[index])

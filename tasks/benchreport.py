@@ -57,7 +57,7 @@ def summary_markdown(results: BenchResults, comparison: Comparison, failed: dict
         "",
         f"- commit `{results.commit}`, size `{results.size}`, {len(results.cases)} case results",
         f"- hardware: {hw.device} (driver {hw.driver}), CPU {hw.cpu}",
-        f"- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(results.versions.items())),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(results.versions.items())),
         f"- baseline: run `{comparison.baseline_run}` (threshold {comparison.threshold:.0%})"
         if comparison.baseline_run else "- baseline: none",
     ]

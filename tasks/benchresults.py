@@ -121,7 +121,8 @@ def parse_results(text: str | bytes, source: str) -> BenchResults:
         raise InvalidInputError(f"benchmark results {source}: expected a JSON object, got {type(data).__name__}")
     if data.get("schema_version") != SCHEMA_VERSION:
         raise InvalidInputError(
-            f"benchmark results {source} have schema_version {data.get('schema_version')!r}; this Kiln reads {SCHEMA_VERSION}"
+            f"benchmark results {source} have schema_version {data.get('schema_version')!r};"
+            f" this Kiln reads {SCHEMA_VERSION}"
         )
     try:
         return BenchResults.model_validate(data)

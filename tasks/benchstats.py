@@ -118,4 +118,4 @@ def _relative_spread(*summaries: Summary) -> float:
 def paired_ratios(kernel: Sequence[float], reference: Sequence[float]) -> list[float]:
     """Kernel/reference time per interleaved block pair: load that hits both cancels out."""
     pairs = min(len(kernel), len(reference))
-    return [k / r for k, r in zip(kernel[:pairs], reference[:pairs])]
+    return [k / r for k, r in zip(kernel[:pairs], reference[:pairs], strict=True)]

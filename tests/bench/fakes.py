@@ -56,7 +56,8 @@ class FakeTimer:
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
 
-    def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any], pool: Any) -> tuple[list[float], list[float]]:
+    def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any],
+                 pool: Any) -> tuple[list[float], list[float]]:
         self.calls.append((fn.role, reference.role))
         return self._draw(self.kernel), self._draw(self.reference)
 
