@@ -135,3 +135,13 @@ def test_round_trip_bound_holds_for_any_row_magnitude(rows, cols, log_scale, dty
     err = (q.double() * scale.double() - x.double()).abs()
     assert (err <= 0.5 * scale.double() * (1 + 1e-5) + 1e-30).all()
     assert q.abs().max() <= 127
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+@pytest.mark.parametrize("disabled", [False, True])
+def test_empty_inputs_give_empty_codes(shape, disabled, monkeypatch):
+    if disabled:
+        monkeypatch.setenv("KILN_DISABLE_PER_TOKEN_QUANT", "1")
+    q, scale = kernels.per_token_quant(torch.randn(shape))
+    assert q.shape == shape and scale.shape == (shape[0], 1)
+    torch.testing.assert_close(scale, torch.full((shape[0], 1), quant.EPS / 127.0))
