@@ -18,9 +18,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 
 from flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
+from flows.test import gpu_slots
 from release.manifest import RunManifest
 from release.store import Store
-from flows.test import gpu_slots
 from tasks import benchhistory
 from tasks.bench import BenchSetup, assemble, bench_kernel, bench_specs, prepare
 from tasks.benchcompare import Comparison, KernelOutcome, compare_results, kernel_units

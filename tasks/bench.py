@@ -92,7 +92,7 @@ class CpuTimer:
 
 def _calls_per_block(timer: Any, block_time: float) -> int:
     timer.timeit(1)  # first call compiles (Triton interpreter, lazy init): not timed
-    once = timer.timeit(1).mean
+    once = max(timer.timeit(1).mean, 1e-9)  # a coarse clock can read 0 for one fast call
     return max(1, min(int(block_time / once), 1_000_000))
 
 

@@ -25,6 +25,7 @@ _log = logging.getLogger("kiln.bench")
 L2_FACTOR = 3  # pool bytes ≥ 3 × L2: a set is cold by the time it comes round again
 MAX_POOL = 256  # bounds capture time and graph size for tiny inputs
 MEMORY_SHARE = 0.25  # of free device memory the pool may use
+UNKNOWN_L2 = 256 << 20  # bytes, when the device does not report its L2 size
 
 
 def tensor_bytes(inputs: Any) -> int:
@@ -86,7 +87,12 @@ def device_cache(device: str) -> DeviceCache:
     dev = torch.device(device)
     props = torch.cuda.get_device_properties(dev)
     free, _total = torch.cuda.mem_get_info(dev)
-    return DeviceCache(l2_bytes=int(getattr(props, "L2_cache_size", 0)), free_bytes=int(free))
+    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+    if l2 <= 0:
+        # Unknown L2: assume a large one, so the pool errs towards cold inputs.
+        _log.warning("%s reports no L2 size; sizing input pools for %d MiB", props.name, UNKNOWN_L2 >> 20)
+        l2 = UNKNOWN_L2
+    return DeviceCache(l2_bytes=l2, free_bytes=int(free))
 
 
 def plan_pool(make_inputs: Callable[[str], tuple], device: str) -> list[tuple]:
