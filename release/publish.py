@@ -150,6 +150,9 @@ def collect(
     now = clock()
     uploads: list[Upload] = []
     wheels = [(a.variant, run.verify(a)) for a in run.artifacts_of("wheel") if a.state == "ok"]
+    unknown = sorted({str(v) for v, _ in wheels if v is not None and v not in variants})
+    if unknown:
+        log.warning("wheels of variants %s are not in kiln.toml's variants %s; not published", unknown, list(variants))
     for variant_of_file, path in [*wheels, *extra]:
         dist, _ = describe_wheel(path.name, path.read_bytes(), now)
         for variant in publishable:

@@ -126,3 +126,34 @@ class _Raw:
 
     def stream(self, **_: Any):
         yield self._body
+
+
+def test_bytes_corrupted_in_transit_are_caught_by_the_read_back(s3_store: S3Store) -> None:
+    # Fault injector: flip the body of the PutObject on its way to the server. moto does not
+    # check ChecksumSHA256, so only our own read-back of the hash can notice.
+    def corrupt(request: Any, **_: Any) -> None:
+        body = request.body.read() if hasattr(request.body, "read") else bytes(request.body)
+        request.body = b"X" + body[1:]
+
+    s3_store.client.meta.events.register("before-send.s3.PutObject", corrupt)
+    with pytest.raises(IntegrityError, match="holds sha256"):
+        s3_store.put_immutable("w.whl", b"good bytes", "application/octet-stream", "immutable")
+
+
+def test_pages_and_wheels_carry_their_content_type_and_cache_control(s3_store: S3Store, tmp_path) -> None:
+    from release.publish import IMMUTABLE_CACHE, PAGE_CACHE, publish
+
+    from .runkit import make_run
+
+    run = make_run(tmp_path / "run", {"cu130": [("demo", "1.0+cu130")]})
+    publish(run, s3_store, channel="nightly", channel_prefix="nightly", variants=["cu130"])
+    base = "simple/nightly/cu130/simple"
+    expected = {
+        f"{base}/index.html": ("text/html; charset=utf-8", PAGE_CACHE),
+        f"{base}/demo/index.json": ("application/vnd.pypi.simple.v1+json", PAGE_CACHE),
+        f"{base}/demo/demo-1.0+cu130-py3-none-any.whl": ("application/octet-stream", IMMUTABLE_CACHE),
+        f"{base}/demo/demo-1.0+cu130-py3-none-any.whl.metadata": ("text/plain; charset=utf-8", IMMUTABLE_CACHE),
+    }
+    for key, (ctype, cache) in expected.items():
+        head = s3_store.client.head_object(Bucket=s3_store.bucket, Key=key)
+        assert (head["ContentType"], head["CacheControl"]) == (ctype, cache), key
