@@ -5,6 +5,10 @@ sharing a device or two CPU cores measure each other). Benchmarks are not
 cached. A kernel's unit fails when its benchmark crashed, or when it regressed
 and ``fail_on_regression`` is set (``kiln bench --compare``, the release); the
 nightly passes ``fail_on_regression=False`` and keeps regressions as warnings.
+
+``kiln bench [--run-dir D] [--out F] [--compare BASE] [--size S] [--metric M]``
+maps to ``bench_flow(out=D, results_path=F, compare=BASE, size=S, metric=M)``;
+results are always written to ``D/bench/results.json`` (and also to F).
 """
 
 from __future__ import annotations
