@@ -97,3 +97,27 @@ def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) 
         report = verify_index(server.url, install=True, timeout=240, tools=("uv",))
     assert report.ok, report.summary()
     assert report.installs == {"uv demo-pkg==1.0+cpu": "ok"}
+
+
+def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path) -> None:
+    from release.errors import IntegrityError
+    from release.verify import verify_published
+    from tasks.config import load_config
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "kiln.toml").write_text(
+        '[project]\npackage = "demo_pkg"\ndistribution = "demo-pkg"\nversion = "1.0"\nsource = "src"\n'
+        'registry = "demo.registry:registry"\n'
+        '[[variants]]\nname = "cu130"\nbackend = "cuda"\narchs = ["9.0"]\n'
+        '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n'
+        '[publish]\ndefault_target = "local"\n[publish.targets.local]\nurl = "file://{out}/index"\n'
+    )
+    config = load_config(tmp_path / "kiln.toml")
+    out = tmp_path / "out"
+    run = make_run(out, {"cu130": [("demo-pkg", "1.0+cu130")], "cpu": [("demo-pkg", "1.0+cpu")]})
+    publish(run, LocalStore(out / "index"), channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"])
+    reports = verify_published(config, str(out), "nightly", install=False)
+    assert [r.files for r in reports] == [1, 1] and all(r.ok for r in reports)
+    (out / "index/nightly/cpu/simple/demo-pkg/demo_pkg-1.0+cpu-py3-none-any.whl").write_bytes(b"x")
+    with pytest.raises(IntegrityError, match="sha256 or size"):
+        verify_published(config, str(out), "nightly", install=False)
