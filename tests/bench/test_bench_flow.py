@@ -100,14 +100,15 @@ def test_a_second_run_compared_with_the_first_flags_nothing(first_run: Path, pro
                (v for k, v in _units(out).items() if k != "bench/nobench"))
 
 
-def test_a_baseline_doctored_twice_as_fast_flags_every_case_and_ends_failed(first_run: Path, project: Path):
-    from flows.bench import bench_flow
+def test_a_baseline_doctored_twice_as_fast_flags_every_case_and_exits_non_zero(first_run: Path, project: Path):
+    from flows.cli import main
 
     baseline = _doctored(first_run / "bench" / "results.json", first_run.parent / "doctored.json")
     out = first_run.parent / "run3"
-    state = bench_flow(config_path=str(project), out=str(out), compare=str(baseline), store_history=False,
-                       return_state=True)
-    assert state.is_failed() and "2 of 3 units failed" in state.message  # `kiln bench` exits 1 on Failed
+    status = main(["bench", "--config", str(project), "--run-dir", str(out), "--compare", str(baseline),
+                   "--out", str(first_run.parent / "run3.json")])
+    assert status == 1
+    assert load_results(first_run.parent / "run3.json") == load_results(out / "bench" / "results.json")
     units = _units(out)
     assert units["bench/axpy"][0] == units["bench/rownorm"][0] == "failed"
     assert units["bench/nobench"][0] == "completed"
