@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,9 +30,16 @@ RUN_ID = re.compile(r"UUID:\s*([0-9a-f-]{36})")
 
 @pytest.fixture(scope="module")
 def deployed(real_server: PrefectServer) -> PrefectServer:
-    real_server.cli("work-pool", "create", POOL, "--type", "process")
-    real_server.cli("work-pool", "create", "kiln-gpu", "--type", "process")
-    real_server.cli("work-pool", "set-concurrency-limit", "kiln-gpu", "1")
+    """Work pools through the API client, ``prefect deploy --all``, one process worker."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    with real_server.client() as client:
+        client.create_work_pool(WorkPoolCreate(name=POOL, type="process", base_job_template=template))
+        # A GPU pool runs one job per node at a time: the pool's concurrency limit.
+        client.create_work_pool(WorkPoolCreate(name="kiln-gpu", type="process", base_job_template=template,
+                                               concurrency_limit=1))
     real_server.cli("deploy", "--all", timeout=180)
     real_server.start("worker", "worker", "start", "--pool", POOL, "--limit", "2")
     return real_server
@@ -48,8 +53,10 @@ def _run(server: PrefectServer, deployment: str, **params) -> str:
     return match.group(1)
 
 
-def test_deployments_carry_schedule_schema_and_limits(deployed):
+def test_deployments_carry_schedule_schema_and_limits(deployed, triggered):
+    # ``triggered`` only starts the runs early; the tests below wait for them.
     with deployed.client() as client:
+        gpu_pool = client.read_work_pool("kiln-gpu")
         release = client.read_deployment_by_name("release/release")
         nightly = client.read_deployment_by_name("nightly/nightly")
         gpu = client.read_deployment_by_name("test/gpu-tests-kiln-gpu")
@@ -58,7 +65,7 @@ def test_deployments_carry_schedule_schema_and_limits(deployed):
     assert release.parameter_openapi_schema["properties"]["channel"]["enum"] == ["release", "nightly"]
     assert release.parameter_openapi_schema["required"] == ["version"]
     assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
-    assert gpu.work_pool_name == "kiln-gpu"
+    assert gpu.work_pool_name == "kiln-gpu" and gpu_pool.concurrency_limit == 1
     assert Path(release.pull_steps[0]["prefect.deployments.steps.set_working_directory"]["directory"]) == REPO
 
 
@@ -69,11 +76,21 @@ def test_server_refuses_release_parameters_outside_the_schema(deployed):
     assert "beta" in proc.stdout + proc.stderr
 
 
-def test_release_deployment_dry_run(deployed, tmp_path):
-    out = tmp_path / "release"
-    run_id = _run(deployed, "release/release", version="0.1.0", yes="true", dry_run="true",
-                  config_path=str(TINY), out=str(out))
-    run = deployed.wait_final(run_id, deadline_s=240)
+@pytest.fixture(scope="module")
+def triggered(deployed, webhook, tmp_path_factory) -> dict[str, tuple[str, Path]]:
+    """Both deployment runs started at once (the worker takes two), so they overlap."""
+    runs = {"release": tmp_path_factory.mktemp("release") / "out"}
+    runs["release"] = (_run(deployed, "release/release", version="0.1.0", yes="true", dry_run="true",
+                            config_path=str(TINY), out=str(runs["release"])), runs["release"])
+    if BROKEN.exists():
+        out = tmp_path_factory.mktemp("nightly") / "out"
+        runs["nightly"] = (_run(deployed, "nightly/nightly", config_path=str(BROKEN), out=str(out)), out)
+    return runs
+
+
+def test_release_deployment_dry_run(deployed, triggered):
+    run_id, out = triggered["release"]
+    run = deployed.wait_final(run_id, deadline_s=300)
     assert run.state.type.value == "COMPLETED", run.state.message
     assert "(dry run)" in run.state.message
     with deployed.client() as client:
@@ -98,18 +115,18 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def webhook(deployed):
     """A loopback webhook receiver and the automation applied with the Prefect CLI."""
     hook = HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
+    from prefect.blocks.webhook import Webhook
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     name = f"kiln-alerts-{uuid.uuid4().hex[:6]}"
-    script = ("from prefect.blocks.webhook import Webhook; "
-              f"w = Webhook(url='http://127.0.0.1:{hook.server_port}/', method='POST'); w.save({name!r}); "
-              f"print(Webhook.load({name!r})._block_document_id)")
-    block_id = subprocess.run(
-        [sys.executable, "-c", script], env=deployed.env, capture_output=True, text=True,
-        timeout=60, check=True).stdout.strip().splitlines()[-1]
+    with temporary_settings({PREFECT_API_URL: deployed.api_url}):
+        Webhook(url=f"http://127.0.0.1:{hook.server_port}/", method="POST").save(name)
+        block_id = str(Webhook.load(name)._block_document_id)
     text = (REPO / "automations" / "notify-on-failure.yaml").read_text()
     applied = deployed.logs / "automation.yaml"
     applied.write_text(os.path.expandvars(text.replace("${KILN_WEBHOOK_BLOCK_ID}", block_id)))
@@ -119,10 +136,9 @@ def webhook(deployed):
 
 
 @pytest.mark.skipif(not BROKEN.exists(), reason="the build stage's broken fixture project has not landed")
-def test_nightly_with_a_failing_build_unit(deployed, webhook, tmp_path):
-    out = tmp_path / "nightly"
-    run_id = _run(deployed, "nightly/nightly", config_path=str(BROKEN), out=str(out))
-    run = deployed.wait_final(run_id, deadline_s=240)
+def test_nightly_with_a_failing_build_unit(deployed, webhook, triggered):
+    run_id, out = triggered["nightly"]
+    run = deployed.wait_final(run_id, deadline_s=300)
     assert run.state.type.value == "FAILED"
     manifest = json.loads((out / "run.json").read_text())
     failed = [u for u in manifest["units"] if u["state"] == "failed"]
