@@ -1,6 +1,6 @@
 """Build-stage benchmarks: cold build vs warm rebuild, and 2 compile workers vs 1.
 
-Each measurement runs in a fresh Python process (``--one``), so a cold build
+The project is copied first (a snapshot), then each measurement runs in a fresh Python process (``--one``), so a cold build
 pays for everything a CI job pays for: worker start-up, Triton and the
 kernel package's imports, every compile, the nvcc build, the wheels. A cold
 build gets an empty cache and an empty Triton cache; a warm rebuild reuses
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,22 @@ def one(config: str, cache: str, out: str, jobs: int) -> dict:
     return {"build_s": build_s, "units": len(caches), "hits": caches.count("hit"), "misses": caches.count("miss")}
 
 
+def snapshot(config_path: Path, dest: Path) -> str:
+    """Copy the project (kiln.toml, its package, empty suite dirs) so edits made
+    to the working tree while the benchmark runs cannot turn warm runs cold."""
+    from tasks.config import load_config
+
+    config = load_config(config_path)
+    dest.mkdir(parents=True)
+    shutil.copy2(config_path, dest / config_path.name)
+    source = config.project.source
+    shutil.copytree(config.path(source), dest / source, ignore=shutil.ignore_patterns("__pycache__", "_aot", "*.so"))
+    for suite in config.suites:
+        for path in suite.paths:
+            (dest / path).mkdir(parents=True, exist_ok=True)
+    return str(dest / config_path.name)
+
+
 def measure(config: str, cache: Path, out: Path, jobs: int) -> dict:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     start = time.perf_counter()
@@ -77,11 +94,12 @@ def main() -> None:
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="kiln-bench-build-") as tmp:
+        config = snapshot(Path(args.config), Path(tmp) / "project")
         for run in range(args.repeats):
             base = Path(tmp) / str(run)
-            cold2 = measure(args.config, base / "cache2", base / "out-cold2", 2)
-            warm2 = measure(args.config, base / "cache2", base / "out-warm2", 2)
-            cold1 = measure(args.config, base / "cache1", base / "out-cold1", 1)
+            cold2 = measure(config, base / "cache2", base / "out-cold2", 2)
+            warm2 = measure(config, base / "cache2", base / "out-warm2", 2)
+            cold1 = measure(config, base / "cache1", base / "out-cold1", 1)
             rows.append({"cold2": cold2, "warm2": warm2, "cold1": cold1})
             print(json.dumps(rows[-1]), file=sys.stderr)
 

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from release.errors import CacheDriftError, CompileError, KilnError
-from release.fsutil import atomic_write_bytes
+from release.fsutil import atomic_write_bytes, sha256_bytes
 from release.manifest import Unit
 from tasks import archs as arch_rules
 from tasks.cache import BuildCache, digest
 from tasks.config import KilnConfig, Variant
 from tasks.sources import source_closure
 from tasks.triton_aot import check_elf_arch
-from tasks.workers import WorkerPool, WorkerTimeout
+from tasks.compile_pool import WorkerPool, WorkerTimeout
 
 _log = logging.getLogger("kiln.build")
 
@@ -236,8 +236,6 @@ def _compile(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
 
 
 def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path], env: BuildEnv) -> list[dict[str, Any]]:
-    from release.fsutil import sha256_bytes
-
     kind = {"cubin": "cubin", "hsaco": "hsaco", "so": "shared-library"}
     variant_dir = (env.out_dir / unit.variant).resolve()
     rows = []

@@ -26,7 +26,7 @@ from tasks.registry import load_registry
 from tasks.triton_aot import toolchain_versions
 from tasks.versioning import check_version, nightly_version, variant_version
 from tasks.wheel import WheelInput, build_wheel
-from tasks.workers import WorkerPool
+from tasks.compile_pool import WorkerPool
 
 _log = logging.getLogger("kiln.build")
 

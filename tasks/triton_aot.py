@@ -1,6 +1,6 @@
 """Ahead-of-time Triton compilation of one unit, and the ELF check of its output.
 
-:func:`compile_in_worker` runs inside a build worker (see ``tasks.workers``):
+:func:`compile_in_worker` runs inside a build worker (see ``tasks.compile_pool``):
 it loads the project's registry once per worker, finds the unit's
 specialization and compiles it for a ``GPUTarget`` — cubin for CUDA, hsaco for
 ROCm — which needs no GPU. Triton is imported only there, after the worker

@@ -12,7 +12,7 @@ from tasks.build import BuildEnv, build_unit, unit_record
 from tasks.build_stage import prepare_build
 from tasks.cache import BuildCache
 from tasks.triton_aot import check_elf_arch, elf_arch
-from tasks.workers import WorkerPool, WorkerTimeout
+from tasks.compile_pool import WorkerPool, WorkerTimeout
 from tests.build.conftest import copy_project
 
 
