@@ -14,6 +14,8 @@ DEFAULTS = {
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
     "PREFECT_TELEMETRY_ENABLE_RESOURCE_METRICS": "false",
     "DO_NOT_TRACK": "1",
+    # tasks/ and release/ log through "kiln.*" loggers even outside a flow run.
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     # The embedded server migrates a fresh SQLite database on first start; on a
     # busy 2-core machine that takes longer than Prefect's 20 s default.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",

@@ -10,6 +10,16 @@ from pathlib import Path
 _CHUNK = 1 << 20
 
 
+def _default_mode() -> int:
+    """0o666 less the process umask: what ``open(path, "w")`` would have given."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _default_mode()
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of a file, read in chunks."""
     digest = hashlib.sha256()
@@ -33,6 +43,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp creates 0600 files; an index or a report must be readable by
+        # whoever serves or reads it, as a plainly created file would be.
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
