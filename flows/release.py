@@ -129,7 +129,8 @@ def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", 
     verified = (verify_channel(config_path, out, channel, return_state=True)
                 if published.is_completed() and not dry_run else published)
     summary = [f"release {version} (ref {ref}) → {channel}", gate, approval,
-               f"publish: {_state_of(published)[0]}", f"verify: {_state_of(verified)[0]}"]
+               f"publish: {_state_of(published)[0]}",
+               f"verify: {'skipped (dry run: nothing was published)' if dry_run else _state_of(verified)[0]}"]
     if not verified.is_completed():
         rolled = rollback_pages(config_path, out, channel)
         summary.append(f"rolled back {len(rolled['restored'])} index pages")

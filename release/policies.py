@@ -156,6 +156,8 @@ def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
             target = config.publish.default_target
         elif len(s3) == 1:
             target = s3[0]
+        elif not s3:
+            raise ConfigError("kiln.toml has no s3:// publish target; IAM policies apply to S3 targets only")
         else:
             raise ConfigError(f"cannot tell which S3 target the policies are for (S3 targets: {s3}); name one")
     if target not in targets:
