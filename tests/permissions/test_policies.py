@@ -115,3 +115,10 @@ def test_policies_command_with_a_bad_config_writes_nothing(tmp_path):
     with pytest.raises(ConfigError, match="permissions.build.write: 'release/'"):
         policies_command(str(config), str(tmp_path / "pol"))
     assert not (tmp_path / "pol").exists()
+
+
+def test_policies_need_an_s3_target(tmp_path):
+    tiny = REPO / "tests" / "fixtures" / "projects" / "tiny" / "kiln.toml"
+    with pytest.raises(ConfigError, match="has no s3:// publish target"):
+        policies_command(str(tiny), str(tmp_path / "pol"))
+    assert not (tmp_path / "pol").exists()
