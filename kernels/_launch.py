@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from kernels.errors import KernelUnavailableError
 from kernels.platform import current_platform
 
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -61,20 +62,28 @@ def divisible_by_16(args: tuple, positions: tuple[int, ...]) -> bool:
     return True
 
 
-_variants: dict[tuple[int, bool], Any] = {}
+_variants: dict[int, Any] = {}
 
 
 def runnable(jit_fn: Any, interpreter: bool) -> Any:
-    """``jit_fn`` in the form this mode runs: ``@triton.jit`` picks JIT or
-    interpreter once, when its module is imported, and in a shared test
-    process that may have happened before ``TRITON_INTERPRET`` was set (or
-    after). Rebuilding from the Python function removes the ordering hazard."""
+    """``jit_fn`` in the form this mode runs.
+
+    ``@triton.jit`` picks JIT or interpreter once, when its module is
+    imported. A kernel imported in interpreter mode is rebuilt as a real
+    ``JITFunction`` for a GPU. The other way round cannot be done (the
+    interpreter re-reads the kernel from its module), so that case is a
+    clear error instead of Triton's "Cannot call @triton.jit'd outside of
+    the scope of a kernel"."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     if isinstance(jit_fn, InterpretedFunction) == interpreter:
         return jit_fn
-    key = (id(jit_fn), interpreter)
-    if key not in _variants:
-        _variants[key] = InterpretedFunction(jit_fn.fn) if interpreter else JITFunction(jit_fn.fn)
-    return _variants[key]
+    if interpreter:
+        raise KernelUnavailableError(
+            f"{jit_fn.__name__}: TRITON_INTERPRET=1 was set after the kernel's module was imported; "
+            "set it before importing kernels (or before the first kernel call) and restart"
+        )
+    if id(jit_fn) not in _variants:
+        _variants[id(jit_fn)] = JITFunction(jit_fn.fn)
+    return _variants[id(jit_fn)]

@@ -1,7 +1,11 @@
 """Kernel tests: on a machine without CUDA, Triton kernels run through the
-Triton interpreter. ``TRITON_INTERPRET`` must be set before the kernel
-modules (``kernels._*_tl``) are imported; ``kernels`` imports them lazily, so
-setting it here, at collection, is early enough."""
+Triton interpreter.
+
+``TRITON_INTERPRET=1`` is set when this conftest is imported, before any test
+module of the package is collected (setting it later, from a fixture, leaves
+Triton half in each mode), and the previous value is restored after the
+package's last test, so later tests and the subprocesses they start see the
+environment they expect."""
 
 from __future__ import annotations
 
@@ -10,11 +14,12 @@ import os
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernels import platform  # imports no Triton kernel module
 
-from kernels import platform  # noqa: E402  (after TRITON_INTERPRET)
+HAS_CUDA = torch.cuda.is_available()
+_SAVED = os.environ.get("TRITON_INTERPRET")
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,6 +29,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _restore_interpret_setting():
+    yield
+    if _SAVED is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _SAVED
+    platform.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -135,18 +135,20 @@ def test_registry_functions_compile_even_in_an_interpreter_process():
             assert type(entry.fn) is JITFunction, entry.name
 
 
-def test_ops_run_when_the_kernel_module_was_imported_in_the_other_mode():
-    """A JITFunction (module imported before TRITON_INTERPRET was set) still
-    runs through the interpreter on a CPU."""
-    if torch.cuda.is_available():
-        pytest.skip("interpreter-only behaviour")
+def test_kernel_imported_without_interpreter_gives_a_clear_error_in_interpreter_mode():
+    """The interpreter cannot run a kernel whose module was imported in JIT
+    mode; say what to do instead of Triton's opaque message."""
     from kernels import _launch, _quant_tl, aot
 
     jit_fn = aot.jit_function(_quant_tl.per_token_quant_kernel)
-    x = torch.randn(2, 40)
-    q = torch.empty(2, 40, dtype=torch.int8)
-    scale = torch.empty(2, 1)
-    consts = {"BLOCK": 512, "EPS": quant.EPS, "QMAX": 127.0, "IS_INT": True}
-    _launch.launch("per_token_quant", "per_token_quant_kernel", "fp32_i8_b512", jit_fn, (2,),
-                   (x, q, scale, 40, 40, 40), consts, x.device)
-    assert torch.equal(q, quant.reference(x)[0])
+    with pytest.raises(kernels.KernelUnavailableError, match="TRITON_INTERPRET=1 was set after"):
+        _launch.runnable(jit_fn, interpreter=True)
+
+
+def test_kernel_imported_in_interpreter_mode_is_rebuilt_for_the_jit():
+    from triton.runtime.jit import JITFunction
+
+    from kernels import _launch, _quant_tl
+
+    fn = _launch.runnable(_quant_tl.per_token_quant_kernel, interpreter=False)
+    assert type(fn) is JITFunction and fn.fn is _quant_tl.per_token_quant_kernel.fn
