@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the kernel library, for one GPU machine (sized for one H200,
 # under 8 minutes in all). Runs, each under its own deadline:
-#   1. the GPU-only kernel tests      (pytest -m gpu tests/kernels)
+#   1. the GPU-only tests             (pytest -m gpu tests/kernels tests/bench tests/runner)
 #   2. the large benchmarks           (kiln bench, CUDA-graph replay timing)
 #   3. the precompiled-artifact check (python -m kernels.selfcheck: compile for
 #      this device's arch, load through kernels._loader, launch, compare)
@@ -49,7 +49,7 @@ fi
 timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
     >"${OUT_DIR}/gpu.txt" 2>&1 || echo "gpu_check: nvidia-smi unavailable" >"${OUT_DIR}/gpu.txt"
 
-run_step gpu_tests 300 "$PYTHON" -m pytest -m gpu tests/kernels -q -p no:cacheprovider \
+run_step gpu_tests 300 "$PYTHON" -m pytest -m gpu tests/kernels tests/bench tests/runner -q -p no:cacheprovider \
     -o addopts="" --junitxml="${OUT_DIR}/gpu_tests.xml"
 
 # The benchmark harness (tasks/bench.py, flows/bench.py) is owned by the bench stage;
