@@ -181,8 +181,12 @@ def _install_one(tool: str, url: str, requirement: str, module: str, workdir: Pa
         return result
     python = venv / "bin" / "python"
     if inherit:
-        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, timeout=timeout, check=True).stdout.strip()
+        query = [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+        log.info("running %s", " ".join(query))
+        try:
+            purelib = subprocess.run(query, capture_output=True, text=True, timeout=timeout, check=True).stdout.strip()
+        except (subprocess.SubprocessError, OSError) as exc:
+            return f"{tool}: cannot locate the fresh venv's site-packages: {exc}"
         # after the venv's own site-packages, so the wheel installed from the index wins
         Path(purelib, "zz_kiln_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     flags = ["--no-deps"] if no_deps else []
