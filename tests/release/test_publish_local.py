@@ -163,3 +163,25 @@ def test_dry_run_plans_against_staging_and_leaves_the_target_untouched(tmp_path:
     assert set(plan.pages) == {"nightly/cu130/simple/k/index.html", "nightly/cu130/simple/k/index.json"}
     assert "would change" in plan.to_markdown() and "k-2.0-py3-none-any.whl" in plan.to_markdown()
     assert assert_index_consistent(staging, "nightly/cu130/simple") == 2
+
+
+def test_concurrent_publishers_into_one_directory_lose_no_entry(tmp_path: Path) -> None:
+    import threading
+
+    runs = [make_run(tmp_path / f"r{i}", {"cu130": [("k", f"1.{i}")]}) for i in range(5)]
+    barrier, errors = threading.Barrier(len(runs)), []
+
+    def one(run: RunManifest) -> None:
+        barrier.wait(timeout=30)
+        try:
+            _publish(run, LocalStore(tmp_path / "target"))
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert assert_index_consistent(LocalStore(tmp_path / "target"), "nightly/cu130/simple") == 5
