@@ -107,3 +107,19 @@ def test_dead_worker_is_a_retryable_infrastructure_error(pool):
         pool.call("os:_exit", 3, timeout=60)
     assert info.value.retryable
     assert pool.call("math:sqrt", 9, timeout=60) == 3.0
+
+
+def test_drift_found_by_a_unit_raises_retryable_and_the_retry_rebuilds(tiny, tmp_path, pool):
+    from release.errors import CacheDriftError
+
+    unit = next(u for u in tiny.plan.units if u.id == "build/cu130/8.0/add/fp32_b64")
+    env = _env(tiny, tmp_path, pool)
+    first = build_unit(unit, env)
+    objects = [p for p in (tmp_path / "cache" / "objects").rglob("*") if p.is_file()]
+    cubin = next(p for p in objects if p.read_bytes() == first.files[0].read_bytes())
+    cubin.write_bytes(b"\0" * cubin.stat().st_size)  # same size, other bytes
+    with pytest.raises(CacheDriftError) as info:
+        build_unit(unit, env)
+    assert info.value.retryable and env.events == [f"{unit.id}: {info.value}"]
+    retried = build_unit(unit, env)  # what Prefect's retry does
+    assert retried.cache == "miss" and retried.files[0].read_bytes() == first.files[0].read_bytes()
