@@ -89,7 +89,9 @@ def finish_stage(run: RunManifest, stage: str, title: str) -> dict[str, int] | S
     if any(u.state == "failed" for u in units):
         message = failure_message(title, units)
         logger.error(message)
-        return Failed(message=message, data=stage_summary(run, stage))
+        # No ``data=``: a Failed state's data is what Prefect raises when the flow is
+        # called without return_state, and it must be an exception, not a dict.
+        return Failed(message=message)
     return stage_summary(run, stage)
 
 
