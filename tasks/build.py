@@ -121,7 +121,8 @@ def _triton_units(variant: Variant, spec: Any, resolved: tuple, batch: str) -> t
                     skips.append(Skip(uid, variant.name, spec.name, f"specialization {special.name!r} needs {variant.backend} arch >= {minimum}", target.arch))
                     continue
                 key = digest(batch, entry.name, repr(sorted(special.signature.items())), repr(sorted(special.constexprs.items())),
-                             repr(sorted((getattr(special, "options", {}) or {}).items())), variant.backend, target.arch)
+                             repr(sorted((getattr(special, "options", {}) or {}).items())),
+                             repr(tuple(getattr(special, "aligned", ()) or ())), variant.backend, target.arch)
                 units.append(CompileUnit(uid, variant.name, variant.backend, target.arch, target.requested, spec.name,  # type: ignore[arg-type]
                                          entry.name, special.name, "triton", batch, key))
     return units, skips

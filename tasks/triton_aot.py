@@ -97,7 +97,10 @@ def compile_in_worker(request: dict[str, Any]) -> dict[str, Any]:
     entry = _registry(request["config"])[(request["kernel"], request["entry"])]
     spec = next(s for s in entry.specializations if s.name == request["specialization"])
     fn = entry.fn if isinstance(entry.fn, JITFunction) else JITFunction(entry.fn.fn)
-    source = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+    # Divisibility hints give the artifact the vectorised loads a JIT launch would
+    # get; the kernel package launches it only for arguments that meet them.
+    attrs = spec.triton_attrs(fn.arg_names) if getattr(spec, "aligned", ()) else None
+    source = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs), attrs=attrs)
     options = dict(getattr(spec, "options", {}) or {})
     compiled = triton.compile(source, target=_target(request["backend"], request["arch"]), options=options)
     kind = "cubin" if request["backend"] == "cuda" else "hsaco"
