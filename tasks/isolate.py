@@ -11,30 +11,30 @@ and retries only infrastructure failures, up to ``retries`` times.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import queue
-import subprocess
-import sys
 import threading
-import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 from release.errors import InvalidInputError
 from tasks.classify import TestResult, classify_phases, classify_unfinished, merge_attempts, should_retry
-from tasks.deadline import LadderResult, run_with_deadline, signal_name, terminate, watch
+from tasks.deadline import LadderResult, signal_name, terminate, watch
 from tasks.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
+from tasks.workers import ForkedChild, Progress, SpawnedChild, Worker, read_records, spawn_job
 
 logger = logging.getLogger("kiln.test.isolate")
 
 Isolation = Literal["test", "file"]
 StartMethod = Literal["forkserver", "spawn"]
-KILN_ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
+
+
+# Imported once by the fork server so no test pays for them. The last two are
+# imported lazily, by the first custom op / torch.compile call and the first
+# Triton launch: together seconds per process, i.e. per test.
+PRELOAD: tuple[str, ...] = ("torch", "triton", "torch._dynamo", "triton.experimental.gluon")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class RunOptions:
     gpus: int | None = None           # devices this run may use; None: detect
     parallel: int = 1                 # CPU-only jobs at once
     env: Mapping[str, str] = field(default_factory=dict)
-    preload: tuple[str, ...] = ("torch", "triton")
+    preload: tuple[str, ...] = PRELOAD
     collect_timeout_s: float = 600.0
     startup_timeout_s: float = 120.0  # a spawned job's interpreter start and collection
 
@@ -84,196 +84,6 @@ class Job:
         return max(item.gpus for item in self.items)
 
 
-def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
-    """The test processes' environment: the project root and Kiln importable, plus ``extra``."""
-    env = dict(os.environ)
-    paths = [str(root), str(KILN_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env.update(extra)
-    return env
-
-
-class SpawnedChild:
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc, self.pid, self.lost = proc, proc.pid, False
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-class ForkedChild:
-    """A child of the worker: the worker reaps it and reports its status to us."""
-
-    def __init__(self, pid: int, exits: queue.Queue[int | None]) -> None:
-        self.pid, self.lost, self._exits, self._code = pid, False, exits, None
-
-    def wait(self, timeout: float) -> int | None:
-        if self._code is None and not self.lost:
-            try:
-                code = self._exits.get(timeout=max(timeout, 0.0))
-            except queue.Empty:
-                return None
-            self.lost = code is None
-            self._code = code
-        return -9 if self.lost else self._code
-
-
-class Worker:
-    """The pytest session that collects once and forks jobs (see tasks.isolate_worker)."""
-
-    def __init__(self, paths: Sequence[str], root: Path, work: Path, options: RunOptions) -> None:
-        self.options, self.work = options, work
-        cmd_r, self._cmd_w = os.pipe()
-        evt_r, evt_w = os.pipe()
-        args = [sys.executable, "-m", "tasks.isolate_worker", "serve", "--commands-fd", str(cmd_r),
-                "--events-fd", str(evt_w), *sum((["--preload", m] for m in options.preload), []),
-                "--", *pytest_argv(paths, options)]
-        logger.info("starting the test worker: %s", " ".join(args))
-        self.log = work / "worker.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(args, cwd=root, env=process_env(root, options.env), stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, pass_fds=(cmd_r, evt_w),
-                                         start_new_session=True)
-        os.close(cmd_r)
-        os.close(evt_w)
-        self._events = os.fdopen(evt_r, "r", encoding="utf-8")
-        self._queues: dict[str, queue.Queue[Any]] = {"collected": queue.Queue()}
-        self._lock = threading.Lock()
-        self._lost = False
-        threading.Thread(target=self._read, name="kiln-worker-events", daemon=True).start()
-
-    def _queue(self, key: str) -> queue.Queue[Any]:
-        with self._lock:
-            if key not in self._queues:
-                self._queues[key] = queue.Queue()
-                if self._lost:
-                    self._queues[key].put(None)
-            return self._queues[key]
-
-    def _read(self) -> None:
-        for line in self._events:
-            event = json.loads(line)
-            kind = event["event"]
-            key = "collected" if kind == "collected" else f"{event['job']}:{'exit' if kind == 'exited' else 'start'}"
-            self._queue(key).put(event)
-        with self._lock:  # EOF: the worker is gone; wake everyone who waits on it
-            self._lost = True
-            for q in self._queues.values():
-                q.put(None)
-
-    def collect(self) -> dict[str, Any] | None:
-        """The collected items and collection errors, or None if the worker died or hung."""
-        try:
-            return self._queue("collected").get(timeout=self.options.collect_timeout_s)
-        except queue.Empty:
-            return None
-
-    def launch(self, job: Job, env: Mapping[str, str], results: Path, stacks: Path) -> ForkedChild | None:
-        """Fork ``job``; None when the worker refused (GPU initialised) or is lost."""
-        exits: queue.Queue[int | None] = queue.Queue()
-        started = self._queue(f"{job.id}:start")
-        command = {"cmd": "run", "job": job.id, "items": [i.index for i in job.items], "env": dict(env),
-                   "results": str(results), "stacks": str(stacks)}
-        with self._lock:
-            if self._lost:
-                return None
-            os.write(self._cmd_w, (json.dumps(command) + "\n").encode())
-        try:
-            event = started.get(timeout=START_TIMEOUT_S)
-        except queue.Empty:
-            return None
-        if event is None or event["event"] == "refused":
-            logger.warning("worker did not fork job %s: %s", job.id, (event or {}).get("reason", "worker lost"))
-            return None
-        threading.Thread(target=self._forward_exit, args=(job.id, exits), daemon=True).start()
-        return ForkedChild(event["pid"], exits)
-
-    def _forward_exit(self, job_id: str, exits: queue.Queue[int | None]) -> None:
-        event = self._queue(f"{job_id}:exit").get()
-        exits.put(None if event is None else int(event["returncode"]))
-
-    def close(self) -> LadderResult:
-        try:
-            os.write(self._cmd_w, b'{"cmd": "exit"}\n')
-        except OSError:
-            pass  # already gone
-        os.close(self._cmd_w)
-        return run_with_deadline(SpawnedChild(self.proc), 30.0, self.options.grace_s)
-
-    def log_tail(self, limit: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-limit:] if self.log.exists() else ""
-
-
-def pytest_argv(paths: Sequence[str], options: RunOptions) -> list[str]:
-    # pytest-timeout would race our own deadline; the cache is shared by every worker.
-    argv = ["-p", "no:cacheprovider", "-p", "no:timeout", "-q", *paths]
-    if options.markers:
-        argv += ["-m", options.markers]
-    return argv + list(options.pytest_args)
-
-
-def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stacks: Path,
-              options: RunOptions) -> SpawnedChild:
-    args = [sys.executable, "-m", "tasks.isolate_worker", "run", "--results", str(results), "--stacks", str(stacks),
-            "--", *pytest_argv([i.nodeid for i in job.items], replace(options, markers=""))]
-    logger.info("spawning %s", " ".join(args))
-    log = open(results.with_suffix(".log"), "wb")  # noqa: SIM115 — handed to the child, closed below
-    try:
-        proc = subprocess.Popen(args, cwd=root, env=process_env(root, {**options.env, **env}),
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    finally:
-        log.close()
-    return SpawnedChild(proc)
-
-
-def read_records(path: Path) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
-    """(nodeids begun, phases per finished nodeid) from a job's results file."""
-    began, finished = [], {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the child died mid-line
-            if "begin" in record:
-                began.append(record["begin"])
-            elif "result" in record:
-                finished[record["result"]] = record["phases"]
-    return began, finished
-
-
-class Progress:
-    """Follows a job's results file so each test's deadline starts when that test begins
-    (a fresh interpreter's start-up and collection are not the test's time)."""
-
-    def __init__(self, path: Path, timeout_s: float, startup_s: float) -> None:
-        self.path, self.timeout_s, self.startup_s = path, timeout_s, startup_s
-        self._offset, self._partial = 0, b""
-        self.current: str | None = None
-        self.since = time.monotonic()
-
-    def deadline(self) -> float:
-        self._poll()
-        return self.since + (self.timeout_s if self.current else self.startup_s)
-
-    def _poll(self) -> None:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            record = json.loads(line)
-            self.current = record.get("begin")
-            self.since = time.monotonic()
-
-
 def job_results(job: Job, results: Path, stacks: Path, ladder: LadderResult, lost: bool,
                 timeout_s: float) -> tuple[list[TestResult], set[str]]:
     """A result for every item that began, and the set of those that began."""
@@ -297,9 +107,9 @@ def job_results(job: Job, results: Path, stacks: Path, ladder: LadderResult, los
 class Runner:
     """Runs the jobs of one collected suite, several at once within the device budget."""
 
-    def __init__(self, root: Path, work: Path, options: RunOptions, worker: Worker | None) -> None:
+    def __init__(self, root: Path, work: Path, options: RunOptions, worker: Worker | None, devices: int) -> None:
         self.root, self.work, self.options, self.worker = root, work, options, worker
-        self.devices = DevicePool(detect_gpu_count() if options.gpus is None else options.gpus)
+        self.devices = DevicePool(devices)
         self._seq = 0
         self._seq_lock = threading.Lock()
 
@@ -363,6 +173,22 @@ class Runner:
         return results
 
 
+def device_env(devices: int) -> dict[str, str]:
+    """Environment of the worker and every job, decided before anything imports torch or triton.
+
+    NVML answers ``torch.cuda.is_available()`` in the worker without
+    initialising CUDA, so forking stays safe after a conftest asks. With no
+    GPU to use, no process sees one, and Triton must be in interpreter mode
+    before it is first imported: the worker preloads it, and Triton fixes
+    the mode of its standard library at import.
+    """
+    env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    if devices == 0:
+        env.update(pin_env(()))
+        env["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET", "1")
+    return env
+
+
 def make_jobs(items: Sequence[Item], isolate: Isolation, prefix: str = "j") -> list[Job]:
     if isolate == "test":
         return [Job(f"{prefix}{i.index}", (i,)) for i in items]
@@ -390,6 +216,8 @@ def run_tests(paths: Sequence[str], root: str | Path, work_dir: str | Path, opti
     """Collect ``paths`` (relative to ``root``) and run each test in isolation; one result per test."""
     root, work = Path(root).resolve(), Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    devices = detect_gpu_count() if options.gpus is None else options.gpus
+    options = replace(options, env={**device_env(devices), **options.env})
     worker = Worker(paths, root, work, options)
     try:
         collected = worker.collect()
@@ -398,7 +226,7 @@ def run_tests(paths: Sequence[str], root: str | Path, work_dir: str | Path, opti
         items = [Item(n, i["nodeid"], i["file"], int(i["gpus"])) for n, i in enumerate(collected["items"])]
         errors = [TestResult(e["nodeid"], "error", message="collection failed", details=e["longrepr"])
                   for e in collected["errors"]]
-        runner = Runner(root, work, options, worker)
+        runner = Runner(root, work, options, worker, devices)
         by_id: dict[str, TestResult] = {}
         runnable = []
         for item in items:

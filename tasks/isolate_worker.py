@@ -18,6 +18,7 @@ the GPU was touched hangs or corrupts the child's context.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import logging
@@ -49,6 +50,24 @@ def preload(modules: list[str]) -> None:
             logger.warning("preload of %s failed: %s", name, exc)
     if gpu_initialised():
         logger.warning("a preloaded module initialised CUDA; forking is refused, jobs fall back to spawn")
+
+
+def warm_up() -> int | None:
+    """Pay torch's lazy first-call costs once, here, so no forked test pays them again.
+
+    Returns the intra-op thread count to restore in each child. The server
+    itself stays single-threaded: a child forked after OpenMP started its
+    thread pool inherits a pool with no threads and hangs in its first
+    parallel op.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    x = torch.ones(4, 4)
+    torch.testing.assert_close(x @ x, x @ x)  # its first call alone costs seconds of lazy imports
+    return threads
 
 
 def _die_with_parent() -> None:
@@ -122,8 +141,8 @@ class KilnPlugin:
 
 
 class ServePlugin(KilnPlugin):
-    def __init__(self, commands_fd: int, events_fd: int) -> None:
-        self.commands_fd = commands_fd
+    def __init__(self, commands_fd: int, events_fd: int, threads: int | None) -> None:
+        self.commands_fd, self.threads = commands_fd, threads
         self.pending = b""
         self.events = os.fdopen(events_fd, "w", encoding="utf-8")
         self.collect_errors: list[dict[str, str]] = []
@@ -138,6 +157,10 @@ class ServePlugin(KilnPlugin):
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        # Everything loaded so far is shared by every fork; frozen, the collector
+        # never writes to those objects' headers, so their pages stay shared
+        # instead of being copied into each child on its first collection.
+        gc.freeze()
         items = [{"nodeid": it.nodeid, "file": it.nodeid.split("::", 1)[0], "gpus": _gpus(it)} for it in session.items]
         self.send({"event": "collected", "items": items, "errors": self.collect_errors})
         try:
@@ -191,6 +214,8 @@ class ServePlugin(KilnPlugin):
             os.close(self.commands_fd)
             self.events.close()
             os.environ.update(command["env"])
+            if self.threads is not None:
+                sys.modules["torch"].set_num_threads(self.threads)
             install_stack_dump(command["stacks"])
             _fresh_capture(session.config)
             run_items(items, command["results"])
@@ -254,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     preload(ns.preload)
     if ns.mode == "serve":
-        plugin: KilnPlugin = ServePlugin(ns.commands_fd, ns.events_fd)
+        plugin: KilnPlugin = ServePlugin(ns.commands_fd, ns.events_fd, warm_up())
     else:
         plugin = RunPlugin(ns.results, ns.stacks)
     return int(pytest.main(args, plugins=[plugin]))

@@ -20,7 +20,7 @@ from release.manifest import Unit
 from tasks.classify import TestResult, suite_state, summary_line
 from tasks.config import KilnConfig, Suite
 from tasks.devices import detect_gpu_count
-from tasks.isolate import Isolation, RunOptions, run_tests
+from tasks.isolate import PRELOAD, Isolation, RunOptions, run_tests
 from tasks.reports import junit_document, summary, write_json, write_junit
 
 logger = logging.getLogger("kiln.test.suite")
@@ -49,7 +49,7 @@ def suite_options(config: KilnConfig, suite: Suite, *, isolate: Isolation = "tes
     concurrency slots cover), and never more than the machine has.
     """
     devices = min(detect_gpu_count() if gpus is None else gpus, suite.gpus)
-    preload = ("torch", "triton", config.project.package)
+    preload = (*PRELOAD, config.project.package)
     return RunOptions(isolate=isolate, timeout_s=suite.timeout_s if timeout is None else timeout, retries=retries, markers=suite.markers,
                       pytest_args=tuple(pytest_args), gpus=devices, env=dict(env or {}), preload=preload)
 

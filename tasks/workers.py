@@ -1,178 +1,229 @@
-"""A small pool of spawned worker processes with per-call deadlines.
+"""The processes of the isolation runner: the forking worker, spawned jobs, their results.
 
-Compile units are short (a fraction of a second each) but importing Triton
-and a kernel package costs seconds, so workers are started once and reused.
-The parent owns every deadline: a call that runs past its timeout gets the
-dump → terminate → kill ladder on the worker's whole process group (the
-worker leads its own group, so compiler subprocesses such as ``ptxas`` die
-with it), and the worker is replaced. Workers use the ``spawn`` start method:
-no forked copy of a parent's threads, locks or GPU state.
+:class:`Worker` drives ``tasks.isolate_worker serve`` over two pipes (JSON
+lines): it collects once, then forks a child per job; the worker reaps the
+child and reports its status, and :class:`ForkedChild` turns that into the
+``wait`` of tasks.deadline's Child protocol. :func:`spawn_job` starts a job
+as a fresh interpreter instead. A job appends ``begin``/``result`` lines to
+its results file; :class:`Progress` follows it so each test's deadline starts
+when that test begins.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import logging
-import multiprocessing
 import os
 import queue
-import signal
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from typing import Any
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from release.errors import InfrastructureError, KilnError
+from tasks.deadline import LadderResult, run_with_deadline
 
-_log = logging.getLogger("kiln.workers")
+if TYPE_CHECKING:
+    from tasks.isolate import Job, RunOptions
 
-_DUMP_GRACE_S = 1.0
-_TERM_GRACE_S = 2.0
+logger = logging.getLogger("kiln.test.isolate")
 
-
-class WorkerTimeout(KilnError):
-    """A call ran past its deadline; the worker was killed (see :attr:`ladder`)."""
-
-    def __init__(self, message: str, ladder: str) -> None:
-        super().__init__(message)
-        self.ladder = ladder
+KILN_ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
 
 
-def _serve(conn: Connection, env: dict[str, str | None]) -> None:
-    """Worker main loop: receive ``(target, request)``, send back a result."""
-    import faulthandler
+def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """The test processes' environment: the project root and Kiln importable, plus ``extra``."""
+    env = dict(os.environ)
+    paths = [str(root), str(KILN_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.update(extra)
+    return env
 
-    os.setpgrp()
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    while True:
+
+class SpawnedChild:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc, self.pid, self.lost = proc, proc.pid, False
+
+    def wait(self, timeout: float) -> int | None:
         try:
-            target, request = conn.recv()
-        except EOFError:
-            return
-        module, _, attr = target.partition(":")
-        try:
-            result = ("ok", getattr(importlib.import_module(module), attr)(request))
-        except Exception as exc:  # reported to the parent, which raises a typed error
-            result = ("error", f"{type(exc).__name__}: {exc}")
-        conn.send(result)
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
 
-@dataclass
-class _Worker:
-    process: Any
-    conn: Connection
+class ForkedChild:
+    """A child of the worker: the worker reaps it and reports its status to us."""
 
+    def __init__(self, pid: int, exits: queue.Queue[int | None]) -> None:
+        self.pid, self.lost, self._exits, self._code = pid, False, exits, None
 
-class WorkerPool:
-    """``size`` reusable workers; :meth:`call` is thread-safe and blocks for a free one."""
-
-    def __init__(self, size: int, env: dict[str, str | None] | None = None) -> None:
-        self.size = size
-        self.env = dict(env or {})
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._started = 0
-        self._lock = threading.Lock()
-        self._all: list[_Worker] = []
-        self._closed = False
-
-    def _start(self) -> _Worker:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        process = context.Process(target=_serve, args=(child, self.env), daemon=True, name="kiln-worker")
-        process.start()
-        child.close()
-        worker = _Worker(process, parent)
-        with self._lock:
-            self._all.append(worker)
-        _log.debug("started worker pid %s", process.pid)
-        return worker
-
-    def _checkout(self) -> _Worker:
-        with self._lock:
-            if self._closed:
-                raise InfrastructureError("worker pool is closed")
-            grow = self._started < self.size
-            if grow:
-                self._started += 1
-        return self._start() if grow else self._idle.get()
-
-    def _discard(self, worker: _Worker) -> None:
-        with self._lock:
-            if worker in self._all:
-                self._all.remove(worker)
-            self._started -= 1
-
-    def call(self, target: str, request: Any, timeout: float) -> Any:
-        """Run ``module:function(request)`` in a worker; its return value or a raised error.
-
-        Errors inside the function come back as ``RuntimeError`` with the
-        worker's message; a worker that dies raises the retryable
-        :class:`InfrastructureError`; a deadline raises :class:`WorkerTimeout`.
-        """
-        worker = self._checkout()
-        try:
-            worker.conn.send((target, request))
-            if not worker.conn.poll(timeout):
-                ladder = self._kill(worker)
-                raise WorkerTimeout(f"{target} ran past its {timeout:g} s deadline; worker {ladder}", ladder)
-            status, value = worker.conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as exc:
-            self._kill(worker)
-            raise InfrastructureError(f"build worker pid {worker.process.pid} died during {target}: {exc}") from exc
-        except BaseException:
-            if worker.process.is_alive() and worker in self._all:
-                self._kill(worker)
-            raise
-        self._idle.put(worker)
-        if status == "error":
-            raise RuntimeError(value)
-        return value
-
-    def _kill(self, worker: _Worker) -> str:
-        """Dump stacks, then SIGTERM, then SIGKILL the worker's process group."""
-        pid = worker.process.pid
-        self._discard(worker)
-        steps = []
-        for sig, grace, name in ((signal.SIGUSR1, _DUMP_GRACE_S, "stacks dumped"),
-                                 (signal.SIGTERM, _TERM_GRACE_S, "terminated"),
-                                 (signal.SIGKILL, _TERM_GRACE_S, "killed")):
-            if not worker.process.is_alive():
-                break
+    def wait(self, timeout: float) -> int | None:
+        if self._code is None and not self.lost:
             try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            steps.append(name)
-            deadline = time.monotonic() + grace
-            while sig != signal.SIGUSR1 and worker.process.is_alive() and time.monotonic() < deadline:
-                worker.process.join(0.05)
-            if sig == signal.SIGUSR1:
-                time.sleep(min(grace, 0.2))
-        worker.conn.close()
-        _log.warning("worker pid %s: %s", pid, ", ".join(steps) or "already gone")
-        return ", ".join(steps) or "already gone"
+                code = self._exits.get(timeout=max(timeout, 0.0))
+            except queue.Empty:
+                return None
+            self.lost = code is None
+            self._code = code
+        return -9 if self.lost else self._code
 
-    def close(self) -> None:
+
+class Worker:
+    """The pytest session that collects once and forks jobs (see tasks.isolate_worker)."""
+
+    def __init__(self, paths: Sequence[str], root: Path, work: Path, options: RunOptions) -> None:
+        self.options, self.work = options, work
+        cmd_r, self._cmd_w = os.pipe()
+        evt_r, evt_w = os.pipe()
+        args = [sys.executable, "-m", "tasks.isolate_worker", "serve", "--commands-fd", str(cmd_r),
+                "--events-fd", str(evt_w), *sum((["--preload", m] for m in options.preload), []),
+                "--", *pytest_argv(paths, options)]
+        logger.info("starting the test worker: %s", " ".join(args))
+        self.log = work / "worker.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(args, cwd=root, env=process_env(root, options.env), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, pass_fds=(cmd_r, evt_w),
+                                         start_new_session=True)
+        os.close(cmd_r)
+        os.close(evt_w)
+        self._events = os.fdopen(evt_r, "r", encoding="utf-8")
+        self._queues: dict[str, queue.Queue[Any]] = {"collected": queue.Queue()}
+        self._lock = threading.Lock()
+        self._lost = False
+        threading.Thread(target=self._read, name="kiln-worker-events", daemon=True).start()
+
+    def _queue(self, key: str) -> queue.Queue[Any]:
         with self._lock:
-            self._closed = True
-            workers = list(self._all)
-            self._all.clear()
-        for worker in workers:
-            worker.conn.close()  # the worker's recv() gets EOF and returns
-        for worker in workers:
-            worker.process.join(_TERM_GRACE_S)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(_TERM_GRACE_S)
+            if key not in self._queues:
+                self._queues[key] = queue.Queue()
+                if self._lost:
+                    self._queues[key].put(None)
+            return self._queues[key]
 
-    def __enter__(self) -> "WorkerPool":
-        return self
+    def _read(self) -> None:
+        for line in self._events:
+            event = json.loads(line)
+            kind = event["event"]
+            key = "collected" if kind == "collected" else f"{event['job']}:{'exit' if kind == 'exited' else 'start'}"
+            self._queue(key).put(event)
+        with self._lock:  # EOF: the worker is gone; wake everyone who waits on it
+            self._lost = True
+            for q in self._queues.values():
+                q.put(None)
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def collect(self) -> dict[str, Any] | None:
+        """The collected items and collection errors, or None if the worker died or hung."""
+        try:
+            return self._queue("collected").get(timeout=self.options.collect_timeout_s)
+        except queue.Empty:
+            return None
+
+    def launch(self, job: Job, env: Mapping[str, str], results: Path, stacks: Path) -> ForkedChild | None:
+        """Fork ``job``; None when the worker refused (GPU initialised) or is lost."""
+        exits: queue.Queue[int | None] = queue.Queue()
+        started = self._queue(f"{job.id}:start")
+        command = {"cmd": "run", "job": job.id, "items": [i.index for i in job.items], "env": dict(env),
+                   "results": str(results), "stacks": str(stacks)}
+        with self._lock:
+            if self._lost:
+                return None
+            os.write(self._cmd_w, (json.dumps(command) + "\n").encode())
+        try:
+            event = started.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            return None
+        if event is None or event["event"] == "refused":
+            logger.warning("worker did not fork job %s: %s", job.id, (event or {}).get("reason", "worker lost"))
+            return None
+        threading.Thread(target=self._forward_exit, args=(job.id, exits), daemon=True).start()
+        return ForkedChild(event["pid"], exits)
+
+    def _forward_exit(self, job_id: str, exits: queue.Queue[int | None]) -> None:
+        event = self._queue(f"{job_id}:exit").get()
+        exits.put(None if event is None else int(event["returncode"]))
+
+    def close(self) -> LadderResult:
+        try:
+            os.write(self._cmd_w, b'{"cmd": "exit"}\n')
+        except OSError:
+            pass  # already gone
+        os.close(self._cmd_w)
+        return run_with_deadline(SpawnedChild(self.proc), 30.0, self.options.grace_s)
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-limit:] if self.log.exists() else ""
+
+
+def pytest_argv(paths: Sequence[str], options: RunOptions) -> list[str]:
+    # pytest-timeout would race our own deadline; the cache is shared by every worker.
+    argv = ["-p", "no:cacheprovider", "-p", "no:timeout", "-q", *paths]
+    if options.markers:
+        argv += ["-m", options.markers]
+    return argv + list(options.pytest_args)
+
+
+def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stacks: Path,
+              options: RunOptions) -> SpawnedChild:
+    args = [sys.executable, "-m", "tasks.isolate_worker", "run", "--results", str(results), "--stacks", str(stacks),
+            "--", *pytest_argv([i.nodeid for i in job.items], replace(options, markers=""))]
+    logger.info("spawning %s", " ".join(args))
+    log = open(results.with_suffix(".log"), "wb")  # noqa: SIM115 — handed to the child, closed below
+    try:
+        proc = subprocess.Popen(args, cwd=root, env=process_env(root, {**options.env, **env}),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+    return SpawnedChild(proc)
+
+
+def read_records(path: Path) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """(nodeids begun, phases per finished nodeid) from a job's results file."""
+    began, finished = [], {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the child died mid-line
+            if "begin" in record:
+                began.append(record["begin"])
+            elif "result" in record:
+                finished[record["result"]] = record["phases"]
+    return began, finished
+
+
+class Progress:
+    """Follows a job's results file so each test's deadline starts when that test begins
+    (a fresh interpreter's start-up and collection are not the test's time)."""
+
+    def __init__(self, path: Path, timeout_s: float, startup_s: float) -> None:
+        self.path, self.timeout_s, self.startup_s = path, timeout_s, startup_s
+        self._offset, self._partial = 0, b""
+        self.current: str | None = None
+        self.since = time.monotonic()
+
+    def deadline(self) -> float:
+        self._poll()
+        return self.since + (self.timeout_s if self.current else self.startup_s)
+
+    def _poll(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not ours to judge here; read_records skips it too
+            self.current = record.get("begin")
+            self.since = time.monotonic()
+
+
