@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from tasks.deadline import group_alive, run_with_deadline, signal_name, watch
 from tests.runner._procs import running
