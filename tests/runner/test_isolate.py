@@ -194,3 +194,11 @@ def test_devices_are_never_shared_or_oversubscribed_but_are_used_in_parallel(gpu
         assert len(in_use) == len(set(in_use)) <= 3, busy
         max_devices_busy = max(max_devices_busy, len(in_use))
     assert max_devices_busy >= 2  # one-GPU tests ran side by side on a 3-GPU budget
+
+
+def test_lost_fork_server_is_infrastructure_and_the_retry_still_runs(tmp_path, monkeypatch):
+    results = _run(tmp_path, monkeypatch, ["tests/fixtures/suites/lost"], timeout_s=30, retries=1)
+    lost = results["test_kills_its_fork_server_once"]
+    assert (tmp_path / "state" / "server-killed").exists()  # the first attempt really ran under the server
+    assert (lost.outcome, lost.attempts) == ("flaky", 2)
+    assert "worker lost" in lost.details
