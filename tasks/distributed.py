@@ -44,6 +44,39 @@ GRACE_S = 2.0
 PRELOAD = ["torch", "torch.distributed"]
 
 
+def _raised_in_collective(exc: BaseException) -> bool:
+    """True when ``exc`` came out of torch.distributed itself: a peer failed or went away.
+
+    NCCL raises ``DistError``; gloo raises a plain ``RuntimeError`` from inside a
+    collective, so the innermost frame tells where the failure was noticed.
+    """
+    try:
+        import torch.distributed as dist
+
+        if isinstance(exc, dist.DistError):
+            return True
+        package = os.path.dirname(dist.__file__)
+    except (ImportError, AttributeError):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(package + os.sep)
+
+
+def _outcome_of(exc: BaseException) -> dict[str, Any]:
+    collective = _raised_in_collective(exc)
+    return {"error": "".join(traceback.format_exception(exc)), "infra": is_infrastructure_exception(exc),
+            "type": type(exc).__name__, "collective": collective, "at": time.time()}
+
+
+def _write_outcome(workdir: str, rank: int, outcome: dict[str, Any]) -> None:
+    try:
+        data = pickle.dumps(outcome)
+    except Exception as exc:
+        data = pickle.dumps({"error": f"rank {rank} returned a value that cannot be pickled: {exc}", "infra": False,
+                             "collective": False, "at": time.time()})
+    atomic_write_bytes(Path(workdir) / f"rank{rank}.result", data)
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str, init_method: str,
                timeout: float, args: Sequence[Any], workdir: str) -> None:
     os.setpgid(0, 0)  # the rank's helpers die with it
@@ -62,16 +95,16 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str,
                                 timeout=timedelta(seconds=2 * timeout + 5))
         try:
             outcome = {"value": fn(rank, world_size, *args)}
+        except BaseException as exc:
+            # Written before the group is destroyed: destroying it makes the peers
+            # fail, and the parent must see this rank's error as the first one.
+            outcome = _outcome_of(exc)
+            _write_outcome(workdir, rank, outcome)
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # reported to the parent, which decides what it means
-        outcome = {"error": "".join(traceback.format_exception(exc)), "infra": is_infrastructure_exception(exc),
-                   "type": type(exc).__name__}
-    try:
-        data = pickle.dumps(outcome)
-    except Exception as exc:
-        data = pickle.dumps({"error": f"rank {rank} returned a value that cannot be pickled: {exc}", "infra": False})
-    atomic_write_bytes(Path(workdir) / f"rank{rank}.result", data)
+        outcome = _outcome_of(exc)
+    _write_outcome(workdir, rank, outcome)
     os._exit(0 if "value" in outcome else 1)
 
 
@@ -160,31 +193,55 @@ def _teardown(ranks: list[_Rank], dump: bool) -> dict[int, str]:
     return stacks
 
 
+def _read_outcome(path: Path) -> dict[str, Any] | None:
+    try:
+        return pickle.loads(path.read_bytes())
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def _causes(errors: dict[int, dict[str, Any]]) -> list[int]:
+    """Ranks whose failure is a cause, not a peer's reaction to it.
+
+    A rank whose collective failed because a peer went away (``DistError``) is a
+    consequence; if every failure is of that kind, the earliest one is the cause.
+    """
+    causes = [rank for rank, outcome in errors.items() if not outcome.get("collective")]
+    if causes or not errors:
+        return sorted(causes)
+    return [min(errors, key=lambda rank: errors[rank].get("at", 0.0))]
+
+
 def _collect(ranks: list[_Rank], workdir: Path, hung: dict[int, str], torn_down: set[int],
              timeout: float) -> list[Any]:
-    values, failures, infra = [], [], True
+    values: list[Any] = []
+    errors: dict[int, dict[str, Any]] = {}
+    crashes: dict[int, str] = {}
     for index, rank in enumerate(ranks):
-        path = workdir / f"rank{index}.result"
-        if index in hung or index in torn_down:
-            continue  # still running when stopped: what it wrote while dying is a consequence, not a cause
-        if path.exists():
-            outcome = pickle.loads(path.read_bytes())
-            if "value" in outcome:
-                values.append(outcome["value"])
-                continue
-            failures.append(f"rank {index} raised:\n{outcome['error']}")
-            infra = infra and outcome["infra"]
-        else:
+        outcome = None if index in hung else _read_outcome(workdir / f"rank{index}.result")
+        if outcome is not None and "value" in outcome:
+            values.append(outcome["value"])
+        elif outcome is not None:
+            errors[index] = outcome  # torn-down ranks too: one may have failed first
+        elif index not in hung and index not in torn_down:
             crash = signal_name(rank.process.exitcode) or f"exit status {rank.process.exitcode}"
             dump = (workdir / f"rank{index}.stacks").read_text(errors="replace")
-            failures.append(f"rank {index} died ({crash}) without a result\n{dump}".rstrip())
-            infra = False
-    if hung and not failures:
+            crashes[index] = f"rank {index} died ({crash}) without a result\n{dump}".rstrip()
+    if hung and not errors and not crashes:
         detail = "\n".join(f"rank {i} stacks:\n{text}" for i, text in sorted(hung.items()))
         raise TestTimeoutError(f"distributed test timed out after {timeout:g}s; hung ranks {sorted(hung)}\n{detail}")
-    if failures:
-        failed = [int(f.split()[1].rstrip(":")) for f in failures]
-        stopped = f"; ranks {sorted(torn_down)} were torn down" if torn_down else ""
-        message = f"{len(failures)} of {len(ranks)} ranks failed (ranks {failed}){stopped}\n" + "\n".join(failures)
-        raise (InfrastructureError if infra else DistributedTestError)(message)
-    return values
+    if not errors and not crashes:
+        return values
+    causes = sorted(set(_causes(errors)) | set(crashes))
+    consequences = sorted(set(errors) - set(causes))
+    stopped = sorted(torn_down - set(errors))
+    parts = [f"{len(causes)} of {len(ranks)} ranks failed (ranks {causes})"]
+    if consequences:
+        parts.append(f"ranks {consequences} failed as a consequence")
+    if stopped:
+        parts.append(f"ranks {stopped} were torn down")
+    details = [crashes[i] if i in crashes else f"rank {i} raised:\n{errors[i]['error']}" for i in causes]
+    details += [f"rank {i} (consequence) raised:\n{errors[i]['error']}" for i in consequences]
+    message = "; ".join(parts) + "\n" + "\n".join(details)
+    infra = not crashes and all(errors[i].get("infra") for i in causes)
+    raise (InfrastructureError if infra else DistributedTestError)(message)

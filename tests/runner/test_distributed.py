@@ -31,6 +31,10 @@ def raise_on_rank_one(rank: int, world_size: int) -> None:
     dist.barrier()  # the healthy ranks would wait here forever without a teardown
 
 
+def raise_on_every_rank(rank: int, world_size: int) -> None:
+    raise AssertionError(f"rank {rank} disagrees")
+
+
 def hang_on_rank_zero(rank: int, world_size: int, pid_dir: str) -> None:
     import torch.distributed as dist
 
@@ -63,6 +67,15 @@ def test_raising_rank_is_named_with_its_traceback_and_peers_are_torn_down():
     assert "ValueError: rank one is broken on purpose" in message
     assert "raise_on_rank_one" in message  # the traceback, not just the message
     assert time.monotonic() - start < 30  # torn down on the failure, not at the deadline
+
+
+def test_ranks_that_fail_on_their_own_are_all_named_as_causes():
+    with pytest.raises(DistributedTestError) as info:
+        distributed.run(raise_on_every_rank, 2, timeout=30)
+    message = str(info.value)
+    assert "ranks [0, 1]" in message
+    assert "consequence" not in message
+    assert "rank 0 disagrees" in message and "rank 1 disagrees" in message
 
 
 def test_hung_rank_times_out_with_its_stacks_and_leaves_no_rank_alive(tmp_path):
