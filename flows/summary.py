@@ -46,9 +46,10 @@ def render_text(run: RunManifest) -> str:
     if wheels:
         lines.append("")
         lines.extend(f"  wheel  {w.path}  sha256={w.sha256[:16]}…" for w in wheels)
-    for key in ("index", "index_url"):
-        if key in run.info:
-            lines.append(f"\n  index: {run.info[key]}")
+    for key, label in (("index_url", "index"), ("dry_run_index_url", "index (dry-run staging copy)")):
+        urls = run.info.get(key) or []
+        for url in [urls] if isinstance(urls, str) else urls:
+            lines.append(f"  {label}: {url}")
     lines.append(f"\n  manifest: {run.root / MANIFEST_NAME}")
     return "\n".join(lines)
 
@@ -68,9 +69,10 @@ def render_markdown(run: RunManifest) -> str:
         for unit in notable:
             message = (unit.message.splitlines()[0] if unit.message else "").replace("|", "\\|")
             lines.append(f"| `{unit.id}` | {unit.state} | {message} |")
-    for key, label in (("index_url", "Published index"), ("bench_report", "Benchmark report")):
-        if key in run.info:
-            lines.append(f"\n{label}: {run.info[key]}")
+    urls = run.info.get("index_url") or []
+    if urls:
+        lines += ["", "## Published indexes", ""]
+        lines += [f"- <{url}>" for url in ([urls] if isinstance(urls, str) else urls)]
     return "\n".join(lines) + "\n"
 
 
