@@ -69,6 +69,15 @@ def prefect_env(prefect_server) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def s3_endpoint():
+    """One moto S3 server (server mode, loopback) for the whole session."""
+    from tests.helpers.s3 import moto_s3_server
+
+    with moto_s3_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
 

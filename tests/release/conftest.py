@@ -4,32 +4,15 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 
 from release.s3 import S3Store, make_client
+from tests.helpers.s3 import S3_ENV
 
 _bucket_numbers = itertools.count()
-
-# moto accepts any credentials; set them so boto3 never looks for real ones.
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """URL of a moto S3 server bound to 127.0.0.1 on an ephemeral port."""
-    from moto.server import ThreadedMotoServer
-
-    for key, value in S3_ENV.items():
-        os.environ.setdefault(key, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from release.publish import publish
 from release.s3 import S3Store, make_client
 
-from .conftest import S3_ENV
+from tests.helpers.s3 import S3_ENV
 from .faults import inject_throttling
 from .runkit import make_run
 from .test_publish_local import assert_index_consistent
