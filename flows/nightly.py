@@ -1,5 +1,9 @@
 """The nightly flow: build → test → benchmark → publish, each stage a subflow.
 
+GPU suites whose work pool has a ``test/gpu-tests-<pool>`` deployment are
+dispatched there (flows/dispatch.py) while the local stages run, and their
+units are recorded before publishing, which they gate like local suites.
+
 Stages run with ``return_state=True`` so one stage's failure never stops the
 independent ones (invariant 4): tests run even if a build unit failed, and
 publishing itself decides, from the run manifest, which variants passed.
@@ -17,6 +21,7 @@ from prefect.states import Completed, Failed, State
 
 from flows.bench import bench_flow
 from flows.build import build_flow
+from flows.dispatch import dispatch_suite, gpu_deployments, record_units
 from flows.common import failure_message, markdown_report, open_run, publish_unit_table
 from flows.publish import publish_flow
 from flows.summary import render_markdown
@@ -33,11 +38,18 @@ def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str 
     open_run(out, "nightly", version)
     logger.info("nightly %s of %s → %s", version, config.project.distribution, out)
 
+    remote = gpu_deployments(config)  # GPU suites whose pool has a deployment run there
+    gpu_units = [dispatch_suite.submit(config.suites_by_name[name], deployment, out)
+                 for name, deployment in remote.items()]
     stages = {
         "build": build_flow(config_path=config_path, out=out, version=version, return_state=True),
-        "test": test_flow(config_path=config_path, out=out, return_state=True),
+        "test": test_flow(config_path=config_path, out=out, exclude=list(remote), return_state=True),
         "bench": bench_flow(config_path=config_path, out=out, compare="last", fail_on_regression=False,
                             return_state=True),
+    }
+    # GPU suites gate publishing like local ones: their units are in run.json first.
+    record_units(out, [future.result() for future in gpu_units])
+    stages |= {
         "publish": publish_flow(config_path=config_path, out=out, channel="nightly", return_state=True),
     }
     return conclude(out, stages)

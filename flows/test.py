@@ -36,8 +36,10 @@ def gpu_slots(n: int) -> AbstractContextManager[object]:
 
 
 @task(name="test-plan", cache_policy=NO_CACHE)
-def plan_task(config: KilnConfig, config_path: str, suites: list[str] | None, changed_since: str | None) -> list[Suite]:
-    return suites_to_run(config, suites, changed_since, Path(config_path).name)
+def plan_task(config: KilnConfig, config_path: str, suites: list[str] | None, changed_since: str | None,
+              exclude: list[str] | None = None) -> list[Suite]:
+    chosen = suites_to_run(config, suites, changed_since, Path(config_path).name)
+    return [suite for suite in chosen if suite.name not in (exclude or ())]
 
 
 @task(name="test-suite", task_run_name="test/{suite.name}", cache_policy=NO_CACHE)
@@ -72,11 +74,14 @@ def _suite_run(suite: Suite, state: State) -> SuiteRun:
 def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str] | None = None,
               isolate: str = "test", timeout: float | None = None, retries: int = 1, junit: str | None = None,
               json_path: str | None = None, changed_since: str | None = None,
-              pytest_args: list[str] | None = None):
-    """Run the config's test suites, each test isolated with a deadline; Failed if any suite failed."""
+              pytest_args: list[str] | None = None, exclude: list[str] | None = None):
+    """Run the config's test suites, each test isolated with a deadline; Failed if any suite failed.
+
+    ``exclude`` names suites that run elsewhere (the nightly dispatches GPU suites to their pool).
+    """
     config = load_config(config_path)
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
-    selected = plan_task(config, config_path, suites, changed_since)
+    selected = plan_task(config, config_path, suites, changed_since, exclude)
     run = open_run(out, "test", config.project.version)
     futures = {
         suite.name: suite_task.submit(config, suite, out, suite_options(

@@ -89,6 +89,10 @@ class Suite(_Model):
     depends: tuple[str, ...] = ()
     required: bool = True
     timeout_s: float = Field(default=300, gt=0)
+    # A GPU work pool: the nightly dispatches this suite to the pool's
+    # "test/gpu-tests-<pool>" deployment when the server has it, else runs it here.
+    pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    deadline_s: float = Field(default=3600, gt=0)  # the whole suite, when dispatched
 
 
 class Bench(_Model):
@@ -173,6 +177,10 @@ class KilnConfig(_Model):
             if dupes:
                 raise ValueError(f"duplicate {kind} names: {dupes}")
         return self
+
+    @property
+    def suites_by_name(self) -> dict[str, Suite]:
+        return {suite.name: suite for suite in self.suites}
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:

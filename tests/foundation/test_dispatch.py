@@ -1,0 +1,72 @@
+"""GPU suites go to their pool's deployment when the server has one, else run here."""
+
+from __future__ import annotations
+
+import tomllib
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+
+from flows.dispatch import GPU_DEPLOYMENT, dispatch_suite, gpu_deployments
+from flows.test import plan_task
+from tasks.config import parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config_with_pool(pool: str, deadline_s: float = 3600):
+    data = tomllib.loads((REPO / "kiln.toml").read_text())
+    gpu = next(s for s in data["suites"] if s.get("gpus"))
+    gpu.update(pool=pool, deadline_s=deadline_s)
+    return parse_config(data, REPO)
+
+
+def deploy_gpu_tests(pool: str) -> None:
+    """What `prefect deploy` does for prefect.yaml's GPU entry, for a fresh pool name."""
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        flow_id = client.create_flow_from_name("test")
+        client.create_deployment(flow_id=flow_id, name=f"gpu-tests-{pool}", work_pool_name=pool,
+                                 entrypoint="flows.test:test_flow")
+
+
+def test_suite_without_a_deployed_pool_runs_in_the_local_test_stage(prefect_server):
+    config = config_with_pool(f"absent-{uuid.uuid4().hex[:8]}")
+    assert gpu_deployments.fn(config) == {}
+    local = plan_task.fn(config, "kiln.toml", None, None, exclude=[])
+    assert "kernels-gpu" in [s.name for s in local]
+
+
+def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stage(prefect_server):
+    pool = f"gpu-{uuid.uuid4().hex[:8]}"
+    deploy_gpu_tests(pool)
+    config = config_with_pool(pool)
+    remote = gpu_deployments.fn(config)
+    assert remote == {"kernels-gpu": GPU_DEPLOYMENT.format(pool=pool)}
+    local = plan_task.fn(config, "kiln.toml", None, None, exclude=list(remote))
+    assert "kernels-gpu" not in [s.name for s in local] and "kernels" in [s.name for s in local]
+
+
+@pytest.mark.slow
+def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(prefect_server, tmp_path):
+    pool = f"gpu-{uuid.uuid4().hex[:8]}"
+    deploy_gpu_tests(pool)
+    suite = config_with_pool(pool, deadline_s=2).suites_by_name["kernels-gpu"]
+
+    @flow
+    def parent():
+        return dispatch_suite(suite, GPU_DEPLOYMENT.format(pool=pool), str(tmp_path))
+
+    unit = parent()
+
+    assert unit.state == "failed" and unit.id == "test/kernels-gpu" and unit.required
+    assert "did not finish within 2s" in unit.message and f"gpu-tests-{pool}" in unit.message
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs()
+    dispatched = [r for r in runs if r.parameters.get("suites") == ["kernels-gpu"]
+                  and r.parameters.get("out") == f"{tmp_path}/gpu/kernels-gpu"]
+    assert len(dispatched) == 1, "exactly one run of the GPU deployment, with the suite's parameters"
