@@ -92,6 +92,7 @@ def publish_index_pages(run: RunManifest, store: Store, plan: Plan, results: lis
     record(run, Unit("publish/pages", "publish", "completed", message=f"{len(plan.pages)} pages changed"))
     indexes = sorted({f"{store.url}/{u.index}/" for u in plan.uploads})
     run.info["index_url" if not plan.dry_run else "dry_run_index_url"] = indexes
+    run.info["publish_plan"] = plan.to_markdown()
     run.save()
     links = "\n".join(f"- index: <{url}>" for url in indexes) or "- no index changed"
     markdown_report("kiln-publish-plan", plan.to_markdown() + "\n" + links + "\n", f"Publish plan — run {run.run_id}")

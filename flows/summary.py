@@ -46,6 +46,8 @@ def render_text(run: RunManifest) -> str:
     if wheels:
         lines.append("")
         lines.extend(f"  wheel  {w.path}  sha256={w.sha256[:16]}…" for w in wheels)
+    if run.info.get("publish_plan"):
+        lines += ["", *("  " + line for line in str(run.info["publish_plan"]).splitlines())]
     for key, label in (("index_url", "index"), ("dry_run_index_url", "index (dry-run staging copy)")):
         urls = run.info.get(key) or []
         for url in [urls] if isinstance(urls, str) else urls:
