@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,9 @@ def test_policies_command_with_a_bad_config_writes_nothing(tmp_path):
     config = tmp_path / "kiln.toml"
     config.write_text(bad)
     os.symlink(REPO / "kernels", tmp_path / "kernels")
-    for suite_dir in ("tests/kernels",):
-        (tmp_path / suite_dir).mkdir(parents=True)
+    for suite in tomllib.loads(text)["suites"]:  # every suite path must exist, or that error comes first
+        for suite_dir in suite["paths"]:
+            (tmp_path / suite_dir).mkdir(parents=True, exist_ok=True)
     with pytest.raises(ConfigError, match="permissions.build.write: 'release/'"):
         policies_command(str(config), str(tmp_path / "pol"))
     assert not (tmp_path / "pol").exists()
