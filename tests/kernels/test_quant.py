@@ -34,8 +34,13 @@ def test_int8_matches_float64_reference(shape, dtype, device):
     rq, rscale = ref64(x.cpu())
     torch.testing.assert_close(scale.cpu().double(), rscale, rtol=1e-6, atol=0)
     diff = (q.cpu().double() - rq).abs()
-    assert diff.max() <= 1  # a value on a rounding boundary may land either side
-    assert (diff > 0).float().mean() < 0.01
+    assert diff.max() <= 1
+    # Only a value on a rounding boundary (x/scale ≈ k + 0.5, within the float32
+    # kernel's rounding error) may land on the other side; low-precision inputs
+    # hit such ties often, so their count is no measure of correctness.
+    exact = x.cpu().double() / rscale
+    near_tie = ((exact - exact.floor()) - 0.5).abs() <= 1e-4 * exact.abs().clamp_min(1.0)
+    assert not ((diff > 0) & ~near_tie).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
