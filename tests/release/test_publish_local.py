@@ -15,7 +15,7 @@ from release.staging import StagingStore
 from release.store import LocalStore
 
 from .pageparse import parse_html, parse_json
-from .runkit import make_run
+from .runkit import make_run, run_at_once
 
 CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock
 
@@ -166,22 +166,9 @@ def test_dry_run_plans_against_staging_and_leaves_the_target_untouched(tmp_path:
 
 
 def test_concurrent_publishers_into_one_directory_lose_no_entry(tmp_path: Path) -> None:
-    import threading
-
     runs = [make_run(tmp_path / f"r{i}", {"cu130": [("k", f"1.{i}")]}) for i in range(5)]
-    barrier, errors = threading.Barrier(len(runs)), []
 
-    def one(run: RunManifest) -> None:
-        barrier.wait(timeout=30)
-        try:
-            _publish(run, LocalStore(tmp_path / "target"))
-        except BaseException as exc:  # collected and asserted below
-            errors.append(exc)
+    errors = run_at_once(lambda run: _publish(run, LocalStore(tmp_path / "target")), runs)
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in runs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
     assert errors == []
     assert assert_index_consistent(LocalStore(tmp_path / "target"), "nightly/cu130/simple") == 5

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from release.s3 import S3Store, make_client
 
 from tests.helpers.s3 import S3_ENV
 from .faults import inject_throttling
-from .runkit import make_run
+from .runkit import make_run, run_at_once
 from .test_publish_local import assert_index_consistent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,22 +93,15 @@ def test_two_publisher_processes_at_once_are_both_listed(tmp_path: Path, s3_endp
 
 def test_concurrent_publishers_in_threads_lose_no_entry(tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str) -> None:
     runs = [make_run(tmp_path / f"r{i}", {"cu130": [("kiln-kernels", f"1.{i}")]}) for i in range(6)]
-    barrier = threading.Barrier(len(runs))
-    errors: list[BaseException] = []
+    # a client per publisher, as separate jobs would have
+    publishers = [(run, _store(s3_endpoint, s3_session, s3_bucket)) for run in runs]
 
-    def one(run) -> None:
-        store = _store(s3_endpoint, s3_session, s3_bucket)  # a client per publisher, as separate jobs would have
-        barrier.wait(timeout=30)
-        try:
-            publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 1.7e9)
-        except BaseException as exc:  # collected and re-raised below
-            errors.append(exc)
+    errors = run_at_once(
+        lambda pair: publish(pair[0], pair[1], channel="nightly", channel_prefix="nightly", variants=["cu130"],
+                             clock=lambda: 1.7e9),
+        publishers,
+    )
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in runs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
     assert errors == []
     assert assert_index_consistent(_store(s3_endpoint, s3_session, s3_bucket), "nightly/cu130/simple") == 6
 
