@@ -11,6 +11,7 @@ from pathlib import Path
 from release.manifest import MANIFEST_NAME, RunManifest, Unit
 
 STATE_ORDER = ("failed", "flaky", "skipped", "completed")
+STAGE_ORDER = ("build", "test", "bench", "publish", "verify")
 
 
 def _counts(units: list[Unit]) -> str:
@@ -28,7 +29,7 @@ def _interesting(units: list[Unit]) -> list[Unit]:
 
 
 def render_text(run: RunManifest) -> str:
-    stages = sorted({u.stage for u in run.units}, key=lambda s: ("build", "test", "bench", "publish", "verify").index(s))
+    stages = [stage for stage in STAGE_ORDER if any(u.stage == stage for u in run.units)]
     lines = [f"run {run.run_id} ({run.flow}{', version ' + run.version if run.version else ''})", ""]
     width = max((len(s) for s in stages), default=5)
     for stage in stages:
@@ -61,7 +62,7 @@ def render_markdown(run: RunManifest) -> str:
     if run.version:
         lines.append(f"Version: `{run.version}`\n")
     lines += ["| stage | units | states |", "|---|---|---|"]
-    for stage in ("build", "test", "bench", "publish", "verify"):
+    for stage in STAGE_ORDER:
         units = [u for u in run.units if u.stage == stage]
         if units:
             lines.append(f"| {stage} | {len(units)} | {_counts(units)} |")
