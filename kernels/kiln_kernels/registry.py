@@ -13,99 +13,19 @@ archs the kernel can run on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any
 
-Backend = Literal["cuda", "hip", "cpu"]
+from kiln.runtime.archs import at_least
+from kiln.runtime.spec import BenchCase, CudaSource, KernelSpec, Specialization, TritonEntry
 
-
-@dataclass(frozen=True)
-class Specialization:
-    """One ahead-of-time compile of a Triton entry point.
-
-    ``signature`` maps every parameter of the ``@triton.jit`` function to a
-    Triton type string (``"*fp32"``, ``"i32"``, ``"constexpr"``...);
-    ``constexprs`` gives the value of each ``constexpr`` parameter.
-    ``backends`` restricts the specialization (e.g. an fp8 one) to some
-    backends; ``min_arch`` maps a backend to the lowest arch it compiles for.
-    ``options`` are passed to ``triton.compile`` (``num_warps``...), so the
-    artifact matches what the JIT launch would build. ``aligned`` names the
-    parameters compiled as divisible by 16 (pointers: 16-byte aligned), the
-    hint Triton's JIT derives per call and that vectorizes memory access; the
-    runtime launches such an artifact only for arguments that satisfy it.
-    """
-
-    name: str
-    signature: dict[str, str]
-    constexprs: dict[str, Any] = field(default_factory=dict)
-    backends: tuple[Backend, ...] = ("cuda", "hip")
-    min_arch: dict[str, str] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-    aligned: tuple[str, ...] = ()
-
-    def triton_attrs(self, arg_names: Sequence[str]) -> dict[tuple[int, ...], list]:
-        """``ASTSource(..., attrs=...)`` for :attr:`aligned` (Triton ≥ 3.3 format)."""
-        names = list(arg_names)
-        return {(names.index(p),): [["tt.divisibility", 16]] for p in self.aligned}
-
-
-@dataclass(frozen=True)
-class TritonEntry:
-    """A ``@triton.jit`` function and the specializations to compile."""
-
-    name: str
-    fn: Any  # triton.runtime.jit.JITFunction
-    specializations: tuple[Specialization, ...]
-
-
-@dataclass(frozen=True)
-class CudaSource:
-    """A CUDA C++ source set built with ``nvcc`` into a shared library."""
-
-    name: str
-    sources: tuple[str, ...]  # paths relative to the package directory
-    supported: tuple[str, ...]  # CUDA archs, e.g. ("7.5", "8.0", "9.0")
-    library: str  # output file name, e.g. "libkiln_csrc.so"
-
-
-@dataclass(frozen=True)
-class BenchCase:
-    """One benchmark case: ``fn(*inputs)`` timed beside ``reference(*inputs)``.
-
-    ``make_inputs(device)`` returns a fresh tuple of inputs; the harness calls
-    it several times to build a rotation pool. ``bytes`` / ``flops`` let the
-    harness report achieved bandwidth or FLOP rate (0 when not declared).
-    """
-
-    kernel: str
-    name: str
-    shape: dict[str, int]
-    dtype: str
-    make_inputs: Callable[[str], tuple]
-    fn: Callable[..., Any]
-    reference: Callable[..., Any]
-    bytes: int = 0
-    flops: int = 0
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """Everything the pipeline needs to know about one kernel."""
-
-    name: str
-    module: str  # dotted module holding the kernel's source (for cache keys)
-    supported: dict[str, tuple[str, ...]]  # backend -> archs
-    triton: tuple[TritonEntry, ...] = ()
-    csrc: CudaSource | None = None
-    bench_cases: Callable[[str], list[BenchCase]] | None = None  # size -> cases
-    description: str = ""
+__all__ = ["BenchCase", "CudaSource", "KernelSpec", "Specialization", "TritonEntry", "registry"]
 
 
 # --- this package's registry ----------------------------------------------------
 #
 # The specializations below are exactly the launch configurations the op
-# wrappers pick (``kernels.quant.BLOCKS``, ``kernels.router.CONFIGS``,
-# ``kernels.decode.CONFIGS``), named the way the wrappers name them, so a
+# wrappers pick (``kiln_kernels.quant.BLOCKS``, ``kiln_kernels.router.CONFIGS``,
+# ``kiln_kernels.decode.CONFIGS``), named the way the wrappers name them, so a
 # shipped artifact is found at run time. Building them imports Triton and the
 # kernel modules, so it happens on the first call, not at import.
 
@@ -115,7 +35,7 @@ _TL = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 
 
 def _quant_specs() -> tuple[Specialization, ...]:
-    from kernels import quant
+    from kiln_kernels import quant
 
     specs = []
     for dt, ptr in _TL.items():
@@ -136,7 +56,7 @@ def _quant_specs() -> tuple[Specialization, ...]:
 
 
 def _router_specs() -> tuple[Specialization, ...]:
-    from kernels import router
+    from kiln_kernels import router
 
     sig = {"h_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "T": "i32", "E": "i32", "D": "i32"}
     sig |= {s: "i32" for s in ("stride_ht", "stride_hd", "stride_we", "stride_wd", "stride_ot", "stride_oe")}
@@ -153,7 +73,7 @@ def _router_specs() -> tuple[Specialization, ...]:
 
 
 def _decode_specs() -> tuple[Specialization, ...]:
-    from kernels import decode
+    from kiln_kernels import decode
 
     strides = ("sq_b", "sq_h", "sk_b", "sk_h", "sv_b", "sv_h", "sg_b", "sg_h", "sbeta_b", "sbeta_h")
     specs = []
@@ -172,32 +92,32 @@ def _decode_specs() -> tuple[Specialization, ...]:
 
 
 def _build() -> tuple[KernelSpec, ...]:
-    from kernels import _decode_tl, _quant_tl, _router_tl, activation, bench_cases
-    from kernels.aot import jit_function as jit  # always a compilable JITFunction
+    from kiln_kernels import _decode_tl, _quant_tl, _router_tl, activation, bench_cases
+    from kiln_kernels.aot import jit_function as jit  # always a compilable JITFunction
 
     gpus = {"cuda": CUDA_ARCHS, "hip": HIP_ARCHS}
     return (
         KernelSpec(
-            name="per_token_quant", module="kernels.quant", supported=gpus,
+            name="per_token_quant", module="kiln_kernels.quant", supported=gpus,
             triton=(TritonEntry("per_token_quant_kernel", jit(_quant_tl.per_token_quant_kernel), _quant_specs()),),
             bench_cases=bench_cases.quant_cases,
             description="row-wise dynamic quantization to int8 / fp8 e4m3",
         ),
         KernelSpec(
-            name="router_logits", module="kernels.router", supported=gpus,
+            name="router_logits", module="kiln_kernels.router", supported=gpus,
             triton=(TritonEntry("router_logits_kernel", jit(_router_tl.router_logits_kernel), _router_specs()),),
             bench_cases=bench_cases.router_cases,
             description="MoE router GEMM, bf16 in, float32 out",
         ),
         KernelSpec(
-            name="gated_delta_decode", module="kernels.decode", supported=gpus,
+            name="gated_delta_decode", module="kiln_kernels.decode", supported=gpus,
             triton=(TritonEntry("gated_delta_decode_kernel", jit(_decode_tl.gated_delta_decode_kernel),
                                 _decode_specs()),),
             bench_cases=bench_cases.decode_cases,
             description="gated delta-rule decode step over a slot pool",
         ),
         KernelSpec(
-            name="silu_and_mul", module="kernels.activation",
+            name="silu_and_mul", module="kiln_kernels.activation",
             supported={"cuda": activation.SUPPORTED_CUDA},
             csrc=CudaSource("kiln_csrc", activation.SOURCES, activation.SUPPORTED_CUDA, activation.LIBRARY),
             bench_cases=bench_cases.activation_cases,
@@ -233,11 +153,4 @@ def targets_for(spec: Specialization, backend: str, arch: str) -> bool:
     if backend not in spec.backends:
         return False
     low = spec.min_arch.get(backend)
-    if low is None:
-        return True
-    if backend == "cuda":
-        from kernels.platform import cuda_arch_key
-
-        return cuda_arch_key(arch) >= cuda_arch_key(low)
-    order = HIP_ARCHS
-    return arch in order and low in order and order.index(arch) >= order.index(low)
+    return low is None or at_least(backend, arch, low)

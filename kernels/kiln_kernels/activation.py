@@ -1,16 +1,17 @@
-"""``silu_and_mul``: the CUDA C++ kernel from ``kernels/csrc/``, called through
-its C ABI with ctypes.
+"""``silu_and_mul``: the CUDA C++ kernel from ``kernels/csrc/``, registered with
+torch as ``torch.ops.kiln_csrc.silu_and_mul``.
 
-The shared library is built by the pipeline's nvcc stage and shipped as
-``kernels/_aot/libkiln_csrc.so`` (a developer build may sit in
-``kernels/csrc/``). :func:`load_library` raises :class:`KernelUnavailableError`
-— never crashes — when there is no GPU or no loadable library; the op itself
-falls back to the torch reference then, saying so once.
+The shared library is a torch extension built by the pipeline's nvcc stage
+for the variant's filtered archs (``kiln.toml``: ``[build.toolchain] torch =
+true``) and shipped as ``kiln_kernels/_aot/libkiln_csrc.so`` (a developer build
+may sit in ``kiln_kernels/csrc/``); :func:`load_library` loads it with
+``torch.ops.load_library``. It raises :class:`KernelUnavailableError` — never
+crashes — when there is no loadable library; the op falls back to the torch
+reference then, or without a CUDA GPU, saying so once.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 from pathlib import Path
@@ -18,18 +19,17 @@ from typing import Literal
 
 import torch
 
-from kernels.errors import KernelUnavailableError
-from kernels.platform import Platform, Settings, current_platform, current_settings, note_path
+from kiln_kernels.errors import KernelUnavailableError
+from kiln_kernels.platform import Platform, Settings, current_platform, current_settings, note_path
 
 KERNEL = "silu_and_mul"
 LIBRARY = "libkiln_csrc.so"
-ABI_VERSION = 1
-SOURCES = ("csrc/silu_and_mul.cu",)
+ABI_VERSION = 2
+SOURCES = ("csrc/silu_and_mul.cu", "csrc/ops.cpp")
 SUPPORTED_CUDA = ("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
 _PKG = Path(__file__).resolve().parent
 SEARCH = (_PKG / "_aot" / LIBRARY, _PKG / "csrc" / LIBRARY)
-_SYMBOL = {torch.float32: "kiln_silu_and_mul_f32", torch.float16: "kiln_silu_and_mul_f16",
-           torch.bfloat16: "kiln_silu_and_mul_bf16"}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 ActivationPath = Literal["csrc", "reference"]
 _log = logging.getLogger("kiln.kernels.activation")
@@ -42,13 +42,9 @@ def activation_path(platform: Platform, settings: Settings, library_loads: bool)
     return "reference"
 
 
-def load_library(path: Path | None = None) -> ctypes.CDLL:
-    """Load the csrc library, or raise :class:`KernelUnavailableError` saying why."""
-    if not torch.cuda.is_available():
-        raise KernelUnavailableError(
-            f"{LIBRARY}: no CUDA GPU is visible (torch.cuda.is_available() is False); "
-            "the csrc kernels need an NVIDIA GPU — the torch reference is used instead"
-        )
+def load_library(path: Path | None = None) -> Path:
+    """Load the csrc library into torch (``torch.ops.kiln_csrc``); its path, or
+    :class:`KernelUnavailableError` saying why not. Needs no GPU: the ops only run on one."""
     if torch.version.hip:
         raise KernelUnavailableError(f"{LIBRARY}: built for NVIDIA GPUs only; this torch is a ROCm build")
     candidates = (path,) if path is not None else SEARCH
@@ -59,23 +55,22 @@ def load_library(path: Path | None = None) -> ctypes.CDLL:
             "build it with the pipeline's nvcc stage or benchmarks/gpu_check.sh"
         )
     try:
-        lib = ctypes.CDLL(str(found))
-        version = lib.kiln_csrc_abi_version()
-    except (OSError, AttributeError) as exc:
-        raise KernelUnavailableError(f"{found}: cannot load the library: {exc}") from exc
+        torch.ops.load_library(str(found))
+        version = torch.ops.kiln_csrc.abi_version()
+    except (OSError, RuntimeError, AttributeError) as exc:
+        raise KernelUnavailableError(f"{found}: cannot load the library into torch: {exc}") from exc
     if version != ABI_VERSION:
-        raise KernelUnavailableError(f"{found}: C ABI version {version}, expected {ABI_VERSION}; rebuild it")
-    for symbol in _SYMBOL.values():
-        fn = getattr(lib, symbol)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    lib.kiln_csrc_last_error.restype = ctypes.c_char_p
-    return lib
+        raise KernelUnavailableError(f"{found}: ABI version {version}, expected {ABI_VERSION}; rebuild it")
+    return found
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
+def _library() -> Path | None:
     try:
+        if not torch.cuda.is_available():
+            raise KernelUnavailableError(
+                f"{LIBRARY}: no CUDA GPU is visible (torch.cuda.is_available() is False); "
+                "the csrc kernels need an NVIDIA GPU — the torch reference is used instead")
         return load_library()
     except KernelUnavailableError as exc:
         _log.warning("silu_and_mul falls back to the torch reference: %s", exc)
@@ -88,15 +83,8 @@ def reference(x: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
 
 
-def _csrc(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
-    rows, d = x.shape[0], x.shape[1] // 2
-    out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    with torch.cuda.device(x.device):
-        rc = getattr(lib, _SYMBOL[x.dtype])(x.data_ptr(), out.data_ptr(), rows, d, stream)
-    if rc != 0:
-        raise RuntimeError(f"{_SYMBOL[x.dtype]} failed ({rc}): {lib.kiln_csrc_last_error().decode()}")
-    return out
+def _csrc(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.kiln_csrc.silu_and_mul(x)
 
 
 @torch.library.custom_op("kiln::silu_and_mul", mutates_args=())
@@ -106,7 +94,7 @@ def _op(x: torch.Tensor) -> torch.Tensor:
     path = activation_path(platform, current_settings(), lib is not None)
     note_path(KERNEL, path)
     if path == "csrc":
-        return _csrc(lib, x.contiguous())
+        return _csrc(x.contiguous())
     return reference(x)
 
 
@@ -119,6 +107,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``(M, 2D)`` -> ``(M, D)``: ``silu(x[:, :D]) * x[:, D:]``, float math."""
     if x.dim() != 2 or x.shape[1] % 2:
         raise ValueError(f"silu_and_mul expects (M, 2D), got shape {tuple(x.shape)}")
-    if x.dtype not in _SYMBOL:
+    if x.dtype not in DTYPES:
         raise TypeError(f"silu_and_mul: dtype {x.dtype} is not float32/float16/bfloat16")
     return torch.ops.kiln.silu_and_mul(x)

@@ -7,12 +7,12 @@ bias always takes the unfused path: no fused path can drop it silently.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 
-from kernels import _launch
-from kernels.platform import Platform, Settings, current_platform, current_settings, note_path
+from kiln_kernels import _launch
+from kiln_kernels.platform import Platform, Settings, current_platform, current_settings, note_path
 
 KERNEL = "router_logits"
 # (BLOCK_T, BLOCK_E, BLOCK_D, num_warps): the registry compiles exactly these.
@@ -54,14 +54,14 @@ def stage_router_weight(weight: torch.Tensor, device: torch.device | str | None 
     return weight.detach().to(device=device or weight.device, dtype=torch.bfloat16).contiguous()
 
 
-def reference(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def reference(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """float32 product of the inputs (plus bias); also the unfused path."""
     out = torch.mm(hidden.float(), weight.float().t())
     return out if bias is None else out + bias.float()
 
 
 def _triton(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    from kernels import _router_tl
+    from kiln_kernels import _router_tl
 
     t, d = hidden.shape
     e = weight.shape[0]
@@ -86,7 +86,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @torch.library.custom_op("kiln::router_logits", mutates_args=())
-def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     path = router_path(
         current_platform(hidden.device), current_settings(), has_bias=bias is not None,
         hidden_dtype=hidden.dtype, weight_dtype=weight.dtype,
@@ -100,7 +100,7 @@ def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
 
 
 @_op.register_fake
-def _fake(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def _fake(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32)
 
 

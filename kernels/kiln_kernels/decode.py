@@ -16,12 +16,12 @@ same slot are a caller error (the Triton path races on it).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 
-from kernels import _launch
-from kernels.platform import Platform, Settings, current_platform, current_settings, note_path
+from kiln_kernels import _launch
+from kiln_kernels.platform import Platform, Settings, current_platform, current_settings, note_path
 
 KERNEL = "gated_delta_decode"
 NULL_BLOCK_ID = -1
@@ -53,7 +53,7 @@ def spec_name(dtype: torch.dtype, config: tuple[int, int, int]) -> str:
 
 def reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, slot_ids: torch.Tensor, scale: Optional[float] = None,
+    state: torch.Tensor, slot_ids: torch.Tensor, scale: float | None = None,
 ) -> torch.Tensor:
     """The torch implementation and fallback path, free of host syncs.
 
@@ -84,7 +84,7 @@ def reference(
 
 
 def _triton(q, k, v, g, beta, state, slot_ids, scale: float) -> torch.Tensor:
-    from kernels import _decode_tl
+    from kiln_kernels import _decode_tl
 
     n_rows, heads, dk = q.shape
     dv = v.shape[-1]
@@ -111,7 +111,7 @@ def _last_dense(t: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("kiln::gated_delta_decode", mutates_args=("state",))
 def _op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, slot_ids: torch.Tensor, scale: Optional[float],
+    state: torch.Tensor, slot_ids: torch.Tensor, scale: float | None,
 ) -> torch.Tensor:
     path = decode_path(current_platform(q.device), current_settings())
     note_path(KERNEL, path)

@@ -4,12 +4,12 @@ results back. Works without a GPU for any CUDA or ROCm target.
 Artifact layout (what the build stage writes under ``kernels/_aot/``): the
 binary (``<stem>.cubin`` / ``<stem>.hsaco``) and, beside it, ``<stem>.json``,
 Triton's own metadata for that binary (kernel name, warps, shared memory...).
-A binary is only valid for the Triton version that produced it.
+A binary is only valid for the Triton version that produced it. Loading one
+back at run time is :mod:`kiln.runtime.loader`'s job.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from pathlib import Path
@@ -20,8 +20,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from kernels.platform import cuda_arch_key
-from kernels.registry import Specialization
+from kiln.runtime.archs import cuda_arch_key
+from kiln_kernels.registry import Specialization
 
 _log = logging.getLogger("kiln.kernels.aot")
 
@@ -70,16 +70,3 @@ def write_artifact(compiled: Any, directory: Path, stem: str) -> Path:
     meta = next(Path(p) for name, p in compiled.metadata_group.items() if name.endswith(".json"))
     shutil.copyfile(meta, binary.with_suffix(".json"))
     return binary
-
-
-def load_compiled(fn: Any, spec: Specialization, binary: Path) -> Any:
-    """Rebuild a launchable ``CompiledKernel`` from an artifact written by
-    :func:`write_artifact`. Launching it needs a GPU of the artifact's arch."""
-    from triton.compiler.compiler import CompiledKernel
-
-    meta = binary.with_suffix(".json")
-    if not meta.is_file():
-        raise FileNotFoundError(f"{meta}: Triton metadata for {binary.name} is missing")
-    group = {binary.name: str(binary), meta.name: str(meta)}
-    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
-    return CompiledKernel(source(fn, spec), group, digest)

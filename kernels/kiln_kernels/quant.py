@@ -10,8 +10,8 @@ from typing import Literal
 
 import torch
 
-from kernels import _launch
-from kernels.platform import Platform, Settings, current_platform, current_settings, note_path
+from kiln_kernels import _launch
+from kiln_kernels.platform import Platform, Settings, current_platform, current_settings, note_path
 
 KERNEL = "per_token_quant"
 EPS = 1e-10
@@ -60,7 +60,7 @@ def reference(x: torch.Tensor, dtype: torch.dtype = torch.int8) -> tuple[torch.T
 
 
 def _triton(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    from kernels import _quant_tl
+    from kiln_kernels import _quant_tl
 
     m, n = x.shape
     q = torch.empty((m, n), dtype=dtype, device=x.device)

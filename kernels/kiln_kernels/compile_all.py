@@ -1,6 +1,6 @@
 """Compile every registry specialization ahead of time, no GPU needed.
 
-    python -m kernels.compile_all --target cuda:9.0 --target hip:gfx942 [--out DIR]
+    python -m kiln_kernels.compile_all --target cuda:9.0 --target hip:gfx942 [--out DIR]
 
 A smoke check for the build stage and for kernel authors: a specialization
 that does not compile for a target fails here, not on a user's machine. Must
@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from kernels import aot
-from kernels.registry import registry, targets_for
+from kiln_kernels import aot
+from kiln_kernels.registry import registry, targets_for
 
 _log = logging.getLogger("kiln.kernels.compile_all")
 

@@ -1,6 +1,6 @@
 """GPU self-check of the ahead-of-time path, end to end.
 
-    python -m kernels.selfcheck [--out FILE.json]
+    python -m kiln_kernels.selfcheck [--out FILE.json]
 
 Compiles one specialization per Triton kernel for *this* device's arch (as
 the build stage would), writes them with a manifest into a scratch
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import _loader, aot, bench_cases, registry, router
-from kernels.platform import current_platform
+from kiln_kernels import _loader, aot, bench_cases, registry, router
+from kiln_kernels.platform import current_platform
 
 # (kernel, entry, specialization, bench-case factory, function to run or None
 # for the case's own). The router's Triton path is called directly: on CUDA
@@ -44,6 +44,7 @@ def build(root: Path, backend: str, arch: str) -> None:
             "kernel": kernel, "entry": entry, "specialization": name, "arch": arch,
             "kind": aot.binary_kind(backend), "path": str(binary.relative_to(root)),
             "sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
+            "signature": dict(spec.signature), "constexprs": dict(spec.constexprs), "aligned": list(spec.aligned),
         })
     (root / "manifest.json").write_text(json.dumps(entries, indent=1))
 
@@ -60,7 +61,7 @@ def run_checks() -> list[dict]:
         got, want = (r[0] if isinstance(r, tuple) else r for r in (got, want))
         torch.cuda.synchronize()
         err = (got.float() - want.float()).abs().max().item()
-        aot_used = _loader._compiled.get((kernel, entry, name, plat)) is not None
+        aot_used = _loader.LOADER.loaded(kernel, entry, name, _loader.device(plat))
         rows.append({"kernel": kernel, "specialization": name, "case": case.name,
                      "aot_used": aot_used, "max_abs_err": err, "ok": aot_used and err <= 1.0})
     return rows
@@ -76,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     plat = current_platform()
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp), plat.backend, plat.arch)
-        _loader.use_root(Path(tmp))
-        rows = run_checks()
+        _loader.LOADER.use_root(Path(tmp))
+        try:
+            rows = run_checks()
+        finally:
+            _loader.LOADER.use_root(_loader.AOT_DIR)
     for r in rows:
         print(f"{r['kernel']:20s} {r['specialization']:20s} aot={r['aot_used']!s:5s} "
               f"max_abs_err={r['max_abs_err']:.3g} {'ok' if r['ok'] else 'FAIL'}")

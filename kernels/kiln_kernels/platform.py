@@ -20,6 +20,10 @@ from typing import Literal
 import torch
 from torch.torch_version import TorchVersion
 
+# cuda_arch_key stays importable from here: it is this package's public name for the shared parse.
+from kiln.runtime.archs import at_least, cuda_arch_key  # noqa: F401
+from kiln.runtime.loader import triton_version
+
 Backend = Literal["cuda", "hip", "cpu"]
 
 _log = logging.getLogger("kiln.kernels.platform")
@@ -47,13 +51,11 @@ class Platform:
 
     def cuda_at_least(self, arch: str) -> bool:
         """True on CUDA when this arch is ``arch`` or newer."""
-        return self.backend == "cuda" and cuda_arch_key(self.arch) >= cuda_arch_key(arch)
+        return self.backend == "cuda" and at_least("cuda", self.arch, arch)
 
     def hip_at_least(self, arch: str) -> bool:
-        """True on a supported ROCm arch at or above ``arch``."""
-        if self.backend != "hip" or self.arch not in HIP_ARCHS:
-            return False
-        return HIP_ARCHS.index(self.arch) >= HIP_ARCHS.index(arch)
+        """True on a supported ROCm arch (see :data:`HIP_ARCHS`) at or above ``arch``."""
+        return self.backend == "hip" and self.arch in HIP_ARCHS and at_least("hip", self.arch, arch)
 
     def torch_at_least(self, version: str) -> bool:
         return TorchVersion(self.torch_version) >= version
@@ -67,15 +69,6 @@ class Platform:
         if self.backend == "cpu":
             return self.interpreter
         return self.cuda_at_least("8.0") or self.hip_at_least("gfx90a")
-
-
-def cuda_arch_key(arch: str) -> tuple[int, int]:
-    """``"9.0a"`` -> ``(9, 0)``; the ``a``/``f`` suffix does not change order."""
-    major, _, minor = arch.rstrip("af").partition(".")
-    try:
-        return int(major), int(minor or 0)
-    except ValueError:
-        raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. '9.0')") from None
 
 
 @dataclass(frozen=True)
@@ -99,18 +92,10 @@ class Settings:
         return kernel not in self.disabled and "all" not in self.disabled
 
 
-def _triton_version() -> str | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return str(triton.__version__)
-
-
 @functools.cache
 def _detect(device: torch.device) -> Platform:
     interpreter = os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
-    base = {"interpreter": interpreter, "triton_version": _triton_version()}
+    base = {"interpreter": interpreter, "triton_version": triton_version()}
     if device.type != "cuda":
         return Platform(backend="cpu", **base)
     props = torch.cuda.get_device_properties(device)

@@ -7,12 +7,12 @@ path runs only when the platform supports it and no ``KILN_DISABLE_<KERNEL>``
 setting turns it off; otherwise the torch reference runs.
 """
 
-from kernels.activation import activation_path, load_library, silu_and_mul
-from kernels.decode import NULL_BLOCK_ID, decode_path, gated_delta_decode
-from kernels.errors import KernelError, KernelUnavailableError
-from kernels.platform import Platform, Settings, current_platform, current_settings, record_paths
-from kernels.quant import per_token_quant, quant_path
-from kernels.router import router_logits, router_path, stage_router_weight
+from kiln_kernels.activation import activation_path, load_library, silu_and_mul
+from kiln_kernels.decode import NULL_BLOCK_ID, decode_path, gated_delta_decode
+from kiln_kernels.errors import KernelError, KernelUnavailableError
+from kiln_kernels.platform import Platform, Settings, current_platform, current_settings, record_paths
+from kiln_kernels.quant import per_token_quant, quant_path
+from kiln_kernels.router import router_logits, router_path, stage_router_weight
 
 __all__ = [
     "NULL_BLOCK_ID",

@@ -1,7 +1,7 @@
 """Errors the kernel library raises on purpose.
 
 ``kernels`` may import only torch and triton (DESIGN.md), so it cannot derive
-from ``release.errors``; the pipeline translates these where it calls us.
+from ``kiln.release.errors``; the pipeline translates these where it calls us.
 """
 
 from __future__ import annotations

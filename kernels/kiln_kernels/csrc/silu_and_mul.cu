@@ -1,18 +1,17 @@
 // Fused SiLU-and-mul: out[r, j] = silu(x[r, j]) * x[r, d + j] for a (rows, 2d)
-// input. Exposed through a plain C ABI so Python loads it with ctypes: no
-// torch extension build, no C++ name mangling, no ABI coupling to torch.
+// input. Device code and its launcher only: no torch headers, so nvcc compiles
+// this file quickly; ops.cpp registers the launcher as a torch op.
 //
-// Every entry point returns 0 on success or a CUDA error code; a host-side
-// argument error returns -1. kiln_last_error() describes the last failure.
+// Returns 0 on success or a CUDA error code; a host-side argument error returns -1.
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-namespace {
+#include "silu_and_mul.h"
 
-thread_local const char* g_last_error = "no error";
+namespace {
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
@@ -43,42 +42,28 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ x, T* __restrict__ out
 
 template <typename T>
 int launch(const void* x, void* out, int64_t rows, int64_t d, void* stream) {
-  if (rows < 0 || d < 0 || rows > 2147483647) {
-    g_last_error = "invalid shape: rows must be in [0, 2^31) and d >= 0";
-    return -1;
-  }
+  if (rows < 0 || d < 0 || rows > 2147483647) return -1;
   if (rows == 0 || d == 0) return 0;
   const int threads = 256;
   int64_t col_blocks = (d + threads - 1) / threads;
   const dim3 grid((unsigned)rows, (unsigned)(col_blocks < 65535 ? col_blocks : 65535));
   silu_and_mul_kernel<T><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const T*>(x), static_cast<T*>(out), d);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    g_last_error = cudaGetErrorString(err);
-    return static_cast<int>(err);
-  }
-  return 0;
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
-extern "C" {
-
-int kiln_csrc_abi_version(void) { return 1; }
-
-const char* kiln_csrc_last_error(void) { return g_last_error; }
-
-int kiln_silu_and_mul_f32(const void* x, void* out, int64_t rows, int64_t d, void* stream) {
-  return launch<float>(x, out, rows, d, stream);
+int kiln_silu_and_mul(KilnDtype dtype, const void* x, void* out, int64_t rows, int64_t d, void* stream) {
+  switch (dtype) {
+    case KilnDtype::f32: return launch<float>(x, out, rows, d, stream);
+    case KilnDtype::f16: return launch<__half>(x, out, rows, d, stream);
+    case KilnDtype::bf16: return launch<__nv_bfloat16>(x, out, rows, d, stream);
+  }
+  return -1;
 }
 
-int kiln_silu_and_mul_f16(const void* x, void* out, int64_t rows, int64_t d, void* stream) {
-  return launch<__half>(x, out, rows, d, stream);
+const char* kiln_cuda_error_string(int code) {
+  return code < 0 ? "invalid shape: rows must be in [0, 2^31) and d >= 0"
+                  : cudaGetErrorString(static_cast<cudaError_t>(code));
 }
-
-int kiln_silu_and_mul_bf16(const void* x, void* out, int64_t rows, int64_t d, void* stream) {
-  return launch<__nv_bfloat16>(x, out, rows, d, stream);
-}
-
-}  // extern "C"
