@@ -8,33 +8,95 @@ that names the key (with a did-you-mean for typos) before anything starts.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import threading
 import tomllib
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import InvalidName, canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from release.errors import ConfigError, InvalidInputError
-from tasks.archs import validate_arch
+from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
+from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.tasks.bench.results import Metric
+from kiln.tasks.build.archs import validate_arch
+from kiln.tasks.config_build import Build, Testing, Toolchain  # noqa: F401 - Toolchain: part of the config's API
+from kiln.tasks.config_fields import (
+    BlockName, Endpoint, IndexUrl, Prefix, ProjectPath, Region, RoleArn, StorePrefix, check_store_url,
+)
 
+# Closed sets, each spelled once: argparse choices and run-time checks derive from them (get_args).
 Backend = Literal["cuda", "hip", "cpu"]
-Step = Literal["build", "test", "bench", "publish-nightly", "publish-release"]
-STEPS: tuple[str, ...] = ("build", "test", "bench", "publish-nightly", "publish-release")
+Channel = Literal["nightly", "release"]
+BenchSize = Literal["small", "large"]
+CHANNELS: tuple[Channel, ...] = get_args(Channel)
+BENCH_SIZES: tuple[BenchSize, ...] = get_args(BenchSize)
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _requirement(value: str) -> str:
+    try:
+        Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{value!r} is not a valid requirement: {str(exc).splitlines()[0]}") from exc
+    return value
+
+
+def _dotted_name(value: str) -> bool:
+    return all(part.isidentifier() for part in value.split("."))
+
+
 class Project(_Model):
     package: str
     distribution: str
     version: str
-    source: str
-    registry: str
+    source: ProjectPath
+    # The kernel registry ("module:attribute"): Kiln compiles its Triton kernels and CUDA sources.
+    # Optional when [build] backend = "pep517" builds the wheel without one.
+    registry: str | None = None
     requires_python: str = ">=3.10"
-    dependencies: tuple[str, ...] = ()
+    dependencies: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
+    # Publish the kiln-runtime wheel (kiln.runtime: spec types and the artifact loader) beside
+    # this project's wheels and test against it; default: when there is a registry.
+    runtime: bool | None = None
+
+    @property
+    def ships_runtime(self) -> bool:
+        return self.registry is not None if self.runtime is None else self.runtime
+
+    @field_validator("package")
+    @classmethod
+    def _import_name(cls, value: str) -> str:
+        if not _dotted_name(value):
+            raise ValueError(f"{value!r} is not an import name (dotted Python identifiers, e.g. 'my_kernels')")
+        return value
+
+    @field_validator("distribution")
+    @classmethod
+    def _pep508_name(cls, value: str) -> str:
+        try:
+            canonicalize_name(value, validate=True)
+        except InvalidName as exc:
+            raise ValueError(f"{value!r} is not a valid distribution name (PEP 508): letters, digits, '-', '_', '.',"
+                             " starting and ending with a letter or digit") from exc
+        return value
+
+    @field_validator("requires_python")
+    @classmethod
+    def _specifier(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"{value!r} is not a valid version specifier (e.g. '>=3.10'): {exc}") from exc
+        return value
 
     @field_validator("version")
     @classmethod
@@ -49,10 +111,12 @@ class Project(_Model):
 
     @field_validator("registry")
     @classmethod
-    def _entry_point(cls, value: str) -> str:
+    def _entry_point(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         module, _, attr = value.partition(":")
-        if not module or not attr:
-            raise ValueError(f"{value!r} must be 'module:attribute'")
+        if not module or not attr or not _dotted_name(module) or not _dotted_name(attr):
+            raise ValueError(f"{value!r} must be 'module:attribute' (dotted Python names)")
         return value
 
 
@@ -60,9 +124,11 @@ class Variant(_Model):
     name: str = Field(pattern=r"^[a-z][a-z0-9]*$")
     backend: Backend
     archs: tuple[str, ...] = ()
+    # Requires-Dist of this variant's wheel beyond [project].dependencies (e.g. a CUDA runtime).
+    dependencies: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
 
     @model_validator(mode="after")
-    def _archs(self) -> "Variant":
+    def _archs(self) -> Variant:
         if self.backend == "cpu" and self.archs:
             raise ValueError(f"variant {self.name!r}: backend 'cpu' takes no archs")
         try:
@@ -75,64 +141,68 @@ class Variant(_Model):
         return self
 
 
-class Build(_Model):
-    cache_dir: str = ".kiln/cache"
-    jobs: int = Field(default=2, ge=1, le=256)
-    unit_timeout_s: float = Field(default=300, gt=0)
-
-
 class Suite(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    paths: tuple[str, ...]
+    paths: tuple[ProjectPath, ...]
     markers: str = ""
     gpus: int = Field(default=0, ge=0)
-    depends: tuple[str, ...] = ()
+    depends: tuple[ProjectPath, ...] = ()
     required: bool = True
     timeout_s: float = Field(default=300, gt=0)
     # A GPU work pool: the nightly dispatches this suite to the pool's
     # "test/gpu-tests-<pool>" deployment when the server has it, else runs it here.
     pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]*$")
     deadline_s: float = Field(default=3600, gt=0)  # the whole suite, when dispatched
+    # The variants whose installed wheel the suite tests (default: the CPU variants for a
+    # suite of no GPUs, the GPU variants otherwise) and what else its tests import.
+    variants: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    # A required suite that could not run here (no GPU of its kind) holds its variant
+    # back unless this says the variant may be published untested on its hardware.
+    publish_untested: bool = False
 
 
 class Bench(_Model):
-    size: Literal["small", "large"] = "small"
+    size: BenchSize = "small"
     threshold: float = Field(default=0.05, gt=0, lt=10)
-    history: str = "bench-history"
+    history: StorePrefix = "bench-history"
+    # Decision metrics whose regressions stop a release. CUDA-graph replay on a dedicated GPU is
+    # steady enough to block; CPU timings on a shared machine are advisory unless listed here.
+    blocking_metrics: tuple[Metric, ...] = ("graph_replay",)
 
 
 class Target(_Model):
-    url: str
-    region: str | None = None
-    endpoint: str | None = None
+    url: Annotated[str, AfterValidator(check_store_url)]
+    region: Region | None = None
+    endpoint: Endpoint | None = None
     expected_owner: str | None = Field(default=None, pattern=r"^[0-9]{12}$")
-
-    @field_validator("url")
-    @classmethod
-    def _scheme(cls, value: str) -> str:
-        if value.startswith("file://"):
-            if not value[len("file://"):]:
-                raise ValueError(f"{value!r} names no directory")
-            return value
-        if value.startswith("s3://"):
-            bucket = value[len("s3://"):].split("/", 1)[0]
-            if not bucket:
-                raise ValueError(f"{value!r} names no bucket")
-            return value
-        raise ValueError(f"{value!r} must start with file:// or s3://")
+    # Whether the S3 server checks the ChecksumSHA256 it is sent (then a write needs no
+    # read-back). Unset: true on AWS, false with a custom endpoint (moto does not check).
+    verifies_checksums: bool | None = None
 
     @property
     def kind(self) -> Literal["file", "s3"]:
         return "s3" if self.url.startswith("s3://") else "file"
 
+    @model_validator(mode="after")
+    def _s3_only(self) -> Target:
+        if self.verifies_checksums is not None and self.kind != "s3":
+            raise ValueError(f"verifies_checksums applies to s3:// targets only, not {self.url!r}")
+        return self
+
 
 class Publish(_Model):
     default_target: str = "local"
-    channels: dict[Literal["nightly", "release"], str] = {"nightly": "nightly", "release": "release"}
+    channels: dict[Channel, StorePrefix] = {"nightly": "nightly", "release": "release"}
     targets: dict[str, Target] = {}
+    # Where the project's dependencies come from when installing from a Kiln index (which holds only the
+    # project's own wheels): named in the install hint of every run and used by `kiln verify` on request.
+    extra_index_urls: tuple[IndexUrl, ...] = ("https://pypi.org/simple",)
+    # Pinned third-party wheels re-published in every index (see kiln.release.pins), relative to kiln.toml.
+    pins: ProjectPath | None = None
 
     @model_validator(mode="after")
-    def _default_exists(self) -> "Publish":
+    def _default_exists(self) -> Publish:
         if self.default_target not in self.targets:
             raise ValueError(f"default_target {self.default_target!r} is not one of {sorted(self.targets)}")
         return self
@@ -141,12 +211,12 @@ class Publish(_Model):
 class Credentials(_Model):
     """Where a step's store credentials come from; exactly one source."""
 
-    block: str | None = None
-    role_arn: str | None = None
+    block: BlockName | None = None
+    role_arn: RoleArn | None = None
     ambient: bool = False
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Credentials":
+    def _one_source(self) -> Credentials:
         chosen = [n for n, v in (("block", self.block), ("role_arn", self.role_arn), ("ambient", self.ambient)) if v]
         if len(chosen) != 1:
             raise ValueError(f"give exactly one of block, role_arn, ambient = true (got {chosen or 'none'})")
@@ -154,8 +224,8 @@ class Credentials(_Model):
 
 
 class Permission(_Model):
-    read: tuple[str, ...] = ()
-    write: tuple[str, ...] = ()
+    read: tuple[Prefix, ...] = ()
+    write: tuple[Prefix, ...] = ()
     credentials: Credentials = Credentials(ambient=True)
 
 
@@ -164,6 +234,7 @@ class KilnConfig(_Model):
     variants: tuple[Variant, ...]
     build: Build = Build()
     suites: tuple[Suite, ...] = ()
+    testing: Testing = Testing()
     bench: Bench = Bench()
     artifacts: Target = Target(url="file://.kiln/artifacts")
     publish: Publish
@@ -171,12 +242,29 @@ class KilnConfig(_Model):
     root: Path = Field(default=Path("."), exclude=True)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "KilnConfig":
+    def _unique_names(self) -> KilnConfig:
         for kind, names in (("variant", [v.name for v in self.variants]), ("suite", [s.name for s in self.suites])):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"duplicate {kind} names: {dupes}")
+        known = {v.name for v in self.variants}
+        for index, suite in enumerate(self.suites):
+            unknown = [name for name in suite.variants if name not in known]
+            if unknown:
+                raise ValueError(f"suites[{index}].variants: unknown variants {unknown} (suite {suite.name!r}); "
+                                 f"kiln.toml defines {sorted(known)}")
+        if self.project.registry is None and self.build.backend != "pep517":
+            raise ValueError("project.registry is missing: Kiln's own wheel builder compiles the kernels a registry"
+                             " names; give one, or set [build] backend = \"pep517\" to build with the project's"
+                             " pyproject.toml")
         return self
+
+    def suite_variants(self, suite: Suite) -> tuple[Variant, ...]:
+        """The variants ``suite`` tests: its own list, else by the hardware it needs."""
+        if suite.variants:
+            return tuple(self.variant(name) for name in suite.variants)
+        wanted = [v for v in self.variants if (v.backend == "cpu") == (suite.gpus == 0)]
+        return tuple(wanted or self.variants[:1])
 
     @property
     def suites_by_name(self) -> dict[str, Suite]:
@@ -191,6 +279,12 @@ class KilnConfig(_Model):
     def path(self, relative: str) -> Path:
         """A path from kiln.toml, resolved against the file's directory."""
         return (self.root / relative).resolve()
+
+    @property
+    def import_root(self) -> Path:
+        """The directory the package is imported from: the parent of ``project.source``
+        (the project root for a flat layout, ``src/`` for a src layout)."""
+        return self.path(self.project.source).parent
 
 
 def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -217,7 +311,8 @@ def _explain(exc: ValidationError, source: str) -> ConfigError:
         if error["type"] == "extra_forbidden":
             known = [k for k in _field_names(KilnConfig, loc) if k != "root"]
             hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else (f"; known keys: {', '.join(known)}" if known else "")
+            listing = f"; known keys: {', '.join(known)}" if known else ""
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else listing
             lines.append(f"unknown key {key!r}{suggestion}")
         elif error["type"] == "missing":
             lines.append(f"missing key {key!r}")
@@ -231,12 +326,20 @@ def _check_paths(config: KilnConfig, source: str) -> None:
     missing = []
     if not config.path(config.project.source).is_dir():
         missing.append(f"project.source = {config.project.source!r}")
+    if config.build.backend == "pep517" and not (config.path(config.build.project_dir) / "pyproject.toml").is_file():
+        missing.append(f"build.project_dir = {config.build.project_dir!r} has no pyproject.toml (backend = 'pep517')")
+    if config.publish.pins and not config.path(config.publish.pins).is_file():
+        missing.append(f"publish.pins = {config.publish.pins!r}")
+    toolchain = config.build.toolchain
+    for key, paths in (("include_dirs", toolchain.include_dirs), ("library_dirs", toolchain.library_dirs)):
+        missing += [f"build.toolchain.{key}: {p!r}" for p in paths if not config.path(p).is_dir()]
     for index, suite in enumerate(config.suites):
         for path in suite.paths:
             if not config.path(path).exists():
                 missing.append(f"suites[{index}].paths: {path!r} (suite {suite.name!r})")
     if missing:
-        raise ConfigError(f"{source} names paths that do not exist (relative to {config.root}):\n  - " + "\n  - ".join(missing))
+        raise ConfigError(f"{source} names paths that do not exist (relative to {config.root}):\n  - "
+                          + "\n  - ".join(missing))
 
 
 def parse_config(data: dict[str, Any], root: Path, source: str = "kiln.toml") -> KilnConfig:
@@ -248,17 +351,44 @@ def parse_config(data: dict[str, Any], root: Path, source: str = "kiln.toml") ->
     return config
 
 
+# One config object per file content per process: repeated loads (every flow
+# and task loads kiln.toml) return the same frozen object without re-parsing.
+_CACHE_SIZE = 32
+_cache: OrderedDict[tuple[str, bytes], KilnConfig] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def load_config(path: str | Path = "kiln.toml") -> KilnConfig:
-    """Read and validate ``kiln.toml``; raise :class:`ConfigError` on any problem."""
+    """Read and validate ``kiln.toml``; raise :class:`ConfigError` on any problem.
+
+    Within a process the same file content at the same path gives the same
+    object (an edited file is read afresh); a config that failed is not kept.
+    The paths it names are checked when the content is first loaded.
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist (pass --config FILE)") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc}") from exc
+    key = (str(path.resolve()), hashlib.sha256(raw).digest())
+    with _cache_lock:  # held while parsing, so concurrent first loads agree on one object
+        config = _cache.get(key)
+        if config is None:
+            config = _parse_bytes(raw, path)
+            _cache[key] = config
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        _cache.move_to_end(key)
+    return config
+
+
+def _parse_bytes(raw: bytes, path: Path) -> KilnConfig:
     try:
-        data = tomllib.loads(text)
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     return parse_config(data, path.parent, str(path))

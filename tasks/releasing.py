@@ -1,6 +1,6 @@
 """The release's own decisions: version checks, the publish gate, page rollback.
 
-Plain functions (no Prefect): :mod:`flows.release` orders them. The store is
+Plain functions (no Prefect): :mod:`kiln.flows.release` orders them. The store is
 passed in, so tests hand in a local directory or an S3 server on loopback.
 """
 
@@ -9,27 +9,30 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from release.errors import ConfigError, ConflictError, InvalidInputError, KilnError, RegressionError
-from release.fsutil import atomic_write_bytes, atomic_write_text
-from release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
-from release.publish import PAGE_CACHE
-from release.store import Store, open_store
+from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.release.fetch import StoreSettings
+from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
+from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
+from kiln.release.publish import PAGE_CACHE
+from kiln.release.store import Store, open_store
+from kiln.release.swap import put_until_swapped
 
 log = logging.getLogger("kiln.release")
 
 PAGE_NAMES = (HTML_PAGE, JSON_PAGE)
+# Prefect's state types, the words a stage's final state is given in (tests check it against prefect's StateType).
+StateName = Literal["SCHEDULED", "PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "CRASHED", "PAUSED",
+                    "CANCELLING"]
+COMPLETED: StateName = "COMPLETED"
 
-CAS_ATTEMPTS = 5
-
-
-class ReleaseGateError(KilnError):
-    """A stage before publishing failed; the release stops with nothing published."""
 
 
 def channel_prefix(config: Any, channel: str) -> str:
@@ -41,12 +44,34 @@ def channel_prefix(config: Any, channel: str) -> str:
 
 
 def open_target(config: Any, out: str, session: Any = None, target: str | None = None) -> Store:
-    """The publish target's store (``{out}`` in a ``file://`` URL is the run directory)."""
+    """The publish target's store (``{out}`` in a ``file://`` URL is the ``--out`` directory)."""
     name = target or config.publish.default_target
     spec = config.publish.targets[name]
     url = spec.url.replace("{out}", str(Path(out).resolve()))
     return open_store(url, root=config.root, region=spec.region, endpoint=spec.endpoint,
-                      expected_owner=spec.expected_owner, session=session)
+                      expected_owner=spec.expected_owner, session=session,
+                      verifies_checksums=spec.verifies_checksums)
+
+
+def store_settings_for(config: Any, url: str, session: Any = None) -> StoreSettings:
+    """How to open an ``s3://`` index URL: the settings of the publish target in that bucket.
+
+    The default target wins when several share the bucket; a bucket no target
+    names is opened with boto3's defaults (region and endpoint from the environment).
+    """
+    bucket = urlsplit(url).netloc
+    targets = sorted(config.publish.targets.items(), key=lambda item: item[0] != config.publish.default_target)
+    for _, spec in targets:
+        if spec.kind == "s3" and urlsplit(spec.url).netloc == bucket:
+            return StoreSettings(spec.region, spec.endpoint, spec.expected_owner, session)
+    log.info("no publish target in kiln.toml names bucket %r; opening %s with boto3's defaults", bucket, url)
+    return StoreSettings(session=session)
+
+
+def install_info(config: Any) -> dict[str, Any]:
+    """What a run records for its install hint (:mod:`kiln.flows.summary` renders it from run.json alone)."""
+    return {"distribution": config.project.distribution, "dependencies": list(config.project.dependencies),
+            "extra_index_urls": list(config.publish.extra_index_urls)}
 
 
 def _project_pages(store: Store, prefix: str, distribution: str) -> list[str]:
@@ -84,22 +109,63 @@ def check_version(version: str, channel: str, published: Iterable[Version]) -> s
     return str(wanted)
 
 
-def check_gate(stages: Mapping[str, tuple[str, str]], allow_regressions: str | None) -> str:
+@dataclass(frozen=True)
+class GateDecision:
+    """Whether the release may go on to approval, and the lines that say why (for the summary)."""
+
+    passed: bool
+    lines: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _bench_lines(comparison: Mapping[str, Any] | None) -> tuple[str, list[str], list[str]]:
+    """(what the bench was compared with, blocking regressions, advisory regressions)."""
+    if not comparison:
+        return "benchmarks were not compared", [], []
+    if not comparison.get("baseline_run"):
+        notes = comparison.get("notes") or ["no baseline"]
+        return f"benchmarks: {notes[0]}; the gate passes on build and tests", [], []
+    against = (f"the last published release (run {comparison['baseline_run']}, {comparison.get('compared', 0)} "
+               f"cases, threshold {float(comparison.get('threshold', 0)):.0%})")
+    return f"benchmarks compared with {against}", list(comparison.get("blocking") or []), \
+        list(comparison.get("advisory") or [])
+
+
+def gate_decision(stages: Mapping[str, tuple[StateName, str]], comparison: Mapping[str, Any] | None,
+                  allow_regressions: str | None) -> GateDecision:
     """Decide whether the release may go on to approval and publishing.
 
-    ``stages`` maps a stage name to its final state's (type, message). A failed
-    build or test always stops the release; a failed bench stops it unless
-    ``allow_regressions`` gives the reason, which the returned summary records.
+    ``stages`` maps a stage name to its final state's (type, message);
+    ``comparison`` is what the bench stage recorded (:func:`kiln.tasks.bench.compare.comparison_record`).
+    A failed build or test always stops the release. A failed bench stops it unless
+    ``allow_regressions`` gives the reason. Regressions on metrics that do not block
+    (CPU timings, by default) are listed as advisory and never stop it.
     """
-    failed = {name: message for name, (kind, message) in stages.items() if kind != "COMPLETED"}
-    blocking = {n: m for n, m in failed.items() if n != "bench" or not allow_regressions}
-    if blocking:
-        detail = "; ".join(f"{n}: {m or 'failed'}" for n, m in sorted(blocking.items()))
-        error = RegressionError if set(blocking) == {"bench"} else ReleaseGateError
-        raise error(f"release stopped before publishing — {detail}")
-    if "bench" in failed:
-        return f"published despite benchmark regressions, because: {allow_regressions} ({failed['bench']})"
-    return "build, tests and benchmarks passed"
+    failed = {name: message for name, (kind, message) in stages.items() if kind != COMPLETED}
+    head, blocking, advisory = _bench_lines(comparison)
+    stopped = {n: m for n, m in failed.items() if n != "bench" or not allow_regressions}
+    lines = [head]
+    if stopped:
+        detail = "; ".join(f"{n}: {(m or 'failed').splitlines()[0]}" for n, m in sorted(stopped.items()))
+        lines = [f"release stopped before publishing — {detail}", head]
+        if blocking:
+            lines += [f"blocking regressions ({len(blocking)}):", *(f"  {line}" for line in blocking),
+                      "to publish anyway, give the reason: kiln release --allow-regressions REASON"]
+        return GateDecision(False, tuple(lines))
+    if allow_regressions and ("bench" in failed or blocking or advisory):
+        lines.append(f"published despite benchmark regressions, because: {allow_regressions}"
+                     + (f" ({failed['bench'].splitlines()[0]})" if "bench" in failed else ""))
+        lines += [f"  {line}" for line in blocking + advisory]
+    elif advisory:
+        metrics = comparison.get("blocking_metrics") if comparison else None
+        lines.append(f"advisory regressions ({len(advisory)}; only {metrics or 'every metric'} timings block "
+                     f"a release — kiln.toml [bench] blocking_metrics):")
+        lines += [f"  {line}" for line in advisory]
+    lines.append("build, tests and benchmarks passed the gate")
+    return GateDecision(True, tuple(lines))
 
 
 def snapshot_pages(store: Store, prefix: str, directory: Path) -> list[str]:
@@ -120,16 +186,7 @@ def snapshot_pages(store: Store, prefix: str, directory: Path) -> list[str]:
 
 def _restore_one(store: Store, key: str, old: bytes) -> bool:
     content_type = HTML_TYPE if key.endswith(HTML_PAGE) else JSON_TYPE
-    for _attempt in range(CAS_ATTEMPTS):  # bounded: a concurrent publisher is refused by the deployment limit
-        current = store.get_page(key)
-        if current is not None and current[0] == old:
-            return False
-        try:
-            store.put_page(key, old, content_type, PAGE_CACHE, current[1] if current else None)
-            return True
-        except ConflictError:
-            continue
-    raise ConflictError(f"could not restore {key}: it kept changing ({CAS_ATTEMPTS} attempts)")
+    return put_until_swapped(store, key, old, content_type, PAGE_CACHE)
 
 
 def restore_pages(store: Store, directory: Path) -> dict[str, list[str]]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
 import re
+import time
 
 from packaging.version import InvalidVersion, Version
 
-from release.errors import InvalidInputError
+from kiln.release.errors import InvalidInputError
 
 # PEP 440 local labels: alphanumerics separated by dots; packaging normalises
 # the rest, so a name it would rewrite is refused rather than silently changed.
@@ -28,12 +28,18 @@ def check_version(version: str) -> str:
     return version
 
 
-def nightly_version(base: str, day: datetime.date) -> str:
-    """``("0.1.0", 2026-11-29)`` -> ``"0.1.0.dev20261129"``."""
+def nightly_version(base: str, commit_time: int | None) -> str:
+    """``("0.1.0", <2026-11-29 21:07:03 UTC>)`` -> ``"0.1.0.dev20261129210703"``.
+
+    The dev number is the commit's time: rebuilding a commit gives the same
+    version, and later commits sort higher. ``None`` (no commit: not a git
+    checkout) gives ``.dev0``, which such a run can never publish.
+    """
     parsed = _parse(base)
     if parsed.local or parsed.dev is not None:
         raise InvalidInputError(f"nightly base version {base!r} must have neither a .dev nor a +local part")
-    return str(Version(f"{parsed.public}.dev{day:%Y%m%d}"))
+    stamp = "0" if commit_time is None else time.strftime("%Y%m%d%H%M%S", time.gmtime(commit_time))
+    return str(Version(f"{parsed.public}.dev{stamp}"))
 
 
 def variant_version(version: str, variant: str) -> str:
@@ -42,5 +48,7 @@ def variant_version(version: str, variant: str) -> str:
     if parsed.local:
         raise InvalidInputError(f"version {version!r} already has a local part; the variant adds it")
     if not _LOCAL.match(variant):
-        raise InvalidInputError(f"variant name {variant!r} cannot be a PEP 440 local label (lowercase letters and digits)")
+        raise InvalidInputError(
+            f"variant name {variant!r} cannot be a PEP 440 local label (lowercase letters and digits)"
+        )
     return str(Version(f"{parsed}+{variant}"))

@@ -1,0 +1,1 @@
+"""The benchmark stage: harness, statistics, results, comparison, history, reports."""

@@ -1,0 +1,219 @@
+"""Benchmark history in the artifact store: one immutable results file per run.
+
+Keys are ``<bench.history>/<UTC timestamp>-<run id>.json``; the timestamp is
+fixed-width, so the store's sorted listing is chronological and ``last``
+never needs to read more than the files it skips. Results are written
+create-only (same bytes again is success), so a retried task cannot rewrite
+history.
+
+``last`` is the newest stored *nightly* result of the same variant and
+decision metric: an ad-hoc ``kiln bench`` on a laptop must not become the
+baseline the next release is judged against.
+
+A release is judged against the last *published release* of its channel
+(``published:<channel>``), never a nightly or a dry run: after a release is
+published and verified, its results are stored again under
+``<bench.history>/published/<channel>/`` (same key scheme), and only those
+entries are read for that baseline. Nightly history lists only the direct
+children of ``<bench.history>/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kiln.release.errors import InvalidInputError, KilnError
+from kiln.release.store import Store, open_store
+from kiln.tasks.bench.results import BenchResults, load_results, parse_results
+from kiln.tasks.config import KilnConfig
+
+_log = logging.getLogger("kiln.bench")
+
+CONTENT_TYPE = "application/json"
+CACHE_CONTROL = "public, max-age=31536000, immutable"
+HISTORY_LIMIT = 30  # runs drawn in the trend plot
+PUBLISHED = "published"  # <history>/published/<channel>/: results of published releases
+PUBLISHED_COMPARE = "published:"  # --compare published:<channel>
+
+
+def history_store(config: KilnConfig, session: Any = None) -> Store:
+    """The artifact store ``[artifacts]`` names; ``session`` holds the bench step's credentials."""
+    target = config.artifacts
+    return open_store(target.url, root=config.root, region=target.region, endpoint=target.endpoint,
+                      expected_owner=target.expected_owner, session=session,
+                      verifies_checksums=target.verifies_checksums)
+
+
+def _prefix(config: KilnConfig) -> str:
+    return config.bench.history.strip("/") + "/"
+
+
+def _published_prefix(config: KilnConfig, channel: str) -> str:
+    return f"{_prefix(config)}{PUBLISHED}/{channel}/"
+
+
+def history_key(config: KilnConfig, results: BenchResults, channel: str | None = None) -> str:
+    """``<history>/<stamp>-<run>.json``; a published release's copy lives under ``published/<channel>/``."""
+    stamp = results.created.replace("-", "").replace(":", "")  # 2026-11-29T19:02:27Z -> 20261129T190227Z
+    run_id = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in results.run_id)
+    prefix = _prefix(config) if channel is None else _published_prefix(config, channel)
+    return f"{prefix}{stamp}-{run_id}.json"
+
+
+def store_results(store: Store, config: KilnConfig, results: BenchResults, channel: str | None = None) -> str:
+    """Store ``results`` create-only; with ``channel``, as that channel's published release baseline."""
+    key = history_key(config, results, channel)
+    _log.info("storing benchmark results as %s/%s", store.url, key)
+    store.put_immutable(key, results.to_json().encode("utf-8"), CONTENT_TYPE, CACHE_CONTROL)
+    return key
+
+
+def _read(store: Store, key: str) -> BenchResults | None:
+    """A stored result, or None (with a warning) when it vanished or does not validate."""
+    data = store.get(key)
+    if data is None:
+        return None
+    try:
+        return parse_results(data, f"{store.url}/{key}")
+    except InvalidInputError as exc:
+        _log.warning("skipping unreadable history entry: %s", exc)
+        return None
+
+
+def load_history(
+    store: Store, config: KilnConfig, *, variant: str, metric: str, limit: int = HISTORY_LIMIT
+) -> list[BenchResults]:
+    """Up to ``limit`` stored results of ``variant``/``metric``, oldest first."""
+    found: list[BenchResults] = []
+    for key in reversed(_nightly_keys(store, config)):
+        if len(found) >= limit:
+            break
+        results = _read(store, key)
+        if results is not None and results.variant == variant and results.decision_metric == metric:
+            found.append(results)
+    return found[::-1]
+
+
+def _nightly_keys(store: Store, config: KilnConfig) -> list[str]:
+    """Keys directly under the history prefix (published copies live one level down)."""
+    prefix = _prefix(config)
+    return [k for k in store.list(prefix) if "/" not in k[len(prefix):]]
+
+
+def last_nightly(store: Store, config: KilnConfig, *, variant: str, metric: str,
+                 exclude_run: str = "") -> BenchResults | None:
+    """The newest stored nightly result of ``variant``/``metric``, or None when there is none yet."""
+    for key in reversed(_nightly_keys(store, config)):
+        results = _read(store, key)
+        if (results is not None and results.flow == "nightly" and results.run_id != exclude_run
+                and results.variant == variant and results.decision_metric == metric):
+            _log.info("baseline 'last': %s/%s (run %s)", store.url, key, results.run_id)
+            return results
+    return None
+
+
+def last_published(store: Store, config: KilnConfig, channel: str, *, variant: str,
+                   metric: str) -> BenchResults | None:
+    """The results of the newest published release on ``channel`` of ``variant``/``metric``, or None."""
+    prefix = _published_prefix(config, channel)
+    for key in reversed(store.list(prefix)):
+        results = _read(store, key)
+        if results is not None and results.variant == variant and results.decision_metric == metric:
+            _log.info("baseline: the last published %s release, %s/%s (run %s)", channel, store.url, key,
+                      results.run_id)
+            return results
+    return None
+
+
+@dataclass(frozen=True)
+class BaselineChoice:
+    """What ``--compare`` asks for: nothing, the last nightly, a channel's last published release, a file."""
+
+    kind: Literal["none", "last", "published", "file"]
+    value: str = ""  # the channel, or the file
+
+    def missing(self, variant: str, metric: str) -> str:
+        """Why there is nothing to compare against, for the unit messages and the release gate."""
+        if self.kind == "published":
+            return (f"no release published on the {self.value} channel with {variant} results measured on "
+                    f"{metric} yet: nothing to compare against")
+        if self.kind == "last":
+            return f"no stored nightly result of variant {variant} ({metric}) yet: nothing to compare against"
+        return "no baseline"
+
+
+def parse_compare(compare: str | None) -> BaselineChoice:
+    """``None``, ``"last"``, ``"published:<channel>"`` or a results file path."""
+    if compare is None:
+        return BaselineChoice("none")
+    if compare == "last":
+        return BaselineChoice("last")
+    if compare.startswith(PUBLISHED_COMPARE):
+        channel = compare[len(PUBLISHED_COMPARE):]
+        if not channel or not all(ch.isalnum() or ch in "-_" for ch in channel):
+            raise InvalidInputError(f"--compare {compare!r}: name a channel, e.g. 'published:release'")
+        return BaselineChoice("published", channel)
+    return BaselineChoice("file", compare)
+
+
+def resolve_baseline(compare: str | None, current: BenchResults, config: KilnConfig,
+                     store: Store | None) -> BenchResults | None:
+    """``None`` → no comparison; ``"last"`` → the previous nightly (None on the first night);
+    ``"published:<channel>"`` → that channel's last published release (None before the first); else a file."""
+    choice = parse_compare(compare)
+    if choice.kind == "none":
+        return None
+    if choice.kind == "file":
+        return load_results(choice.value)
+    if store is None:
+        raise InvalidInputError(f"--compare {compare} needs the artifact store, which could not be opened")
+    if choice.kind == "last":
+        found = last_nightly(store, config, variant=current.variant, metric=current.decision_metric,
+                             exclude_run=current.run_id)
+    else:
+        found = last_published(store, config, choice.value, variant=current.variant, metric=current.decision_metric)
+    if found is None:
+        _log.warning("%s (%s/%s)", choice.missing(current.variant, current.decision_metric), store.url,
+                     _prefix(config))
+    return found
+
+
+def check_compare(compare: str | None) -> None:
+    """Validate ``--compare`` before measuring: ``None``, ``"last"``, ``published:<channel>`` or a readable file."""
+    choice = parse_compare(compare)
+    if choice.kind == "file":
+        load_results(choice.value)
+
+
+def open_history(config: KilnConfig, session_factory: Callable[[], Any] | None = None) -> Store | None:
+    """The history store, or None (logged) when it cannot be opened.
+
+    ``session_factory`` gives the bench step's boto3 session; it is called only
+    for an ``s3://`` store, so a local run needs no credentials. Losing history
+    is a warning, not a failed benchmark; ``--compare last`` then fails clearly.
+    """
+    try:
+        session = session_factory() if config.artifacts.kind == "s3" and session_factory else None
+        return history_store(config, session)
+    except KilnError as exc:
+        _log.warning("benchmark history unavailable: %s", exc)
+        return None
+
+
+def store_if(enabled: bool, store: Store | None, config: KilnConfig, results: BenchResults) -> str:
+    """Store ``results`` when asked to and a store is open; say which happened."""
+    if not enabled:
+        return "history not stored (store_history is off)"
+    if store is None:
+        return "history not stored (the artifact store could not be opened)"
+    return f"stored as {store_results(store, config, results)}"
+
+
+def history_with(store: Store | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
+    """Stored history of the current variant/metric (oldest first) with ``current`` last."""
+    stored = [] if store is None else load_history(
+        store, config, variant=current.variant, metric=current.decision_metric, limit=HISTORY_LIMIT - 1)
+    return [r for r in stored if r.run_id != current.run_id] + [current]

@@ -1,0 +1,1 @@
+"""The build stage: arch resolution, the build plan, compile units, cache, wheels."""

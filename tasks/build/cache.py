@@ -1,0 +1,135 @@
+"""Content-addressed build cache that heals itself.
+
+Layout under ``root`` (a local directory or a mounted shared volume):
+
+- ``objects/<sha[:2]>/<sha256>`` — artifact bytes, named by their hash;
+- ``entries/<batch>/<key>.json`` — one entry per build unit: the files it
+  produced with their sha256 and size.
+
+A *batch* is one build generation: the units of one kernel built from the
+same sources and toolchain for one backend; the batch id is the key prefix
+that groups them. Every read re-hashes the object: an entry whose artifact is
+missing, truncated or has another hash raises :class:`CacheDriftError` after
+its whole batch has been invalidated, so the caller's retry (or the next run)
+rebuilds the batch from source — never a silent wrong artifact.
+
+Writes are atomic (temp file + rename in the same directory), so concurrent
+builders sharing the root see whole entries or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.release.errors import CacheDriftError
+from kiln.release.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
+
+_log = logging.getLogger("kiln.cache")
+
+
+def digest(*parts: str) -> str:
+    """A stable hash of ordered string parts (for keys and batch ids)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    key: str
+    files: dict[str, bytes]  # name -> verified bytes
+
+
+class BuildCache:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def _entry_path(self, batch: str, key: str) -> Path:
+        return self.root / "entries" / batch / f"{key}.json"
+
+    def _object_path(self, sha: str) -> Path:
+        return self.root / "objects" / sha[:2] / sha
+
+    def put(self, batch: str, key: str, files: dict[str, bytes], info: dict[str, object] | None = None) -> None:
+        """Store ``files`` under ``key``; objects first, then the entry that names them."""
+        listed = {}
+        for name, data in files.items():
+            sha = sha256_bytes(data)
+            target = self._object_path(sha)
+            # An object already there may be the damaged copy that caused a drift.
+            if not target.is_file() or sha256_file(target) != sha:
+                atomic_write_bytes(target, data)
+            listed[name] = {"sha256": sha, "size": len(data)}
+        entry = {"key": key, "batch": batch, "files": listed, "info": info or {}}
+        atomic_write_text(self._entry_path(batch, key), json.dumps(entry, indent=2, sort_keys=True))
+
+    def get(self, batch: str, key: str) -> CacheHit | None:
+        """The verified files of ``key``, ``None`` on a miss.
+
+        Raises :class:`CacheDriftError` (retryable) when the entry's artifacts
+        no longer match it; the batch is invalidated first so a retry rebuilds.
+        """
+        path = self._entry_path(batch, key)
+        try:
+            entry = json.loads(path.read_text())
+            listed = entry["files"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._drift(batch, key, f"entry {path.name} is unreadable ({exc})")
+        files = {}
+        for name, meta in listed.items():
+            obj = self._object_path(meta["sha256"])
+            try:
+                data = obj.read_bytes()
+            except FileNotFoundError:
+                self._drift(batch, key, f"artifact {name} ({meta['sha256'][:12]}) is missing")
+            if len(data) != meta["size"] or sha256_bytes(data) != meta["sha256"]:
+                self._drift(batch, key, f"artifact {name} has {len(data)} bytes and another sha256 than recorded")
+            files[name] = data
+        return CacheHit(key, files)
+
+    def _drift(self, batch: str, key: str, why: str) -> None:
+        removed = self.invalidate_batch(batch)
+        message = (
+            f"build cache drift in entry {key[:16]}: {why}; invalidated batch {batch[:16]}"
+            f" ({removed} entries), they will be rebuilt"
+        )
+        _log.warning(message)
+        raise CacheDriftError(message)
+
+    def invalidate_batch(self, batch: str) -> int:
+        """Drop every entry of ``batch``; returns how many there were.
+
+        Objects stay: they are named by hash, so a stale one can never be
+        served for a different entry, and a shared one may back other batches.
+        """
+        directory = self.root / "entries" / batch
+        if not directory.is_dir():
+            return 0
+        count = sum(1 for _ in directory.glob("*.json"))
+        # Rename first so concurrent readers see the batch vanish at once.
+        doomed = directory.with_name(f".{batch}.invalid.{uuid.uuid4().hex}")
+        try:
+            directory.rename(doomed)
+        except FileNotFoundError:
+            return 0
+        shutil.rmtree(doomed, ignore_errors=True)
+        return count
+
+    def verify(self, batch: str, keys: list[str]) -> str | None:
+        """Check ``keys`` of one batch; on drift invalidate it and return the event message."""
+        for key in keys:
+            try:
+                self.get(batch, key)
+            except CacheDriftError as exc:
+                return str(exc)
+        return None

@@ -1,0 +1,198 @@
+"""Build a kernel's CUDA C++ sources with ``nvcc`` for exactly the planned archs.
+
+The ``-gencode`` list comes from the arch resolution and nothing else
+(``native`` is refused by the arch parser; ``kiln.toml`` flags may not choose
+archs). ``[build.toolchain]`` adds include directories, defines, flags and
+libraries; with ``torch = true`` the sources are torch extensions, built
+against the installed torch's headers, libraries and C++ ABI. After the build, the shared
+library's embedded SASS and PTX are listed with ``cuobjdump`` (Triton's wheel
+ships one) and compared with the plan, so a flag typo cannot ship a library
+that lacks an arch. A missing ``nvcc`` is not an error of the build: its
+units are skipped with :func:`missing_reason`'s message and Triton units
+still build.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln.release.errors import CompileError, ToolchainMissingError
+from kiln.tasks.build.archs import parse_cuda_arch
+from kiln.tasks.process import PopenChild, run_with_deadline
+from kiln.tasks.registry_types import CudaSourceRecord
+
+if TYPE_CHECKING:
+    from kiln.tasks.build.plan import CompileUnit
+
+_log = logging.getLogger("kiln.nvcc")
+_VERSION_TIMEOUT_S = 30
+_LIST_TIMEOUT_S = 60
+_GRACE_S = 5.0
+_ELF = re.compile(r"^ELF file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.cubin\s*$", re.M)
+_PTX = re.compile(r"^PTX file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.ptx\s*$", re.M)
+
+
+def run_tool(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an external tool in its own process group, logged, held to its deadline by the shared ladder."""
+    _log.info("running %s", " ".join(cmd))
+    # Output goes to a file, not a pipe: nobody reads a pipe while the ladder waits, and a full one blocks the tool.
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        ladder = run_with_deadline(PopenChild(proc), timeout, grace_s=_GRACE_S)  # no stacks: not a Python process
+        output.seek(0)
+        out = output.read().decode("utf-8", "replace")
+    if ladder.timed_out:
+        raise CompileError(f"{cmd[0]} ran past its {timeout:g} s deadline; process group ended by"
+                           f" {ladder.escalation}:\n{out[-2000:]}")
+    return subprocess.CompletedProcess(cmd, ladder.returncode if ladder.returncode is not None else -9, out, "")
+
+
+@dataclass(frozen=True)
+class Nvcc:
+    path: str
+    version: str
+    cuobjdump: str
+
+
+def _cuobjdump() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("triton")
+    if spec and spec.origin:
+        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("cuobjdump")
+    if not found:
+        raise ToolchainMissingError("cuobjdump not found (neither in Triton's package nor on PATH)")
+    return found
+
+
+def find_nvcc(path: str | None = None) -> Nvcc:
+    """The nvcc at ``path`` (default: the one on PATH) and its version.
+
+    Raises :class:`ToolchainMissingError` when it does not exist or does not run.
+    """
+    chosen = path or shutil.which("nvcc")
+    if not chosen or not Path(chosen).is_file():
+        raise ToolchainMissingError(f"nvcc not found at {chosen or 'PATH'}")
+    result = run_tool([chosen, "--version"], _VERSION_TIMEOUT_S)
+    match = re.search(r"release [0-9.]+, V([0-9.]+)", result.stdout)
+    if result.returncode != 0 or not match:
+        raise ToolchainMissingError(f"{chosen} --version failed: {result.stdout[-500:]}")
+    return Nvcc(chosen, match[1], _cuobjdump())
+
+
+def missing_reason(exc: ToolchainMissingError) -> str:
+    return f"CUDA C++ units skipped: {exc}; install the CUDA toolkit or set the nvcc path. Triton units still build"
+
+
+def gencode_flags(archs: tuple[str, ...]) -> list[str]:
+    """``("8.0", "12.0+PTX")`` -> ``-gencode arch=compute_80,code=sm_80 ...``."""
+    flags = []
+    for name in archs:
+        arch = parse_cuda_arch(name)
+        code = f"[{arch.sm},{arch.compute}]" if arch.ptx else arch.sm
+        flags += ["-gencode", f"arch={arch.compute},code={code}"]
+    return flags
+
+
+def expected_contents(archs: tuple[str, ...]) -> tuple[set[str], set[str]]:
+    """(SASS archs, PTX archs) a library built with :func:`gencode_flags` must embed."""
+    parsed = [parse_cuda_arch(a) for a in archs]
+    return {a.sm for a in parsed}, {a.sm for a in parsed if a.ptx}
+
+
+def embedded_archs(library: Path, cuobjdump: str) -> tuple[set[str], set[str]]:
+    """(SASS archs, PTX archs) embedded in ``library``, read with cuobjdump."""
+    elf = run_tool([cuobjdump, "--list-elf", str(library)], _LIST_TIMEOUT_S)
+    ptx = run_tool([cuobjdump, "--list-ptx", str(library)], _LIST_TIMEOUT_S)
+    if elf.returncode != 0:
+        raise CompileError(f"cuobjdump could not read {library.name}: {elf.stdout[-500:]}")
+    return set(_ELF.findall(elf.stdout)), set(_PTX.findall(ptx.stdout)) if ptx.returncode == 0 else set()
+
+
+@dataclass(frozen=True)
+class NvccSettings:
+    """What ``kiln.toml``'s ``[build.toolchain]`` (and, for torch extensions, the installed torch) adds to nvcc."""
+
+    include_dirs: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    library_dirs: tuple[str, ...] = ()
+
+    def __add__(self, other: "NvccSettings") -> "NvccSettings":
+        return NvccSettings(*(a + b for a, b in zip(self.fields(), other.fields())))
+
+    def fields(self) -> tuple[tuple[str, ...], ...]:
+        return self.include_dirs, self.defines, self.flags, self.libraries, self.library_dirs
+
+    def compile_args(self) -> list[str]:
+        return [*(f"-I{d}" for d in self.include_dirs), *(f"-D{d}" for d in self.defines), *self.flags]
+
+    def link_args(self) -> list[str]:
+        return [*(f"-L{d}" for d in self.library_dirs), *(f"-l{lib}" for lib in self.libraries)]
+
+
+def torch_settings() -> NvccSettings:
+    """Build against the installed torch: its headers, its libraries and its C++ ABI.
+
+    No rpath: the library is loaded by ``torch.ops.load_library`` after torch
+    itself, whose ``libc10``/``libtorch_cpu`` then satisfy its dependencies.
+    """
+    import torch
+    from torch.utils import cpp_extension
+
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return NvccSettings(tuple(cpp_extension.include_paths()), (f"_GLIBCXX_USE_CXX11_ABI={abi}",),
+                        ("-std=c++17",), ("c10", "torch", "torch_cpu"), tuple(cpp_extension.library_paths()))
+
+
+def settings_for(config: Any) -> NvccSettings:
+    """The nvcc settings of ``config``'s ``[build.toolchain]`` (paths resolved against kiln.toml)."""
+    toolchain = config.build.toolchain
+    own = NvccSettings(tuple(str(config.path(d)) for d in toolchain.include_dirs), toolchain.defines,
+                       toolchain.nvcc_flags, toolchain.libraries, tuple(str(config.path(d)) for d in toolchain.library_dirs))
+    return torch_settings() + own if toolchain.torch else own
+
+
+def build_library(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
+                  settings: NvccSettings = NvccSettings()) -> bytes:
+    """Compile ``sources`` into one shared library for ``archs``; return its bytes after the arch check."""
+    with tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp:
+        out = Path(tmp) / library
+        cmd = [nvcc.path, "-shared", "-Xcompiler", "-fPIC", "-O3", *settings.compile_args(), "-o", str(out),
+               *map(str, sources), *gencode_flags(archs), *settings.link_args()]
+        result = run_tool(cmd, timeout, cwd=Path(tmp))
+        if result.returncode != 0:
+            raise CompileError(f"nvcc failed for {library} ({', '.join(archs)}):\n{result.stdout[-4000:]}")
+        sass, ptx = embedded_archs(out, nvcc.cuobjdump)
+        want_sass, want_ptx = expected_contents(archs)
+        if sass != want_sass or not want_ptx <= ptx:
+            raise CompileError(f"{library}: embeds SASS {sorted(sass)} and PTX {sorted(ptx)}, the plan asked for"
+                               f" SASS {sorted(want_sass)} and PTX {sorted(want_ptx)}")
+        return out.read_bytes()
+
+
+@dataclass(frozen=True)
+class NvccBuilder:
+    """The build stage's nvcc backend: builds one ``nvcc`` unit of the plan."""
+
+    nvcc: Nvcc
+    package_dir: Path
+    csrc: Mapping[str, CudaSourceRecord]  # kernel name -> its CUDA sources, as the registry loader read them
+    settings: NvccSettings = NvccSettings()
+
+    def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
+        csrc = self.csrc[unit.kernel]
+        paths = [self.package_dir / s for s in csrc.sources]
+        return {csrc.library: build_library(self.nvcc, paths, csrc.library, unit.archs, env.timeout_s, self.settings)}

@@ -1,0 +1,137 @@
+"""The build stage around its units: prepare the plan, assemble each variant, report.
+
+``flows/build.py`` calls these through thin Prefect tasks; everything that
+decides something about the build lives here, so it runs and is tested
+without Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from kiln.release.errors import ToolchainMissingError
+from kiln.release.fsutil import atomic_write_text
+from kiln.release.manifest import Unit
+from kiln.release.record import Source
+from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, plan_build
+from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.config import KilnConfig, load_config
+from kiln.tasks.build.nvcc import NvccBuilder, find_nvcc, missing_reason, settings_for
+from kiln.tasks.registry import load_registry
+from kiln.tasks.build.aot import toolchain_versions
+from kiln.tasks.versioning import check_version, variant_version
+from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
+from kiln.tasks.build.pool import WorkerPool
+
+_log = logging.getLogger("kiln.build")
+
+
+@dataclass(frozen=True)
+class BuildSetup:
+    config: KilnConfig
+    config_path: str
+    version: str
+    plan: BuildPlan
+    nvcc: NvccBuilder | None
+    cache_root: Path
+    stamp: WheelStamp = WheelStamp()
+
+
+def prepare_build(config_path: str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
+                  cache_dir: str | None = None, source: Source = Source()) -> BuildSetup:
+    """Load config and registry, find the toolchain, plan the matrix. Changes nothing on disk.
+
+    ``source`` is the commit being built: its time stamps every wheel member,
+    its sha goes into each wheel's ``kiln_build.json``.
+    """
+    config = load_config(config_path)
+    chosen = check_version(version)  # a malformed --version fails here, before anything is built
+    wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
+    # A CPU variant compiles nothing: its wheel is the package's sources, so no registry is imported.
+    specs = load_registry(config) if any(v.backend != "cpu" for v in wanted) else []
+    toolchain = toolchain_versions()
+    builder, missing = None, ""
+    if any(spec.csrc is not None for spec in specs):
+        try:
+            nvcc = find_nvcc(nvcc_path)
+            toolchain["nvcc"] = nvcc.version
+            builder = NvccBuilder(nvcc, config.path(config.project.source),
+                                  {s.name: s.csrc for s in specs if s.csrc is not None}, settings_for(config))
+        except ToolchainMissingError as exc:
+            missing = missing_reason(exc)
+            _log.warning(missing)
+    plan = plan_build(config, specs, config_path, toolchain, variants, missing)
+    cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
+    stamp = WheelStamp.for_commit(source.commit, source.commit_time, toolchain)
+    return BuildSetup(config, str(Path(config_path).resolve()), chosen, plan, builder, cache_root, stamp)
+
+
+@contextmanager
+def build_env(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> Iterator[BuildEnv]:
+    """Workers and cache for one build; the workers stop when the block ends."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kiln-triton-") as triton_cache:
+        # Triton's own cache is private to the build: Kiln's cache decides
+        # what is reused, and a cold build is really cold.
+        env_vars: dict[str, str | None] = {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": triton_cache}
+        with WorkerPool(jobs or setup.config.build.jobs, env_vars) as pool:
+            yield BuildEnv(setup.config_path, Path(out).resolve() / "build", BuildCache(setup.cache_root), pool,
+                           setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc)
+
+
+@dataclass(frozen=True)
+class VariantOutput:
+    unit: Unit
+    files: tuple[tuple[Path, str], ...]  # (path, artifact kind) to register in the run manifest
+
+
+def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str, UnitResult | BaseException],
+                     out: str | Path) -> VariantOutput:
+    """Write the variant's build manifest and wheel, or skip both if any unit failed."""
+    uid = f"build/{variant.name}/wheel"
+    failed = [u.id for u in variant.units if not isinstance(outcomes.get(u.id), UnitResult)]
+    if failed:
+        reason = f"not built: {len(failed)} units of {variant.name} failed"
+        return VariantOutput(Unit(uid, "build", "skipped", variant=variant.name, message=reason), ())
+    results = [outcomes[u.id] for u in variant.units]
+    variant_dir = Path(out).resolve() / "build" / variant.name
+    entries = [e for r in results for e in r.entries]  # type: ignore[union-attr]
+    binaries = [WheelInput(p, p.relative_to(variant_dir).as_posix()) for r in results for p in r.files]  # type: ignore[union-attr]
+    manifest = variant_dir / "manifest.json"
+    atomic_write_text(manifest, json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n")
+    version = variant_version(setup.version, variant.name)
+    wheel = build_wheel(setup.config, version, binaries, entries, Path(out).resolve() / "wheels",
+                        variant=setup.config.variant(variant.name), stamp=setup.stamp)
+    kinds = tuple((f, _kind(f)) for r in results for f in r.files if _kind(f))  # type: ignore[union-attr]
+    unit = Unit(uid, "build", "completed", variant=variant.name, message=f"{wheel.name} ({len(entries)} compiled artifacts)")
+    return VariantOutput(unit, ((wheel, "wheel"), (manifest, "build-manifest")) + kinds)
+
+
+def _kind(path: Path) -> str:
+    return {".cubin": "cubin", ".hsaco": "hsaco", ".so": "shared-library"}.get(path.suffix, "")
+
+
+def table_rows(units: list[CompileUnit], outcomes: dict[str, UnitResult | BaseException], records: dict[str, Unit]) -> list[dict[str, Any]]:
+    """The build table: unit, arch, state, time, cache hit/miss, size."""
+    rows = []
+    for unit in units:
+        outcome, record = outcomes.get(unit.id), records[unit.id]
+        size = outcome.size if isinstance(outcome, UnitResult) else 0
+        rows.append({"unit": unit.id, "arch": unit.arch, "state": record.state, "time_s": round(record.duration_s, 2),
+                     "cache": record.cache, "size": size})
+    return rows
+
+
+def cache_report(events: list[str]) -> str:
+    """Markdown for the cache-events artifact: every drift found and healed."""
+    if not events:
+        return "# Build cache\n\nNo drift: every cache entry used matched its recorded sha256.\n"
+    lines = "\n".join(f"- {e}" for e in events)
+    return f"# Build cache\n\n{len(events)} drift event(s); the affected batches were invalidated and rebuilt:\n\n{lines}\n"

@@ -1,0 +1,156 @@
+"""Building one compile unit (no Prefect here).
+
+:func:`build_unit` builds one unit of the plan through the content-addressed
+cache: a verified hit is copied out; a miss compiles in a worker, checks the
+binary's ELF arch against the plan, stores it and copies it out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kiln.release.errors import CacheDriftError, CompileError, KilnError
+from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.release.manifest import Unit
+from kiln.tasks.build.aot import check_elf_arch
+from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip
+from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
+
+_log = logging.getLogger("kiln.build")
+
+BINARY_KIND = {"cuda": "cubin", "hip": "hsaco"}
+
+
+
+@dataclass
+class BuildEnv:
+    """What every unit of one build needs; shared by the units of a run."""
+
+    config_path: str
+    out_dir: Path  # <out>/build
+    cache: BuildCache
+    pool: WorkerPool
+    timeout_s: float
+    toolchain: dict[str, str]
+    nvcc: Any = None  # kiln.tasks.build.nvcc.Nvcc, or None when nvcc is missing
+    events: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    unit_id: str
+    cache: Literal["hit", "miss"]
+    duration_s: float
+    files: tuple[Path, ...]  # written under BuildEnv.out_dir
+    entries: tuple[dict[str, Any], ...]  # _aot/manifest.json rows (path relative to the variant dir)
+    size: int
+
+
+def unit_dir(unit: CompileUnit) -> str:
+    """Where a unit's files go, relative to the variant's directory (and to ``<package>/_aot/``).
+
+    The shared library sits at the top, where the package's loader looks for it.
+    """
+    return "." if unit.kind == "nvcc" else f"{unit.arch}/{unit.kernel}"
+
+
+def _compile_triton(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
+    request = {"config": env.config_path, "kernel": unit.kernel, "entry": unit.entry,
+               "specialization": unit.specialization, "backend": unit.backend, "arch": unit.arch}
+    what = f"kernel {unit.kernel!r} specialization {unit.specialization!r} for {unit.backend} {unit.arch} (variant {unit.variant})"
+    _log.info("compiling %s", what)
+    try:
+        # CompileError (Triton's failure, named by the worker), BuildWorkerError and
+        # InfrastructureError come through as their own types.
+        result = env.pool.call("kiln.tasks.build.aot:compile_in_worker", request, env.timeout_s)
+    except WorkerTimeout as exc:
+        raise CompileError(f"{what}: compile did not finish within {env.timeout_s:g} s; worker {exc.ladder}"
+                           + (f"\n{exc.stacks}" if exc.stacks else "")) from exc
+    check_elf_arch(result["binary"], unit.backend, unit.arch, what)
+    kind = BINARY_KIND[unit.backend]
+    name = f"{unit.entry}__{unit.specialization}"
+    return {f"{name}.{kind}": result["binary"], f"{name}.json": result["metadata"]}
+
+
+def _compile(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
+    if unit.kind == "triton":
+        return _compile_triton(unit, env)
+    if env.nvcc is None:
+        raise CompileError(f"{unit.id}: nvcc is not available")
+    return env.nvcc.build_unit(unit, env)
+
+
+def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path], env: BuildEnv) -> list[dict[str, Any]]:
+    kind = {"cubin": "cubin", "hsaco": "hsaco", "so": "shared-library"}
+    variant_dir = (env.out_dir / unit.variant).resolve()
+    rows = []
+    for (name, data), path in zip(files.items(), written):
+        suffix = name.rsplit(".", 1)[-1]
+        if suffix not in kind:
+            continue  # Triton's metadata JSON travels beside its binary, unlisted
+        row = {"kernel": unit.kernel, "entry": unit.entry, "specialization": unit.specialization,
+               "arch": unit.arch, "kind": kind[suffix], "path": path.relative_to(variant_dir).as_posix(),
+               "sha256": sha256_bytes(data), "size": len(data), "toolchain": dict(env.toolchain)}
+        rows.append(row | (json.loads(unit.launch) if unit.launch and suffix != "so" else {}))
+    return rows
+
+
+def build_unit(unit: CompileUnit, env: BuildEnv) -> UnitResult:
+    """Build one unit (cache hit or compile) and write its files under ``env.out_dir``.
+
+    Raises :class:`CompileError` (permanent) with the compiler's message,
+    :class:`BuildWorkerError` (permanent; the worker failed before judging the
+    unit: an import, the registry, a bug), :class:`CacheDriftError` (retryable;
+    the batch is already invalidated) or :class:`InfrastructureError`
+    (retryable; a worker died).
+    """
+    start = time.perf_counter()
+    try:
+        hit = env.cache.get(unit.batch, unit.key)
+    except CacheDriftError as exc:
+        env.events.append(f"{unit.id}: {exc}")
+        raise
+    if hit is not None:
+        files, cache = hit.files, "hit"
+    else:
+        files, cache = _compile(unit, env), "miss"
+        env.cache.put(unit.batch, unit.key, files, {"unit": unit.id, "toolchain": env.toolchain})
+    directory = (env.out_dir / unit.variant / unit_dir(unit)).resolve()
+    written = []
+    for name, data in files.items():
+        atomic_write_bytes(directory / name, data)
+        written.append(directory / name)
+    entries = _entries(unit, files, written, env)
+    return UnitResult(unit.id, cache, time.perf_counter() - start, tuple(written), tuple(entries),  # type: ignore[arg-type]
+                      sum(e["size"] for e in entries))
+
+
+def unit_record(unit: CompileUnit, outcome: UnitResult | BaseException) -> Unit:
+    """The run-manifest row for a unit, from its result or the error it ended with."""
+    base = dict(id=unit.id, stage="build", variant=unit.variant, arch=unit.arch, kernel=unit.kernel)
+    if isinstance(outcome, UnitResult):
+        return Unit(**base, state="completed", duration_s=outcome.duration_s, cache=outcome.cache,  # type: ignore[arg-type]
+                    message=f"{outcome.size} bytes")
+    kind = type(outcome).__name__ if isinstance(outcome, KilnError) else f"unexpected {type(outcome).__name__}"
+    return Unit(**base, state="failed", message=f"{kind}: {outcome}")  # type: ignore[arg-type]
+
+
+def skip_record(skip: Skip) -> Unit:
+    return Unit(id=skip.id, stage="build", state="skipped", variant=skip.variant, arch=skip.arch,
+                kernel=skip.kernel, message=skip.reason)
+
+
+def verify_cache(plan: BuildPlan, cache: BuildCache) -> list[str]:
+    """Check every cache entry the plan will read; drifted batches are invalidated
+    before any unit starts, so all their units rebuild in this run. Returns the events."""
+    batches: dict[str, list[str]] = {}
+    for unit in plan.units:
+        batches.setdefault(unit.batch, []).append(unit.key)
+    return [e for batch, keys in sorted(batches.items()) if (e := cache.verify(batch, keys))]
+

@@ -1,0 +1,215 @@
+"""One wheel per variant: the package's sources, its compiled artifacts and their manifest.
+
+Written with ``wheel.wheelfile.WheelFile`` (which hashes every member into
+``RECORD``); names, versions and tags go through ``packaging``. Compiled
+artifacts land under ``<package>/_aot/`` beside ``manifest.json``, the list
+the package's loader reads. A variant with binaries gets a platform tag
+(``py3-none-<platform>``: the artifacts are not tied to a CPython ABI); the
+``cpu`` variant compiles nothing and is tagged ``py3-none-any`` (unless the
+package vendors a shared library, which every wheel keeps).
+
+Reproducible: two builds of one commit give byte-identical wheels. Every
+member (RECORD included) carries one timestamp — ``SOURCE_DATE_EPOCH`` when
+set, else the commit's time — and members are written in sorted order. The
+platform tag is honest: ``linux_<machine>``, never a manylinux tag no
+``auditwheel`` check has proven, and the same on every worker.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import platform
+import shutil
+import time
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+from wheel.wheelfile import WheelFile
+
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.config import KilnConfig, Variant
+
+_log = logging.getLogger("kiln.wheel")
+ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time a zip member can carry
+_CACHES = {"__pycache__"}
+_CACHE_SUFFIXES = {".pyc", ".pyo"}
+_BINARY_SUFFIXES = (".so", ".pyd", ".dylib")
+AOT_DIR = "_aot"  # Kiln's: what is there in the source tree is a stale local build, never shipped
+
+
+@dataclass(frozen=True)
+class WheelInput:
+    """One file for ``<package>/_aot/``: where it is now, and its path inside ``_aot``."""
+
+    source: Path
+    arcpath: str
+
+
+@dataclass(frozen=True)
+class WheelStamp:
+    """What makes a wheel reproducible and traceable: its one timestamp and the commit it was built from."""
+
+    epoch: int = ZIP_EPOCH
+    commit: str = ""
+    toolchain: tuple[tuple[str, str], ...] = ()  # (tool, version) the binaries were compiled with
+
+    @classmethod
+    def for_commit(cls, commit: str, commit_time: int, toolchain: dict[str, str] | None = None,
+                   environ: dict[str, str] | None = None) -> "WheelStamp":
+        env = os.environ if environ is None else environ
+        epoch = int(env["SOURCE_DATE_EPOCH"]) if env.get("SOURCE_DATE_EPOCH", "").strip().isdigit() else commit_time
+        return cls(max(epoch, ZIP_EPOCH), commit, tuple(sorted((toolchain or {}).items())))
+
+    @property
+    def date_time(self) -> tuple[int, int, int, int, int, int]:
+        return time.gmtime(self.epoch)[:6]  # type: ignore[return-value]
+
+
+def platform_tag() -> str:
+    """``linux_x86_64`` style: what the build machine is, claiming no manylinux compatibility."""
+    system, machine = platform.system().lower(), platform.machine().lower()
+    return f"{system}_{machine}".replace("-", "_").replace(".", "_")
+
+
+def wheel_filename(distribution: str, version: str, tag: str) -> str:
+    name = canonicalize_name(distribution).replace("-", "_")
+    try:
+        filename = f"{name}-{Version(version)}-{tag}.whl"
+        parse_wheel_filename(filename)  # refuses anything that is not PEP 427
+    except (InvalidVersion, InvalidWheelFilename) as exc:
+        raise InvalidInputError(f"cannot name a wheel for {distribution!r} {version!r} {tag!r}: {exc}") from exc
+    return filename
+
+
+def _pin(reqs: list[Requirement], name: str, version: str) -> list[Requirement]:
+    pinned = [r for r in reqs if canonicalize_name(r.name) == name]
+    marker = f"; {pinned[0].marker}" if pinned and pinned[0].marker else ""
+    return [r for r in reqs if canonicalize_name(r.name) != name] + [Requirement(f"{name}=={version}{marker}")]
+
+
+def requirements(config: KilnConfig, variant: Variant, toolchain: dict[str, str], compiled: bool,
+                 torch_extension: bool = False, base: tuple[str, ...] | None = None) -> list[str]:
+    """The variant's Requires-Dist: the project's (``base``: a backend-built wheel's own), then the
+    variant's; a variant with Triton binaries pins the Triton that compiled them (a cubin only
+    loads under it), one with a torch extension the torch it was built against (no stable C++ ABI)."""
+    # Validated when kiln.toml was loaded; str() spells each one the canonical way.
+    project = config.project.dependencies if base is None else base
+    reqs = [Requirement(r) for r in (*project, *variant.dependencies)]
+    triton = toolchain.get("triton", "absent")
+    if compiled and variant.backend != "cpu" and triton != "absent":
+        reqs = _pin(reqs, "triton", triton)
+    torch = toolchain.get("torch", "absent")
+    if torch_extension and torch != "absent":
+        reqs = _pin(reqs, "torch", Version(torch).public)
+    return [str(r) for r in reqs]
+
+
+def metadata_text(config: KilnConfig, version: str, requires: list[str]) -> str:
+    project = config.project
+    lines = ["Metadata-Version: 2.1", f"Name: {project.distribution}", f"Version: {version}",
+             f"Summary: {project.package} kernels built by Kiln", f"Requires-Python: {project.requires_python}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    return "\n".join(lines) + "\n"
+
+
+def build_info(variant: Variant, stamp: WheelStamp) -> str:
+    """``<dist-info>/kiln_build.json``: the commit and toolchain a wheel was built from."""
+    info = {"commit": stamp.commit, "source_date_epoch": stamp.epoch, "variant": variant.name,
+            "toolchain": dict(stamp.toolchain)}
+    return json.dumps(info, indent=2, sort_keys=True) + "\n"
+
+
+def package_files(config: KilnConfig) -> list[tuple[Path, str]]:
+    """The package's own files (sources, data, vendored binaries), without caches.
+
+    Left out, each named in a warning: ``[build] exclude`` matches (globs
+    relative to the package directory) and anything under ``_aot/``, which is
+    Kiln's to write.
+    """
+    root = config.path(config.project.source)
+    out, excluded = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _CACHES and not d.startswith("."))
+        for filename in sorted(filenames):
+            path = Path(dirpath) / filename
+            relative = path.relative_to(root).as_posix()
+            if path.suffix in _CACHE_SUFFIXES or filename.startswith("."):
+                continue
+            if relative.split("/")[0] == AOT_DIR or any(fnmatch.fnmatch(relative, p) for p in config.build.exclude):
+                excluded.append(relative)
+                continue
+            out.append((path, f"{config.project.package.replace('.', '/')}/{relative}"))
+    if excluded:
+        _log.warning("left out of the %s wheel (build.exclude, or Kiln's own _aot/): %s", config.project.distribution,
+                     ", ".join(excluded[:20]) + (f" and {len(excluded) - 20} more" if len(excluded) > 20 else ""))
+    return out
+
+
+def ships_binaries(files: list[tuple[Path, str]]) -> bool:
+    return any(arcname.endswith(_BINARY_SUFFIXES) for _, arcname in files)
+
+
+def _add(archive: WheelFile, arcname: str, data: bytes, stamp: WheelStamp) -> None:
+    info = zipfile.ZipInfo(arcname, date_time=stamp.date_time)
+    info.external_attr = 0o644 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    archive.writestr(info, data)
+
+
+def _normalise(path: Path, stamp: WheelStamp) -> None:
+    """Give every member (RECORD too, which WheelFile dates with the clock) the stamp's time."""
+    tmp = path.with_name(path.name + ".norm")
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(tmp, "w") as target:
+        for item in source.infolist():
+            info = zipfile.ZipInfo(item.filename, date_time=stamp.date_time)
+            info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
+            target.writestr(info, source.read(item))
+    os.replace(tmp, path)
+
+
+def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], entries: list[dict[str, Any]],
+                out_dir: Path, *, variant: Variant, stamp: WheelStamp = WheelStamp()) -> Path:
+    """Write the variant's wheel into ``out_dir`` atomically and return its path."""
+    sources = package_files(config)
+    pure = variant.backend == "cpu" and not ships_binaries(sources)
+    tag = "py3-none-any" if pure else f"py3-none-{platform_tag()}"
+    filename = wheel_filename(config.project.distribution, version, tag)
+    package = config.project.package
+    dist_info = f"{filename.split('-')[0]}-{Version(version)}.dist-info"
+    torch_extension = config.build.toolchain.torch and any(b.arcpath.endswith(".so") for b in binaries)
+    requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
+                            torch_extension=torch_extension)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # WheelFile insists on a PEP 427 file name, so the temporary copy gets the
+    # real name inside a private directory, then one rename publishes it.
+    staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=out_dir))
+    try:
+        with WheelFile(staging / filename, "w") as archive:
+            for path, arcname in sources:
+                _add(archive, arcname, path.read_bytes(), stamp)
+            for item in sorted(binaries, key=lambda b: b.arcpath):
+                _add(archive, f"{package}/_aot/{item.arcpath}", item.source.read_bytes(), stamp)
+            if variant.backend != "cpu":
+                manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
+                _add(archive, f"{package}/_aot/manifest.json", manifest.encode(), stamp)
+            _add(archive, f"{dist_info}/METADATA", metadata_text(config, version, requires).encode(), stamp)
+            _add(archive, f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode(), stamp)
+            wheel_meta = (f"Wheel-Version: 1.0\nGenerator: kiln\nRoot-Is-Purelib: {'true' if pure else 'false'}\n"
+                          f"Tag: {tag}\n")
+            _add(archive, f"{dist_info}/WHEEL", wheel_meta.encode(), stamp)
+        _normalise(staging / filename, stamp)
+        final = out_dir / filename
+        os.replace(staging / filename, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _log.info("wrote %s (%d compiled artifacts, commit %s)", final, len(entries), stamp.commit[:12] or "none")
+    return final

@@ -1,0 +1,101 @@
+"""The ``[build]`` and ``[testing]`` sections of ``kiln.toml``: who builds the wheel, with which toolchain settings.
+
+Kept apart from :mod:`kiln.tasks.config` so each module has one subject;
+the models are part of :class:`kiln.tasks.config.KilnConfig` and validated
+with it, once, at the edge.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from kiln.tasks.config_fields import LocalPath, ProjectPath
+
+# kiln: Kiln writes the wheel from the package's files and its compiled artifacts.
+# pep517: the project's own build backend (pyproject.toml) builds each variant's wheel;
+# Kiln exports the variant's archs, checks the device code in the wheel and adds its AOT artifacts.
+BuildBackend = Literal["kiln", "pep517"]
+BUILD_BACKENDS: tuple[str, ...] = get_args(BuildBackend)
+
+# Flags that choose device code: the arch list is the plan's alone (never 'native', never a second list).
+_ARCH_FLAGS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code",
+               "--offload-arch", "--amdgpu-target", "-march")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _flag(value: str) -> str:
+    if not value or any(ord(ch) < 32 for ch in value):
+        raise ValueError(f"{value!r} is not a compiler flag (empty, or contains a control character)")
+    if value.split("=")[0] in _ARCH_FLAGS or "native" in value.split("="):
+        raise ValueError(f"{value!r} chooses device archs; the variant's arch list does that (kiln.toml [[variants]])")
+    return value
+
+
+def _define(value: str) -> str:
+    name = value.partition("=")[0]
+    if not name.isidentifier() or any(ord(ch) < 32 for ch in value):
+        raise ValueError(f"{value!r} is not a macro definition ('NAME' or 'NAME=VALUE')")
+    return value
+
+
+def _library(value: str) -> str:
+    if not value or not all(ch.isalnum() or ch in "_.+-" for ch in value) or value.startswith("-"):
+        raise ValueError(f"{value!r} is not a library name as -l takes it (e.g. 'cudart', 'c10')")
+    return value
+
+
+def _pattern(value: str) -> str:
+    if not value or value.startswith("/") or ".." in value.split("/"):
+        raise ValueError(f"{value!r} must be a glob relative to the package directory (no leading '/', no '..')")
+    return value
+
+
+Flag = Annotated[str, AfterValidator(_flag)]
+
+
+class Toolchain(_Model):
+    """What Kiln's nvcc builds add to the fixed command, and what a project build sees.
+
+    For ``backend = "pep517"`` the same settings reach the project's compilers
+    through the environment (``NVCC_APPEND_FLAGS``, ``HIPCC_COMPILE_FLAGS_APPEND``).
+    """
+
+    include_dirs: tuple[LocalPath, ...] = ()  # absolute, or relative to kiln.toml
+    defines: tuple[Annotated[str, AfterValidator(_define)], ...] = ()
+    nvcc_flags: tuple[Flag, ...] = ()
+    hipcc_flags: tuple[Flag, ...] = ()
+    libraries: tuple[Annotated[str, AfterValidator(_library)], ...] = ()
+    library_dirs: tuple[LocalPath, ...] = ()
+    # CUDA sources that register torch ops (TORCH_LIBRARY): built against the installed
+    # torch's headers, libraries and C++ ABI.
+    torch: bool = False
+
+
+class Build(_Model):
+    cache_dir: LocalPath = ".kiln/cache"
+    jobs: int = Field(default=2, ge=1, le=256)
+    unit_timeout_s: float = Field(default=300, gt=0)
+    backend: BuildBackend = "kiln"
+    # pep517: the directory holding the project's pyproject.toml, and the deadline of one variant's build.
+    project_dir: ProjectPath = "."
+    backend_timeout_s: float = Field(default=3600, gt=0)
+    # Package files (globs, relative to the package directory) left out of the wheel; each one is named in a warning.
+    exclude: tuple[Annotated[str, AfterValidator(_pattern)], ...] = ()
+    toolchain: Toolchain = Toolchain()
+
+
+# A change to any of these may change every test: --changed-since then selects every suite.
+DEFAULT_SELECT_ALL: tuple[str, ...] = (
+    "pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "CMakeLists.txt", "uv.lock", "requirements.txt",
+    "conftest.py",
+)
+
+
+class Testing(_Model):
+    # Files or directories (relative to kiln.toml) whose change selects every suite; kiln.toml itself always does.
+    select_all: tuple[ProjectPath, ...] = DEFAULT_SELECT_ALL

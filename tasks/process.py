@@ -1,0 +1,224 @@
+"""The deadline ladder: dump stacks → SIGTERM the group → grace → SIGKILL → reap.
+
+Every process Kiln starts for a test, a rank, a build worker or an external
+tool is the leader of its own process group, so one ``killpg`` reaches
+whatever it started (ranks, servers, helpers, compiler subprocesses). The
+parent waits only with bounds: the child's deadline, a short window for the
+stack dump, the grace period, and a last bounded wait after SIGKILL. After
+the child is gone its group gets one more SIGKILL, because a test can exit
+normally and leave a grandchild behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+from collections.abc import Callable
+
+logger = logging.getLogger("kiln.test.deadline")
+
+# Children register faulthandler on this signal (see ``install_stack_dump``).
+DUMP_SIGNAL = signal.SIGUSR1
+DUMP_WINDOW_S = 1.0
+KILL_WAIT_S = 5.0
+POLL_S = 0.02
+
+Escalation = Literal["exited", "sigterm", "sigkill", "unreaped"]
+
+
+class Child(Protocol):
+    """A started process: its pid leads its own process group."""
+
+    pid: int
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status (negative: killed by that signal), or None if still running."""
+
+
+class PopenChild:
+    """A ``subprocess.Popen`` (started with ``start_new_session=True``) as a :class:`Child`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc, self.pid = proc, proc.pid
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+@dataclass(frozen=True)
+class LadderResult:
+    returncode: int | None
+    timed_out: bool
+    escalation: Escalation
+    stacks: str = ""
+    elapsed_s: float = 0.0
+
+
+def install_stack_dump(path: str | os.PathLike[str]):
+    """In a child: dump every thread's stack to ``path`` on DUMP_SIGNAL and on a fatal signal.
+
+    Returns the open file; it must stay open for the life of the process.
+    """
+    import faulthandler
+
+    handle = open(path, "w", buffering=1)  # noqa: SIM115 — faulthandler writes to the fd until exit
+    faulthandler.enable(file=handle, all_threads=True)
+    faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
+    return handle
+
+
+def signal_group(pid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the group led by ``pid``; False when no process of it is left."""
+    try:
+        os.killpg(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the group id was reused by someone else's process
+        logger.warning("not allowed to signal process group %d; it is not ours any more", pid)
+        return False
+
+
+def group_alive(pid: int) -> bool:
+    """True while a process of the group led by ``pid`` runs (zombies do not count:
+    they are dead and only wait for init to reap them)."""
+    try:
+        os.killpg(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces or ")".
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pid and fields[0] != "Z":
+            return True
+    return False
+
+
+def kill_group(pid: int, wait_s: float = 1.0) -> None:
+    """SIGKILL whatever is left of the group, then wait (bounded) until it is gone.
+
+    Killed grandchildren are reaped by init, not by us; the short wait lets a
+    caller that checks right after see them gone rather than as zombies.
+    """
+    if not signal_group(pid, signal.SIGKILL):
+        return
+    end = time.monotonic() + wait_s
+    while group_alive(pid) and time.monotonic() < end:
+        time.sleep(POLL_S)
+
+
+def _read_stacks(path: Path | None, before: int) -> str:
+    if path is None or not path.exists():
+        return ""
+    with open(path, "rb") as handle:
+        handle.seek(before)
+        return handle.read().decode("utf-8", "replace")
+
+
+def dump_stacks(child: Child, stack_path: Path | None, window_s: float = DUMP_WINDOW_S) -> str:
+    """Ask the child for its stacks and wait (bounded) until the dump stops growing."""
+    if stack_path is None:
+        return ""
+    before = stack_path.stat().st_size if stack_path.exists() else 0
+    try:
+        os.kill(child.pid, DUMP_SIGNAL)
+    except ProcessLookupError:
+        return ""
+    end = time.monotonic() + window_s
+    last = -1
+    while time.monotonic() < end:
+        size = stack_path.stat().st_size if stack_path.exists() else 0
+        if size > before and size == last:
+            break
+        last = size
+        time.sleep(0.05)
+    return _read_stacks(stack_path, before)
+
+
+def terminate(child: Child, grace_s: float, stack_path: Path | None = None, dump: bool = True) -> LadderResult:
+    """The ladder without the wait: dump, SIGTERM the group, grace, SIGKILL, reap."""
+    start = time.monotonic()
+    stacks = dump_stacks(child, stack_path) if dump else ""
+    logger.warning("pid %d: sending SIGTERM to its process group", child.pid)
+    signal_group(child.pid, signal.SIGTERM)
+    grace_end = time.monotonic() + grace_s
+    code = child.wait(grace_s)
+    while code is not None and group_alive(child.pid) and time.monotonic() < grace_end:
+        time.sleep(POLL_S)  # grandchildren get the same grace as the leader
+    escalation: Escalation = "sigterm"
+    if code is None or group_alive(child.pid):
+        logger.warning("pid %d: grace of %.1fs over; sending SIGKILL to its process group", child.pid, grace_s)
+        signal_group(child.pid, signal.SIGKILL)
+        escalation = "sigkill"
+        if code is None:
+            code = child.wait(KILL_WAIT_S)
+            escalation = "sigkill" if code is not None else "unreaped"
+        kill_group(child.pid)
+    return LadderResult(code, True, escalation, stacks, time.monotonic() - start)
+
+
+def run_with_deadline(
+    child: Child,
+    deadline_s: float,
+    grace_s: float = 2.0,
+    stack_path: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> LadderResult:
+    """Wait for ``child`` at most ``deadline_s``; past it, climb the ladder."""
+    end = clock() + max(deadline_s, 0.0)
+    return watch(child, lambda: end, grace_s, stack_path, clock)
+
+
+def watch(
+    child: Child,
+    deadline: Callable[[], float],
+    grace_s: float = 2.0,
+    stack_path: Path | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    poll_s: float = 0.05,
+) -> LadderResult:
+    """Wait for ``child`` until ``deadline()`` (re-read at every poll, so it can move
+    as the child reports progress); past it, climb the ladder.
+
+    Whatever happens, the child's process group is SIGKILLed at the end so no
+    grandchild outlives the test.
+    """
+    start = clock()
+    while True:
+        remaining = deadline() - clock()
+        code = child.wait(min(poll_s, max(remaining, 0.0)))
+        if code is not None:
+            kill_group(child.pid)  # a test can exit and leave a grandchild behind
+            return LadderResult(code, False, "exited", "", clock() - start)
+        if clock() >= deadline():
+            break
+    logger.warning("pid %d: deadline passed after %.1fs; dumping stacks", child.pid, clock() - start)
+    result = terminate(child, grace_s, stack_path)
+    return LadderResult(result.returncode, True, result.escalation, result.stacks, clock() - start)
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """``-11`` → ``"SIGSEGV"``; None for a normal exit."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"

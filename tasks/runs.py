@@ -1,0 +1,53 @@
+"""Starting and continuing a run: its id, version, source state and record.
+
+Plain functions (no Prefect): :mod:`kiln.flows.common` passes the Prefect
+flow run id as the run id. The record lives in the artifact store named by
+``[artifacts]`` in ``kiln.toml``; ``out`` is only where the local view of
+the run goes (``<out>/<run-id>/``, with ``<out>/latest`` pointing at it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln.release.record import RunHeader, RunRecord, create_record, open_record
+from kiln.release.store import Store, open_store
+from kiln.tasks.config import KilnConfig
+from kiln.tasks.source import describe
+from kiln.tasks.versioning import check_version, nightly_version
+
+log = logging.getLogger("kiln.runs")
+
+
+def artifact_store(config: KilnConfig, session: Any = None) -> Store:
+    """The artifact store of ``[artifacts]``; ``session`` carries the step's credentials (S3)."""
+    target = config.artifacts
+    return open_store(target.url, root=config.root, region=target.region, endpoint=target.endpoint,
+                      expected_owner=target.expected_owner, session=session,
+                      verifies_checksums=target.verifies_checksums)
+
+
+def start_run(config: KilnConfig, store: Store, *, run_id: str, flow: str, out: str | Path,
+              version: str | None = None, ref: str = "") -> RunRecord:
+    """A new run's record: its version is ``version`` or the nightly version of the commit."""
+    source = describe(config.root)
+    if version is None:
+        version = nightly_version(config.project.version, source.commit_time if source.in_git else None)
+    check_version(version)
+    try:
+        config_rel = (config.root / "kiln.toml").relative_to(config.root).as_posix()
+    except ValueError:  # pragma: no cover - root is the config's own directory
+        config_rel = "kiln.toml"
+    header = RunHeader(run_id=run_id, flow=flow, version=version, source=source, created=time.time(),
+                       ref=ref or source.commit, config=config_rel)
+    if source.unpublishable():
+        log.warning("run %s cannot be published: %s", run_id, source.unpublishable())
+    return create_record(store, header, out)
+
+
+def continue_run(store: Store, run_id: str, out: str | Path) -> RunRecord:
+    """The record of a run started earlier (``latest``: the newest that built wheels)."""
+    return open_record(store, run_id, out)

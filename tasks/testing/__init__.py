@@ -1,0 +1,1 @@
+"""The test stage: isolated test running, classification, reports, distributed helpers."""

@@ -1,0 +1,183 @@
+"""One configured test suite against one variant's wheel: environment, isolated run, reports, unit.
+
+This is what the test stage's Prefect task calls; it turns a ``[[suites]]``
+entry of ``kiln.toml`` plus the command line's overrides into a run of
+:func:`kiln.tasks.testing.runner.run_tests` inside a fresh environment where
+the variant's wheel from the run record is installed (:mod:`.envs`), writes
+``<view>/tests/<suite>.<variant>.junit.xml`` and ``.json``, and returns the
+unit that says how the suite went. A suite that cannot run here — it needs
+GPUs this machine lacks, or every test skipped for lack of hardware — is
+``not_run`` with the reason, never ``completed``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from collections.abc import Mapping, Sequence
+
+from pydantic import ValidationError
+
+from kiln.release.errors import InvalidInputError
+from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
+from kiln.release.manifest import Unit
+from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
+from kiln.tasks.config import KilnConfig, Suite, Variant
+from kiln.tasks.testing.envs import make_env
+from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
+from kiln.tasks.testing.runner import run_tests
+from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
+
+logger = logging.getLogger("kiln.test.suite")
+
+
+@dataclass(frozen=True)
+class SuiteTarget:
+    """One suite against one variant's installed wheel."""
+
+    suite: Suite
+    variant: Variant
+
+    @property
+    def unit_id(self) -> str:
+        return f"test/{self.suite.name}/{self.variant.name}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.suite.name}.{self.variant.name}"
+
+    def unit(self, state: str, message: str, duration_s: float = 0.0) -> Unit:
+        return Unit(id=self.unit_id, stage="test", state=state, suite=self.suite.name,  # type: ignore[arg-type]
+                    variant=self.variant.name, message=message, duration_s=duration_s, required=self.suite.required)
+
+
+ADHOC = "adhoc"  # the suite `kiln test -- PATHS` makes of its paths
+
+
+def split_test_args(args: Sequence[str], cwd: Path, root: Path) -> tuple[list[str], list[str]]:
+    """``kiln test -- ARGS`` → (test paths relative to the project root, other pytest arguments).
+
+    An argument that names an existing file or directory (a node id ``file::test`` counts by its
+    file) is a test path; one that looks like a path (``/``, ``.py``, ``::``) but names nothing is
+    an error; everything else (``-k EXPR``, ``-x``) is passed to pytest.
+    """
+    paths, options = [], []
+    for arg in args:
+        file, sep, node = arg.partition("::")
+        candidate = (cwd / file).resolve()
+        if not arg.startswith("-") and file and candidate.exists():
+            try:
+                relative = candidate.relative_to(root.resolve()).as_posix()
+            except ValueError:
+                raise InvalidInputError(f"test path {arg!r} is outside the project ({root})") from None
+            paths.append(relative + sep + node)
+        elif not arg.startswith("-") and ("/" in file or file.endswith(".py") or sep):
+            raise InvalidInputError(f"test path {arg!r} does not exist (relative to {cwd})")
+        else:
+            options.append(arg)
+    return paths, options
+
+
+def adhoc_suite(config: KilnConfig, paths: Sequence[str]) -> Suite:
+    """``kiln test -- PATHS``: those paths (relative to the project) as one suite of their own.
+
+    It runs like a configured suite — against the CPU variants' installed wheels, each test in
+    its own process with the default deadline — and no configured suite runs beside it.
+    """
+    if not paths:
+        raise InvalidInputError("an ad-hoc suite needs at least one test path")
+    missing = [p for p in paths if not config.path(p.partition("::")[0]).exists()]
+    if missing:
+        raise InvalidInputError(f"test paths {missing} do not exist in the project ({config.root})")
+    try:
+        return Suite(name=ADHOC, paths=tuple(paths))
+    except ValidationError as exc:
+        raise InvalidInputError(f"test paths {list(paths)}: {exc.errors()[0]['msg']}") from None
+
+
+def targets(config: KilnConfig, suites: Sequence[Suite]) -> list[SuiteTarget]:
+    return [SuiteTarget(suite, variant) for suite in suites for variant in config.suite_variants(suite)]
+
+
+def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
+    """Why ``target`` cannot run on this machine, or ""."""
+    suite, variant = target.suite, target.variant
+    if suite.gpus > gpus_here:
+        return f"not run: needs {suite.gpus} GPU{'s' if suite.gpus != 1 else ''}, {gpus_here} on this machine"
+    if variant.backend != "cpu" and gpus_here == 0:
+        return f"not run: the {variant.name} wheel needs a {variant.backend} GPU, none on this machine"
+    return ""
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    suite: str
+    results: tuple[TestResult, ...]
+    unit: Unit
+    reports: tuple[Path, ...]
+    elapsed_s: float
+
+
+def check_overrides(isolate: str, timeout: float | None, retries: int) -> None:
+    """Refuse bad command-line overrides (InvalidInputError) before a run starts."""
+    RunOptions(isolate=isolate, timeout_s=1.0 if timeout is None else timeout, retries=retries)  # type: ignore[arg-type]
+
+
+def suite_options(config: KilnConfig, suite: Suite, *, isolate: Isolation = "test", timeout: float | None = None,
+                  retries: int = 1, pytest_args: Sequence[str] = (), gpus: int | None = None,
+                  env: Mapping[str, str] | None = None) -> RunOptions:
+    """The runner's options: the suite's markers and timeout unless overridden.
+
+    A suite may use at most the GPUs it declares (that is what its Prefect
+    concurrency slots cover), and never more than the machine has.
+    """
+    devices = min(detect_gpu_count() if gpus is None else gpus, suite.gpus)
+    preload = (*PRELOAD, config.project.package)
+    return RunOptions(isolate=isolate, timeout_s=suite.timeout_s if timeout is None else timeout, retries=retries,
+                      markers=suite.markers, pytest_args=tuple(pytest_args), gpus=devices, env=dict(env or {}),
+                      preload=preload)
+
+
+def suite_outcome(results: Sequence[TestResult]) -> tuple[str, str]:
+    """(unit state, message): a suite whose every test was skipped did not run."""
+    message = summary_line(results)
+    if results and all(r.outcome == "skipped" for r in results):
+        return "not_run", f"not run: every test was skipped ({results[0].message or 'no reason given'})"
+    return suite_state(results), message
+
+
+def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], view: str | Path,
+              options: RunOptions) -> SuiteRun:
+    """Run ``target`` against ``wheels`` installed in a fresh environment; reports under ``<view>/tests``."""
+    suite = target.suite
+    reports_dir = Path(view).resolve() / "tests"
+    start = time.monotonic()
+    env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires)
+    logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
+                list(suite.paths), options.isolate, options.timeout_s)
+    results = run_tests(suite.paths, config.root, reports_dir / ".work" / target.name,
+                        replace(options, python=str(env.python)))
+    elapsed = time.monotonic() - start
+    junit = write_junit(reports_dir / f"{target.name}.junit.xml", target.name, results)
+    report = write_json(reports_dir / f"{target.name}.json", target.name, results, elapsed)
+    state, message = suite_outcome(results)
+    unit = target.unit(state, message, elapsed)
+    logger.info("suite %s: %s", target.name, unit.message)
+    return SuiteRun(target.name, tuple(results), unit, (junit, report), elapsed)
+
+
+def write_combined(runs: Sequence[SuiteRun], junit: str | Path | None, json_path: str | Path | None) -> list[Path]:
+    """The ``--junit`` / ``--json`` files: every suite of the run in one document each."""
+    written = []
+    if junit:
+        atomic_write_bytes(junit, junit_document({r.suite: r.results for r in runs}))
+        written.append(Path(junit))
+    if json_path:
+        doc = {"suites": [summary(r.suite, r.results, r.elapsed_s) for r in runs]}
+        atomic_write_text(json_path, json.dumps(doc, indent=2) + "\n")
+        written.append(Path(json_path))
+    return written

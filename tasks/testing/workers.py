@@ -1,0 +1,224 @@
+"""The processes of the isolation runner: the forking worker, spawned jobs, their results.
+
+:class:`Worker` drives ``kiln.tasks.testing.worker serve`` over two pipes (JSON
+lines): it collects once, then forks a child per job; the worker reaps the
+child and reports its status, and :class:`ForkedChild` turns that into the
+``wait`` of kiln.tasks.process's Child protocol. :func:`spawn_job` starts a job
+as a fresh interpreter instead. A job appends ``begin``/``result`` lines to
+its results file; :class:`Progress` follows it so each test's deadline starts
+when that test begins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from collections.abc import Mapping, Sequence
+
+from kiln.tasks.process import LadderResult, PopenChild, run_with_deadline
+from kiln.tasks.testing.jobs import Job, RunOptions
+
+logger = logging.getLogger("kiln.test.isolate")
+
+START_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
+# -P: ``python -m`` must not put the working directory (the project root) on
+# sys.path; what the tests import is decided by the environment, not the checkout.
+WORKER = ("-P", "-m", "kiln.tasks.testing.worker")
+
+
+def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """The test processes' environment: this one's, plus ``extra`` (Kiln adds no path of its own)."""
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+class SpawnedChild(PopenChild):
+    """A spawned job process; ``lost`` as for :class:`ForkedChild`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        super().__init__(proc)
+        self.lost = False
+
+
+class ForkedChild:
+    """A child of the worker: the worker reaps it and reports its status to us."""
+
+    def __init__(self, pid: int, exits: queue.Queue[int | None]) -> None:
+        self.pid, self.lost, self._exits, self._code = pid, False, exits, None
+
+    def wait(self, timeout: float) -> int | None:
+        if self._code is None and not self.lost:
+            try:
+                code = self._exits.get(timeout=max(timeout, 0.0))
+            except queue.Empty:
+                return None
+            self.lost = code is None
+            self._code = code
+        return -9 if self.lost else self._code
+
+
+class Worker:
+    """The pytest session that collects once and forks jobs (see kiln.tasks.testing.worker)."""
+
+    def __init__(self, paths: Sequence[str], root: Path, work: Path, options: RunOptions) -> None:
+        self.options, self.work = options, work
+        cmd_r, self._cmd_w = os.pipe()
+        evt_r, evt_w = os.pipe()
+        args = [options.python, *WORKER, "serve", "--commands-fd", str(cmd_r),
+                "--events-fd", str(evt_w), *sum((["--preload", m] for m in options.preload), []),
+                "--", *pytest_argv(paths, options)]
+        logger.info("starting the test worker: %s", " ".join(args))
+        self.log = work / "worker.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(args, cwd=root, env=process_env(root, options.env), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, pass_fds=(cmd_r, evt_w),
+                                         start_new_session=True)
+        os.close(cmd_r)
+        os.close(evt_w)
+        self._events = os.fdopen(evt_r, "r", encoding="utf-8")
+        self._queues: dict[str, queue.Queue[Any]] = {"collected": queue.Queue()}
+        self._lock = threading.Lock()
+        self._lost = False
+        threading.Thread(target=self._read, name="kiln-worker-events", daemon=True).start()
+
+    def _queue(self, key: str) -> queue.Queue[Any]:
+        with self._lock:
+            if key not in self._queues:
+                self._queues[key] = queue.Queue()
+                if self._lost:
+                    self._queues[key].put(None)
+            return self._queues[key]
+
+    def _read(self) -> None:
+        for line in self._events:
+            event = json.loads(line)
+            kind = event["event"]
+            key = "collected" if kind == "collected" else f"{event['job']}:{'exit' if kind == 'exited' else 'start'}"
+            self._queue(key).put(event)
+        with self._lock:  # EOF: the worker is gone; wake everyone who waits on it
+            self._lost = True
+            for q in self._queues.values():
+                q.put(None)
+
+    def collect(self) -> dict[str, Any] | None:
+        """The collected items and collection errors, or None if the worker died or hung."""
+        try:
+            return self._queue("collected").get(timeout=self.options.collect_timeout_s)
+        except queue.Empty:
+            return None
+
+    def launch(self, job: Job, env: Mapping[str, str], results: Path, stacks: Path) -> ForkedChild | None:
+        """Fork ``job``; None when the worker refused (GPU initialised) or is lost."""
+        exits: queue.Queue[int | None] = queue.Queue()
+        started = self._queue(f"{job.id}:start")
+        command = {"cmd": "run", "job": job.id, "items": [i.index for i in job.items], "env": dict(env),
+                   "results": str(results), "stacks": str(stacks)}
+        with self._lock:
+            if self._lost:
+                return None
+            os.write(self._cmd_w, (json.dumps(command) + "\n").encode())
+        try:
+            event = started.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            return None
+        if event is None or event["event"] == "refused":
+            logger.warning("worker did not fork job %s: %s", job.id, (event or {}).get("reason", "worker lost"))
+            return None
+        threading.Thread(target=self._forward_exit, args=(job.id, exits), daemon=True).start()
+        return ForkedChild(event["pid"], exits)
+
+    def _forward_exit(self, job_id: str, exits: queue.Queue[int | None]) -> None:
+        event = self._queue(f"{job_id}:exit").get()
+        exits.put(None if event is None else int(event["returncode"]))
+
+    def close(self) -> LadderResult:
+        try:
+            os.write(self._cmd_w, b'{"cmd": "exit"}\n')
+        except OSError:
+            pass  # already gone
+        os.close(self._cmd_w)
+        return run_with_deadline(SpawnedChild(self.proc), 30.0, self.options.grace_s)
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-limit:] if self.log.exists() else ""
+
+
+def pytest_argv(paths: Sequence[str], options: RunOptions) -> list[str]:
+    # pytest-timeout would race our own deadline; the cache is shared by every worker.
+    argv = ["-p", "no:cacheprovider", "-p", "no:timeout", "-q", *paths]
+    if options.markers:
+        argv += ["-m", options.markers]
+    return argv + list(options.pytest_args)
+
+
+def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stacks: Path,
+              options: RunOptions) -> SpawnedChild:
+    args = [options.python, *WORKER, "run", "--results", str(results), "--stacks", str(stacks),
+            "--", *pytest_argv([i.nodeid for i in job.items], replace(options, markers=""))]
+    logger.info("spawning %s", " ".join(args))
+    log = open(results.with_suffix(".log"), "wb")  # noqa: SIM115 — handed to the child, closed below
+    try:
+        proc = subprocess.Popen(args, cwd=root, env=process_env(root, {**options.env, **env}),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+    return SpawnedChild(proc)
+
+
+def read_records(path: Path) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """(nodeids begun, phases per finished nodeid) from a job's results file."""
+    began, finished = [], {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the child died mid-line
+            if "begin" in record:
+                began.append(record["begin"])
+            elif "result" in record:
+                finished[record["result"]] = record["phases"]
+    return began, finished
+
+
+class Progress:
+    """Follows a job's results file so each test's deadline starts when that test begins
+    (a fresh interpreter's start-up and collection are not the test's time)."""
+
+    def __init__(self, path: Path, timeout_s: float, startup_s: float) -> None:
+        self.path, self.timeout_s, self.startup_s = path, timeout_s, startup_s
+        self._offset, self._partial = 0, b""
+        self.current: str | None = None
+        self.since = time.monotonic()
+
+    def deadline(self) -> float:
+        self._poll()
+        return self.since + (self.timeout_s if self.current else self.startup_s)
+
+    def _poll(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not ours to judge here; read_records skips it too
+            self.current = record.get("begin")
+            self.since = time.monotonic()
+
+
