@@ -50,6 +50,14 @@ class IntegrityError(PermanentError):
     """Bytes do not match the hash that was promised for them."""
 
 
+class AlreadyPublishedError(IntegrityError):
+    """A create-only key already holds other bytes; published files are immutable.
+
+    Its own type because the publisher reports it as a conflict of one file
+    (the rest is still published), while other integrity errors stop a publish.
+    """
+
+
 class AccessDeniedError(PermanentError):
     """The store refused the call for lack of permission."""
 
@@ -64,6 +72,20 @@ class TransientStoreError(RetryableError):
 
 class ConflictError(RetryableError):
     """A compare-and-swap lost a race; re-read and try again."""
+
+
+class FetchError(PermanentError):
+    """A page or file of an index could not be read from its URL (missing, refused, unreadable).
+
+    ``status`` is the HTTP status when a server answered, so a caller can tell
+    "absent" (404) from "broken"."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self) -> tuple[type, tuple[str, int | None]]:
+        return type(self), (str(self), self.status)
 
 
 # --- build -------------------------------------------------------------------
@@ -82,6 +104,20 @@ class CacheDriftError(RetryableError):
 
 class ToolchainMissingError(PermanentError):
     """A required compiler or tool is not installed."""
+
+
+class BuildWorkerError(PermanentError):
+    """A build worker's call failed for a reason that is not the compiler's: an import,
+    a registry or config problem, a bug. The unit's code was never judged, so this is not
+    a :class:`CompileError`; its cause is the worker's exception, with the worker's traceback."""
+
+    def __init__(self, worker: str, target: str, error_type: str, detail: str) -> None:
+        super().__init__(f"build worker {worker} failed running {target}: {error_type}: {detail}"
+                         " (an error of the worker or its environment, not a compile failure)")
+        self.worker, self.target, self.error_type, self.detail = worker, target, error_type, detail
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str]]:
+        return type(self), (self.worker, self.target, self.error_type, self.detail)
 
 
 # --- test --------------------------------------------------------------------

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+
+from kiln.release.errors import InvalidInputError
+
+log = logging.getLogger("kiln.fsutil")
 
 _CHUNK = 1 << 20
 
 
-def _default_mode() -> int:
-    """0o666 less the process umask: what ``open(path, "w")`` would have given."""
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
 
 
-_FILE_MODE = _default_mode()
+_UMASK = _umask()
+_FILE_MODE = 0o666 & ~_UMASK  # what open(path, "w") would have given
+_DIR_MODE = 0o777 & ~_UMASK  # what os.mkdir(path) would have given
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -61,3 +69,56 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_new_tree(root: str | os.PathLike[str], files: Mapping[str, bytes]) -> bool:
+    """Create the directory ``root`` holding ``files`` ({relative POSIX path: bytes}) all at once.
+
+    The tree is written into a temporary sibling and renamed into place, so
+    readers see no ``root`` (or the empty one) or the whole tree, never part
+    of it. One rename instead of an fsync per file: a crash of the machine
+    may lose the tree or leave files in it empty, which a re-run of the
+    writer repairs (``kiln index`` rewrites every page whose bytes differ).
+    Returns False, leaving nothing behind, when ``root`` exists and is not an
+    empty directory, or is by the time of the rename: the caller then updates
+    it in place.
+    """
+    root = Path(root)
+    if not _absent_or_empty(root):
+        return False
+    for rel in files:
+        if rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+            raise InvalidInputError(f"{rel!r} is not a relative path inside {root}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp: Path | None = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+    assert tmp is not None
+    try:
+        os.chmod(tmp, _DIR_MODE)  # mkdtemp makes 0700; the tree must be as readable as a plain mkdir's
+        made: set[str] = set()
+        for rel, data in files.items():
+            parent = rel.rpartition("/")[0]
+            if parent and parent not in made:
+                (tmp / parent).mkdir(parents=True, exist_ok=True)
+                made.add(parent)
+            with open(tmp / rel, "wb") as handle:
+                handle.write(data)
+        try:
+            os.rename(tmp, root)  # replaces an empty directory; refuses a full one (ENOTEMPTY)
+        except OSError as exc:
+            log.debug("could not rename %s to %s (%s); the caller writes in place", tmp, root, exc)
+            return False
+        tmp = None
+        return True
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp)
+
+
+def _absent_or_empty(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except FileNotFoundError:
+        return True
+    except NotADirectoryError:
+        return False

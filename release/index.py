@@ -15,8 +15,8 @@ JSON pages are PEP 691 v1.1 with PEP 700's ``versions``, ``size`` and
 ``upload-time``. Same input, same bytes: files are sorted by name, projects by
 normalised name, JSON keys sorted.
 
-Nothing here reads or writes storage; :mod:`release.publish` and
-:mod:`release.cli` do.
+Nothing here reads or writes storage; :mod:`kiln.release.publish` and
+:mod:`kiln.release.cli` do.
 """
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from html import escape
+from operator import attrgetter
+from json.encoder import encode_basestring_ascii as _js  # the string encoder json.dumps uses
 from typing import Any
 from urllib.parse import quote
 
 from packaging.version import Version
 
-from release.dists import Distribution, check_filename, make_distribution, parse_upload_time
-from release.errors import IntegrityError, InvalidInputError
+from kiln.release.dists import Distribution, check_filename, make_distribution, parse_upload_time
+from kiln.release.errors import IntegrityError, InvalidInputError
 
 API_VERSION = "1.1"
 HTML_TYPE = "text/html; charset=utf-8"
@@ -41,7 +43,15 @@ HTML_PAGE = "index.html"
 JSON_PAGE = "index.json"
 _META_TAG = f'<meta name="pypi:repository-version" content="{API_VERSION}">'
 _URL_SAFE = re.compile(r"[A-Za-z0-9._~+-]+\Z")
-_version_key = lru_cache(maxsize=1 << 16)(Version)  # versions repeat across projects
+_filename = attrgetter("filename")
+
+
+@lru_cache(maxsize=1 << 16)  # versions repeat across projects
+def _version_order(version: str) -> Any:
+    parsed = Version(version)
+    # packaging orders Versions by this tuple; sorting by it directly compares in C instead of
+    # calling Version.__lt__ per comparison. The Version itself if a packaging lacks it.
+    return getattr(parsed, "_key", parsed)
 
 
 def file_url(filename: str) -> str:
@@ -57,33 +67,26 @@ def group(dists: Iterable[Distribution]) -> dict[str, list[Distribution]]:
     The same filename twice with the same record is one file; with a
     different hash it is refused — an index must never name two contents.
     """
-    by_name: dict[str, Distribution] = {}
-    for dist in dists:
-        seen = by_name.get(dist.filename)
-        if seen is not None and seen.sha256 != dist.sha256:
-            raise IntegrityError(f"{dist.filename} is listed twice with different sha256 ({seen.sha256}, {dist.sha256})")
-        by_name[dist.filename] = dist
+    dists = list(dists)
+    by_name = {dist.filename: dist for dist in dists}  # the last record of a name, as below
+    if len(by_name) != len(dists):
+        by_name = {}
+        for dist in dists:
+            seen = by_name.get(dist.filename)
+            if seen is not None and seen.sha256 != dist.sha256:
+                raise IntegrityError(f"{dist.filename} is listed twice with different sha256"
+                                     f" ({seen.sha256}, {dist.sha256})")
+            by_name[dist.filename] = dist
     projects: dict[str, list[Distribution]] = {}
-    for filename in sorted(by_name):
-        dist = by_name[filename]
+    for dist in sorted(by_name.values(), key=_filename):
         projects.setdefault(dist.project, []).append(dist)
     return projects
 
 
-def _href(dist: Distribution) -> str:
-    return f"{file_url(dist.filename)}#sha256={dist.sha256}"
-
-
-def _anchor(dist: Distribution) -> str:
-    attrs = [f'href="{_href(dist)}"']
-    if dist.requires_python:
-        attrs.append(f'data-requires-python="{escape(dist.requires_python)}"')
-    if dist.metadata_sha256:
-        attrs.append(f'data-dist-info-metadata="sha256={dist.metadata_sha256}"')
-        attrs.append(f'data-core-metadata="sha256={dist.metadata_sha256}"')
-    if dist.yanked is not None:
-        attrs.append(f'data-yanked="{escape(dist.yanked)}"')
-    return f"    <a {' '.join(attrs)}>{escape(dist.filename)}</a><br>\n"
+@lru_cache(maxsize=1024)  # a whole index shares a handful of specifiers
+def _requires_python(value: str) -> tuple[str, str]:
+    """The HTML attribute and the JSON member of a ``Requires-Python`` value."""
+    return f' data-requires-python="{escape(value)}"', f'"requires-python":{_js(value)},'
 
 
 def _html(title: str, body: Iterable[str]) -> bytes:
@@ -98,29 +101,46 @@ def _json(data: Mapping[str, Any]) -> bytes:
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def _file_json(dist: Distribution) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "filename": dist.filename,
-        "url": file_url(dist.filename),
-        "hashes": {"sha256": dist.sha256},
-        "size": dist.size,
-        "upload-time": dist.upload_time_iso,
-        "yanked": False if dist.yanked is None else (dist.yanked or True),
-    }
-    if dist.requires_python:
-        entry["requires-python"] = dist.requires_python
-    if dist.metadata_sha256:
-        entry["core-metadata"] = entry["dist-info-metadata"] = {"sha256": dist.metadata_sha256}
-    return entry
+def _file_entries(dist: Distribution) -> tuple[str, str]:
+    """The HTML anchor and the PEP 691 JSON object of one file.
+
+    The JSON is what ``json.dumps(entry, sort_keys=True, separators=(",", ":"))``
+    gives for the entry (keys in sorted order, strings through the same
+    encoder), written out because one dumps call per file costs more than the
+    rest of the page; a golden copy of pages made with dumps guards it.
+    """
+    filename, sha, meta = dist.filename, dist.sha256, dist.metadata_sha256
+    requires, yanked = dist.requires_python, dist.yanked
+    if _URL_SAFE.match(filename):  # the usual wheel name: nothing to escape, only '+' to encode
+        url = filename.replace("+", "%2B")
+        text, filename_json, url_json = filename, f'"{filename}"', f'"{url}"'
+    else:
+        url = quote(filename, safe="")
+        text, filename_json, url_json = escape(filename), _js(filename), _js(url)
+    requires_attr, requires_json = _requires_python(requires) if requires else ("", "")
+    if meta:
+        meta_attr = f' data-dist-info-metadata="sha256={meta}" data-core-metadata="sha256={meta}"'
+        head = f'{{"core-metadata":{{"sha256":"{meta}"}},"dist-info-metadata":{{"sha256":"{meta}"}},'
+    else:
+        meta_attr, head = "", "{"
+    if yanked is None:
+        yanked_attr, yanked_json = "", "false"
+    else:
+        yanked_attr, yanked_json = f' data-yanked="{escape(yanked)}"', _js(yanked) if yanked else "true"
+    return (f'    <a href="{url}#sha256={sha}"{requires_attr}{meta_attr}{yanked_attr}>{text}</a><br>\n',
+            f'{head}"filename":{filename_json},"hashes":{{"sha256":"{sha}"}},{requires_json}"size":{dist.size},'
+            f'"upload-time":"{dist.upload_time_iso}","url":{url_json},"yanked":{yanked_json}}}')
 
 
 def project_pages(project: str, dists: Sequence[Distribution]) -> dict[str, bytes]:
     """The HTML and JSON page of one project (``dists`` as :func:`group` returns them)."""
-    versions = sorted({d.version for d in dists}, key=_version_key)
-    html = _html(f"Links for {project}", map(_anchor, dists))
-    data = {"meta": {"api-version": API_VERSION}, "name": project, "versions": versions,
-            "files": [_file_json(d) for d in dists]}
-    return {f"{project}/{HTML_PAGE}": html, f"{project}/{JSON_PAGE}": _json(data)}
+    versions = sorted({d.version for d in dists}, key=_version_order)
+    anchors, entries = zip(*map(_file_entries, dists), strict=True) if dists else ((), ())
+    html = _html(f"Links for {project}", anchors)
+    # {"files": ..., "meta": ..., "name": ..., "versions": ...}: json.dumps with sorted keys, as in _file_entries
+    data = (f'{{"files":[{",".join(entries)}],"meta":{{"api-version":"{API_VERSION}"}},"name":{_js(project)},'
+            f'"versions":[{",".join(map(_js, versions))}]}}\n')
+    return {f"{project}/{HTML_PAGE}": html, f"{project}/{JSON_PAGE}": data.encode()}
 
 
 def root_pages(projects: Iterable[str]) -> dict[str, bytes]:

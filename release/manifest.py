@@ -13,18 +13,20 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from release.errors import IntegrityError, InvalidInputError
-from release.fsutil import atomic_write_text, sha256_file
+from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.release.fsutil import atomic_write_text, sha256_file
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "run.json"
 
 Stage = Literal["build", "test", "bench", "publish", "verify"]
-UnitState = Literal["completed", "failed", "skipped", "flaky"]
+# not_run: a suite that could not run on this machine (no GPU of its kind); it is never "completed".
+UnitState = Literal["completed", "failed", "skipped", "flaky", "not_run"]
 ArtifactKind = Literal[
     "wheel", "cubin", "hsaco", "shared-library", "build-manifest", "report", "bench", "index", "other"
 ]
@@ -82,6 +84,8 @@ class RunManifest:
     units: list[Unit] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
     info: dict[str, object] = field(default_factory=dict)
+    # Where a missing local file comes from (the run record, see kiln.release.record); None: local only.
+    fetch: Callable[[Artifact], Path] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add_unit(self, unit: Unit) -> Unit:
@@ -109,6 +113,8 @@ class RunManifest:
     def verify(self, artifact: Artifact) -> Path:
         """Return the artifact's path after checking its bytes against the manifest."""
         full = self.root / check_relative_path(artifact.path)
+        if self.fetch is not None:
+            full = self.fetch(artifact)
         if not full.is_file():
             raise IntegrityError(f"{artifact.path}: listed in {MANIFEST_NAME} but missing from {self.root}")
         actual = sha256_file(full)
@@ -139,7 +145,7 @@ class RunManifest:
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "RunManifest":
+    def load(cls, path: Path) -> RunManifest:
         """Load ``run.json`` (or the directory that holds it)."""
         path = Path(path)
         if path.is_dir():
@@ -147,11 +153,15 @@ class RunManifest:
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError as exc:
-            raise InvalidInputError(f"run manifest {path} does not exist; run `kiln build` or `kiln nightly` first") from exc
+            raise InvalidInputError(
+                f"run manifest {path} does not exist; run `kiln build` or `kiln nightly` first"
+            ) from exc
         except json.JSONDecodeError as exc:
             raise InvalidInputError(f"run manifest {path} is not valid JSON: {exc}") from exc
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise InvalidInputError(f"run manifest {path} has schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+            raise InvalidInputError(
+                f"run manifest {path} has schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+            )
         try:
             units = [Unit(**u) for u in data["units"]]
             artifacts = [Artifact(**a) for a in data["artifacts"]]

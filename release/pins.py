@@ -26,9 +26,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from release.dists import check_sha256, parse_filename
-from release.errors import IntegrityError, InvalidInputError, TransientStoreError
-from release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.release.dists import check_sha256, parse_filename
+from kiln.release.errors import IntegrityError, InvalidInputError, TransientStoreError
+from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 
 log = logging.getLogger("kiln.pins")
 
@@ -74,7 +74,11 @@ def load_pins(path: Path = DEFAULT_PINS) -> list[Pin]:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidInputError(f"pins file {path}: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or set(data) != {"schema_version", "pins"}:
+    if (
+        not isinstance(data, dict)
+        or data.get("schema_version") != SCHEMA_VERSION
+        or set(data) != {"schema_version", "pins"}
+    ):
         raise InvalidInputError(f"pins file {path}: expected {{'schema_version': {SCHEMA_VERSION}, 'pins': [...]}}")
     if not isinstance(data["pins"], list):
         raise InvalidInputError(f"pins file {path}: 'pins' must be a list")
@@ -96,7 +100,8 @@ def fetch_pin(pin: Pin, directory: Path, timeout: float = DOWNLOAD_TIMEOUT_S) ->
     actual = sha256_bytes(data)
     if actual != pin.sha256:
         raise IntegrityError(
-            f"pinned {pin.filename} from {pin.url} has sha256 {actual}, the pin says {pin.sha256}; refusing to publish it"
+            f"pinned {pin.filename} from {pin.url} has sha256 {actual}, the pin says {pin.sha256}; "
+            "refusing to publish it"
         )
     path = Path(directory) / pin.filename
     atomic_write_bytes(path, data)
@@ -104,7 +109,10 @@ def fetch_pin(pin: Pin, directory: Path, timeout: float = DOWNLOAD_TIMEOUT_S) ->
 
 
 def fetch_pins(pins: list[Pin], directory: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> list[tuple[str | None, Path]]:
-    """Every pin downloaded and verified, as (variant or None for all, path) for :func:`release.publish.collect`."""
+    """Every pin downloaded and verified, as (variant or None for all, path).
+
+    The pairs are what :func:`kiln.release.publish.collect` takes.
+    """
     fetched: list[tuple[str | None, Path]] = []
     for pin in pins:
         path = fetch_pin(pin, directory, timeout)

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
-from release.errors import ConfigError
+from kiln.release.errors import ConfigError
 
-STEPS: tuple[str, ...] = ("build", "test", "bench", "publish-nightly", "publish-release")
+# The steps that get their own credentials and policy; kiln.toml [permissions.<step>] keys.
+Step = Literal["build", "test", "bench", "publish-nightly", "publish-release"]
+STEPS: tuple[Step, ...] = get_args(Step)
 # Which channel each publishing step owns; every other step owns none.
 CHANNEL_OF_STEP: Mapping[str, str] = {"publish-nightly": "nightly", "publish-release": "release"}
 
@@ -52,16 +54,25 @@ class StepAccess:
     write: tuple[str, ...] = ()
 
 
+def prefix_problem(value: object) -> str | None:
+    """Why ``value`` is not a prefix IAM reads as written, or None. ``kiln.toml``
+    is checked with this at load, the policies again when they are generated."""
+    if not isinstance(value, str):
+        return f"{value!r} is not a string prefix"
+    bad = [c for c in ("*", "?", "$", "\\") if c in value]
+    parts = value.strip("/").split("/")
+    if bad or any(p in (".", "..") for p in parts) or value.startswith("/"):
+        return (f"prefix {value!r} must be a plain relative path such as 'nightly/' "
+                f"(no leading '/', '..', or IAM wildcards)")
+    return None
+
+
 def _prefix(value: str, where: str) -> str:
     """Normalise a prefix to ``a/b/`` form; refuse what IAM would misread."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: {value!r} is not a string prefix")
-    bad = [c for c in ("*", "?", "$", "\\") if c in value]
-    parts = [p for p in value.strip("/").split("/")]
-    if bad or any(p in (".", "..") for p in parts) or value.startswith("/"):
-        raise ConfigError(f"{where}: prefix {value!r} must be a plain relative path such as 'nightly/' "
-                          f"(no leading '/', '..', or IAM wildcards)")
-    joined = "/".join(p for p in parts if p)
+    problem = prefix_problem(value)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    joined = "/".join(p for p in value.strip("/").split("/") if p)
     return f"{joined}/" if joined else ""
 
 

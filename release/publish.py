@@ -28,22 +28,22 @@ nothing uploaded) and finishes the pages.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from release.dists import Distribution
-from release.errors import ConflictError, IntegrityError
-from release.fsutil import sha256_bytes
-from release.index import (
+from kiln.release.dists import Distribution
+from kiln.release.errors import AlreadyPublishedError, IntegrityError
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.index import (
     HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, group, parse_project_json, parse_root_json, project_pages, root_pages,
 )
-from release.manifest import RunManifest
-from release.store import Store
-from release.wheels import describe_wheel
+from kiln.release.manifest import RunManifest
+from kiln.release.store import Store
+from kiln.release.swap import until_swapped
+from kiln.release.wheels import describe_wheel
 
 log = logging.getLogger("kiln.publish")
 
@@ -51,7 +51,6 @@ WHEEL_TYPE = "application/octet-stream"
 SIDECAR_TYPE = "text/plain; charset=utf-8"
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 PAGE_CACHE = "public, max-age=60, must-revalidate"  # short: a new nightly shows within a minute
-CAS_ATTEMPTS = 8
 
 Outcome = Literal["added", "present", "conflict"]
 
@@ -107,7 +106,8 @@ class Plan:
     def to_markdown(self) -> str:
         verb = "would change" if self.dry_run else "changed"
         lines = [f"## Publish to `{self.target}` ({self.channel}{', dry run' if self.dry_run else ''})", ""]
-        for title, keys in (("added", self.keys("added")), ("already present", self.keys("present")),
+        for title, keys in (("to add" if self.dry_run else "added", self.keys("added")),
+                            ("already present", self.keys("present")),
                             ("conflicting", self.keys("conflict")), (f"pages {verb}", sorted(self.pages))):
             lines.append(f"- {title}: {len(keys)}")
             lines.extend(f"  - `{k}`" for k in keys)
@@ -115,30 +115,44 @@ class Plan:
         return "\n".join(lines) + "\n"
 
 
-def gate(run: RunManifest, variants: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+def gate(run: RunManifest, variants: Iterable[str],
+         untested_ok: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
     """Variants whose build and required tests passed, and why the others are held back.
 
-    A test unit without a variant gates every variant.
+    A test unit without a variant gates every variant. A required suite that
+    did not run (``not_run``: no GPU of its kind here) holds its variant back
+    unless its suite is in ``untested_ok`` (``publish_untested`` in kiln.toml).
     """
+    allowed = set(untested_ok)
     publishable, skipped = [], {}
     for variant in variants:
         blocking = [
             u.id for u in run.units
-            if u.state == "failed" and (
-                (u.stage == "build" and u.variant == variant)
-                or (u.stage == "test" and u.required and u.variant in (None, variant))
-            )
+            if (u.stage == "build" and u.variant == variant and u.state == "failed")
+            or (u.stage == "test" and u.required and u.variant in (None, variant)
+                and (u.state == "failed" or (u.state == "not_run" and u.suite not in allowed)))
         ]
         if blocking:
-            skipped[variant] = f"failed: {', '.join(sorted(blocking)[:5])}" + (" …" if len(blocking) > 5 else "")
+            more = " …" if len(blocking) > 5 else ""
+            skipped[variant] = f"failed or not run: {', '.join(sorted(blocking)[:5])}{more}"
         else:
             publishable.append(variant)
     return publishable, skipped
 
 
+def untested(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
+    """Variants whose required suites did not run on their hardware, with the reason."""
+    found: dict[str, str] = {}
+    for unit in sorted(run.units, key=lambda u: u.id):
+        if unit.stage == "test" and unit.required and unit.state == "not_run":
+            for variant in ([unit.variant] if unit.variant else list(variants)):
+                found.setdefault(variant, f"{unit.suite}: {unit.message.removeprefix('not run: ')}")
+    return {v: why for v, why in found.items() if v in set(variants)}
+
+
 def collect(
     run: RunManifest, channel_prefix: str, variants: Sequence[str], clock: Callable[[], float] = time.time,
-    extra: Sequence[tuple[str | None, Path]] = (),
+    extra: Sequence[tuple[str | None, Path]] = (), untested_ok: Iterable[str] = (),
 ) -> tuple[list[Upload], dict[str, str]]:
     """The uploads of a publish, every local file verified against the manifest first.
 
@@ -146,7 +160,7 @@ def collect(
     the publish before it touches the target. ``extra`` adds verified pinned
     files as (variant or None for all, path).
     """
-    publishable, skipped = gate(run, variants)
+    publishable, skipped = gate(run, variants, untested_ok)
     now = clock()
     uploads: list[Upload] = []
     wheels = [(a.variant, run.verify(a)) for a in run.artifacts_of("wheel") if a.state == "ok"]
@@ -164,24 +178,27 @@ def collect(
 def upload_file(store: Store, upload: Upload) -> UploadResult:
     """Put one wheel and then its sidecar, verifying both; never overwrite.
 
-    A wheel already on the target with the same hash is not uploaded again
-    (a re-run after a crash); with another hash it is a conflict.
+    No existence check first: the create-only write itself says whether the
+    wheel was there. The same hash there is "present" (a re-run after a
+    crash), another hash a conflict. The sidecar of a wheel this call created
+    cannot exist yet, so it is written at once; a present wheel's sidecar is
+    looked up first (a crash may have come between the two).
     """
     data = upload.source.read_bytes()
     if sha256_bytes(data) != upload.dist.sha256:
         raise IntegrityError(f"{upload.source} changed after it was verified; rebuild it, never publish it")
-    existing = store.head(upload.key)
-    if existing is not None and existing.sha256 != upload.dist.sha256:
-        return UploadResult(upload, "conflict", f"{upload.key} already holds sha256 {existing.sha256}")
     _, metadata = describe_wheel(upload.dist.filename, data, upload.dist.upload_time)
-    if existing is None:
-        log.info("uploading %s to %s", upload.key, store.url)
-        _check(store.put_immutable(upload.key, data, WHEEL_TYPE, IMMUTABLE_CACHE).sha256, upload.dist.sha256, upload.key)
-    sidecar = store.head(upload.sidecar_key)
+    log.info("publishing %s to %s", upload.key, store.url)
+    try:
+        wheel = store.put_immutable(upload.key, data, WHEEL_TYPE, IMMUTABLE_CACHE)
+    except AlreadyPublishedError as exc:
+        return UploadResult(upload, "conflict", str(exc))
+    _check(wheel.sha256, upload.dist.sha256, upload.key)
+    sidecar = None if wheel.created else store.head(upload.sidecar_key)
     if sidecar is None:
         sidecar = store.put_immutable(upload.sidecar_key, metadata, SIDECAR_TYPE, IMMUTABLE_CACHE)
     _check(sidecar.sha256, upload.dist.metadata_sha256, upload.sidecar_key)
-    return UploadResult(upload, "present" if existing is not None else "added")
+    return UploadResult(upload, "added" if wheel.created else "present")
 
 
 def _check(actual: str | None, expected: str | None, key: str) -> None:
@@ -207,20 +224,17 @@ def _cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[byt
     read then breaks our swap, so we never put back an HTML older than the
     JSON we merged from.
     """
-    for attempt in range(CAS_ATTEMPTS):
+    def attempt() -> list[str]:
         html, current = store.get_page(html_key), store.get_page(json_key)
         pages = render(None if current is None else current[0])
-        try:
-            changed = []
-            for key, old, ctype in ((json_key, current, JSON_TYPE), (html_key, html, HTML_TYPE)):
-                if old is None or old[0] != pages[key]:
-                    store.put_page(key, pages[key], ctype, PAGE_CACHE, None if old is None else old[1])
-                    changed.append(key)
-            return changed
-        except ConflictError:
-            log.info("lost a race on %s (attempt %d of %d); re-reading", json_key, attempt + 1, CAS_ATTEMPTS)
-            sleep(random.uniform(0.01, 0.05) * 2**attempt)
-    raise ConflictError(f"{json_key}: still changing after {CAS_ATTEMPTS} attempts; retry the publish")
+        changed = []
+        for key, old, ctype in ((json_key, current, JSON_TYPE), (html_key, html, HTML_TYPE)):
+            if old is None or old[0] != pages[key]:
+                store.put_page(key, pages[key], ctype, PAGE_CACHE, None if old is None else old[1])
+                changed.append(key)
+        return changed
+
+    return until_swapped(json_key, attempt, sleep)
 
 
 def update_pages(store: Store, index: str, dists: Sequence[Distribution],
@@ -231,7 +245,8 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
     for project, files in projects.items():
         html_key, json_key = f"{index}/{project}/{HTML_PAGE}", f"{index}/{project}/{JSON_PAGE}"
 
-        def render(current: bytes | None, project: str = project, files: list[Distribution] = files) -> dict[str, bytes]:
+        def render(current: bytes | None, project: str = project, files: list[Distribution] = files,
+                   json_key: str = json_key) -> dict[str, bytes]:
             listed = [] if current is None else parse_project_json(current, f"{store.url}/{json_key}")
             merged = _merge_files(listed, files, f"{store.url}/{json_key}")
             return {f"{index}/{k}": v for k, v in project_pages(project, merged).items()}
@@ -250,13 +265,16 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
 def publish(
     run: RunManifest, store: Store, *, channel: str, channel_prefix: str, variants: Sequence[str],
     clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
+    untested_ok: Iterable[str] = (),
 ) -> Plan:
     """The whole protocol in one call (the flow runs the same steps as separate tasks).
 
     Conflicting files are reported in the plan and left off the pages; every
     other file is published. Raises only for errors that stop everything.
+    Against a :class:`~kiln.release.staging.StagingStore` it is the plan of a
+    publish (what the release shows its approver), with the target untouched.
     """
-    uploads, skipped = collect(run, channel_prefix, variants, clock, extra)
+    uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok)
     plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run)
     plan.results = [upload_file(store, u) for u in uploads]
     plan.pages = publish_pages(store, plan.results)

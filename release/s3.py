@@ -1,11 +1,19 @@
-"""The S3 store: the :class:`release.store.Store` protocol on boto3.
+"""The S3 store: the :class:`kiln.release.store.Store` protocol on boto3.
 
 * Immutable objects (wheels, sidecars) are written with ``If-None-Match: *``
-  and ``ChecksumSHA256``; a 412 means the key exists, and its hash decides
-  between "same bytes, success" and :class:`IntegrityError`. After every write
-  the hash is read back (``HEAD`` with ``ChecksumMode=ENABLED``, or a ``GET``
-  when the server keeps no checksum — moto does not), because a store that
-  accepted a checksum header is not proof that it checked it.
+  and ``ChecksumSHA256``, with no existence check first: a 412 means the key
+  exists, and only then its hash decides between "same bytes, success" and
+  :class:`AlreadyPublishedError`. (botocore sends ``Expect: 100-continue``, so
+  a server that refuses the precondition need not receive the body.)
+* Whether a write needs reading back is a property of the store,
+  ``verifies_checksums``: AWS S3 refuses a body whose SHA-256 differs from the
+  ``ChecksumSHA256`` header (``BadDigest``) and echoes the checksum it
+  verified, so a write it acknowledged with that echo is proof of the bytes.
+  A store that accepted a checksum header is not proof that it checked it
+  (moto does not check): there, and whenever the echo is missing, the object
+  is read back (``GET``) and hashed, and a hash that differs is an
+  :class:`IntegrityError`. On such a store :meth:`S3Store.head` hashes the
+  bytes too instead of trusting a stored checksum.
 * Pages are written with ``If-Match: <etag>`` (or ``If-None-Match: *`` for a
   new page); a 412/409 is a :class:`ConflictError` for the caller to re-read.
 * ``ExpectedBucketOwner`` goes on every call when configured, so a bucket
@@ -34,8 +42,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.exceptions import HTTPClientError
 
-from release.errors import (
+from kiln.release.errors import (
     AccessDeniedError,
+    AlreadyPublishedError,
     ConflictError,
     IntegrityError,
     InvalidInputError,
@@ -43,8 +52,8 @@ from release.errors import (
     ThrottledError,
     TransientStoreError,
 )
-from release.fsutil import sha256_bytes
-from release.store import ObjectInfo, Store, check_key
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger("kiln.s3")
 
@@ -103,12 +112,16 @@ def _b64_to_hex(value: str | None) -> str | None:
 class S3Store:
     """Objects under ``s3://bucket/prefix``; see the module docstring for the guarantees."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "", expected_owner: str | None = None) -> None:
+    def __init__(self, client: Any, bucket: str, prefix: str = "", expected_owner: str | None = None,
+                 verifies_checksums: bool = False) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.expected_owner = expected_owner
+        # False (read every write back) unless the caller knows the server verifies: the safe default.
+        self.verifies_checksums = verifies_checksums
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self._warned_unconfirmed = False
 
     def _params(self, key: str | None = None, **extra: Any) -> dict[str, Any]:
         params: dict[str, Any] = {"Bucket": self.bucket, **extra}
@@ -142,19 +155,23 @@ class S3Store:
         return data, response["ETag"]
 
     def head(self, key: str) -> ObjectInfo | None:
+        if not self.verifies_checksums:
+            return self._hashed(key)  # a stored checksum here is only what some uploader claimed
         try:
             response = self._call("head_object", f"{self.url}/{key}", **self._params(key, ChecksumMode="ENABLED"))
         except _Missing:
             return None
         digest = _b64_to_hex(response.get("ChecksumSHA256"))
-        if digest is None:
-            # No server-side SHA-256 (moto, or an object uploaded without one):
-            # hash the bytes ourselves rather than report an unverified object.
-            data = self.get(key)
-            if data is None:
-                return None
-            digest = sha256_bytes(data)
+        if digest is None:  # uploaded without a SHA-256: hash the bytes rather than report an unverified object
+            return self._hashed(key)
         return ObjectInfo(key, int(response["ContentLength"]), response["ETag"], digest)
+
+    def _hashed(self, key: str) -> ObjectInfo | None:
+        page = self.get_page(key)
+        if page is None:
+            return None
+        data, etag = page
+        return ObjectInfo(key, len(data), etag, sha256_bytes(data))
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         digest = sha256_bytes(data)
@@ -164,19 +181,42 @@ class S3Store:
             ChecksumSHA256=checksum, IfNoneMatch="*",
         )
         try:
-            self._call("put_object", f"{self.url}/{key}", **params)
-            log.debug("uploaded %s/%s (%d bytes)", self.url, key, len(data))
+            response = self._call("put_object", f"{self.url}/{key}", **params)
         except (ConflictError, _Missing):
             log.debug("%s/%s exists; comparing hashes", self.url, key)
+            return self._existing(key, digest)
+        log.debug("uploaded %s/%s (%d bytes)", self.url, key, len(data))
+        if self.verifies_checksums and response.get("ChecksumSHA256") == checksum:
+            return ObjectInfo(key, len(data), response["ETag"], digest, created=True)
+        if self.verifies_checksums and not self._warned_unconfirmed:
+            self._warned_unconfirmed = True
+            log.warning("%s did not confirm the ChecksumSHA256 of a write; reading writes back instead."
+                        " Set verifies_checksums = false for this target if it never does", self.url)
+        return self._read_back(key, digest)
+
+    def _existing(self, key: str, digest: str) -> ObjectInfo:
+        """The object a create-only write found in place: the same bytes, or AlreadyPublishedError."""
         info = self.head(key)
-        if info is None:
-            raise TransientStoreError(f"{self.url}/{key} is missing right after it was written; retry")
+        if info is None:  # a 409 of a concurrent write that then failed, or a 412 racing nothing we can see
+            raise TransientStoreError(f"{self.url}/{key} was refused as existing but is not there; retry")
         if info.sha256 != digest:
-            raise IntegrityError(
+            raise AlreadyPublishedError(
                 f"{self.url}/{key} holds sha256 {info.sha256}, not {digest}; published files are immutable"
                 " — bump the version instead of re-uploading"
             )
         return info
+
+    def _read_back(self, key: str, digest: str) -> ObjectInfo:
+        """Hash what the store now holds under a key this call wrote; other bytes are an IntegrityError."""
+        info = self._hashed(key)
+        if info is None:
+            raise TransientStoreError(f"{self.url}/{key} is missing right after it was written; retry")
+        if info.sha256 != digest:
+            raise IntegrityError(
+                f"{self.url}/{key} holds sha256 {info.sha256}, not {digest} right after it was written:"
+                " the bytes were changed in transit or by another writer; nothing is listed — retry the publish"
+            )
+        return ObjectInfo(key, info.size, info.etag, digest, created=True)
 
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
@@ -227,8 +267,13 @@ def open_s3_store(
     endpoint: str | None = None,
     expected_owner: str | None = None,
     session: Any = None,
+    verifies_checksums: bool | None = None,
 ) -> Store:
-    """Open ``s3://bucket/prefix``; ``root`` is unused (S3 keys are absolute)."""
+    """Open ``s3://bucket/prefix``; ``root`` is unused (S3 keys are absolute).
+
+    ``verifies_checksums`` None means AWS's behaviour when no ``endpoint`` is
+    given (AWS verifies) and the safe one for a custom endpoint (read back).
+    """
     rest = url[len("s3://"):]
     bucket, _, prefix = rest.partition("/")
     if not bucket:
@@ -239,7 +284,8 @@ def open_s3_store(
         client = make_client(session, region, endpoint)
     except (BotoCoreError, ValueError) as exc:
         raise InvalidInputError(f"cannot open {url}: {exc}") from exc
-    return S3Store(client, bucket, prefix, expected_owner)
+    verifies = endpoint is None if verifies_checksums is None else verifies_checksums
+    return S3Store(client, bucket, prefix, expected_owner, verifies_checksums=verifies)
 
 
 __all__ = ["S3Store", "make_client", "open_s3_store", "translate"]

@@ -18,9 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
-from release.errors import InvalidInputError, KilnError
-from release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE
-from release.store import Store, check_key
+from kiln.release.errors import InvalidInputError, KilnError
+from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE
+from kiln.release.store import Store, check_key
 
 log = logging.getLogger("kiln.serve")
 
@@ -113,19 +113,22 @@ class IndexServer:
 
     def __init__(self, store: Store, prefix: str = "") -> None:
         prefix = prefix.strip("/")
+        self._store = store
         handler = type("Handler", (_Handler,), {"store": store, "prefix": prefix + "/" if prefix else ""})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
-        host, port = self._httpd.server_address[:2]
-        self.url = f"http://{host}:{port}/"
+        port = self._httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{port}/"  # bound to loopback above
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="kiln-serve", daemon=True)
 
-    def __enter__(self) -> "IndexServer":
+    def __enter__(self) -> IndexServer:
         self._thread.start()
-        log.info("serving %s at %s", getattr(self._httpd.RequestHandlerClass, "store").url, self.url)
+        log.info("serving %s at %s", self._store.url, self.url)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=10)

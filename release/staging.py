@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from release.errors import ConflictError, IntegrityError
-from release.fsutil import sha256_bytes
-from release.store import LocalStore, ObjectInfo, Store
+from kiln.release.errors import AlreadyPublishedError, ConflictError
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.store import LocalStore, ObjectInfo, Store
 
 
 class StagingStore:
@@ -43,11 +43,11 @@ class StagingStore:
         if existing is not None:
             digest = sha256_bytes(data)
             if existing.sha256 != digest:
-                raise IntegrityError(
+                raise AlreadyPublishedError(
                     f"{self.url}/{key} already exists with sha256 {existing.sha256}, not {digest};"
-                    " published files are immutable"
+                    " published files are immutable — bump the version instead"
                 )
-            return existing
+            return existing  # created=False: the target holds it already
         return self.staging.put_immutable(key, data, content_type, cache_control)
 
     def put_page(

@@ -4,23 +4,26 @@ A store holds objects under POSIX keys relative to its root (a directory, or
 an S3 ``bucket/prefix``). Two kinds of writes exist, and nothing else:
 
 * :meth:`Store.put_immutable` — create-only. Writing the same bytes again is
-  success (so a re-run after a crash is harmless); other bytes under an
-  existing key raise :class:`~release.errors.IntegrityError`. Wheels, metadata
+  success (so a re-run after a crash is harmless; the returned
+  :attr:`ObjectInfo.created` is then False); other bytes under an existing key
+  raise :class:`~kiln.release.errors.AlreadyPublishedError`. Wheels, metadata
   sidecars and benchmark results are written this way.
 * :meth:`Store.put_page` — compare-and-swap on the ETag read earlier
   (``expected_etag=None`` means "the key must not exist yet"). A lost race
-  raises :class:`~release.errors.ConflictError`; the caller re-reads, re-merges
+  raises :class:`~kiln.release.errors.ConflictError`; the caller re-reads, re-merges
   and retries. Index pages and history files are written this way.
 
 There is no delete: nothing Kiln does may remove a published object.
 
-Backends register themselves by URL scheme in :data:`BACKENDS`; the S3 one
-lives in :mod:`release.s3` and is imported only when an ``s3://`` URL is
+The protocol itself (:class:`Store`, :class:`ObjectInfo`, :func:`check_key`) is
+:mod:`kiln.release.objects`, re-exported here. Backends register themselves
+by URL scheme in :data:`BACKENDS`; the S3 one
+lives in :mod:`kiln.release.s3` and is imported only when an ``s3://`` URL is
 opened. ``file://`` URLs are resolved against ``root`` unless absolute
 (``file:///abs/dir``).
 
 The local store keeps no content type (an HTTP server derives it from the
-extension, see :mod:`release.serve`); its ETag is the SHA-256 of the content,
+extension, see :mod:`kiln.release.serve`); its ETag is the SHA-256 of the content,
 and its compare-and-swap holds an ``flock`` on the key's directory so two
 processes publishing into the same directory serialise their page updates.
 """
@@ -33,69 +36,15 @@ import os
 import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterator
 
-from release.errors import ConflictError, IntegrityError, InvalidInputError
-from release.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
+from kiln.release.errors import AlreadyPublishedError, ConflictError, InvalidInputError
+from kiln.release.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
+from kiln.release.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger("kiln.store")
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What a store knows about one object without reading it."""
-
-    key: str
-    size: int
-    etag: str
-    sha256: str | None  # hex; None when the backend has no checksum stored for it
-
-
-def check_key(key: str) -> str:
-    """Refuse keys that could escape the store root or confuse a URL.
-
-    Absolute keys, ``..``/``.`` segments, backslashes, empty segments and
-    control characters are all refused with :class:`InvalidInputError`.
-    """
-    if not isinstance(key, str) or not key:
-        raise InvalidInputError(f"store key {key!r} is empty")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        raise InvalidInputError(f"store key {key!r} contains a control character")
-    parts = key.split("/")
-    if key.startswith("/") or "\\" in key or any(p in ("", ".", "..") for p in parts):
-        raise InvalidInputError(
-            f"store key {key!r} must be a relative POSIX path without '..', '.', '//' or backslashes"
-        )
-    return key
-
-
-@runtime_checkable
-class Store(Protocol):
-    """The operations publishing and history need; every backend implements all of them."""
-
-    url: str
-
-    def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist."""
-
-    def get_page(self, key: str) -> tuple[bytes, str] | None:
-        """The object's bytes and ETag (for a later :meth:`put_page`), or None."""
-
-    def head(self, key: str) -> ObjectInfo | None:
-        """Size, ETag and SHA-256 of an object, or None when it does not exist."""
-
-    def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
-        """Create ``key`` with ``data``; same bytes already there is success, other bytes IntegrityError."""
-
-    def put_page(
-        self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
-    ) -> ObjectInfo:
-        """Replace ``key`` only if its ETag is still ``expected_etag`` (None: only if absent)."""
-
-    def list(self, prefix: str = "") -> list[str]:
-        """Sorted keys under ``prefix`` (a plain string prefix of the key)."""
 
 
 class LocalStore:
@@ -139,16 +88,18 @@ class LocalStore:
             # even against another process writing the same key.
             os.link(tmp, path)
             log.debug("created %s (%d bytes)", path, len(data))
+            created = True
         except FileExistsError:
             existing = sha256_file(path)
             if existing != digest:
-                raise IntegrityError(
+                raise AlreadyPublishedError(
                     f"{self.url}/{key} already exists with sha256 {existing}, not {digest};"
                     " published files are immutable — bump the version instead"
                 ) from None
+            created = False
         finally:
             os.unlink(tmp)
-        return ObjectInfo(key, len(data), digest, digest)
+        return ObjectInfo(key, len(data), digest, digest, created)
 
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
@@ -167,7 +118,7 @@ class LocalStore:
         return ObjectInfo(key, len(data), digest, digest)
 
     def list(self, prefix: str = "") -> list[str]:
-        keys = []
+        keys: list[str] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = Path(dirpath).relative_to(self.root).as_posix()
@@ -197,7 +148,7 @@ def _open_local(url: str, *, root: Path, **_: Any) -> Store:
 
 
 def _open_s3(url: str, **kwargs: Any) -> Store:
-    from release.s3 import open_s3_store  # boto3 is imported only when S3 is used
+    from kiln.release.s3 import open_s3_store  # boto3 is imported only when S3 is used
 
     return open_s3_store(url, **kwargs)
 
@@ -213,19 +164,24 @@ def open_store(
     endpoint: str | None = None,
     expected_owner: str | None = None,
     session: Any = None,
+    verifies_checksums: bool | None = None,
 ) -> Store:
     """Open the store a ``file://`` or ``s3://`` URL names.
 
     ``root`` anchors relative ``file://`` paths (normally the directory of
     ``kiln.toml`` or the run directory); S3 options are ignored by the local
     backend. ``session`` is a ``boto3.Session`` holding the step's credentials.
+    ``verifies_checksums``: whether the S3 server checks the ``ChecksumSHA256``
+    it is sent (None: true on AWS, false on a custom ``endpoint``), see
+    :mod:`kiln.release.s3`.
     """
     scheme = url.split("://", 1)[0] if "://" in url else ""
     backend = BACKENDS.get(scheme)
     if backend is None:
         raise InvalidInputError(f"store URL {url!r}: scheme must be one of {sorted(s + '://' for s in BACKENDS)}")
     return backend(
-        url, root=Path(root), region=region, endpoint=endpoint, expected_owner=expected_owner, session=session
+        url, root=Path(root), region=region, endpoint=endpoint, expected_owner=expected_owner, session=session,
+        verifies_checksums=verifies_checksums,
     )
 
 

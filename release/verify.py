@@ -1,59 +1,59 @@
 """Check a published index from the outside, as pip and uv will see it.
 
-:func:`verify_index` fetches the root and every project page in both
-formats (HTML, and JSON through the ``Accept`` header), checks that both list
-the same files, that every link resolves with the advertised SHA-256 and
-size, and that every advertised metadata sidecar exists with its hash. Then it
-installs the newest version of each project with pip and with uv into fresh
-virtual environments from that URL, and imports it.
+:func:`verify_index` reads the root and every project page in both forms
+(PEP 503 HTML and PEP 691 JSON) through a source of
+:mod:`kiln.release.fetch` — an HTTP server with or without content
+negotiation, a ``file://`` directory, or an ``s3://`` prefix. It checks that
+both forms list the same files with the same hashes and sidecars, that every
+link resolves with the advertised SHA-256 (and size, which only the JSON form
+states), and that every advertised metadata sidecar exists with its hash.
+A page without a JSON form (a static mirror of HTML only) is checked from its
+HTML alone, and the report says so.
 
-Kernel wheels import torch; a fresh venv would have to download gigabytes
-that are not under test. With ``inherit_site_packages`` the venv sees this
-interpreter's site-packages through a ``.pth`` file appended after its own,
-and the wheel is installed with ``--no-deps``, so the import still proves the
-wheel from the index is the one that loads.
+Then it installs the newest version of each project with pip and with uv into
+fresh virtual environments from that index, and imports it
+(:mod:`kiln.release.install`): dependencies resolve from the extra indexes the
+caller names; without any, the wheel goes in with ``--no-deps`` and the report
+says that its dependencies were not resolved.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 import tempfile
-import urllib.error
-import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin
+from urllib.parse import quote, unquote, urldefrag, urlsplit
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from release.dists import parse_filename
-from release.errors import IntegrityError
-from release.fsutil import sha256_bytes
-from release.index import JSON_TYPE
-from release.serve import IndexServer
-from release.store import open_store
+from kiln.release.dists import parse_filename
+from kiln.release.errors import FetchError, IntegrityError, InvalidInputError
+from kiln.release.fetch import Page, Source, StoreSettings, StoreSource, join, open_source
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
+from kiln.release.serve import IndexServer
+from kiln.release.store import open_store
+from kiln.release.wheels import import_names
 
 log = logging.getLogger("kiln.verify")
 
-HTML_ACCEPT = "text/html"
 DEFAULT_TIMEOUT_S = 300.0
+MAX_LISTED = 50
 
 
 @dataclass
 class VerifyReport:
     url: str
-    pages: int = 0
+    pages: int = 0  # page forms read: 2 for a page with HTML and JSON, 1 for HTML alone
     files: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was checked differently, and why
     installs: dict[str, str] = field(default_factory=dict)  # "pip kiln-kernels==0.1.0" -> "ok" | error
 
     @property
@@ -63,9 +63,22 @@ class VerifyReport:
     def summary(self) -> str:
         state = "OK" if self.ok else "FAILED"
         lines = [f"{state}: {self.url}: {self.pages} pages, {self.files} files, {len(self.problems)} problems"]
-        lines += [f"  problem: {p}" for p in self.problems[:50]]
+        lines += [f"  problem: {p}" for p in self.problems[:MAX_LISTED]]
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  install {k}: {v}" for k, v in sorted(self.installs.items())]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """One file as one form of a page describes it."""
+
+    form: str  # "HTML" or "JSON"
+    url: str  # absolute, without the fragment
+    sha256: str | None
+    size: int | None  # only the JSON form states it
+    metadata: str | None  # the advertised sidecar: "sha256=<hex>", "true" (no hash), or None
+    yanked: bool
 
 
 class _Anchors(HTMLParser):
@@ -78,164 +91,274 @@ class _Anchors(HTMLParser):
             self.anchors.append(dict(attrs))
 
 
-def _fetch(url: str, timeout: float, accept: str | None = None) -> bytes:
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) URLs from the caller
-        return response.read()
+def _anchors(page: Page) -> list[dict[str, str | None]]:
+    parser = _Anchors()
+    parser.feed(page.html.decode("utf-8", errors="replace"))
+    return parser.anchors
 
 
-def _page(url: str, timeout: float, report: VerifyReport) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """(HTML anchors, JSON document) of one page, or None after recording why not."""
+def _filename(href: str) -> str:
+    return unquote(urlsplit(href).path.rsplit("/", 1)[-1])
+
+
+def _html_files(page: Page, report: VerifyReport) -> dict[str, FileRef]:
+    files = {}
+    for anchor in _anchors(page):
+        href, fragment = urldefrag(anchor.get("href") or "")
+        if "+" in href:
+            report.problems.append(f"{page.url}: link {href!r} has a raw '+' (must be %2B)")
+        name, core, dist_info = _filename(href), anchor.get("data-core-metadata"), anchor.get("data-dist-info-metadata")
+        if core and dist_info and core != dist_info:  # PEP 714: one sidecar, two names for old and new clients
+            report.problems.append(f"{page.url}: {name}: data-core-metadata {core!r} "
+                                   f"differs from data-dist-info-metadata {dist_info!r}")
+        metadata = core or dist_info
+        sha256 = fragment[len("sha256="):] if fragment.startswith("sha256=") else None
+        files[name] = FileRef("HTML", join(page.url, href), sha256, None, metadata, "data-yanked" in anchor)
+    return files
+
+
+def _json_metadata(entry: dict[str, Any]) -> str | None:
+    value = entry.get("core-metadata", entry.get("dist-info-metadata"))
+    if isinstance(value, dict):
+        return f"sha256={value.get('sha256')}"
+    return "true" if value is True else None
+
+
+def _json_files(page: Page, report: VerifyReport) -> dict[str, FileRef]:
+    files = {}
+    for entry in page.json.get("files", []) if isinstance(page.json, dict) else []:
+        try:
+            name, url = entry["filename"], entry["url"]
+            sha256 = entry["hashes"].get("sha256")
+        except (KeyError, TypeError, AttributeError) as exc:
+            report.problems.append(f"{page.json_url}: a file entry lacks {exc} (PEP 691 needs filename, url, hashes)")
+            continue
+        if "+" in urlsplit(url).path:
+            report.problems.append(f"{page.json_url}: {name}: url {url!r} has a raw '+' (must be %2B)")
+        files[name] = FileRef("JSON", join(page.json_url or page.url, urldefrag(url)[0]), sha256, entry.get("size"),
+                              _json_metadata(entry), bool(entry.get("yanked")))
+    return files
+
+
+def _compare_forms(page: Page, html: dict[str, FileRef], data: dict[str, FileRef], report: VerifyReport) -> None:
+    if sorted(html) != sorted(data):
+        report.problems.append(f"{page.url}: HTML lists {sorted(html)}, JSON ({page.json_url}) lists {sorted(data)}")
+    for name in sorted(set(html) & set(data)):
+        a, b = html[name], data[name]
+        for what, left, right in (("sha256", a.sha256, b.sha256), ("metadata sidecar", a.metadata, b.metadata),
+                                  ("yanked", a.yanked, b.yanked), ("url", a.url, b.url)):
+            if left != right:
+                report.problems.append(f"{page.url}: {name}: HTML says {what} {left}, JSON says {right}")
+
+
+def _check_bytes(page_url: str, name: str, url: str, refs: list[FileRef], data: bytes, report: VerifyReport) -> bool:
+    """Whether ``data`` is what every ref advertises; each mismatch is a problem naming both hashes."""
+    actual = sha256_bytes(data)
+    problems = len(report.problems)
+    for ref in refs:
+        if ref.sha256 is None:
+            report.problems.append(f"{page_url}: {name}: the {ref.form} page gives no sha256 for it")
+        elif ref.sha256 != actual or ref.size not in (None, len(data)):
+            size = f" size={ref.size}" if ref.size is not None else ""
+            report.problems.append(f"{page_url}: {name}: sha256 or size does not match the page: the {ref.form} page "
+                                   f"says sha256={ref.sha256}{size}, {url} has sha256={actual} size={len(data)}")
+    return len(report.problems) == problems
+
+
+def _check_sidecar(page_url: str, name: str, url: str, refs: list[FileRef], source: Source,
+                   report: VerifyReport) -> None:
+    advertised = [r for r in refs if r.metadata]
+    if not advertised:
+        return
     try:
-        html, data = _fetch(url, timeout, HTML_ACCEPT), json.loads(_fetch(url, timeout, JSON_TYPE))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        sidecar = source.file(url + ".metadata")
+    except FetchError as exc:
+        report.problems.append(f"{page_url}: {name}.metadata is advertised but does not resolve: {exc}")
+        return
+    actual = f"sha256={sha256_bytes(sidecar)}"
+    for ref in advertised:
+        if ref.metadata not in ("true", actual):
+            report.problems.append(f"{page_url}: {name}.metadata does not match its advertised sha256: the {ref.form} "
+                                   f"page says {ref.metadata}, {url}.metadata has {actual}")
+
+
+def _check_file(page_url: str, name: str, refs: list[FileRef], source: Source, report: VerifyReport) -> bytes | None:
+    """Check one file at every URL its refs name; its bytes (from the last URL that resolved)."""
+    found = None
+    for url in sorted({r.url for r in refs}):
+        at_url = [r for r in refs if r.url == url]
+        try:
+            data = source.file(url)
+        except FetchError as exc:
+            report.problems.append(f"{page_url}: {name} does not resolve: {exc}")
+            continue
+        report.files += 1
+        intact = _check_bytes(page_url, name, url, at_url, data, report)
+        _check_sidecar(page_url, name, url, at_url, source, report)
+        if intact:  # bytes other than the advertised ones are reported once, not read as a wheel too
+            found = data
+    return found
+
+
+def _read(source: Source, url: str, report: VerifyReport, html_only: list[str]) -> Page | None:
+    try:
+        page = source.page(url)
+    except FetchError as exc:
         report.problems.append(f"{url}: cannot fetch or parse the page: {exc}")
         return None
-    parser = _Anchors()
-    parser.feed(html.decode("utf-8"))
-    report.pages += 2
-    return parser.anchors, data
+    report.pages += 1 if page.json is None else 2
+    if page.json is None:
+        html_only.append(url)
+    return page
 
 
-def _check_file(page_url: str, entry: dict[str, Any], anchor: dict[str, Any], timeout: float, report: VerifyReport) -> None:
-    name = entry["filename"]
-    href, fragment = urldefrag(anchor.get("href") or "")
-    if "+" in href:
-        report.problems.append(f"{page_url}: link {href!r} has a raw '+' (must be %2B)")
-    if fragment != f"sha256={entry['hashes']['sha256']}":
-        report.problems.append(f"{page_url}: {name}: HTML fragment {fragment!r} differs from the JSON hash")
+@dataclass(frozen=True)
+class Newest:
+    """The newest installable version of a project and the modules its wheel makes importable."""
+
+    version: str
+    modules: tuple[str, ...]
+
+
+def _wheel_modules(page_url: str, filename: str, data: bytes | None, report: VerifyReport) -> tuple[str, ...]:
+    if data is None:
+        return ()
     try:
-        data = _fetch(urljoin(page_url, entry["url"]), timeout)
-    except (urllib.error.URLError, OSError) as exc:
-        report.problems.append(f"{page_url}: {name} does not resolve: {exc}")
-        return
-    report.files += 1
-    if sha256_bytes(data) != entry["hashes"]["sha256"] or len(data) != entry.get("size", len(data)):
-        report.problems.append(f"{page_url}: {name}: sha256 or size does not match the page")
-    metadata = entry.get("core-metadata")
-    advertised = (anchor.get("data-core-metadata"), anchor.get("data-dist-info-metadata"))
-    if isinstance(metadata, dict):
-        if advertised != (f"sha256={metadata['sha256']}",) * 2:
-            report.problems.append(f"{page_url}: {name}: HTML sidecar attributes {advertised} differ from the JSON")
-        try:
-            sidecar = _fetch(urljoin(page_url, entry["url"]) + ".metadata", timeout)
-        except (urllib.error.URLError, OSError) as exc:
-            report.problems.append(f"{page_url}: {name}.metadata is advertised but does not resolve: {exc}")
-            return
-        if sha256_bytes(sidecar) != metadata["sha256"]:
-            report.problems.append(f"{page_url}: {name}.metadata does not match its advertised sha256")
+        return import_names(filename, data)
+    except InvalidInputError as exc:
+        report.problems.append(f"{page_url}: {exc}")
+        return ()
 
 
-def check_links(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[VerifyReport, dict[str, str]]:
-    """Check every page and link; returns the report and the newest installable version per project."""
-    url = url if url.endswith("/") else url + "/"
-    report, newest = VerifyReport(url), {}
-    root = _page(url, timeout, report)
+def _check_project(source: Source, name: str, report: VerifyReport, html_only: list[str]) -> Newest | None:
+    """Check one project page and its files; the newest installable version, if any, and its import names."""
+    page = _read(source, join(source.root, quote(name) + "/"), report, html_only)
+    if page is None:
+        return None
+    html = _html_files(page, report)
+    data = _json_files(page, report) if page.json is not None else {}
+    if page.json is not None:
+        _compare_forms(page, html, data, report)
+    versions: dict[Version, tuple[str, ...]] = {}
+    for filename in sorted(set(html) | set(data)):
+        refs = [r for r in (html.get(filename), data.get(filename)) if r]
+        body = _check_file(page.url, filename, refs, source, report)
+        if filename.endswith(".whl") and not any(r.yanked for r in refs):
+            try:
+                version = Version(parse_filename(filename)[1])
+            except InvalidInputError as exc:
+                report.problems.append(f"{page.url}: {exc}")
+                continue
+            versions[version] = versions.get(version) or _wheel_modules(page.url, filename, body, report)
+    if not versions:
+        return None
+    newest = max(versions)
+    return Newest(str(newest), versions[newest])
+
+
+def _root_projects(source: Source, report: VerifyReport, html_only: list[str]) -> list[str]:
+    root = _read(source, source.root, report, html_only)
     if root is None:
-        return report, newest
-    anchors, data = root
-    html_names = sorted(canonicalize_name(unquote(a.get("href") or "").strip("/")) for a in anchors)
-    names = sorted(p["name"] for p in data.get("projects", []))
+        return []
+    hrefs = [(a.get("href") or "").rstrip("/") for a in _anchors(root)]
+    html_names: list[str] = sorted({canonicalize_name(_filename(href)) for href in hrefs if href})
+    if root.json is None:
+        return html_names
+    projects = root.json.get("projects", []) if isinstance(root.json, dict) else []
+    names = sorted(canonicalize_name(p["name"]) for p in projects if isinstance(p, dict) and "name" in p)
     if html_names != names:
-        report.problems.append(f"{url}: HTML lists {html_names}, JSON lists {names}")
-    for name in names:
-        page_url = urljoin(url, f"{name}/")
-        page = _page(page_url, timeout, report)
-        if page is None:
-            continue
-        by_name = {unquote(urldefrag(a.get("href") or "")[0]): a for a in page[0]}
-        files = page[1].get("files", [])
-        if sorted(by_name) != sorted(f["filename"] for f in files):
-            report.problems.append(f"{page_url}: HTML and JSON list different files")
-        for entry in files:
-            _check_file(page_url, entry, by_name.get(entry["filename"], {}), timeout, report)
-        wheels = [f["filename"] for f in files if f["filename"].endswith(".whl") and not f.get("yanked")]
-        if wheels:
-            newest[name] = str(max((Version(parse_filename(w)[1]) for w in wheels)))
+        report.problems.append(f"{source.root}: HTML lists {html_names}, JSON ({root.json_url}) lists {names}")
+    return sorted(set(html_names) | set(names))
+
+
+def _notes(source: Source, html_only: list[str], report: VerifyReport) -> None:
+    if not source.negotiates:
+        report.notes.append(f"{source.root}: the server does no PEP 691 content negotiation (a static server); "
+                            "each page's JSON form was read from <page>/index.json")
+    if html_only:
+        listed = ", ".join(html_only[:5]) + (f" and {len(html_only) - 5} more" if len(html_only) > 5 else "")
+        report.notes.append(f"{len(html_only)} page(s) have no PEP 691 JSON form; checked from their HTML alone: "
+                            f"{listed}")
+
+
+def check_source(source: Source) -> tuple[VerifyReport, dict[str, Newest]]:
+    """Check every page and link of ``source``; the report and the newest installable version per project."""
+    report, newest, html_only = VerifyReport(source.root), dict[str, Newest](), list[str]()
+    for name in _root_projects(source, report, html_only):
+        found = _check_project(source, name, report, html_only)
+        if found is not None:
+            newest[name] = found
+    _notes(source, html_only, report)
     return report, newest
 
 
-def _run(cmd: list[str], timeout: float, what: str) -> str:
-    log.info("running %s", " ".join(cmd))
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return f"{what}: timed out after {timeout:.0f} s"
-    if done.returncode != 0:
-        return f"{what}: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-1500:]}"
-    return "ok"
+def check_links(url: str, timeout: float = DEFAULT_TIMEOUT_S,
+                settings: StoreSettings | None = None) -> tuple[VerifyReport, dict[str, Newest]]:
+    """:func:`check_source` on the source ``url`` names (http(s), file or s3)."""
+    return check_source(open_source(url, timeout, settings))
 
 
-def _uv() -> list[str]:
-    found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-    return [found] if found else [sys.executable, "-m", "uv"]
+@contextmanager
+def _install_url(source: Source, report: VerifyReport) -> Iterator[str]:
+    """The URL pip and uv install from: the index itself, or Kiln's loopback server over an S3 store."""
+    if isinstance(source, StoreSource) and urlsplit(source.root).scheme == "s3":
+        with IndexServer(source.store) as server:
+            report.notes.append(f"pip and uv installed through Kiln's server on loopback over {source.store.url}")
+            yield server.url
+    else:
+        yield source.root
 
 
-def _install_one(tool: str, url: str, requirement: str, module: str, workdir: Path, timeout: float,
-                 no_deps: bool, inherit: bool) -> str:
-    venv = workdir / f"{tool}-venv"
-    create = [sys.executable, "-m", "venv", str(venv)] if tool == "pip" else [*_uv(), "venv", "--python", sys.executable, str(venv)]
-    result = _run(create, timeout, f"{tool}: create venv")
-    if result != "ok":
-        return result
-    python = venv / "bin" / "python"
-    if inherit:
-        query = [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-        log.info("running %s", " ".join(query))
-        try:
-            purelib = subprocess.run(query, capture_output=True, text=True, timeout=timeout, check=True).stdout.strip()
-        except (subprocess.SubprocessError, OSError) as exc:
-            return f"{tool}: cannot locate the fresh venv's site-packages: {exc}"
-        # after the venv's own site-packages, so the wheel installed from the index wins
-        Path(purelib, "zz_kiln_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    flags = ["--no-deps"] if no_deps else []
-    install = ([str(python), "-m", "pip", "install", "--no-cache-dir", "--index-url", url, *flags, requirement]
-               if tool == "pip" else
-               [*_uv(), "pip", "install", "--no-cache", "--python", str(python), "--index-url", url, *flags, requirement])
-    result = _run(install, timeout, f"{tool}: install {requirement}")
-    if result != "ok":
-        return result
-    check = f"import {module}, sys; sys.exit(0 if {module}.__file__.startswith({str(venv)!r}) else 3)"
-    return _run([str(python), "-c", check], timeout, f"{tool}: import {module} from the fresh venv")
+def _install_all(source: Source, newest: dict[str, Newest], report: VerifyReport, extra_index_urls: tuple[str, ...],
+                 tools: Sequence[Tool], timeout: float) -> None:
+    if extra_index_urls:
+        report.notes.append(f"dependencies resolved from {', '.join(extra_index_urls)} (--extra-index-url)")
+    else:
+        report.notes.append("dependencies were not resolved: installed with --no-deps into venvs that see this "
+                            "interpreter's site-packages; pass --extra-index-url URL (e.g. https://pypi.org/simple) "
+                            "to resolve them")
+    with _install_url(source, report) as index_url, tempfile.TemporaryDirectory(prefix="kiln-verify-") as tmp:
+        for project, found in sorted(newest.items()):
+            if not found.modules:
+                report.notes.append(f"{project} {found.version}: its wheel makes no module importable; installed only")
+            spec = InstallSpec(index_url, f"{project}=={found.version}", found.modules, extra_index_urls)
+            for tool in tools:
+                workdir = Path(tmp) / f"{project}-{tool}"
+                workdir.mkdir()
+                report.installs[f"{tool} {spec.requirement}"] = install_and_import(tool, spec, workdir, timeout)
 
 
 def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
-                 import_names: dict[str, str] | None = None, no_deps: bool = True,
-                 inherit_site_packages: bool = True, tools: tuple[str, ...] = ("pip", "uv")) -> VerifyReport:
+                 extra_index_urls: Sequence[str] = (), tools: Sequence[Tool] = TOOLS,
+                 settings: StoreSettings | None = None) -> VerifyReport:
     """Check every page, link, hash and sidecar at ``url``; then install and import (see module docs).
 
-    ``import_names`` maps a normalised project name to its import module
-    (default: the name with ``-`` as ``_``).
+    What is imported is what each wheel says it holds (``top_level.txt`` or
+    its ``RECORD``), never a guess from the project's name. ``settings`` opens
+    an ``s3://`` URL.
     """
-    report, newest = check_links(url, timeout)
-    if not install or report.problems:
-        return report
-    with tempfile.TemporaryDirectory(prefix="kiln-verify-") as tmp:
-        for project, version in sorted(newest.items()):
-            module = (import_names or {}).get(project, project.replace("-", "_"))
-            for tool in tools:
-                requirement = f"{project}=={version}"
-                workdir = Path(tmp) / f"{project}-{tool}"
-                workdir.mkdir()
-                report.installs[f"{tool} {requirement}"] = _install_one(
-                    tool, report.url, requirement, module, workdir, timeout, no_deps, inherit_site_packages)
+    extras = tuple(check_index_url(extra) for extra in extra_index_urls)  # refused before anything is fetched
+    source = open_source(url, timeout, settings)
+    report, newest = check_source(source)
+    if install and not report.problems:
+        _install_all(source, newest, report, extras, tools, timeout)
     return report
 
 
-def verify_published(config: Any, out: str, channel: str, session: Any = None, install: bool = True) -> list[VerifyReport]:
+def verify_published(
+    config: Any, out: str, channel: str, session: Any = None, install: bool = True
+) -> list[VerifyReport]:
     """Verify every variant index of ``channel`` on the default target; IntegrityError if any check fails."""
     spec = config.publish.targets[config.publish.default_target]
     store = open_store(spec.url.replace("{out}", str(Path(out).resolve())), root=config.root, region=spec.region,
                        endpoint=spec.endpoint, expected_owner=spec.expected_owner, session=session)
     prefix = dict(config.publish.channels)[channel].strip("/")
-    names = {canonicalize_name(config.project.distribution): config.project.package}
     reports = []
     with IndexServer(store, prefix) as server:
         for variant in config.variants:
             if store.get(f"{prefix}/{variant.name}/simple/index.json") is None:
                 continue
-            reports.append(verify_index(f"{server.url}{variant.name}/simple/", install=install, import_names=names))
+            reports.append(verify_index(f"{server.url}{variant.name}/simple/", install=install))
     failed = [r for r in reports if not r.ok]
     if failed:
         raise IntegrityError("index verification failed:\n" + "\n".join(r.summary() for r in failed))

@@ -10,9 +10,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from release.dists import Distribution, make_distribution, parse_filename
-from release.errors import InvalidInputError
-from release.fsutil import sha256_bytes
+from kiln.release.dists import Distribution, make_distribution, parse_filename
+from kiln.release.errors import InvalidInputError
+from kiln.release.fsutil import sha256_bytes
 
 
 def core_metadata(filename: str, data: bytes) -> bytes:
@@ -67,3 +67,37 @@ def read_wheel(path: Path, upload_time: float | None = None) -> tuple[Distributi
     path = Path(path)
     data = path.read_bytes()
     return describe_wheel(path.name, data, path.stat().st_mtime if upload_time is None else upload_time)
+
+
+def _importable(names: set[str], package: str) -> str | None:
+    """``package`` if it is a regular package or module; for a namespace portion, its first regular subpackage."""
+    if f"{package}/__init__.py" in names or f"{package}.py" in names or any(
+            n.startswith(package + ".") and n.endswith((".so", ".pyd")) and "/" not in n for n in names):
+        return package.replace("/", ".")
+    children = sorted({n[len(package) + 1:].split("/")[0] for n in names if n.startswith(package + "/")})
+    for child in children:
+        found = _importable(names, f"{package}/{child}") if "." not in child else None
+        if found:
+            return found
+    return None
+
+
+def import_names(filename: str, data: bytes) -> tuple[str, ...]:
+    """The modules a wheel makes importable, read from the wheel itself, never guessed from its name.
+
+    ``top_level.txt`` when the wheel has one, else the top-level entries of
+    ``RECORD``; a namespace portion (``kiln/`` without ``__init__.py``) names
+    its first regular package (``kiln.runtime``), so importing it proves the
+    wheel's files load.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = set(archive.namelist())
+            top_level = [n for n in members if n.count("/") == 1 and n.endswith(".dist-info/top_level.txt")]
+            declared = archive.read(top_level[0]).decode().split() if top_level else []
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InvalidInputError(f"{filename} is not a readable wheel (zip): {exc}") from exc
+    files = {n for n in members if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    tops = declared or sorted({n.split("/")[0].split(".")[0] if "/" not in n else n.split("/")[0] for n in files})
+    found = (_importable(files, top.replace(".", "/")) for top in tops if top and top.isidentifier())
+    return tuple(sorted({name for name in found if name}))
