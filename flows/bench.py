@@ -2,53 +2,92 @@
 
 Kernels are measured one after another (never concurrently: two benchmarks
 sharing a device or two CPU cores measure each other). Benchmarks are not
-cached. A kernel's unit fails when its benchmark crashed, or when it regressed
-and ``fail_on_regression`` is set (``kiln bench --compare``, the release); the
-nightly passes ``fail_on_regression=False`` and keeps regressions as warnings.
+cached. A kernel's unit fails when its benchmark crashed (its ``bench-<kernel>``
+task run fails), or when it regressed on a metric that blocks and
+``fail_on_regression`` is set (its ``verdict-<kernel>`` task run fails):
+``kiln bench --compare`` blocks on every metric, the release only on
+``[bench] blocking_metrics`` (CUDA-graph replay by default; CPU timings are
+advisory). The nightly passes ``fail_on_regression=False`` and keeps
+regressions as warnings. The comparison is recorded in the run (info
+``bench_comparison``) for the release gate.
 
-``kiln bench [--run-dir D] [--out F] [--compare BASE] [--size S] [--metric M]``
-maps to ``bench_flow(out=D, results_path=F, compare=BASE, size=S, metric=M)``;
-results are always written to ``D/bench/results.json`` (and also to F).
+What is timed is the wheel the run ships: each kernel is measured by its own
+process in a fresh environment where the variant's wheel from the run record
+is installed (:mod:`kiln.tasks.bench.measure`), never the source tree.
+
+``kiln bench [--run ID] [--run-dir D] [--out F] [--compare BASE] [--size S] [--metric M]``
+maps to ``bench_flow(run_id=ID, out=D, results_path=F, compare=BASE, size=S, metric=M)``;
+results are always recorded in the run as ``bench/results.json`` (and also written to F).
+Without ``--run`` the wheel is built first, in the bench's own run.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.states import State
+from prefect.states import Failed, State
 
-from flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
-from flows.test import gpu_slots
-from release.manifest import RunManifest
-from release.store import Store
-from tasks import benchhistory
-from tasks.bench import BenchSetup, assemble, bench_kernel, bench_specs, prepare
-from tasks.benchcompare import Comparison, KernelOutcome, compare_results, kernel_units
-from tasks.benchreport import build_report
-from tasks.benchresults import BenchResults, save_results
-from tasks.config import KilnConfig, load_config
+from kiln.flows import progress
+from kiln.flows.build import build_flow
+from kiln.flows.common import (
+    finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unit_from_state,
+)
+from kiln.flows.test import gpu_slots
+from kiln.release.errors import BenchmarkError
+from kiln.release.record import RunRecord
+from kiln.release.store import Store
+from kiln.tasks.bench import history as benchhistory
+from kiln.tasks.bench.harness import BenchSetup, assemble, bench_variant, prepare
+from kiln.tasks.bench.measure import run_measure
+from kiln.tasks.testing.envs import make_env
+from kiln.release.manifest import Unit
+from kiln.tasks.bench.compare import Comparison, KernelOutcome, compare_results, comparison_record, kernel_unit
+from kiln.tasks.bench.report import build_report
+from kiln.tasks.bench.results import BenchResults, CaseResult, load_results, save_results
+from kiln.tasks.config import KilnConfig, load_config
 
 RESULTS = Path("bench") / "results.json"
+LIST_TIMEOUT_S = 300.0     # start an interpreter, import the package and its registry
+KERNEL_TIMEOUT_S = 1800.0  # every case of one kernel
+
+
+@task(name="bench-env", cache_policy=NO_CACHE)
+def env_task(config: KilnConfig, run: RunRecord, variant: str) -> str:
+    """The interpreter of a fresh environment with ``variant``'s wheel from the run record."""
+    wheels = [run.fetch(a) for a in run.artifacts() if a.kind == "wheel" and a.variant == variant]
+    if not wheels:
+        raise BenchmarkError(f"run {run.run_id} has no {variant} wheel to benchmark (its build failed or did not run)")
+    return str(make_env(run.view / "bench" / ".env", wheels).python)
 
 
 @task(name="bench-setup", cache_policy=NO_CACHE)
-def setup_task(config: KilnConfig, size: str | None, metric: str, compare: str | None) -> BenchSetup:
+def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: str, compare: str | None,
+               python: str, work: Path) -> BenchSetup:
     benchhistory.check_compare(compare)  # a bad baseline path fails before anything is measured
-    return prepare(config, size, metric)
+    setup = prepare(config, size, metric, kernels=())  # validates size and metric here
+    listed = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=None,
+                         timeout_s=LIST_TIMEOUT_S)
+    return replace(setup, kernels=tuple(listed["kernels"]), empty=tuple(listed["empty"]))
 
 
 @task(name="bench-kernel", task_run_name="bench-{kernel}", cache_policy=NO_CACHE,
-      retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_retryable)
-def bench_kernel_task(config: KilnConfig, kernel: str, setup: BenchSetup) -> KernelOutcome:
+      retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_retryable,
+      on_completion=[progress.task_hook("bench")], on_failure=[progress.task_hook("bench")])
+def bench_kernel_task(config_path: str, kernel: str, setup: BenchSetup, python: str, work: Path,
+                      metric: str) -> KernelOutcome:
     started = time.monotonic()
-    (spec,) = bench_specs(config, [kernel])
+    if kernel in setup.empty:
+        return KernelOutcome(kernel=kernel, cases=(), duration_s=0.0)
     with gpu_slots(setup.devices):  # a benchmark sharing its GPU with a test measures the test
-        cases = bench_kernel(spec, setup.size, setup.plan)
-    return KernelOutcome(kernel=kernel, cases=tuple(cases), duration_s=time.monotonic() - started)
+        answer = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=kernel,
+                             timeout_s=KERNEL_TIMEOUT_S)
+    cases = tuple(CaseResult.model_validate(case) for case in answer["cases"])
+    return KernelOutcome(kernel=kernel, cases=cases, duration_s=time.monotonic() - started)
 
 
 def _outcome(kernel: str, state: State) -> KernelOutcome:
@@ -60,25 +99,47 @@ def _outcome(kernel: str, state: State) -> KernelOutcome:
 
 
 @task(name="bench-results", cache_policy=NO_CACHE)
-def results_task(config: KilnConfig, setup: BenchSetup, outcomes: list[KernelOutcome], run: RunManifest,
+def results_task(config: KilnConfig, setup: BenchSetup, outcomes: list[KernelOutcome], run: RunRecord,
                  results_path: str | None) -> BenchResults:
     cases = [case for outcome in outcomes for case in outcome.cases]
-    results = assemble(config, setup.plan, setup.size, cases, run_id=run.run_id, flow=run.flow)
-    path = save_results(results, run.root / RESULTS)
+    results = assemble(config, setup.plan, setup.size, cases, run_id=run.run_id, flow=run.header.flow)
+    path = save_results(results, run.view / RESULTS)
     run.add_artifact(path, step="bench", kind="bench", variant=results.variant)
-    run.save()
     if results_path:
         logger.info("benchmark results also written to %s", save_results(results, results_path))
     return results
 
 
 @task(name="bench-compare", cache_policy=NO_CACHE)
-def compare_task(config: KilnConfig, compare: str | None, results: BenchResults, store: Store | None) -> Comparison:
+def compare_task(config: KilnConfig, compare: str | None, results: BenchResults, store: Store | None,
+                 run: RunRecord, fail_on_regression: bool, blocking: list[str] | None) -> Comparison:
     baseline = benchhistory.resolve_baseline(compare, results, config, store)
-    comparison = compare_results(baseline, results, config.bench.threshold)
+    missing = benchhistory.parse_compare(compare).missing(results.variant, results.decision_metric)
+    comparison = compare_results(baseline, results, config.bench.threshold, missing)
     for regression in comparison.regressions():
         logger.warning("benchmark regression: %s", regression.describe())
+    run.set_info("bench_comparison", comparison_record(comparison, fail_on_regression, blocking))
     return comparison
+
+
+@task(name="bench-verdict", task_run_name="verdict-{outcome.kernel}", cache_policy=NO_CACHE)
+def verdict_task(outcome: KernelOutcome, comparison: Comparison, fail_on_regression: bool,
+                 blocking: list[str] | None) -> Unit | State:
+    """The kernel's unit; a regression that blocks ends this task run Failed, so the UI shows which."""
+    unit = kernel_unit(outcome, comparison, fail_on_regression, blocking)
+    # A Failed state, not an exception: a regression is a verdict, not a crash with a traceback.
+    return Failed(message=unit.message, data=unit) if unit.state == "failed" else unit
+
+
+def _kernel_unit(outcome: KernelOutcome, comparison: Comparison, fail_on_regression: bool,
+                 blocking: list[str] | None) -> Unit:
+    """A crashed kernel's unit comes from its failed bench task; the others from their verdict task."""
+    if outcome.error:
+        return kernel_unit(outcome, comparison, fail_on_regression, blocking)
+    state = verdict_task(outcome, comparison, fail_on_regression, blocking, return_state=True)
+    template = Unit(id=f"bench/{outcome.kernel}", stage="bench", state="failed", kernel=outcome.kernel,
+                    duration_s=outcome.duration_s)
+    return unit_from_state(template, state)
 
 
 @task(name="bench-store-history", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5,
@@ -88,16 +149,15 @@ def store_task(config: KilnConfig, results: BenchResults, store: Store | None, e
 
 
 @task(name="bench-report", cache_policy=NO_CACHE)
-def report_task(config: KilnConfig, run: RunManifest, results: BenchResults, comparison: Comparison,
+def report_task(config: KilnConfig, run: RunRecord, results: BenchResults, comparison: Comparison,
                 outcomes: list[KernelOutcome], store: Store | None) -> None:
     """A table artifact per kernel; the summary markdown with the speed-up and trend plots."""
     history = benchhistory.history_with(store, config, results)
-    report = build_report(results, comparison, outcomes, history, run.root / RESULTS.parent, run.run_id)
+    report = build_report(results, comparison, outcomes, history, run.view / RESULTS.parent, run.run_id)
     for key, (description, rows) in report.tables.items():
         _table(key, rows, description)
     for path in report.plots:
         run.add_artifact(path, step="bench", kind="other", variant=results.variant)
-    run.save()
     markdown_report("kiln-bench-summary", report.markdown, f"Benchmarks — run {run.run_id}")
 
 
@@ -118,24 +178,54 @@ def bench_flow(
     fail_on_regression: bool = True,
     store_history: bool = True,
     results_path: str | None = None,
+    run_id: str | None = None,
+    blocking_metrics: list[str] | None = None,
 ) -> dict | State:
-    """Benchmark every kernel; compare with ``compare`` (a results file or ``"last"``)."""
+    """Benchmark every kernel of the run's wheel; compare with ``compare``.
+
+    ``compare``: a results file, ``"last"`` (the previous nightly) or ``"published:<channel>"``
+    (that channel's last published release). ``blocking_metrics``: the metrics whose regressions
+    fail a unit when ``fail_on_regression`` (None: every metric).
+    """
     config = load_config(config_path)
-    run = open_run(out, "bench", config.project.version)
-    setup = setup_task(config, size, metric, compare)
-    outcomes = [_outcome(name, bench_kernel_task(config, name, setup, return_state=True))
+    benchhistory.check_compare(compare)
+    run = open_run(config, "bench", out, run_id=run_id, step="bench")
+    variant = bench_variant(config)
+    if run_id is None:
+        build_flow(config_path=config_path, out=out, variants=[variant], run_id=run.run_id, return_state=True)
+    work = run.view / "bench" / ".work"
+    python = env_task(config, run, variant)
+    setup = setup_task(config, config_path, size, metric, compare, python, work)
+    progress.expect("bench", len(setup.kernels))
+    outcomes = [_outcome(name, bench_kernel_task(config_path, name, setup, python, work, metric, return_state=True))
                 for name in setup.kernels]
     results = results_task(config, setup, outcomes, run, results_path)
     store = benchhistory.open_history(config, session_factory=lambda: _bench_session(config))
-    comparison = compare_task(config, compare, results, store)
-    for unit in kernel_units(outcomes, comparison, fail_on_regression):
-        record(run, unit)
+    comparison = compare_task(config, compare, results, store, run, fail_on_regression, blocking_metrics)
+    for outcome in outcomes:
+        record(run, _kernel_unit(outcome, comparison, fail_on_regression, blocking_metrics))
     report_task(config, run, results, comparison, outcomes, store)
     store_task(config, results, store, store_history)
     return finish_stage(run, "bench", "Benchmarks")
 
 
+@task(name="keep-release-baseline", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5,
+      retry_condition_fn=retry_on_retryable)
+def store_release_baseline(config_path: str, run: RunRecord, channel: str) -> str:
+    """Keep a published release's benchmark results as the baseline of ``channel``'s next release."""
+    config = load_config(config_path)
+    recorded = [a for a in run.artifacts() if a.kind == "bench" and a.path == RESULTS.as_posix()]
+    if not recorded:
+        return "no benchmark results in this run to keep as the next release's baseline"
+    results = load_results(run.fetch(recorded[0]))
+    store = benchhistory.open_history(config, session_factory=lambda: _bench_session(config))
+    if store is None:
+        raise BenchmarkError("the artifact store could not be opened to keep this release's benchmark baseline")
+    key = benchhistory.store_results(store, config, results, channel=channel)
+    return f"benchmark results kept as the {channel} channel's next baseline ({key})"
+
+
 def _bench_session(config: KilnConfig):
-    from flows.credentials import session_for  # boto3 sessions only when the store is S3
+    from kiln.flows.credentials import session_for  # boto3 sessions only when the store is S3
 
     return session_for(config, "bench")

@@ -1,7 +1,7 @@
 """The build stage as a Prefect flow: one task run per compile unit.
 
-Order and final state only; every decision is in ``tasks.build`` and
-``tasks.build_stage``. Prefect's result cache is off for compile units on
+Order and final state only; every decision is in ``kiln.tasks.build.plan`` and
+``kiln.tasks.build.stage``. Prefect's result cache is off for compile units on
 purpose: Kiln's content-addressed cache re-hashes every artifact it serves,
 and a Prefect cache hit would skip that check.
 """
@@ -15,11 +15,15 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
-from tasks import build as build_units
-from tasks import build_stage
-from tasks.build import BuildEnv, CompileUnit, UnitResult
-from tasks.build_stage import BuildSetup
+from kiln.flows import progress
+from kiln.flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
+from kiln.tasks.build import units as build_units
+from kiln.tasks.build import stage as build_stage
+from kiln.tasks.build.plan import CompileUnit
+from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.stage import BuildSetup
+from kiln.tasks.config import load_config
+from kiln.release.record import Source
 
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.
@@ -27,8 +31,9 @@ UNIT_RETRIES = 2
 
 
 @task(name="plan-build", cache_policy=NO_CACHE)
-def plan_task(config_path: str, version: str | None, variants: list[str] | None, nvcc: str | None) -> BuildSetup:
-    return build_stage.prepare_build(config_path, version, variants, nvcc)
+def plan_task(config_path: str, version: str, variants: list[str] | None, nvcc: str | None,
+              source: Source) -> BuildSetup:
+    return build_stage.prepare_build(config_path, version, variants, nvcc, source=source)
 
 
 @task(name="verify-build-cache", cache_policy=NO_CACHE)
@@ -37,7 +42,8 @@ def verify_cache_task(setup: BuildSetup) -> list[str]:
 
 
 @task(name="compile", cache_policy=NO_CACHE, retries=UNIT_RETRIES, retry_delay_seconds=1,
-      retry_condition_fn=retry_on_retryable)
+      retry_condition_fn=retry_on_retryable,
+      on_completion=[progress.task_hook("build")], on_failure=[progress.task_hook("build")])
 def compile_task(unit: CompileUnit, env: BuildEnv) -> UnitResult:
     return build_units.build_unit(unit, env)
 
@@ -49,31 +55,38 @@ def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict, out: str) -> 
 
 @flow(name="build")
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
-               variants: list[str] | None = None, nvcc: str | None = None) -> Any:
+               variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None) -> Any:
     """Build every unit of the matrix, then one wheel per variant whose units all built.
 
+    ``run_id`` continues a run (the nightly's); without it the build is a run
+    of its own. ``version`` defaults to the nightly version of the commit.
     ``nvcc``: path of the nvcc to use (default: the one on PATH); a missing
     one skips the CUDA C++ units with a message.
     """
-    setup = plan_task(config_path, version, variants, nvcc)
-    run = open_run(out, "build", setup.version)
+    config = load_config(config_path)
+    run = open_run(config, "build", out, run_id=run_id, version=version)
+    setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:
         record(run, build_units.skip_record(skip))
     verify_events = verify_cache_task(setup)
     units = setup.plan.units
-    with build_stage.build_env(setup, out) as env:
+    progress.expect("build", len(units))
+    with build_stage.build_env(setup, run.view) as env:
         futures = [compile_task.with_options(task_run_name=f"compile {u.id}").submit(u, env) for u in units]
         wait(futures)
         events = [*verify_events, *env.events]
-    outcomes = {u.id: f.result(raise_on_failure=False) for u, f in zip(units, futures)}
+    outcomes = {u.id: f.result(raise_on_failure=False) for u, f in zip(units, futures, strict=True)}
     records = {u.id: record(run, build_units.unit_record(u, outcomes[u.id])) for u in units}
+    built = False
     for variant in setup.plan.variants:
-        output = assemble_task(setup, variant, outcomes, out)
+        output = assemble_task(setup, variant, outcomes, str(run.view))
         record(run, output.unit)
         for path, kind in output.files:
             run.add_artifact(path, step="build", kind=kind, variant=variant.name)
-    run.info["build_cache_events"] = events
-    run.save()
+            built |= kind == "wheel"
+    run.set_info("build_cache_events", events)
+    if built:
+        run.mark_latest()
     try:
         create_table_artifact(key="kiln-build", table=build_stage.table_rows(units, outcomes, records),
                               description=f"Build units — run {run.run_id}")

@@ -3,6 +3,9 @@
 Each stage command runs its own Prefect flow; ``kiln index``, ``kiln verify``
 and ``kiln policies`` need no Prefect server. Configuration is loaded and
 validated before any flow starts, so a bad ``kiln.toml`` starts nothing.
+A flow talks to the server ``PREFECT_API_URL`` names; without one, to Kiln's
+local server for this machine (:mod:`kiln.flows.server`, started on first
+use), and the command ends with the link to its run in the UI.
 Exit status: 0 when the flow completed, 1 when it ended Failed, 2 on bad
 input.
 """
@@ -10,15 +13,23 @@ input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, get_args
+from collections.abc import Callable, Sequence
 
-from flows.environment import apply_defaults
+from kiln.flows.environment import apply_defaults
 
 apply_defaults()  # before anything imports prefect
 
-from release.errors import InvalidInputError, KilnError  # noqa: E402
+from kiln.release.errors import InvalidInputError, KilnError  # noqa: E402
+from kiln.tasks.bench.results import MetricChoice  # noqa: E402
+from kiln.tasks.config import BENCH_SIZES, CHANNELS  # noqa: E402
+from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402
+
+if TYPE_CHECKING:
+    from kiln.release.fetch import StoreSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -26,24 +37,34 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def _add_config(parser: argparse.ArgumentParser, out_default: str | None = "out") -> None:
     parser.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
     if out_default is not None:
-        parser.add_argument("--out", default=out_default, help=f"run directory (default: {out_default})")
+        parser.add_argument("--out", default=out_default,
+                            help=f"where local views of runs go: OUT/<run-id>/, OUT/latest (default: {out_default})")
+
+
+def _add_run(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--run", dest="run_id", metavar="ID", default=None,
+                        help=f"{what} of this run (a run id, or 'latest': the newest run that built wheels)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kiln", description="CI and release pipeline for GPU-kernel libraries, on Prefect.")
+    parser = argparse.ArgumentParser(
+        prog="kiln", description="CI and release pipeline for GPU-kernel libraries, on Prefect."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("nightly", help="build, test, benchmark and publish the nightly")
     _add_config(p)
 
     p = sub.add_parser("release", help="the release flow: validate, build, test, bench, approve, publish, verify")
-    _add_config(p, out_default="out/release")
+    _add_config(p)
     p.add_argument("--version", required=True, help="PEP 440 version to release")
     p.add_argument("--ref", default="HEAD", help="git ref being released")
     p.add_argument("--channel", default="release")
     p.add_argument("--dry-run", action="store_true", help="publish to a local staging copy and print the plan")
-    p.add_argument("--yes", action="store_true", help="approve without pausing for the UI")
-    p.add_argument("--allow-regressions", metavar="REASON", help="publish despite benchmark regressions (recorded)")
+    p.add_argument("--yes", action="store_true",
+                   help="approve here instead of pausing for approval in the Prefect UI (command line only)")
+    p.add_argument("--allow-regressions", metavar="REASON",
+                   help="publish despite benchmark regressions that would block; the reason is recorded")
 
     p = sub.add_parser("build", help="build kernels and wheels for every variant")
     _add_config(p)
@@ -53,27 +74,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("test", help="run the test suites in isolated processes")
     _add_config(p)
     p.add_argument("--suite", action="append", dest="suites", help="only this suite (repeatable)")
-    p.add_argument("--isolate", choices=("test", "file"), default="test")
+    p.add_argument("--isolate", choices=ISOLATIONS, default="test")
     p.add_argument("--timeout", type=float, help="deadline per test in seconds (default: the suite's)")
     p.add_argument("--retries", type=int, default=1, help="retries of infrastructure failures")
     p.add_argument("--junit", help="also write JUnit XML here")
     p.add_argument("--json", dest="json_path", help="also write the JSON summary here")
     p.add_argument("--changed-since", help="run only suites whose dependencies changed since this git ref")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then arguments passed to pytest")
+    _add_run(p, "test the wheels")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                   help="-- then test paths or node ids, run as one ad-hoc suite instead of the configured ones "
+                        "(each test isolated as usual), and options for pytest (-k EXPR, -x)")
 
     p = sub.add_parser("bench", help="benchmark every kernel against its torch reference")
     _add_config(p, out_default=None)
     p.add_argument("--run-dir", default="out", help="run directory (default: out)")
     p.add_argument("--out", help="also write the results JSON here")
     p.add_argument("--compare", metavar="BASELINE", help="a results file, or 'last' for the previous stored run")
-    p.add_argument("--size", choices=("small", "large"))
-    p.add_argument("--metric", choices=("auto", "graph_replay", "eager", "cpu"), default="auto")
+    p.add_argument("--size", choices=BENCH_SIZES)
+    p.add_argument("--metric", choices=get_args(MetricChoice), default="auto")
+    _add_run(p, "benchmark the wheel")
 
     p = sub.add_parser("publish", help="publish the run's wheels to an index")
     _add_config(p)
     p.add_argument("--to", dest="target", help="publish target name from kiln.toml")
-    p.add_argument("--channel", choices=("nightly", "release"), default="nightly")
+    p.add_argument("--channel", choices=CHANNELS, default="nightly")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--run", dest="run_id", metavar="ID", default="latest",
+                   help="publish the wheels of this run (a run id, or 'latest', the default: the newest run "
+                        "that built wheels)")
 
     p = sub.add_parser("index", help="generate a PEP 503/691 index (no Prefect needed)")
     p.add_argument("wheel_dir", nargs="?", help="directory of wheels to index")
@@ -84,8 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p, out_default="policies")
 
     p = sub.add_parser("verify", help="check an index: links, hashes, sidecars; then install from it")
-    p.add_argument("url")
+    p.add_argument("url", help="http(s):// (Kiln's server or any static server), file:///dir/ or s3://bucket/prefix/")
     p.add_argument("--no-install", action="store_true", help="only check links and hashes")
+    p.add_argument("--extra-index-url", action="append", dest="extra_index_urls", default=[], metavar="URL",
+                   help="resolve the package's dependencies from this index too (repeatable); without it the "
+                        "install uses --no-deps")
+    p.add_argument("--config", default="kiln.toml",
+                   help="for s3:// URLs: the publish target settings (region, endpoint, owner) of that bucket")
+
+    p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
+    p.add_argument("action", choices=("status", "start", "stop"))
     return parser
 
 
@@ -93,74 +129,159 @@ def _pytest_args(args: list[str]) -> list[str]:
     return args[1:] if args and args[0] == "--" else args
 
 
-def _run_flow(flow: Callable[..., Any], run_dir: str | None, **params: Any) -> int:
-    """Run ``flow``; print the summary of its units; map its final state to an exit status."""
-    from flows.summary import print_summary
+def _view(out: str | None, state: Any, run_id: str | None) -> Path | None:
+    """The local view of the run the flow worked on: OUT/<run-id> (``latest`` resolved by its link)."""
+    if out is None:
+        return None
+    if run_id and run_id != "latest":
+        return Path(out) / run_id
+    if run_id == "latest":
+        return Path(out) / "latest"
+    return Path(out) / str(state.state_details.flow_run_id)
 
-    state = flow(**params, return_state=True)
-    if run_dir is not None:
-        print_summary(Path(run_dir))
+
+def _run_flow(flow: Callable[..., Any], view_root: str | None, run_id: str | None = None, **params: Any) -> int:
+    """Run ``flow``; print the summary of its run; map its final state to an exit status."""
+    from kiln.flows import progress
+    from kiln.flows.summary import print_summary
+
+    from prefect.utilities.urls import url_for
+
+    if run_id is not None:
+        params["run_id"] = run_id
+    with progress.showing(progress.reporter_for(sys.stderr)):
+        state = flow(**params, return_state=True)
+    view = _view(view_root, state, run_id)
+    if view is not None:
+        print_summary(view)
+    link = url_for("flow-run", obj_id=state.state_details.flow_run_id)
+    if link:
+        print(f"\nRun in the Prefect UI: {link}")
     if state.is_completed():
         return EXIT_OK
     print(f"\n{flow.name} ended {state.name}: {state.message}", file=sys.stderr)
     return EXIT_FAILED
 
 
+def _connect() -> None:
+    """Point Prefect at its server: ``PREFECT_API_URL`` (environment, profile, a test harness) when set,
+    else Kiln's local server for this ``PREFECT_HOME``, started now if it is not running."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url:
+        return
+    from prefect.context import refresh_global_settings_context
+
+    from kiln.flows.server import ensure_server
+
+    info = ensure_server(Path(settings.home))
+    # The environment, not a settings context: subprocesses (build workers, test envs) inherit it.
+    os.environ["PREFECT_API_URL"] = info.api_url
+    refresh_global_settings_context()
+
+
+def _server_command(action: str) -> int:
+    from prefect.settings import get_current_settings
+
+    from kiln.flows import server
+
+    home = Path(get_current_settings().home)
+    if action == "start":
+        info = server.ensure_server(home)
+        print(f"Prefect server running: pid {info.pid}, API {info.api_url}, UI {info.ui_url}, log {info.log}")
+        return EXIT_OK
+    if action == "stop":
+        stopped = server.stop_server(home)
+        print(f"stopped the Prefect server pid {stopped.pid} ({stopped.api_url})" if stopped
+              else f"no Kiln Prefect server is running for {home}")
+        return EXIT_OK
+    info, word = server.server_status(home)
+    if info is None:
+        print(f"no Kiln Prefect server for {home} (the next command that runs a flow starts one)")
+        return EXIT_FAILED
+    print(f"{word}: pid {info.pid}, API {info.api_url}, UI {info.ui_url}, Prefect {info.prefect_version}, "
+          f"log {info.log}")
+    return EXIT_OK if word == "running" else EXIT_FAILED
+
+
+def _store_settings(url: str, config_path: str) -> StoreSettings | None:
+    """The publish target's settings for an ``s3://`` URL (None for other URLs, or without a kiln.toml)."""
+    if not url.startswith("s3://") or not Path(config_path).exists():
+        return None
+    from kiln.tasks.config import load_config
+    from kiln.tasks.releasing import store_settings_for
+
+    return store_settings_for(load_config(config_path), url)
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
     cmd = ns.command
     if cmd == "index":
-        from release.cli import index_command
+        from kiln.release.cli import index_command
 
         if bool(ns.wheel_dir) == bool(ns.from_list):
             raise SystemExit("kiln index: give exactly one of WHEEL_DIR or --from-list FILE")
         return index_command(ns.wheel_dir, ns.from_list, ns.out)
     if cmd == "verify":
-        from release.cli import verify_command
+        from kiln.release.cli import verify_command
 
-        return verify_command(ns.url, install=not ns.no_install)
+        return verify_command(ns.url, install=not ns.no_install, extra_index_urls=ns.extra_index_urls,
+                              settings=_store_settings(ns.url, ns.config))
 
-    from tasks.config import load_config
+    if cmd == "server":
+        return _server_command(ns.action)
+
+    from kiln.tasks.config import load_config
 
     load_config(ns.config)  # validate before any flow starts: a bad config starts nothing
     if cmd == "policies":
-        from flows.policies import policies_command
+        from kiln.flows.policies import policies_command
 
         return policies_command(ns.config, ns.out)
+    _connect()
     if cmd == "nightly":
-        from flows.nightly import nightly_flow
+        from kiln.flows.nightly import nightly_flow
 
         return _run_flow(nightly_flow, ns.out, config_path=ns.config, out=ns.out)
     if cmd == "release":
-        from flows.release import release_flow
+        from kiln.flows.release import approved_release_flow, release_flow
 
+        # --yes picks the flow approved on the command line: the deployment's form has no such toggle.
         return _run_flow(
-            release_flow, ns.out, version=ns.version, ref=ns.ref, channel=ns.channel, dry_run=ns.dry_run,
-            allow_regressions=ns.allow_regressions, yes=ns.yes, config_path=ns.config, out=ns.out,
+            approved_release_flow if ns.yes else release_flow, ns.out, version=ns.version, ref=ns.ref,
+            channel=ns.channel, dry_run=ns.dry_run, allow_regressions=ns.allow_regressions, config_path=ns.config,
+            out=ns.out,
         )
     if cmd == "build":
-        from flows.build import build_flow
+        from kiln.flows.build import build_flow
 
-        return _run_flow(build_flow, ns.out, config_path=ns.config, out=ns.out, version=ns.version, variants=ns.variants)
+        return _run_flow(
+            build_flow, ns.out, config_path=ns.config, out=ns.out, version=ns.version, variants=ns.variants
+        )
     if cmd == "test":
-        from flows.test import test_flow
+        from kiln.flows.test import test_flow
+        from kiln.tasks.testing.suite import split_test_args
 
+        # `-- PATHS` run as one ad-hoc suite; options after `--` (-k, -x) go to pytest.
+        paths, options = split_test_args(_pytest_args(ns.pytest_args), Path.cwd(), load_config(ns.config).root)
         return _run_flow(
             test_flow, ns.out, config_path=ns.config, out=ns.out, suites=ns.suites, isolate=ns.isolate,
             timeout=ns.timeout, retries=ns.retries, junit=ns.junit, json_path=ns.json_path,
-            changed_since=ns.changed_since, pytest_args=_pytest_args(ns.pytest_args),
+            changed_since=ns.changed_since, pytest_args=options, paths=paths or None, run_id=ns.run_id,
         )
     if cmd == "bench":
-        from flows.bench import bench_flow
+        from kiln.flows.bench import bench_flow
 
         return _run_flow(
             bench_flow, ns.run_dir, config_path=ns.config, out=ns.run_dir, compare=ns.compare, size=ns.size,
-            metric=ns.metric, results_path=ns.out,
+            metric=ns.metric, results_path=ns.out, run_id=ns.run_id,
         )
     if cmd == "publish":
-        from flows.publish import publish_flow
+        from kiln.flows.publish import publish_flow
 
         return _run_flow(publish_flow, ns.out, config_path=ns.config, out=ns.out, target=ns.target,
-                         channel=ns.channel, dry_run=ns.dry_run)
+                         channel=ns.channel, dry_run=ns.dry_run, run_id=ns.run_id)
     raise SystemExit(f"unknown command {cmd!r}")
 
 

@@ -1,50 +1,74 @@
-"""Helpers every Kiln flow uses: the run manifest, unit tables, final states.
+"""Helpers every Kiln flow uses: the run record, unit tables, final states.
 
 A flow decides order, isolation and final state; these helpers make the
-last two uniform: every stage records its units in ``run.json``, leaves a
-table artifact of them, and ends Failed with "N of M units failed" when any
-unit failed, so the Prefect UI and the manifest always agree.
+last two uniform: every stage records its units in the run's record (in the
+artifact store, see :mod:`kiln.release.record`), leaves a table artifact of
+them, and ends Failed with "N of M units failed" when any unit failed. A
+unit is recorded from its Prefect task's *final* state, by the flow, so the
+record and the UI always agree.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
+from prefect.settings import get_current_settings
 from prefect.states import Failed, State
 
-from release.errors import is_retryable
-from release.manifest import MANIFEST_NAME, RunManifest, Unit
+from kiln.release.errors import is_retryable
+from kiln.release.manifest import Unit
+from kiln.release.record import RunRecord
+from kiln.tasks.config import KilnConfig
+from kiln.tasks.runs import artifact_store, continue_run, start_run
 
 logger = logging.getLogger("kiln.flows")
 
-TABLE_COLUMNS = ("id", "state", "variant", "arch", "kernel", "suite", "cache", "duration_s", "message")
+# The id, state and message lead: a release engineer reads those first; details follow.
+TABLE_COLUMNS = ("id", "state", "message", "variant", "arch", "kernel", "suite", "cache", "duration_s")
 
 
-def open_run(out: str | Path, flow_name: str, version: str = "") -> RunManifest:
-    """Load ``<out>/run.json`` if a previous stage of this run wrote it, else start one."""
-    root = Path(out).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    if (root / MANIFEST_NAME).exists():
-        run = RunManifest.load(root)
-        if version and not run.version:
-            run.version = version
-        return run
-    run_id = str(flow_run.get_id() or uuid.uuid4())
-    run = RunManifest(root=root, run_id=run_id, flow=flow_name, version=version)
-    run.save()
-    return run
+def _store_session(config: KilnConfig, step: str) -> Any:
+    if config.artifacts.kind != "s3":
+        return None
+    from kiln.flows.credentials import session_for  # boto3 sessions only for an S3 artifact store
+
+    return session_for(config, step)
 
 
-def record(run: RunManifest, unit: Unit) -> Unit:
-    """Add ``unit`` and persist the manifest at once, so a crash loses nothing."""
-    run.add_unit(unit)
-    run.save()
-    return unit
+def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str | None = None,
+             version: str | None = None, ref: str = "", step: str = "build") -> RunRecord:
+    """The run this flow belongs to: ``run_id``'s record, or a new one named after this flow run."""
+    store = artifact_store(config, _store_session(config, step))
+    if run_id:
+        return continue_run(store, run_id, out)
+    new_id = str(flow_run.get_id() or uuid.uuid4())
+    return start_run(config, store, run_id=new_id, flow=flow_name, out=out, version=version, ref=ref)
+
+
+def record(run: RunRecord, unit: Unit) -> Unit:
+    """Write ``unit`` to the run's record at once, so a crash loses nothing."""
+    return run.record(unit)
+
+
+def unit_from_state(template: Unit, state: State) -> Unit:
+    """The unit a task's final state stands for: its returned unit, or ``template`` failed with the reason."""
+    value = state.result(raise_on_failure=False) if state.is_completed() or state.is_failed() else None
+    # A task that judged its unit failed returns ``Failed(data=unit)``: the unit is its own verdict.
+    if isinstance(value, Unit) and (state.is_completed() or value.state == "failed"):
+        return value
+    if isinstance(value, BaseException):
+        reason = f"{type(value).__name__}: {value}"
+    else:
+        reason = state.message or f"task ended {state.name}"
+    return replace(template, state="failed", message=reason)
 
 
 def unit_rows(units: Iterable[Unit]) -> list[dict[str, Any]]:
@@ -65,15 +89,14 @@ def failure_message(title: str, units: list[Unit]) -> str:
     return f"{head} — {details}{more}"
 
 
-def stage_summary(run: RunManifest, stage: str) -> dict[str, int]:
-    units = [u for u in run.units if u.stage == stage]
+def stage_summary(units: list[Unit]) -> dict[str, int]:
     counts: dict[str, int] = {"total": len(units)}
     for unit in units:
         counts[unit.state] = counts.get(unit.state, 0) + 1
     return counts
 
 
-def publish_unit_table(run: RunManifest, units: list[Unit], key: str, title: str) -> None:
+def publish_unit_table(run: RunRecord, units: list[Unit], key: str, title: str) -> None:
     """A table artifact of ``units``; a reporting failure never fails the run."""
     try:
         create_table_artifact(key=key, table=unit_rows(units), description=f"{title} — run {run.run_id}")
@@ -81,18 +104,18 @@ def publish_unit_table(run: RunManifest, units: list[Unit], key: str, title: str
         logger.warning("could not create the %s table artifact: %s", key, exc)
 
 
-def finish_stage(run: RunManifest, stage: str, title: str) -> dict[str, int] | State:
-    """Persist the manifest, leave a table of the stage's units, choose the final state."""
-    run.save()
-    units = [u for u in run.units if u.stage == stage]
+def finish_stage(run: RunRecord, stage: str, title: str) -> dict[str, int] | State:
+    """Leave a table of the stage's units, write the local view, choose the final state."""
+    units = [u for u in run.units() if u.stage == stage]
     publish_unit_table(run, units, f"kiln-{stage}-units", title)
+    run.write_view()
     if any(u.state == "failed" for u in units):
         message = failure_message(title, units)
         logger.error(message)
         # No ``data=``: a Failed state's data is what Prefect raises when the flow is
         # called without return_state, and it must be an exception, not a dict.
         return Failed(message=message)
-    return stage_summary(run, stage)
+    return stage_summary(units)
 
 
 def markdown_report(key: str, markdown: str, description: str) -> None:
@@ -100,6 +123,27 @@ def markdown_report(key: str, markdown: str, description: str) -> None:
         create_markdown_artifact(key=key, markdown=markdown, description=description)
     except Exception as exc:  # side report only
         logger.warning("could not create the %s markdown artifact: %s", key, exc)
+
+
+def artifact_key(prefix: str, name: str) -> str:
+    """A valid Prefect artifact key (lowercase letters, digits and dashes) for ``name``."""
+    return f"{prefix}-" + (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "x")
+
+
+def table_report(key: str, rows: list[dict[str, Any]], description: str) -> str:
+    """A table artifact; its address in the Prefect UI ("" when it could not be created: a side report)."""
+    try:
+        artifact_id = create_table_artifact(key=key, table=rows, description=description)
+    except Exception as exc:  # side report only: log and go on (invariant 4)
+        logger.warning("could not create the %s table artifact: %s", key, exc)
+        return ""
+    return artifact_url(artifact_id)
+
+
+def artifact_url(artifact_id: Any) -> str:
+    """The artifact's page in the Prefect UI; relative to the UI when no UI URL is configured."""
+    base = (get_current_settings().ui_url or "").rstrip("/")
+    return f"{base}/artifacts/artifact/{artifact_id}"
 
 
 def retry_on_retryable(task: Any, task_run: Any, state: State) -> bool:

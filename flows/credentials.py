@@ -20,8 +20,8 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from release.errors import AccessDeniedError, ConfigError, TransientStoreError
-from release.policies import policies_from_config, session_policy
+from kiln.release.errors import AccessDeniedError, ConfigError, TransientStoreError
+from kiln.release.policies import policies_from_config, session_policy
 
 log = logging.getLogger("kiln.credentials")
 

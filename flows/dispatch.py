@@ -18,9 +18,11 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.common import logger, open_run, record
-from release.manifest import Unit
-from tasks.config import KilnConfig, Suite
+from kiln.flows.common import logger, record
+from kiln.release.manifest import Unit
+from kiln.release.record import RunRecord
+from kiln.tasks.config import KilnConfig, Suite
+from kiln.tasks.testing.suite import targets
 
 GPU_DEPLOYMENT = "test/gpu-tests-{pool}"
 
@@ -43,37 +45,41 @@ def gpu_deployments(config: KilnConfig) -> dict[str, str]:
     return found
 
 
-def _unit(suite: Suite, deployment: str, flow_run, elapsed: float) -> Unit:
+def _remote_outcome(deployment: str, flow_run, suite: Suite) -> str:
+    """"" when the dispatched run completed, else why its suite failed."""
     state = flow_run.state
     where = f"{deployment} (flow run {flow_run.name})"
     if state is not None and state.is_completed():
-        return Unit(f"test/{suite.name}", "test", "completed", suite=suite.name, required=suite.required,
-                    message=f"passed on {where}", duration_s=elapsed)
+        return ""
     if state is None or not state.is_final():
-        why = f"did not finish within {suite.deadline_s:g}s on {where}; it was left {state.name if state else 'unscheduled'}"
-    else:
-        why = f"{where} ended {state.name}: {state.message or ''}".rstrip(": ")
-    return Unit(f"test/{suite.name}", "test", "failed", suite=suite.name, required=suite.required,
-                message=why, duration_s=elapsed)
+        left = state.name if state else "unscheduled"
+        return f"did not finish within {suite.deadline_s:g}s on {where}; it was left {left}"
+    return f"{where} ended {state.name}: {state.message or ''}".rstrip(": ")
 
 
 @task(name="gpu-suite", task_run_name="test/{suite.name} → {deployment}", cache_policy=NO_CACHE)
-def dispatch_suite(suite: Suite, deployment: str, out: str) -> Unit:
-    """Run ``suite`` on its GPU pool; its outcome as the suite's unit (recorded by the caller)."""
+def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRecord) -> list[Unit]:
+    """Run ``suite`` on its GPU pool against this run's wheels; its units, as the record holds them.
+
+    The dispatched flow fetches the wheels from the run record and writes its
+    units and reports back to it. A suite whose run failed to start, crashed
+    or ran past its deadline gets failed units naming the pool, so a lost GPU
+    worker never leaves a suite looking passed.
+    """
     start = time.monotonic()
     try:
-        flow_run = run_deployment(deployment, parameters={"suites": [suite.name], "out": f"{out}/gpu/{suite.name}"},
+        flow_run = run_deployment(deployment, parameters={"suites": [suite.name], "run_id": run.run_id},
                                   timeout=suite.deadline_s, as_subflow=True)
+        why = _remote_outcome(deployment, flow_run, suite)
     except Exception as exc:  # the server refused the run: this suite's failure, not the nightly's crash
-        return Unit(f"test/{suite.name}", "test", "failed", suite=suite.name, required=suite.required,
-                    message=f"could not start {deployment}: {type(exc).__name__}: {exc}",
-                    duration_s=time.monotonic() - start)
-    return _unit(suite, deployment, flow_run, time.monotonic() - start)
-
-
-@task(name="record-gpu-suites", cache_policy=NO_CACHE)
-def record_units(out: str, units: list[Unit]) -> None:
-    """Record dispatched suites once the local stages have saved run.json (one writer at a time)."""
-    run = open_run(out, "nightly")
-    for unit in units:
-        record(run, unit)
+        why = f"could not start {deployment}: {type(exc).__name__}: {exc}"
+    recorded = {u.id: u for u in run.units() if u.stage == "test" and u.suite == suite.name}
+    units = []
+    for target in targets(config, [suite]):
+        unit = recorded.get(target.unit_id)
+        if unit is None or why:
+            unit = target.unit("failed", why or f"{deployment} recorded no result for {target.unit_id}",
+                               time.monotonic() - start)
+            record(run, unit)
+        units.append(unit)
+    return units

@@ -17,8 +17,8 @@ DEFAULTS = {
     # tasks/ and release/ log through "kiln.*" loggers even outside a flow run.
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     # The embedded server migrates a fresh SQLite database on first start; on a
-    # busy 2-core machine that takes longer than Prefect's 20 s default.
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    # busy 2-core machine (load 10) that takes minutes, not Prefect's 20 s default.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
     # Route the plain-Python libraries' loggers (tasks/, release/) into Prefect's run logs.
     "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln",
     # Triton's one-time notice about its FP-fusion default changing is noise in every run.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from release.fsutil import atomic_write_text
-from release.policies import policies_from_config, render
-from tasks.config import load_config
+from kiln.release.fsutil import atomic_write_text
+from kiln.release.policies import policies_from_config, render
+from kiln.tasks.config import load_config
 
 log = logging.getLogger("kiln.policies")
 

@@ -1,38 +1,53 @@
-"""The release flow: validate → build → test → bench → approve → publish → verify.
+"""The release flow: validate → build → test → bench → gate → plan → approve → publish → verify.
 
 Nothing is built before the version and channel are checked against what the
-channel already holds. Publishing happens only after every stage passed (or a
-recorded reason overrides benchmark regressions) and a person approved it in
-the Prefect UI (or ``yes=True`` from the command line). If publishing or
-verification fails, every index page the release changed is put back byte for
-byte; the wheels stay, unreferenced.
+channel already holds. Benchmarks are compared with the last *published*
+release of the channel (none yet: the gate says so and passes); regressions
+block only on ``[bench] blocking_metrics`` (CPU timings are advisory) unless
+``allow_regressions`` gives the reason. The approver sees the version, the
+channel, whether it is a dry run and the publish plan (every file to add,
+every page to change) before saying yes. If publishing or verification fails,
+every index page the release changed is put back byte for byte; the wheels
+stay, unreferenced. After a published release verifies, its benchmark results
+become the channel's next baseline.
+
+Two flows share one body: :func:`release_flow` (the ``release`` deployment and
+``kiln release``) always pauses for approval in the Prefect UI, so the
+deployment's Run form has no way to skip it; :func:`approved_release_flow` is
+``kiln release --yes``, approved on the command line. Every way the release
+stops — the gate, a rejection, a failed publish — ends the run Failed with a
+clean message and the ``kiln-release-summary`` artifact, never a traceback.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.states import Completed, Failed, State
 
-from flows.bench import bench_flow
-from flows.build import build_flow
-from flows.common import markdown_report, open_run
-from flows.credentials import session_for
-from flows.publish import publish_flow
-from flows.test import test_flow
-from release.errors import KilnError
-from release.verify import verify_published
-from tasks import releasing
-from tasks.config import load_config
+from kiln.flows.bench import bench_flow, store_release_baseline
+from kiln.flows.build import build_flow
+from kiln.flows.common import markdown_report, open_run
+from kiln.flows.credentials import session_for
+from kiln.flows.publish import open_publish_target, publish_flow, publish_inputs
+from kiln.flows.test import test_flow
+from kiln.release.publish import publish
+from kiln.release.record import RunRecord
+from kiln.release.verify import verify_published
+from kiln.tasks import releasing
+from kiln.tasks.config import Channel, load_config
 
-Channel = Literal["release", "nightly"]
 APPROVAL_TIMEOUT_S = 24 * 3600
 APPROVAL_POLL_S = 5  # how soon an approval in the UI resumes the run
 SNAPSHOT_DIR = "rollback"
+SUMMARY_KEY = "kiln-release-summary"
 
 
 class ApprovalInput(RunInput):
@@ -42,8 +57,23 @@ class ApprovalInput(RunInput):
     comment: str = ""
 
 
-class ReleaseRejected(KilnError):
-    """The approver said no; nothing was published."""
+@dataclass
+class Release:
+    """One release's parameters and what it has said so far (the summary's lines)."""
+
+    version: str
+    ref: str
+    channel: str
+    dry_run: bool
+    allow_regressions: str | None
+    config_path: str
+    out: str
+    lines: list[str] = field(default_factory=list)
+    plan: str = ""
+
+    @property
+    def title(self) -> str:
+        return f"release {self.version} (ref {self.ref}) → {self.channel}" + (" (dry run)" if self.dry_run else "")
 
 
 def _session(config: Any, channel: str) -> Any:
@@ -68,15 +98,34 @@ def validate_release(config_path: str, out: str, version: str, channel: str) -> 
     return releasing.check_version(version, channel, published)
 
 
-@task(name="release-gate")
-def release_gate(stages: dict[str, tuple[str, str]], allow_regressions: str | None) -> str:
-    return releasing.check_gate(stages, allow_regressions)
+@task(name="release-gate", cache_policy=NO_CACHE)
+def release_gate(
+    run: RunRecord, stages: dict[str, tuple[releasing.StateName, str]], allow_regressions: str | None
+) -> str | State:
+    """The gate's verdict; a stop is this task's Failed state with every reason, not a traceback."""
+    decision = releasing.gate_decision(stages, run.info().get("bench_comparison"), allow_regressions)
+    for line in decision.lines:
+        get_run_logger().info("gate: %s", line)
+    return decision.message if decision.passed else Failed(message=decision.message)
+
+
+@task(name="publish-plan", cache_policy=NO_CACHE)
+def plan_publish(config_path: str, run: RunRecord, channel: str) -> str:
+    """What publishing would add and change, from the publish protocol run against a staging copy."""
+    config = load_config(config_path)
+    staging = open_publish_target(run, config, None, channel, dry_run=True)  # the target is only read
+    extra, allowed = publish_inputs(run, config)
+    plan = publish(run.manifest(), staging, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
+                   variants=[v.name for v in config.variants], extra=extra, untested_ok=allowed, dry_run=True)
+    markdown = plan.to_markdown()
+    markdown_report("kiln-release-plan", markdown, f"What the release would publish — run {run.run_id}")
+    return markdown
 
 
 @task(name="snapshot-pages")
-def snapshot_pages(config_path: str, out: str, channel: str) -> list[str]:
+def snapshot_pages(config_path: str, out: str, channel: str, view: str) -> list[str]:
     store, prefix = _store(config_path, out, channel)
-    return releasing.snapshot_pages(store, prefix, Path(out) / SNAPSHOT_DIR)
+    return releasing.snapshot_pages(store, prefix, Path(view) / SNAPSHOT_DIR)
 
 
 @task(name="verify-channel")
@@ -87,55 +136,128 @@ def verify_channel(config_path: str, out: str, channel: str) -> int:
 
 
 @task(name="rollback-pages")
-def rollback_pages(config_path: str, out: str, channel: str) -> dict[str, list[str]]:
+def rollback_pages(config_path: str, out: str, channel: str, view: str) -> dict[str, list[str]]:
     store, _ = _store(config_path, out, channel)
-    return releasing.restore_pages(store, Path(out) / SNAPSHOT_DIR)
+    return releasing.restore_pages(store, Path(view) / SNAPSHOT_DIR)
 
 
-def _approve(version: str, channel: str, yes: bool) -> str:
-    if yes:
-        return "approved on the command line (--yes)"
-    get_run_logger().info("waiting for approval of %s on %s in the Prefect UI", version, channel)
-    answer = pause_flow_run(wait_for_input=ApprovalInput.with_initial_data(
-        description=f"Publish {version} to the {channel} channel?", approve=False),
-        timeout=APPROVAL_TIMEOUT_S, poll_interval=APPROVAL_POLL_S)
+def _approval_text(release: Release, run: RunRecord) -> str:
+    """The description the approver reads in the Prefect UI's resume dialog."""
+    kind = "**DRY RUN**: nothing is published; the plan runs against a staging copy" if release.dry_run \
+        else "**real release**: the files below are published for good (published files are immutable)"
+    return "\n".join([
+        f"## Approve release `{release.version}` to the `{release.channel}` channel?", "",
+        f"- version: `{release.version}` (ref `{release.ref}`, run `{run.run_id}`)",
+        f"- channel: `{release.channel}`", f"- dry run: {'yes' if release.dry_run else 'no'} — {kind}",
+        *(f"- {line}" for line in release.lines), "",
+        "Set **approve** and resume to publish; resume with it unset to reject (nothing is published).", "",
+        release.plan])
+
+
+def _approve(release: Release, run: RunRecord) -> tuple[bool, str]:
+    """(approved, the summary line): a pause in the Prefect UI with the plan as its description."""
+    get_run_logger().info("waiting for approval of %s in the Prefect UI", release.title)
+    initial = ApprovalInput.with_initial_data(description=_approval_text(release, run), approve=False)
+    try:
+        answer = pause_flow_run(wait_for_input=initial, timeout=APPROVAL_TIMEOUT_S, poll_interval=APPROVAL_POLL_S)
+    except FlowPauseTimeout:
+        return False, f"not approved within {APPROVAL_TIMEOUT_S // 3600} h: nothing was published"
     if not answer.approve:
-        raise ReleaseRejected(f"release {version} rejected by the approver: {answer.comment or 'no comment'}")
-    return f"approved in the UI: {answer.comment or 'no comment'}"
+        return False, f"rejected by the approver: {answer.comment or 'no comment'}; nothing was published"
+    return True, f"approved in the UI: {answer.comment or 'no comment'}"
 
 
-def _state_of(state: State) -> tuple[str, str]:
-    return state.type.value, state.message or ""
+def _state_of(state: State) -> tuple[releasing.StateName, str]:
+    return cast(releasing.StateName, state.type.value), state.message or ""
+
+
+def _finish(release: Release, run: RunRecord | None, state: State) -> State:
+    """Leave the release summary artifact (every ending has one), the run's local view, the final state."""
+    if run is not None:
+        run.write_view()
+    markdown = "\n".join([f"# {release.title[0].upper()}{release.title[1:]}", "",
+                          *(f"- {line}" for line in release.lines), "", release.plan]).rstrip() + "\n"
+    markdown_report(SUMMARY_KEY, markdown, f"Release {release.version}")
+    return state
+
+
+def _stop(release: Release, run: RunRecord, why: str) -> State:
+    get_run_logger().error("%s: %s", release.title, why)
+    return _finish(release, run, Failed(message=f"release {release.version}: {why}"))
+
+
+def _stages(release: Release, run: RunRecord) -> dict[str, State]:
+    common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
+    blocking = list(load_config(release.config_path).bench.blocking_metrics)
+    stages = {"build": build_flow(**common, return_state=True)}
+    stages["test"] = test_flow(**common, return_state=True)
+    # Dry runs and failed releases never become a baseline: only a verified release is kept (below).
+    stages["bench"] = bench_flow(**common, compare=f"published:{release.channel}", store_history=False,
+                                 fail_on_regression=not release.allow_regressions, blocking_metrics=blocking,
+                                 return_state=True)
+    return stages
+
+
+def _publish_and_verify(release: Release, run: RunRecord) -> State:
+    """Publish (or the dry run of it), verify, and roll the pages back if either failed."""
+    common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
+    snapshot_pages(release.config_path, release.out, release.channel, str(run.view))
+    published = publish_flow(**common, channel=release.channel, dry_run=release.dry_run, return_state=True)
+    if release.dry_run:
+        release.lines += [f"publish (dry run, staging copy): {_state_of(published)[0]}",
+                          "verify: skipped (dry run: nothing was published)"]
+        return published
+    verified = (verify_channel(release.config_path, release.out, release.channel, return_state=True)
+                if published.is_completed() else published)
+    release.lines += [f"publish: {_state_of(published)[0]}", f"verify: {_state_of(verified)[0]}"]
+    if not verified.is_completed():
+        rolled = rollback_pages(release.config_path, release.out, release.channel, str(run.view))
+        release.lines.append(f"rolled back {len(rolled['restored'])} index pages")
+        reason = _state_of(verified)[1] or "publish/verify failed"
+        return Failed(message=f"{reason.splitlines()[0]}; index pages rolled back")
+    kept = store_release_baseline(release.config_path, run, release.channel, return_state=True)
+    release.lines.append(kept.result() if kept.is_completed() else
+                         f"benchmark baseline NOT kept: {_state_of(kept)[1]} (the release itself is published)")
+    return verified
+
+
+def _release(release: Release, approved_on_cli: bool) -> State:
+    release.version = validate_release(release.config_path, release.out, release.version, release.channel)
+    run = open_run(load_config(release.config_path), "release", release.out, version=release.version, ref=release.ref)
+    get_run_logger().info("%s as run %s", release.title, run.run_id)
+    release.lines.append(f"run `{run.run_id}`")
+    stages = _stages(release, run)
+    gate = release_gate(run, {name: _state_of(s) for name, s in stages.items()}, release.allow_regressions,
+                        return_state=True)
+    release.lines += (gate.result() if gate.is_completed() else _state_of(gate)[1]).splitlines()
+    if not gate.is_completed():
+        return _stop(release, run, "stopped by the release gate before publishing (see the summary)")
+    planned = plan_publish(release.config_path, run, release.channel, return_state=True)
+    if not planned.is_completed():
+        return _stop(release, run, f"the publish plan failed: {_state_of(planned)[1]}")
+    release.plan = planned.result()
+    approved, line = (True, "approved on the command line (--yes)") if approved_on_cli else _approve(release, run)
+    release.lines.append(line)
+    if not approved:
+        return _stop(release, run, line)
+    final = _publish_and_verify(release, run)
+    if not final.is_completed():
+        return _stop(release, run, final.message or "publish failed")
+    return _finish(release, run, Completed(message=f"release {release.version} published to {release.channel}"
+                                              + (" (dry run)" if release.dry_run else "")))
 
 
 @flow(name="release")
 def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", dry_run: bool = False,
-                 allow_regressions: str | None = None, yes: bool = False, config_path: str = "kiln.toml",
+                 allow_regressions: str | None = None, config_path: str = "kiln.toml",
                  out: str = "out/release") -> State:
-    logger = get_run_logger()
-    version = validate_release(config_path, out, version, channel)
-    open_run(out, "release", version)
-    logger.info("releasing %s (ref %s) to %s%s", version, ref, channel, " (dry run)" if dry_run else "")
-    stages = {
-        "build": build_flow(config_path=config_path, out=out, version=version, return_state=True),
-        "test": test_flow(config_path=config_path, out=out, return_state=True),
-        "bench": bench_flow(config_path=config_path, out=out, compare="last",
-                            fail_on_regression=not allow_regressions, return_state=True),
-    }
-    gate = release_gate({name: _state_of(s) for name, s in stages.items()}, allow_regressions)
-    approval = _approve(version, channel, yes)
-    snapshot_pages(config_path, out, channel)
-    published = publish_flow(config_path=config_path, out=out, channel=channel, dry_run=dry_run, return_state=True)
-    verified = (verify_channel(config_path, out, channel, return_state=True)
-                if published.is_completed() and not dry_run else published)
-    summary = [f"release {version} (ref {ref}) → {channel}", gate, approval,
-               f"publish: {_state_of(published)[0]}",
-               f"verify: {'skipped (dry run: nothing was published)' if dry_run else _state_of(verified)[0]}"]
-    if not verified.is_completed():
-        rolled = rollback_pages(config_path, out, channel)
-        summary.append(f"rolled back {len(rolled['restored'])} index pages")
-        markdown_report("kiln-release-summary", "\n".join(f"- {line}" for line in summary), f"Release {version}")
-        return Failed(message=f"release {version}: {_state_of(verified)[1] or 'publish/verify failed'}; "
-                              f"index pages rolled back")
-    markdown_report("kiln-release-summary", "\n".join(f"- {line}" for line in summary), f"Release {version}")
-    return Completed(message=f"release {version} published to {channel}" + (" (dry run)" if dry_run else ""))
+    """Release ``version``: pauses for approval in the Prefect UI before anything is published."""
+    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out), False)
+
+
+@flow(name="release")
+def approved_release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", dry_run: bool = False,
+                          allow_regressions: str | None = None, config_path: str = "kiln.toml",
+                          out: str = "out/release") -> State:
+    """``kiln release --yes``: the same release, approved on the command line (no deployment runs this)."""
+    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out), True)

@@ -1,11 +1,15 @@
-"""The test stage: each configured suite is its own task run, tests isolated inside it.
+"""The test stage: each (suite, variant) is its own task run, tests isolated inside it.
 
-A suite's tests run in their own processes (tasks.isolate) with deadlines;
-infrastructure failures are retried there, per test, so the task itself is
-not retried (a whole-suite retry would rerun real failures). Suites run
-concurrently; one that needs GPUs first takes that many slots of the device
-pool's Prefect concurrency limit, so suites on one machine never oversubscribe
-it. Tests are never cached.
+Every suite runs against its variant's wheel from the run record, installed
+in a fresh environment (:mod:`kiln.tasks.testing.envs`), never against the
+checkout. ``kiln test`` without ``--run`` builds the wheels it needs first,
+as part of its own run. A suite's tests run in their own processes with
+deadlines; infrastructure failures are retried there, per test, so the task
+itself is not retried (a whole-suite retry would rerun real failures).
+Suites run concurrently; one that needs GPUs first takes that many slots of
+the device pool's Prefect concurrency limit, so suites on one machine never
+oversubscribe it. A suite that cannot run here is recorded ``not_run``.
+Tests are never cached.
 """
 
 from __future__ import annotations
@@ -16,14 +20,22 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect.states import State
+from prefect.states import Failed, State
 
-from flows.common import finish_stage, logger, open_run, record
-from release.manifest import RunManifest, Unit
-from tasks.changes import suites_to_run
-from tasks.config import KilnConfig, Suite, load_config
-from tasks.isolate import RunOptions
-from tasks.testsuite import SuiteRun, check_overrides, run_suite, suite_options, write_combined
+from kiln.flows.build import build_flow
+from kiln.flows import progress
+from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
+from kiln.flows.summary import TEST_TABLE_INFO
+from kiln.release.record import RunRecord
+from kiln.tasks.config import KilnConfig, Suite, load_config
+from kiln.tasks.testing.changes import suites_to_run
+from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.jobs import RunOptions
+from kiln.tasks.testing.reports import problem_rows
+from kiln.tasks.testing.suite import (
+    SuiteRun, SuiteTarget, adhoc_suite, check_overrides, not_run_reason, run_suite, suite_options, targets,
+    write_combined,
+)
 
 # The Prefect concurrency limit that stands for this machine's GPUs; a GPU
 # work pool's workers share it (create it with `prefect gcl create gpu-local --limit N`).
@@ -37,59 +49,92 @@ def gpu_slots(n: int) -> AbstractContextManager[object]:
 
 @task(name="test-plan", cache_policy=NO_CACHE)
 def plan_task(config: KilnConfig, config_path: str, suites: list[str] | None, changed_since: str | None,
-              exclude: list[str] | None = None) -> list[Suite]:
+              exclude: list[str] | None = None, paths: list[str] | None = None) -> list[Suite]:
+    """The configured suites to run; or, given ``paths``, one ad-hoc suite of those paths alone."""
+    if paths:
+        return [adhoc_suite(config, paths)]
     chosen = suites_to_run(config, suites, changed_since, Path(config_path).name)
     return [suite for suite in chosen if suite.name not in (exclude or ())]
 
 
-@task(name="test-suite", task_run_name="test/{suite.name}", cache_policy=NO_CACHE)
-def suite_task(config: KilnConfig, suite: Suite, out: str, options: RunOptions) -> SuiteRun:
+@task(name="test-wheels", cache_policy=NO_CACHE)
+def wheels_task(run: RunRecord) -> dict[str, Path]:
+    """Each variant's wheel from the run record, fetched into the local view and verified."""
+    return {a.variant: run.fetch(a) for a in run.artifacts() if a.kind == "wheel" and a.variant}
+
+
+@task(name="test-suite", task_run_name="{target.unit_id}", cache_policy=NO_CACHE,
+      on_completion=[progress.task_hook("test")], on_failure=[progress.task_hook("test")])
+def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, options: RunOptions,
+               run: RunRecord) -> SuiteRun | State:
+    """Run one suite; its table of problem tests is this task run's artifact.
+
+    A failed suite ends the task run Failed (red in the UI) with the suite run as its data, so
+    the flow still records its reports and the unit it stands for.
+    """
     with gpu_slots(options.gpus or 0):
-        return run_suite(config, suite, out, options)
-
-
-@task(name="test-reports", cache_policy=NO_CACHE)
-def reports_task(run: RunManifest, runs: list[SuiteRun], junit: str | None, json_path: str | None) -> None:
-    for suite_run in runs:
-        record(run, suite_run.unit)
-        for path in suite_run.reports:
-            run.add_artifact(path, step="test", kind="report")
-    for path in write_combined(runs, junit, json_path):
-        logger.info("test report written to %s", path)
-    run.save()
-
-
-def _suite_run(suite: Suite, state: State) -> SuiteRun:
-    """A crashed suite task becomes a failed unit: one suite's crash stays one failure."""
-    value = state.result(raise_on_failure=False)
-    if isinstance(value, SuiteRun):
-        return value
-    message = f"the suite did not run: {type(value).__name__}: {value}" if value else state.message or "crashed"
-    unit = Unit(id=f"test/{suite.name}", stage="test", state="failed", suite=suite.name, message=message,
-                required=suite.required)
-    return SuiteRun(suite.name, (), unit, (), 0.0)
+        suite_run = run_suite(config, target, [wheel], view, options)
+    rows = problem_rows(suite_run.results)
+    url = table_report(artifact_key("kiln-tests", target.name), rows,
+                       f"{target.unit_id}: {suite_run.unit.message} — failed, errored, timed-out and flaky tests "
+                       f"(run {run.run_id})")
+    run.set_info(f"{TEST_TABLE_INFO}{target.unit_id}", {"url": url, "problems": len(rows),
+                                                       "summary": suite_run.unit.message})
+    if suite_run.unit.state == "failed":
+        return Failed(message=suite_run.unit.message, data=suite_run)
+    return suite_run
 
 
 @flow(name="test")
 def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str] | None = None,
               isolate: str = "test", timeout: float | None = None, retries: int = 1, junit: str | None = None,
               json_path: str | None = None, changed_since: str | None = None,
-              pytest_args: list[str] | None = None, exclude: list[str] | None = None):
-    """Run the config's test suites, each test isolated with a deadline; Failed if any suite failed.
+              pytest_args: list[str] | None = None, exclude: list[str] | None = None, run_id: str | None = None,
+              paths: list[str] | None = None):
+    """Run the config's test suites against the run's wheels; Failed if any suite failed.
 
-    ``exclude`` names suites that run elsewhere (the nightly dispatches GPU suites to their pool).
+    ``run_id`` tests the wheels of that run (the nightly's, or ``kiln test --run``);
+    without it the wheels are built first, in this run. ``exclude`` names suites
+    that run elsewhere (the nightly dispatches GPU suites to their pool).
+    ``paths`` (``kiln test -- PATHS``, relative to the project) run as one ad-hoc
+    suite instead of the configured ones; ``pytest_args`` go to every suite that runs.
     """
     config = load_config(config_path)
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
-    selected = plan_task(config, config_path, suites, changed_since, exclude)
-    run = open_run(out, "test", config.project.version)
-    futures = {
-        suite.name: suite_task.submit(config, suite, out, suite_options(
-            config, suite, isolate=isolate, timeout=timeout, retries=retries, pytest_args=pytest_args or ()))
-        for suite in selected
-    }
-    for future in futures.values():
+    selected = plan_task(config, config_path, suites, changed_since, exclude, paths)
+    run = open_run(config, "test", out, run_id=run_id, step="test")
+    chosen = targets(config, selected)
+    if run_id is None:
+        needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
+        if needed:
+            build_flow(config_path=config_path, out=out, variants=needed, run_id=run.run_id, return_state=True)
+    wheels = wheels_task(run)
+    gpus_here = detect_gpu_count()
+    futures = {}
+    for target in chosen:
+        reason = not_run_reason(target, gpus_here)
+        if reason:
+            record(run, target.unit("not_run", reason))
+            continue
+        if target.variant.name not in wheels:  # its build failed: that unit already fails the run
+            record(run, target.unit("skipped", f"no {target.variant.name} wheel in run {run.run_id} to test"))
+            continue
+        options = suite_options(config, target.suite, isolate=isolate, timeout=timeout, retries=retries,
+                                pytest_args=pytest_args or ())
+        futures[target.unit_id] = (target, suite_task.submit(config, target, wheels[target.variant.name],
+                                                             str(run.view), options, run))
+    progress.expect("test", len(futures))
+    runs = []
+    for target, future in futures.values():
         future.wait()
-    runs = [_suite_run(suite, futures[suite.name].state) for suite in selected]
-    reports_task(run, runs, junit, json_path)
+        final = future.state
+        value = final.result(raise_on_failure=False) if final.is_completed() or final.is_failed() else None
+        if isinstance(value, SuiteRun):
+            runs.append(value)
+            for path in value.reports:
+                run.add_artifact(path, step="test", kind="report", variant=target.variant.name)
+        record(run, value.unit if isinstance(value, SuiteRun) else unit_from_state(target.unit("failed", ""),
+                                                                                     future.state))
+    for path in write_combined(runs, junit, json_path):
+        logger.info("test report written to %s", path)
     return finish_stage(run, "test", "Tests")

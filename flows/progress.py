@@ -1,0 +1,122 @@
+"""Progress of the long stages (build, test, bench) for the person at the terminal.
+
+The ``kiln`` command line installs a reporter for the flow it runs in this
+process: a ``rich`` progress bar per stage when stderr is a terminal, one
+plain line per finished unit otherwise (CI logs, pipes). Flows say how many
+units a stage has (:func:`expect`); the stage's unit tasks report when they
+end through Prefect state hooks (:func:`task_hook`). Without a reporter
+(a deployment run on a worker, tests) nothing is shown.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Protocol, TextIO
+from collections.abc import Callable, Iterator
+
+
+class Reporter(Protocol):
+    def expect(self, stage: str, total: int) -> None: ...
+
+    def done(self, stage: str, name: str, state: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Silent:
+    def expect(self, stage: str, total: int) -> None:
+        pass
+
+    def done(self, stage: str, name: str, state: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PlainReporter:
+    """``[test] 2/5 test/kernels/cpu: Completed`` — one line per finished unit."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.totals, self.counts = stream, {}, {}
+        self._lock = threading.Lock()
+
+    def expect(self, stage: str, total: int) -> None:
+        with self._lock:
+            self.totals[stage] = total
+
+    def done(self, stage: str, name: str, state: str) -> None:
+        with self._lock:
+            self.counts[stage] = self.counts.get(stage, 0) + 1
+            total = self.totals.get(stage)
+            print(f"[{stage}] {self.counts[stage]}{f'/{total}' if total else ''} {name}: {state}", file=self.stream,
+                  flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichReporter:
+    """One ``rich`` progress bar per stage, on stderr, above the log lines."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
+                                 console=Console(file=stream), transient=False)
+        self.bars: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.progress.start()
+
+    def _bar(self, stage: str) -> Any:
+        if stage not in self.bars:
+            self.bars[stage] = self.progress.add_task(stage, total=None, last="")
+        return self.bars[stage]
+
+    def expect(self, stage: str, total: int) -> None:
+        with self._lock:
+            self.progress.update(self._bar(stage), total=total)
+
+    def done(self, stage: str, name: str, state: str) -> None:
+        with self._lock:
+            self.progress.update(self._bar(stage), advance=1, last=f"{name}: {state}")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+_current: Reporter = _Silent()
+
+
+def reporter_for(stream: TextIO = sys.stderr) -> Reporter:
+    """A bar on a terminal, plain lines anywhere else."""
+    return RichReporter(stream) if stream.isatty() else PlainReporter(stream)
+
+
+@contextmanager
+def showing(reporter: Reporter) -> Iterator[Reporter]:
+    """Report this process's stage progress to ``reporter`` while the block runs."""
+    global _current
+    previous, _current = _current, reporter
+    try:
+        yield reporter
+    finally:
+        _current = previous
+        reporter.close()
+
+
+def expect(stage: str, total: int) -> None:
+    _current.expect(stage, total)
+
+
+def task_hook(stage: str) -> Callable[[Any, Any, Any], None]:
+    """A Prefect ``on_completion``/``on_failure`` hook: one unit of ``stage`` ended."""
+
+    def hook(task: Any, task_run: Any, state: Any) -> None:
+        _current.done(stage, getattr(task_run, "name", "unit"), getattr(state, "name", "ended"))
+
+    return hook
