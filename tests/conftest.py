@@ -20,7 +20,7 @@ os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("PREFECT_API_KEY", None)
 
-from flows.environment import apply_defaults  # noqa: E402
+from kiln.flows.environment import apply_defaults  # noqa: E402
 
 apply_defaults()
 
@@ -36,12 +36,13 @@ def _gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _gpu_available():
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    # Asking torch costs seconds of import: only when a selected test needs the answer.
+    if not gpu_items or _gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a GPU (none detected)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +53,7 @@ def prefect_server():
 
     # Heartbeats detect crashed runs in production; in tests each one only adds
     # about a second to every flow run while its thread winds down.
-    with prefect_test_harness(server_startup_timeout=120), temporary_settings(
+    with prefect_test_harness(server_startup_timeout=600), temporary_settings(
         updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     ):
         yield

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
-from tasks.bench import MetricPlan, measure_case
-from tasks.benchresults import BenchResults, Hardware
+from kiln.tasks.bench.harness import MetricPlan, measure_case
+from kiln.tasks.bench.results import BenchResults, Hardware
 
 CPU_PLAN = MetricPlan("cpu", "cpu", ("cpu",))
 

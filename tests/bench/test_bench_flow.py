@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from release.manifest import RunManifest
-from tasks.bench import stats_of
-from tasks.benchhistory import history_store, store_results
-from tasks.benchresults import load_results, save_results
-from tasks.config import load_config
+from kiln.release.manifest import RunManifest
+from kiln.tasks.bench.harness import stats_of
+from kiln.tasks.bench.history import history_store, store_results
+from kiln.tasks.bench.results import load_results, save_results
+from kiln.tasks.config import load_config
 
 from tests.bench.conftest import FIXTURE
 
@@ -33,13 +33,15 @@ def project(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def first_run(prefect_server, project: Path) -> Path:
-    from flows.bench import bench_flow
+    from kiln.flows.bench import bench_flow
 
     out = project.parent.parent / "run1"
     state = bench_flow(config_path=str(project), out=str(out), results_path=str(out / "copy.json"),
                        return_state=True)
     assert state.is_completed(), state.message
-    return out
+    view = out / str(state.state_details.flow_run_id)
+    shutil.copy(out / "copy.json", view / "copy.json")
+    return view
 
 
 def _doctored(results_path: Path, target: Path, factor: float = 0.5, **update) -> Path:
@@ -50,8 +52,9 @@ def _doctored(results_path: Path, target: Path, factor: float = 0.5, **update) -
     return save_results(results.model_copy(update={"cases": cases, **update}), target)
 
 
-def _units(out: Path) -> dict[str, tuple[str, str]]:
-    return {u.id: (u.state, u.message) for u in RunManifest.load(out).units}
+def _bench_units(view: Path) -> dict[str, tuple[str, str]]:
+    """The bench units of a run's view (the standalone bench builds its wheel first, in the same run)."""
+    return {u.id: (u.state, u.message) for u in RunManifest.load(view).units if u.stage == "bench"}
 
 
 def test_a_real_cpu_run_writes_a_valid_results_file_and_records_it(first_run: Path, project: Path):
@@ -64,7 +67,7 @@ def test_a_real_cpu_run_writes_a_valid_results_file_and_records_it(first_run: Pa
     run = RunManifest.load(first_run)
     assert [a.path for a in run.artifacts_of("bench")] == ["bench/results.json"]
     run.verify(run.artifacts_of("bench")[0])
-    assert _units(first_run) == {
+    assert _bench_units(first_run) == {
         "bench/axpy": ("completed", "2 cases measured; no baseline"),
         "bench/rownorm": ("completed", "2 cases measured; no baseline"),
         "bench/nobench": ("completed", "no benchmark cases declared"),
@@ -90,34 +93,43 @@ def test_the_run_leaves_a_table_per_kernel_and_a_summary_with_the_plot(first_run
 
 
 def test_a_second_run_compared_with_the_first_flags_nothing(first_run: Path, project: Path):
-    from flows.bench import bench_flow
+    from kiln.flows.bench import bench_flow
 
     out = first_run.parent / "run2"
     state = bench_flow(config_path=str(project), out=str(out), compare=str(first_run / "bench" / "results.json"),
                        store_history=False, return_state=True)
     assert state.is_completed(), state.message
     assert all(message.startswith("2 cases measured; no regression vs run") for _, message in
-               (v for k, v in _units(out).items() if k != "bench/nobench"))
+               (v for k, v in _bench_units(out / "latest").items() if k != "bench/nobench"))
 
 
 def test_a_baseline_doctored_twice_as_fast_flags_every_case_and_exits_non_zero(first_run: Path, project: Path):
-    from flows.cli import main
+    from kiln.flows.cli import main
 
     baseline = _doctored(first_run / "bench" / "results.json", first_run.parent / "doctored.json")
     out = first_run.parent / "run3"
     status = main(["bench", "--config", str(project), "--run-dir", str(out), "--compare", str(baseline),
                    "--out", str(first_run.parent / "run3.json")])
     assert status == 1
-    assert load_results(first_run.parent / "run3.json") == load_results(out / "bench" / "results.json")
-    units = _units(out)
+    assert load_results(first_run.parent / "run3.json") == load_results(out / "latest" / "bench" / "results.json")
+    units = _bench_units(out / "latest")
     assert units["bench/axpy"][0] == units["bench/rownorm"][0] == "failed"
     assert units["bench/nobench"][0] == "completed"
     messages = units["bench/axpy"][1] + units["bench/rownorm"][1]
     assert all(f"{case} [cpu] kernel/reference: +" in messages for case in CASES), messages
+    # In the UI the regressed kernels' verdicts are failed task runs of the bench subflow, the others not.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    run_id = RunManifest.load(out / "latest").run_id
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    verdicts = {t.name: t.state.type.value for t in tasks if t.name.startswith("verdict-")}
+    assert verdicts == {"verdict-axpy": "FAILED", "verdict-rownorm": "FAILED", "verdict-nobench": "COMPLETED"}
 
 
 def test_the_nightly_keeps_a_regression_against_last_as_a_warning(first_run: Path, project: Path):
-    from flows.bench import bench_flow
+    from kiln.flows.bench import bench_flow
 
     config = load_config(project)
     nightly = _doctored(first_run / "bench" / "results.json", first_run.parent / "nightly.json",
@@ -127,29 +139,29 @@ def test_the_nightly_keeps_a_regression_against_last_as_a_warning(first_run: Pat
     state = bench_flow(config_path=str(project), out=str(out), compare="last", fail_on_regression=False,
                        store_history=False, return_state=True)
     assert state.is_completed(), state.message
-    units = _units(out)
+    units = _bench_units(out / "latest")
     assert units["bench/axpy"][0] == "completed"
     assert units["bench/axpy"][1].startswith("regression (warning only): axpy/n1024 [cpu]")
 
 
 def test_one_crashing_kernel_fails_alone_and_the_flow_ends_failed(project: Path, tmp_path: Path, prefect_server):
-    from flows.bench import bench_flow
+    from kiln.flows.bench import bench_flow
 
     broken = project.parent / "kiln-broken.toml"
     broken.write_text(project.read_text().replace("benchk.registry:registry", "benchk.registry:with_broken"))
     out = tmp_path / "run-broken"
     state = bench_flow(config_path=str(broken), out=str(out), store_history=False, return_state=True)
     assert state.is_failed() and "1 of 4 units failed" in state.message
-    units = _units(out)
+    units = _bench_units(out / "latest")
     assert units["bench/broken"][0] == "failed"
     assert "broken/n16 failed: RuntimeError: this kernel always fails" in units["bench/broken"][1]
     assert {units[k][0] for k in ("bench/axpy", "bench/rownorm", "bench/nobench")} == {"completed"}
-    assert [f"{c.kernel}/{c.name}" for c in load_results(out / "bench" / "results.json").cases] == CASES
+    assert [f"{c.kernel}/{c.name}" for c in load_results(out / "latest" / "bench" / "results.json").cases] == CASES
 
 
 def test_a_missing_baseline_file_fails_before_anything_is_measured(project: Path, tmp_path: Path, prefect_server):
-    from flows.bench import bench_flow
-    from release.errors import InvalidInputError
+    from kiln.flows.bench import bench_flow
+    from kiln.release.errors import InvalidInputError
 
     out = tmp_path / "run-missing"
     with pytest.raises(InvalidInputError, match="missing.json does not exist"):

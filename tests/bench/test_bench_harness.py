@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from release.errors import BenchmarkError, ConfigError, InfrastructureError
-from tasks.bench import MetricPlan, bench_kernel, bench_specs, prepare, resolve_metric
-from tasks.config import load_config
+from kiln.release.errors import BenchmarkError, ConfigError, InfrastructureError
+from kiln.tasks.bench.harness import MetricPlan, bench_kernel, bench_specs, prepare, resolve_metric
+from kiln.tasks.config import load_config
 
 from tests.bench.fakes import CPU_PLAN
 
@@ -86,3 +86,22 @@ def test_bench_cases_that_raise_become_a_config_error_naming_the_kernel():
     spec = SimpleNamespace(name="k", bench_cases=lambda size: 1 / 0)
     with pytest.raises(ConfigError, match=r"kernel 'k': bench_cases\('small'\) raised ZeroDivisionError"):
         bench_kernel(spec, "small", CPU_PLAN)
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"shape": [4]}, "kernel 'k': bench_cases('small'), case 'c1': field 'shape' must map dimension names to sizes, got list"),
+    ({"kernel": "other"}, "case 'c1': field 'kernel' is 'other', but the case is listed by kernel 'k'"),
+    ({"bytes": -1}, "case 'c1': field 'bytes' must be a non-negative int, got -1"),
+    ({"reference": None}, "case 'c1': field 'reference' must be callable, got NoneType"),
+])
+def test_a_malformed_case_is_a_config_error_before_anything_is_timed(change, needle):
+    case = _case(lambda: None)
+    for key, value in change.items():
+        setattr(case, key, value)
+    with pytest.raises(ConfigError) as info:
+        bench_kernel(_spec(case), "small", CPU_PLAN, timers={"cpu": _never_called})
+    assert needle in str(info.value)
+
+
+def _never_called(*_):
+    raise AssertionError("a malformed case must be refused before it is timed")

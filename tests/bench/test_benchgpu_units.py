@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.benchgpu import calls_per_graph, pool_size, rotation_order, tensor_bytes
+from kiln.tasks.bench.gpu import calls_per_graph, pool_size, rotation_order, tensor_bytes
 
 MiB = 1 << 20
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import boto3
 import pytest
 
-from release.errors import IntegrityError, InvalidInputError
-from tasks.benchhistory import (
+from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.tasks.bench.history import (
     check_compare, history_key, history_store, history_with, last_nightly, load_history, open_history, resolve_baseline,
     store_if, store_results,
 )
-from tasks.benchresults import save_results
-from tasks.config import load_config
+from kiln.tasks.bench.results import save_results
+from kiln.tasks.config import load_config
 
 from tests.bench.fakes import FakeTimer, fake_run
 

@@ -6,7 +6,7 @@ import base64
 import logging
 from pathlib import Path
 
-from tasks.benchplots import png_markdown, plot_speedups, plot_trend, try_plot
+from kiln.tasks.bench.plots import png_markdown, plot_speedups, plot_trend, try_plot
 
 from tests.bench.fakes import FakeTimer, fake_run
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.benchcompare import KernelOutcome, compare_results
-from tasks.benchreport import artifact_key, build_report
+from kiln.tasks.bench.compare import KernelOutcome, compare_results
+from kiln.tasks.bench.report import artifact_key, build_report
 
 from tests.bench.fakes import FakeTimer, fake_run
 

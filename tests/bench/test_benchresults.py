@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InvalidInputError
-from tasks.benchresults import git_commit, hardware, load_results, save_results
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.bench.results import git_commit, hardware, load_results, save_results
 
 from tests.bench.fakes import FakeTimer, fake_run
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from release.errors import InvalidInputError
-from tasks.benchcompare import compare_results
-from tasks.benchstats import bootstrap_median_ci, judge, summarize
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.bench.compare import compare_results
+from kiln.tasks.bench.stats import bootstrap_median_ci, judge, summarize
 
 from tests.bench.fakes import FakeTimer, fake_run
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.benchcompare import KernelOutcome, compare_results, kernel_units
+from kiln.tasks.bench.compare import KernelOutcome, compare_results, kernel_units
 
 from tests.bench.fakes import FakeTimer, fake_run
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.bench import bench_kernel, bench_specs, resolve_metric
-from tasks.benchgpu import (
+from kiln.tasks.bench.harness import bench_kernel, bench_specs, resolve_metric
+from kiln.tasks.bench.gpu import (
     L2_FACTOR, MAX_POOL, EagerTimer, GraphReplayTimer, calls_per_graph, device_cache, plan_pool, tensor_bytes,
 )
-from tasks.config import load_config
+from kiln.tasks.config import load_config
 
 pytestmark = pytest.mark.gpu
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from release.errors import InvalidInputError
-from tasks.archs import resolve, resolve_cuda, resolve_rocm, skip_reason
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.build.archs import resolve, resolve_cuda, resolve_rocm, skip_reason
 
 
 def _pairs(resolved):

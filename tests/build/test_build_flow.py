@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from release.fsutil import sha256_file
-from release.manifest import RunManifest
-from tasks.triton_aot import elf_arch
+from kiln.release.fsutil import sha256_file
+from kiln.release.manifest import RunManifest
+from kiln.tasks.build.aot import elf_arch
 from tests.build.conftest import copy_project
 
 pytestmark = pytest.mark.slow
 
 
 def _build(config: Path, out: Path):
-    from flows.build import build_flow
+    from kiln.flows.build import build_flow
 
     state = build_flow(str(config), str(out), version="0.1.0.dev20261129", return_state=True)
-    return state, RunManifest.load(out)
+    return state, RunManifest.load(out / str(state.state_details.flow_run_id))
 
 
 def _units(run: RunManifest) -> dict:
@@ -58,7 +58,7 @@ def test_tiny_build_produces_exactly_the_planned_artifacts(tiny_build):
         assert elf_arch(run.verify(artifact).read_bytes()) == want
     for artifact in run.artifacts:
         assert sha256_file(run.verify(artifact)) == artifact.sha256
-    manifest = json.loads((root / "out" / "build" / "cu130" / "manifest.json").read_text())
+    manifest = json.loads((run.root / "build" / "cu130" / "manifest.json").read_text())
     assert sorted(e["path"] for e in manifest) == [
         "8.0/add/add_kernel__fp32_b64.cubin", "8.0/scale/scale_kernel__fp32_b64.cubin", "9.0/add/add_kernel__fp32_b64.cubin"]
 
@@ -68,7 +68,7 @@ def test_tiny_build_writes_one_wheel_per_variant(tiny_build):
     wheels = sorted(Path(a.path).name for a in run.artifacts_of("wheel"))
     assert [w.split("-")[1] for w in wheels] == ["0.1.0.dev20261129+cpu", "0.1.0.dev20261129+cu130",
                                                  "0.1.0.dev20261129+rocm"]
-    rocm = next(root / "out" / a.path for a in run.artifacts_of("wheel", "rocm"))
+    rocm = next(run.root / a.path for a in run.artifacts_of("wheel", "rocm"))
     with zipfile.ZipFile(rocm) as archive:
         (entry,) = json.loads(archive.read("tinyk/_aot/manifest.json"))
         assert elf_arch(archive.read(f"tinyk/_aot/{entry['path']}")) == "gfx942"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from release.errors import CacheDriftError
-from release.fsutil import sha256_bytes
-from tasks.cache import BuildCache
+from kiln.release.errors import CacheDriftError
+from kiln.release.fsutil import sha256_bytes
+from kiln.tasks.build.cache import BuildCache
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.build_stage import assemble_variant, prepare_build
+from kiln.tasks.build.stage import assemble_variant, prepare_build
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 _PROBE = """
-import json, os, torch, kernels
+import json, os, torch, kiln_kernels as kernels
 x = torch.randn(4, 64)
 q, scale = kernels.per_token_quant(x)
 ref = torch.round(x / (x.abs().amax(1, keepdim=True) / 127)).clamp(-127, 127).to(torch.int8)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import CompileError, ToolchainMissingError
-from tasks import nvcc as nvcc_mod
-from tasks.build_stage import prepare_build
-from tasks.nvcc import build_library, embedded_archs, expected_contents, find_nvcc, gencode_flags
+from kiln.release.errors import CompileError, ToolchainMissingError
+from kiln.tasks.build import nvcc as nvcc_mod
+from kiln.tasks.build.stage import prepare_build
+from kiln.tasks.build.nvcc import build_library, embedded_archs, expected_contents, find_nvcc, gencode_flags
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "kernels" / "csrc" / "silu_and_mul.cu"
+SOURCE = REPO / "kernels" / "kiln_kernels" / "csrc" / "silu_and_mul.cu"
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 
@@ -63,3 +63,20 @@ def test_nvcc_builds_two_archs_and_the_library_embeds_exactly_them(tmp_path):
     library = tmp_path / "lib.so"
     library.write_bytes(build_library(nvcc, [SOURCE], "lib.so", ("8.0", "9.0+PTX"), timeout=600))
     assert embedded_archs(library, nvcc.cuobjdump) == expected_contents(("8.0", "9.0+PTX")) == ({"sm_80", "sm_90"}, {"sm_90"})
+
+
+def test_a_tool_past_its_deadline_goes_down_the_shared_ladder_with_its_children(tmp_path):
+    """The tool's subprocess (as nvcc's cicc/ptxas would be) dies with it: the whole group is signalled."""
+    from tests.runner._procs import running
+
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 600 & echo $! > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; echo started; wait"
+    with pytest.raises(CompileError, match="ran past its 2 s deadline; process group ended by sigterm") as info:
+        nvcc_mod.run_tool(["sh", "-c", script], timeout=2)
+    assert "started" in str(info.value)
+    assert not running(int(pid_file.read_text()))
+
+
+def test_a_tool_with_more_output_than_a_pipe_holds_finishes(tmp_path):
+    result = nvcc_mod.run_tool(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo; exit 3"], timeout=120)
+    assert result.returncode == 3 and result.stdout.count("x") == 300000

@@ -2,57 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import pytest
 
-from release.errors import ConfigError
-from tasks.build import plan_build
-from tasks.registry import load_registry
+from kiln.release.errors import ConfigError
+from kiln.runtime.spec import CudaSource, KernelSpec, Specialization, TritonEntry
+from kiln.tasks.build.plan import plan_build
+from kiln.tasks.registry import load_registry, read_registry
 
 TOOLS = {"triton": "3.9.0", "torch": "2.13.0"}
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    signature: dict = field(default_factory=lambda: {"x": "*fp32"})
-    constexprs: dict = field(default_factory=dict)
-    backends: tuple = ("cuda", "hip")
-    min_arch: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    fn: Any
-    specializations: tuple
-
-
-@dataclass(frozen=True)
-class Csrc:
-    name: str
-    sources: tuple
-    supported: tuple
-    library: str
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    module: str
-    supported: dict
-    triton: tuple = ()
-    csrc: Any = None
+def _special(name, **fields):
+    return Specialization(name, {"x": "*fp32"}, **fields)
 
 
 def _fn():
     """A stand-in for a JIT function; planning never calls it."""
 
 
-def _kernel(name, supported, *specs, csrc=None):
-    return Kernel(name, "tinyk.add", supported, (Entry(f"{name}_kernel", _fn, tuple(specs)),) if specs else (), csrc)
+def _kernel(config, name, supported, *specs, csrc=None):
+    """One kernel as the planner gets it: a spec, validated into Kiln's record."""
+    triton = (TritonEntry(f"{name}_kernel", _fn, tuple(specs)),) if specs else ()
+    (record,) = read_registry(config, [KernelSpec(name, "tinyk.add", supported, triton, csrc)])
+    return record
 
 
 def _ids(plan):
@@ -65,16 +37,21 @@ def test_tiny_project_plan_has_units_and_a_skip_with_reason(tiny_config):
         "build/cu130/8.0/add/fp32_b64", "build/cu130/8.0/scale/fp32_b64",
         "build/cu130/9.0/add/fp32_b64", "build/rocm/gfx942/add/fp32_b64",
     ]
-    (skip,) = plan.skips
+    skips = {s.id: s for s in plan.skips}
+    assert sorted(skips) == ["build/cu130/9.0/scale/triton", "build/rocm/-/scale/-"]
+    skip = skips["build/rocm/-/scale/-"]
     assert skip.variant == "rocm" and skip.kernel == "scale"
     assert "['gfx942']" in skip.reason and "supported archs []" in skip.reason
+    # An arch the kernel does not support is recorded as a skip, never silently dropped.
+    dropped = skips["build/cu130/9.0/scale/triton"]
+    assert dropped.arch == "9.0" and "does not support cuda arch 9.0" in dropped.reason and "['8.0']" in dropped.reason
     assert [v.name for v in plan.variants] == ["cu130", "rocm", "cpu"]
     assert plan.variants[2].units == () and plan.variants[2].skips == ()
 
 
 def test_specialization_backends_and_min_arch_become_skips(tiny_config):
-    kernel = _kernel("q", {"cuda": ("8.0", "9.0"), "hip": ("gfx942",)},
-                     Spec("i8"), Spec("fp8", min_arch={"cuda": "8.9"}), Spec("cuda_only", backends=("cuda",)))
+    kernel = _kernel(tiny_config, "q", {"cuda": ("8.0", "9.0"), "hip": ("gfx942",)},
+                     _special("i8"), _special("fp8", min_arch={"cuda": "8.9"}), _special("cuda_only", backends=("cuda",)))
     plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS)
     assert _ids(plan) == [
         "build/cu130/8.0/q/cuda_only", "build/cu130/8.0/q/i8",
@@ -95,15 +72,17 @@ def test_variant_filter_and_unknown_variant(tiny_config):
 
 
 def test_nvcc_unit_gets_exactly_the_filtered_archs(tiny_config):
-    kernel = _kernel("act", {"cuda": ("8.0",)}, csrc=Csrc("csrc", ("add.py",), ("7.5", "8.0", "8.6"), "libx.so"))
+    kernel = _kernel(tiny_config, "act", {"cuda": ("8.0",)}, csrc=CudaSource("csrc", ("add.py",), ("7.5", "8.0", "8.6"), "libx.so"))
     plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS)
     (unit,) = plan.units
     assert unit.kind == "nvcc" and unit.archs == ("8.0",)  # 9.0 is not covered by 7.5/8.0/8.6
     assert unit.id == "build/cu130/sm_80/act/csrc"
+    (skip,) = plan.skips
+    assert skip.id == "build/cu130/9.0/act/csrc" and "does not support cuda arch 9.0" in skip.reason
 
 
 def test_missing_nvcc_skips_cuda_cpp_units_with_the_reason(tiny_config):
-    kernel = _kernel("act", {"cuda": ("8.0",)}, Spec("s"), csrc=Csrc("csrc", ("add.py",), ("8.0",), "libx.so"))
+    kernel = _kernel(tiny_config, "act", {"cuda": ("8.0",)}, _special("s"), csrc=CudaSource("csrc", ("add.py",), ("8.0",), "libx.so"))
     plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS, nvcc_missing="CUDA C++ units skipped: nvcc not found")
     assert [u.kind for u in plan.units] == ["triton"]  # Triton units still build
     (skip,) = [s for s in plan.skips if s.id.endswith("/act/csrc")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from release.errors import ConfigError
-from tasks.sources import source_closure
+from kiln.release.errors import ConfigError
+from kiln.tasks.build.sources import source_closure
 
 
 def _write(root, files):

@@ -11,15 +11,17 @@ import shutil
 import site
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from packaging.utils import parse_wheel_filename
 
-from release.errors import InvalidInputError
-from tasks.config import load_config
-from tasks.wheel import WheelInput, build_wheel, wheel_filename
+import kiln.runtime
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.config import load_config
+from kiln.tasks.build.wheel import WheelStamp, platform_tag, WheelInput, build_wheel, wheel_filename
 from tests.build.conftest import copy_project
 
 
@@ -48,9 +50,11 @@ def tiny_wheels(tmp_path):
     entry = {"kernel": "add", "entry": "add_kernel", "specialization": "fp32_b64", "arch": "9.0", "kind": "cubin",
              "path": "9.0/add/add_kernel__fp32_b64.cubin", "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest(),
              "size": cubin.stat().st_size, "toolchain": {"triton": "3.9.0"}}
+    stamp = WheelStamp.for_commit("c" * 40, 1764450423, {"triton": "3.9.0"}, environ={})
     gpu = build_wheel(config, "0.1.0.dev20261129+cu130", [WheelInput(cubin, entry["path"])], [entry],
-                      tmp_path / "wheels", pure=False)
-    cpu = build_wheel(config, "0.1.0.dev20261129+cpu", [], [], tmp_path / "wheels", pure=True)
+                      tmp_path / "wheels", variant=config.variant("cu130"), stamp=stamp)
+    cpu = build_wheel(config, "0.1.0.dev20261129+cpu", [], [], tmp_path / "wheels", variant=config.variant("cpu"),
+                      stamp=stamp)
     return config, gpu, cpu, entry
 
 
@@ -76,10 +80,33 @@ def test_cpu_wheel_is_pure_and_has_no_gpu_artifacts(tiny_wheels):
         assert not [n for n in archive.namelist() if "/_aot/" in n]
 
 
-def test_same_inputs_give_the_same_wheel_bytes(tiny_wheels, tmp_path):
+def test_same_inputs_give_the_same_wheel_bytes_at_any_time(tiny_wheels, tmp_path):
     config, _, cpu, _ = tiny_wheels
-    again = build_wheel(config, "0.1.0.dev20261129+cpu", [], [], tmp_path / "again", pure=True)
+    time.sleep(1.1)  # RECORD used to carry the clock's time: a second later, other bytes
+    stamp = WheelStamp.for_commit("c" * 40, 1764450423, {"triton": "3.9.0"}, environ={})
+    again = build_wheel(config, "0.1.0.dev20261129+cpu", [], [], tmp_path / "again", variant=config.variant("cpu"),
+                        stamp=stamp)
     assert again.read_bytes() == cpu.read_bytes()
+    with zipfile.ZipFile(again) as archive:
+        assert {i.date_time for i in archive.infolist()} == {(2025, 11, 29, 21, 7, 2)}
+
+
+def test_source_date_epoch_wins_over_the_commit_time():
+    stamp = WheelStamp.for_commit("c" * 40, 1764450423, environ={"SOURCE_DATE_EPOCH": "1700000000"})
+    assert stamp.epoch == 1700000000
+    assert WheelStamp.for_commit("", 0, environ={}).epoch == 315532800  # zip's earliest time
+
+
+def test_gpu_wheel_pins_the_triton_that_compiled_it_and_tags_honestly(tiny_wheels):
+    _, gpu, cpu, _ = tiny_wheels
+    assert gpu.name.endswith(f"-py3-none-{platform_tag()}.whl") and platform_tag().startswith("linux_")
+    with zipfile.ZipFile(gpu) as archive:
+        metadata = archive.read("tiny_kernels-0.1.0.dev20261129+cu130.dist-info/METADATA").decode()
+        info = json.loads(archive.read("tiny_kernels-0.1.0.dev20261129+cu130.dist-info/kiln_build.json"))
+    assert "Requires-Dist: triton==3.9.0\n" in metadata
+    assert info["commit"] == "c" * 40 and info["toolchain"]["triton"] == "3.9.0"
+    with zipfile.ZipFile(cpu) as archive:
+        assert "triton" not in archive.read("tiny_kernels-0.1.0.dev20261129+cpu.dist-info/METADATA").decode()
 
 
 def test_bad_names_are_refused():
@@ -88,7 +115,7 @@ def test_bad_names_are_refused():
     with pytest.raises(InvalidInputError, match="'py3-none'"):
         wheel_filename("tiny", "1.0", "py3-none")
     with pytest.raises(InvalidInputError):
-        from tasks.versioning import variant_version
+        from kiln.tasks.versioning import variant_version
 
         variant_version("0.1.0", "Bad-Name")
 
@@ -99,10 +126,13 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tiny_wheels, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    # the registry imports triton: let the fresh venv see the parent's packages, read-only
+    # the registry imports triton and kiln.runtime: let the fresh venv see the parent's
+    # packages, read-only (kiln-runtime by its import root: a .pth line does not
+    # run the editable install's finder)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              check=True, timeout=60, capture_output=True, text=True).stdout.strip()
-    Path(purelib, "parent.pth").write_text(site.getsitepackages()[0] + "\n")
+    runtime_root = Path(kiln.runtime.__file__).parents[2]
+    Path(purelib, "parent.pth").write_text(f"{site.getsitepackages()[0]}\n{runtime_root}\n")
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
     subprocess.run([uv, "pip", "install", "--offline", "--no-deps", "--python", str(python), str(gpu)],
                    check=True, timeout=300, capture_output=True)
@@ -115,3 +145,28 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tiny_wheels, tmp_path):
     assert root.startswith(str(venv))
     assert kernels == ["add", "scale"] and manifest == [entry]
     assert (Path(root) / "_aot" / entry["path"]).read_bytes() == b"\x7fELF-not-really"
+
+
+def test_vendored_libraries_and_data_are_kept_and_exclusions_warned(tmp_path, caplog):
+    import logging
+
+    config_path = copy_project("tiny", tmp_path)
+    package = config_path.parent / "tinyk"
+    (package / "lib").mkdir()
+    (package / "lib" / "libvendor.so").write_bytes(b"\x7fELF vendored")
+    (package / "data.bin").write_bytes(b"\x00\x01")
+    (package / "scratch.tmp").write_text("local")
+    (package / "_aot").mkdir()
+    (package / "_aot" / "stale.cubin").write_bytes(b"old")
+    config_path.write_text(config_path.read_text().replace('unit_timeout_s = 120', 'unit_timeout_s = 120\nexclude = ["*.tmp"]'))
+    config = load_config(config_path)
+    stamp = WheelStamp.for_commit("c" * 40, 1764450423, environ={})
+    with caplog.at_level(logging.WARNING, logger="kiln.wheel"):
+        cpu = build_wheel(config, "0.1.0+cpu", [], [], tmp_path / "wheels", variant=config.variant("cpu"), stamp=stamp)
+    with zipfile.ZipFile(cpu) as archive:
+        names = set(_record_ok(archive))
+    assert {"tinyk/lib/libvendor.so", "tinyk/data.bin"} <= names
+    assert "tinyk/scratch.tmp" not in names and "tinyk/_aot/stale.cubin" not in names
+    assert "scratch.tmp" in caplog.text and "_aot/stale.cubin" in caplog.text
+    # A wheel with a shared library is not pure, whatever the variant.
+    assert cpu.name.endswith(f"-py3-none-{platform_tag()}.whl")

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from flows.cli import main
-from release.errors import ConfigError
-from tasks.config import load_config, parse_config
+from kiln.flows.cli import main
+from kiln.release.errors import ConfigError
+from kiln.tasks.config import load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +29,7 @@ def test_default_config_loads_into_typed_settings():
     assert config.variant("rocm").backend == "hip"
     assert config.publish.targets[config.publish.default_target].kind == "file"
     assert set(config.permissions) == {"build", "test", "bench", "publish-nightly", "publish-release"}
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         config.project.version = "9"  # frozen: nothing deeper may mutate settings
 
 
@@ -61,15 +64,72 @@ BAD_CONFIGS = [
     ("bad version", _mutate("project.version", "one.two"), ["project.version", "not a PEP 440 version"]),
     ("local version", _mutate("project.version", "1.0+cu130"), ["project.version", "local part"]),
     ("missing key", _mutate("project.package", KeyError), ["missing key 'project.package'"]),
-    ("bad registry", _mutate("project.registry", "kernels.registry"), ["project.registry", "module:attribute"]),
+    ("bad registry", _mutate("project.registry", "kiln_kernels.registry"), ["project.registry", "module:attribute"]),
     ("bad target", _mutate("publish.targets.local.url", "ftp://x"), ["publish.targets.local.url", "file:// or s3://"]),
     ("unknown default target", _mutate("publish.default_target", "gcs"), ["default_target 'gcs'"]),
     ("bad owner", _mutate("publish.targets.s3.expected_owner", "me"), ["publish.targets.s3.expected_owner"]),
+    ("checksum setting on a file target", _mutate("publish.targets.local.verifies_checksums", True),
+     ["publish.targets.local", "verifies_checksums applies to s3:// targets only"]),
     ("unknown step", _mutate("permissions.deploy", {}), ["permissions.deploy"]),
     ("two credential sources", _mutate("permissions.build.credentials", {"block": "b", "ambient": True}),
      ["permissions.build.credentials", "exactly one of"]),
-    ("missing suite path", _mutate("suites.0.paths", ["tests/nope"]), ["suites[0].paths: 'tests/nope'", "do not exist"]),
+    ("missing suite path", _mutate("suites.0.paths", ["tests/nope"]),
+     ["suites[0].paths: 'tests/nope'", "do not exist"]),
     ("missing source", _mutate("project.source", "nope"), ["project.source = 'nope'"]),
+    ("malformed requirement", _mutate("project.dependencies", ["torch>=>2.6"]),
+     ["project.dependencies[0]: 'torch>=>2.6' is not a valid requirement: "]),
+    ("second requirement malformed", _mutate("project.dependencies", ["numpy", "triton>=3.6; os_nam == 'x'"]),
+     ["project.dependencies[1]: \"triton>=3.6; os_nam == 'x'\" is not a valid requirement"]),
+    ("malformed specifier", _mutate("project.requires_python", ">=>3.10"),
+     ["project.requires_python: '>=>3.10' is not a valid version specifier"]),
+    ("bad distribution name", _mutate("project.distribution", "-kiln kernels"),
+     ["project.distribution: '-kiln kernels' is not a valid distribution name"]),
+    ("package not an import name", _mutate("project.package", "kiln-kernels"),
+     ["project.package: 'kiln-kernels' is not an import name"]),
+    ("registry not dotted names", _mutate("project.registry", "kiln kernels:registry"),
+     ["project.registry", "dotted Python names"]),
+    ("source outside the project", _mutate("project.source", "../elsewhere"),
+     ["project.source: '../elsewhere' must be a path inside the project"]),
+    ("absolute suite path", _mutate("suites.0.paths", ["/etc"]), ["suites[0].paths[0]: '/etc' must be a path inside"]),
+    ("suite depends outside", _mutate("suites.0.depends", ["kernels/", "../x"]), ["suites[0].depends[1]"]),
+    ("endpoint not http", _mutate("publish.targets.s3.endpoint", "ftp://127.0.0.1"),
+     ["publish.targets.s3.endpoint", "http:// or https://"]),
+    ("endpoint bad port", _mutate("publish.targets.s3.endpoint", "http://127.0.0.1:port"),
+     ["publish.targets.s3.endpoint: 'http://127.0.0.1:port' is not a URL"]),
+    ("bad bucket", _mutate("publish.targets.s3.url", "s3://Kiln_Wheels/simple"),
+     ["publish.targets.s3.url", "'Kiln_Wheels' is not an S3 bucket name"]),
+    ("s3 prefix traversal", _mutate("publish.targets.s3.url", "s3://kiln-wheels/a/../b"),
+     ["publish.targets.s3.url", "not a plain key path"]),
+    ("unknown placeholder", _mutate("publish.targets.local.url", "file://{outdir}/index"),
+     ["publish.targets.local.url", "unknown placeholders ['{outdir}']"]),
+    ("no registry, Kiln builds", _mutate("project.registry", KeyError), ["project.registry is missing", "pep517"]),
+    ("unknown build backend", _mutate("build.backend", "cmake"), ["build.backend"]),
+    ("pep517 without pyproject", lambda d: {**d, "build": {**d["build"], "backend": "pep517", "project_dir": "tests"}},
+     ["build.project_dir = 'tests' has no pyproject.toml"]),
+    ("flag choosing archs", _mutate("build.toolchain", {"nvcc_flags": ["-O3", "-gencode"]}),
+     ["build.toolchain.nvcc_flags[1]", "chooses device archs"]),
+    ("native in a flag", _mutate("build.toolchain", {"hipcc_flags": ["--offload-arch=native"]}),
+     ["build.toolchain.hipcc_flags[0]"]),
+    ("bad define", _mutate("build.toolchain", {"defines": ["1X=2"]}), ["build.toolchain.defines[0]", "macro"]),
+    ("bad library", _mutate("build.toolchain", {"libraries": ["-lcudart"]}), ["build.toolchain.libraries[0]"]),
+    ("missing include dir", _mutate("build.toolchain", {"include_dirs": ["csrc/nope"]}),
+     ["build.toolchain.include_dirs: 'csrc/nope'"]),
+    ("toolchain typo", _mutate("build.toolchain", {"nvcc_flag": ["-O3"]}),
+     ["unknown key 'build.toolchain.nvcc_flag'", "did you mean 'nvcc_flags'"]),
+    ("missing pins file", _mutate("publish.pins", "release/nope.json"), ["publish.pins = 'release/nope.json'"]),
+    ("exclude leaves the package", _mutate("build.exclude", ["../x"]), ["build.exclude[0]"]),
+    ("select_all outside", _mutate("testing", {"select_all": ["/etc/passwd"]}), ["testing.select_all[0]"]),
+    ("bad region", _mutate("publish.targets.s3.region", "US East"), ["publish.targets.s3.region"]),
+    ("extra index not a URL", _mutate("publish.extra_index_urls", ["ftp://mirror/simple"]),
+     ["publish.extra_index_urls[0]", "must be an http(s):// or file:// index URL"]),
+    ("bad history prefix", _mutate("bench.history", "../history"), ["bench.history", "plain relative path"]),
+    ("empty channel prefix", _mutate("publish.channels.nightly", ""), ["publish.channels.nightly", "is empty"]),
+    ("wildcard permission", _mutate("permissions.build.write", ["art*/"]),
+     ["permissions.build.write[0]", "IAM wildcards"]),
+    ("bad block name", _mutate("permissions.build.credentials", {"block": "Kiln Build"}),
+     ["permissions.build.credentials.block"]),
+    ("bad role arn", _mutate("permissions.build.credentials", {"role_arn": "publisher"}),
+     ["permissions.build.credentials.role_arn"]),
 ]
 
 
@@ -93,17 +153,93 @@ def test_missing_config_file_is_a_config_error(tmp_path):
         load_config(tmp_path / "kiln.toml")
 
 
+BAD_EDITS = {
+    "arch": ('archs = ["8.0", "9.0", "10.0", "12.0"]', 'archs = ["8.0", "sm_90"]', "unknown CUDA arch 'sm_90'"),
+    "requirement": ('"torch>=2.6"', '"torch>=>2.6"',
+                    "project.dependencies[0]: 'torch>=>2.6' is not a valid requirement"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(BAD_EDITS))
 @pytest.mark.parametrize("command", [["build"], ["nightly"], ["test"], ["publish"]])
-def test_bad_config_starts_nothing(tmp_path, capsys, command):
+def test_bad_config_starts_nothing(tmp_path, capsys, command, edit):
     project = tmp_path / "project"
     shutil.copytree(REPO / "kernels", project / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     (project / "tests" / "kernels").mkdir(parents=True)
-    text = (REPO / "kiln.toml").read_text().replace('archs = ["8.0", "9.0", "10.0", "12.0"]', 'archs = ["8.0", "sm_90"]')
-    (project / "kiln.toml").write_text(text)
+    old, new, message = BAD_EDITS[edit]
+    text = (REPO / "kiln.toml").read_text()
+    assert old in text
+    (project / "kiln.toml").write_text(text.replace(old, new))
     out = tmp_path / "out"
 
     status = main([*command, "--config", str(project / "kiln.toml"), "--out", str(out)])
 
     assert status == 2
-    assert "unknown CUDA arch 'sm_90'" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not out.exists(), "a rejected config must not create the run directory"
+
+
+def test_loading_the_same_file_again_returns_the_same_object():
+    first = load_config(REPO / "kiln.toml")
+    assert load_config(REPO / "kiln.toml") is first
+    assert load_config(str(REPO / "kiln.toml")) is first  # same file, spelled as a string
+
+
+def test_an_edited_file_is_read_again(tmp_path):
+    path = tmp_path / "kiln.toml"
+    shutil.copytree(REPO / "tests" / "fixtures" / "projects" / "tiny", tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    before = load_config(path)
+    path.write_text(path.read_text().replace('version = "0.1.0"', 'version = "0.2.0"'))
+    after = load_config(path)
+    assert (before.project.version, after.project.version) == ("0.1.0", "0.2.0")
+    assert load_config(path) is after
+
+
+def test_same_content_at_another_path_is_its_own_config(tmp_path):
+    for name in ("one", "two"):
+        shutil.copytree(REPO / "tests" / "fixtures" / "projects" / "tiny", tmp_path / name,
+                        ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    one, two = load_config(tmp_path / "one" / "kiln.toml"), load_config(tmp_path / "two" / "kiln.toml")
+    assert one is not two and (one.root, two.root) == (tmp_path / "one", tmp_path / "two")
+
+
+def test_concurrent_first_loads_agree_on_one_object(tmp_path):
+    shutil.copytree(REPO / "tests" / "fixtures" / "projects" / "tiny", tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    barrier = threading.Barrier(8)
+
+    def load(_):
+        barrier.wait(timeout=60)
+        return load_config(tmp_path / "kiln.toml")
+
+    with ThreadPoolExecutor(8) as pool:
+        configs = list(pool.map(load, range(8)))
+    assert len({id(c) for c in configs}) == 1
+
+
+def test_a_refused_config_is_checked_again_on_the_next_load(tmp_path):
+    shutil.copytree(REPO / "tests" / "fixtures" / "projects" / "tiny", tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    shutil.rmtree(tmp_path / "tests")
+    with pytest.raises(ConfigError, match="suites\\[0\\].paths: 'tests'"):
+        load_config(tmp_path / "kiln.toml")
+    (tmp_path / "tests").mkdir()  # same bytes, fixed project: not answered from a cache of the failure
+    assert load_config(tmp_path / "kiln.toml").suites[0].paths == ("tests",)
+
+
+def test_command_line_choices_are_the_closed_sets():
+    """argparse choices derive from the one Literal of each closed set."""
+    from typing import get_args
+
+    from kiln.flows.cli import build_parser
+    from kiln.tasks.bench.results import MetricChoice
+    from kiln.tasks.config import BenchSize, Channel
+    from kiln.tasks.testing.jobs import Isolation
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    choices = {(name, a.dest): tuple(a.choices) for name, p in sub.items() for a in p._actions if a.choices}
+    assert choices[("test", "isolate")] == get_args(Isolation)
+    assert choices[("bench", "size")] == get_args(BenchSize)
+    assert choices[("bench", "metric")] == get_args(MetricChoice)
+    assert choices[("publish", "channel")] == get_args(Channel)

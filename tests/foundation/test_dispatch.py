@@ -11,9 +11,9 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
-from flows.dispatch import GPU_DEPLOYMENT, dispatch_suite, gpu_deployments
-from flows.test import plan_task
-from tasks.config import parse_config
+from kiln.flows.dispatch import GPU_DEPLOYMENT, dispatch_suite, gpu_deployments
+from kiln.flows.test import plan_task
+from kiln.tasks.config import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def deploy_gpu_tests(pool: str) -> None:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         flow_id = client.create_flow_from_name("test")
         client.create_deployment(flow_id=flow_id, name=f"gpu-tests-{pool}", work_pool_name=pool,
-                                 entrypoint="flows.test:test_flow")
+                                 entrypoint="kiln.flows.test:test_flow")
 
 
 def test_suite_without_a_deployed_pool_runs_in_the_local_test_stage(prefect_server):
@@ -53,20 +53,29 @@ def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stag
 
 @pytest.mark.slow
 def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(prefect_server, tmp_path):
+    from kiln.release.record import RunHeader, create_record
+    from kiln.release.store import LocalStore
+
     pool = f"gpu-{uuid.uuid4().hex[:8]}"
     deploy_gpu_tests(pool)
-    suite = config_with_pool(pool, deadline_s=2).suites_by_name["kernels-gpu"]
+    config = config_with_pool(pool, deadline_s=2)
+    suite = config.suites_by_name["kernels-gpu"]
+    run = create_record(LocalStore(tmp_path / "artifacts"), RunHeader(run_id=uuid.uuid4().hex, flow="nightly",
+                                                                      version="0.1.0.dev1"), tmp_path / "out")
 
     @flow
     def parent():
-        return dispatch_suite(suite, GPU_DEPLOYMENT.format(pool=pool), str(tmp_path))
+        return dispatch_suite(config, suite, GPU_DEPLOYMENT.format(pool=pool), run)
 
-    unit = parent()
+    units = parent()
 
-    assert unit.state == "failed" and unit.id == "test/kernels-gpu" and unit.required
-    assert "did not finish within 2s" in unit.message and f"gpu-tests-{pool}" in unit.message
+    assert [u.id for u in units] == ["test/kernels-gpu/cu130", "test/kernels-gpu/rocm"]
+    for unit in units:
+        assert unit.state == "failed" and unit.required
+        assert "did not finish within 2s" in unit.message and f"gpu-tests-{pool}" in unit.message
+    assert {u.id: u.state for u in run.units()} == {u.id: "failed" for u in units}  # recorded in the run
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs()
     dispatched = [r for r in runs if r.parameters.get("suites") == ["kernels-gpu"]
-                  and r.parameters.get("out") == f"{tmp_path}/gpu/kernels-gpu"]
-    assert len(dispatched) == 1, "exactly one run of the GPU deployment, with the suite's parameters"
+                  and r.parameters.get("run_id") == run.run_id]
+    assert len(dispatched) == 1, "exactly one run of the GPU deployment, on this run's record"

@@ -1,8 +1,10 @@
-"""End to end: `kiln nightly --out TMP` on the default kiln.toml.
+"""End to end: `kiln nightly --out TMP` on the default kiln.toml, in a clean clone.
 
 The nightly runs as a real `kiln` process against the session's Prefect
-server; the test then reads what a release engineer would read: run.json,
-the index, and a pip install from it into a fresh virtual environment.
+server, in a fresh clone of this repository at HEAD (a nightly publishes
+only a clean commit); the test then reads what a release engineer would
+read: the run's run.json, the index, and a pip install from it into a
+fresh virtual environment.
 """
 
 from __future__ import annotations
@@ -14,58 +16,65 @@ from pathlib import Path
 
 import pytest
 
-from release.fsutil import sha256_file
+from kiln.release.fsutil import sha256_file
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv, run
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the module fixture runs a whole nightly
 
 
 @pytest.fixture(scope="module")
 def nightly(tmp_path_factory, prefect_env):
-    out = tmp_path_factory.mktemp("nightly") / "out"
+    base = tmp_path_factory.mktemp("nightly")
+    clone = base / "kiln"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True, timeout=300)
+    out = base / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "nightly", "--config", str(REPO / "kiln.toml"), "--out", str(out)],
-        cwd=REPO, env=prefect_env, capture_output=True, text=True, timeout=1200,
+        [sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(clone / "kiln.toml"), "--out", str(out)],
+        cwd=clone, env=prefect_env, capture_output=True, text=True, timeout=3000,
     )
-    return out, proc
+    return out / "latest", proc, clone / ".kiln" / "index"
 
 
 def test_nightly_exits_zero_and_prints_the_summary(nightly):
-    out, proc = nightly
+    out, proc, _ = nightly
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "manifest:" in proc.stdout and "index:" in proc.stdout
 
 
 def test_run_manifest_records_every_stage_and_artifact(nightly):
-    out, _ = nightly
+    out, _, _ = nightly
     manifest = json.loads((out / "run.json").read_text())
     stages = {unit["stage"] for unit in manifest["units"]}
     assert {"build", "test", "bench", "publish"} <= stages
     assert not [u for u in manifest["units"] if u["state"] == "failed"]
+    assert manifest["run_id"] == out.resolve().name
     built = {u["variant"] for u in manifest["units"] if u["stage"] == "build" and u["state"] == "completed"}
     assert {"cu130", "rocm", "cpu"} <= built
     wheels = [a for a in manifest["artifacts"] if a["kind"] == "wheel"]
     assert {w["variant"] for w in wheels} == {"cu130", "rocm", "cpu"}
     for artifact in manifest["artifacts"]:
         assert sha256_file(out / artifact["path"]) == artifact["sha256"], artifact["path"]
+    assert {u["id"]: u["state"] for u in manifest["units"] if u["suite"] == "kernels-gpu"} == {
+        "test/kernels-gpu/cu130": "not_run", "test/kernels-gpu/rocm": "not_run"}  # no GPU here: never "passed"
 
 
 def test_index_links_resolve_and_hashes_match(nightly):
-    out, _ = nightly
-    report = check_local_index(out / "index")
+    _, _, index = nightly
+    report = check_local_index(index)
     assert report.problems == []
     assert {p.name.split("+")[1].split("-")[0] for p in report.files if p.suffix == ".whl"} == {"cu130", "rocm", "cpu"}
 
 
 def test_pip_installs_the_cpu_wheel_from_the_index_into_a_fresh_venv(nightly, tmp_path):
-    out, _ = nightly
-    simple = out / "index" / "nightly" / "cpu" / "simple"  # one PEP 503 root per channel and variant
+    _, _, index = nightly
+    simple = index / "nightly" / "cpu" / "simple"  # one PEP 503 root per channel and variant
     python = make_venv(tmp_path / "venv")
-    install = run([str(python), "-m", "pip", "install", "--no-deps", "--index-url", simple.as_uri(), "kiln-kernels"],
+    # --ignore-installed: the venv sees the test environment's editable kiln-kernels, which pip would keep
+    install = run([str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed", "--index-url", simple.as_uri(), "kiln-kernels"],
                   cwd=tmp_path)
     assert install.returncode == 0, install.stdout + install.stderr
-    probe = run([str(python), "-c", "import kernels, torch; print(kernels.__file__)"], cwd=tmp_path)
+    probe = run([str(python), "-c", "import kiln_kernels, torch; print(kiln_kernels.__file__)"], cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert str(tmp_path / "venv") in probe.stdout

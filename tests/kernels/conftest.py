@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from kernels import platform  # imports no Triton kernel module
+from kiln_kernels import platform  # imports no Triton kernel module
 
 HAS_CUDA = torch.cuda.is_available()
 _SAVED = os.environ.get("TRITON_INTERPRET")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import platform
-from kernels.platform import record_paths
+import kiln_kernels
+from kiln_kernels import platform
+from kiln_kernels.platform import record_paths
 
-NULL = kernels.NULL_BLOCK_ID
+NULL = kiln_kernels.NULL_BLOCK_ID
 
 
 def ref64_step(q, k, v, g, beta, state, slots, scale=None):
@@ -62,7 +62,7 @@ def test_matches_float64_reference(b, h, dk, dv, slots, dtype, device, path):
     expect_state = state.cpu().double()
     expect = ref64_step(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), expect_state, slot_ids.cpu())
     with record_paths() as seen:
-        out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+        out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
     assert seen == [("gated_delta_decode", path)]
     assert out.dtype == dtype and out.shape == (b, h, dv)
     tol = TOL[dtype]
@@ -74,14 +74,14 @@ def test_explicit_scale_is_used(device, path):
     q, k, v, g, beta, state, slot_ids = make(2, 2, 8, 8, 3, torch.float32, device, [2, 0])
     expect_state = state.cpu().double()
     expect = ref64_step(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), expect_state, slot_ids.cpu(), 0.7)
-    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids, scale=0.7)
+    out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids, scale=0.7)
     torch.testing.assert_close(out.cpu().double(), expect, rtol=1e-5, atol=1e-5)
 
 
 def test_padding_rows_touch_no_slot_and_output_zero(device, path):
     q, k, v, g, beta, state, slot_ids = make(4, 2, 16, 12, 5, torch.float32, device, [NULL, 3, NULL, NULL])
     before = state.clone()
-    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
     assert torch.equal(out[[0, 2, 3]], torch.zeros_like(out[[0, 2, 3]]))
     others = [0, 1, 2, 4]
     assert torch.equal(state[others], before[others])  # bit-identical, slot 0 included
@@ -91,7 +91,7 @@ def test_padding_rows_touch_no_slot_and_output_zero(device, path):
 def test_all_padding_batch_changes_nothing(device, path):
     q, k, v, g, beta, state, slot_ids = make(3, 1, 8, 8, 2, torch.float32, device, [NULL] * 3)
     before = state.clone()
-    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
     assert torch.equal(state, before) and not out.any()
 
 
@@ -102,7 +102,7 @@ def test_each_row_touches_only_its_own_slot(row, device, path):
     only = torch.full((3,), NULL, dtype=torch.int32, device=device)
     only[row] = slots[row]
     before = state.clone()
-    kernels.gated_delta_decode(q, k, v, g, beta, state, only)
+    kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, only)
     untouched = [s for s in range(7) if s != slots[row]]
     assert torch.equal(state[untouched], before[untouched])
 
@@ -114,7 +114,7 @@ def test_ten_steps_match_ten_reference_steps(device, path):
     before = state.clone()
     for step in range(10):
         q, k, v, g, beta, _, slot_ids = make(4, 2, 16, 16, 1, torch.float32, device, slots)
-        out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+        out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
         expect = ref64_step(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), expect_state, slot_ids.cpu())
         torch.testing.assert_close(out.cpu().double(), expect, rtol=1e-4, atol=1e-4, msg=f"step {step}")
     torch.testing.assert_close(state.cpu().double(), expect_state, rtol=1e-4, atol=1e-4)
@@ -125,26 +125,26 @@ def test_ten_steps_match_ten_reference_steps(device, path):
 def test_out_of_range_slot_ids_write_nothing(device, path):
     q, k, v, g, beta, state, slot_ids = make(2, 1, 8, 8, 3, torch.float32, device, [3, -7])
     before = state.clone()
-    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
     assert torch.equal(state, before) and not out.any()
 
 
 def test_rejects_bad_shapes_and_dtypes(device):
     q, k, v, g, beta, state, slot_ids = make(2, 1, 8, 8, 3, torch.float32, device, [0, 1])
     with pytest.raises(ValueError, match="k must be"):
-        kernels.gated_delta_decode(q, k[:, :, :4], v, g, beta, state, slot_ids)
+        kiln_kernels.gated_delta_decode(q, k[:, :, :4], v, g, beta, state, slot_ids)
     with pytest.raises(TypeError, match="slot_ids"):
-        kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids.long())
+        kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids.long())
     with pytest.raises(TypeError, match="float32"):
-        kernels.gated_delta_decode(q, k, v, g, beta, state.half(), slot_ids)
+        kiln_kernels.gated_delta_decode(q, k, v, g, beta, state.half(), slot_ids)
 
 
 def test_fullgraph_compile_matches_eager(device):
     torch._dynamo.reset()
     args = make(3, 2, 16, 8, 4, torch.float32, device, [1, NULL, 3])
     eager_state = args[5].clone()
-    eager = kernels.gated_delta_decode(*args[:5], eager_state, args[6])
-    fn = torch.compile(kernels.gated_delta_decode, fullgraph=True, backend="aot_eager")
+    eager = kiln_kernels.gated_delta_decode(*args[:5], eager_state, args[6])
+    fn = torch.compile(kiln_kernels.gated_delta_decode, fullgraph=True, backend="aot_eager")
     compiled = fn(*args)
     assert torch.equal(compiled, eager)
     assert torch.equal(args[5], eager_state)  # the in-place update survives functionalization
@@ -152,9 +152,9 @@ def test_fullgraph_compile_matches_eager(device):
 
 def test_integer_scale_is_accepted_and_tensor_scale_refused(device):
     args = make(1, 1, 8, 8, 2, torch.float32, device, [1])
-    kernels.gated_delta_decode(*args, scale=1)
+    kiln_kernels.gated_delta_decode(*args, scale=1)
     with pytest.raises(TypeError, match="Python number"):
-        kernels.gated_delta_decode(*args, scale=torch.tensor(0.5))
+        kiln_kernels.gated_delta_decode(*args, scale=torch.tensor(0.5))
 
 
 def test_padding_rows_output_zero_even_if_slot_zero_holds_nan(device, path):
@@ -162,12 +162,12 @@ def test_padding_rows_output_zero_even_if_slot_zero_holds_nan(device, path):
     slot 0 holds must not leak into its output."""
     q, k, v, g, beta, state, slot_ids = make(2, 1, 8, 8, 3, torch.float32, device, [NULL, 2])
     state[0] = float("nan")
-    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert torch.isfinite(out[1]).all()
 
 
 def test_empty_pool_means_every_row_is_padding(device, path):
     q, k, v, g, beta, state, slot_ids = make(2, 1, 8, 8, 0, torch.float32, device, [0, NULL])
-    out = kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
+    out = kiln_kernels.gated_delta_decode(q, k, v, g, beta, state, slot_ids)
     assert out.shape == (2, 1, 8) and not out.any()

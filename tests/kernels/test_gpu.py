@@ -5,15 +5,14 @@ without CUDA; ``benchmarks/gpu_check.sh`` runs them on a GPU machine."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-import kernels
-from kernels import _loader, activation, bench_cases, quant, selfcheck
-from kernels.platform import current_platform, record_paths
+import kiln_kernels
+from kiln_kernels import _loader, activation, bench_cases, quant, selfcheck
+from kiln_kernels.platform import current_platform, record_paths
 
 pytestmark = pytest.mark.gpu
 
@@ -71,7 +70,7 @@ def test_every_op_captures_into_a_cuda_graph_and_replays(large_cases):
         with torch.cuda.graph(graph):
             out = _first(case.fn(*inputs))
         fresh = case.make_inputs("cuda")
-        for dst, src in zip(inputs, fresh):
+        for dst, src in zip(inputs, fresh, strict=False):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
         graph.replay()
@@ -87,7 +86,7 @@ def test_quant_fp8_runs_the_kernel_where_supported():
         pytest.skip("fp8 needs sm_89+ or gfx942+")
     x = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
     with record_paths() as seen:
-        q, scale = kernels.per_token_quant(x, torch.float8_e4m3fn)
+        q, scale = kiln_kernels.per_token_quant(x, torch.float8_e4m3fn)
     assert seen == [("per_token_quant", "triton")]
     rq, rscale = quant.reference(x.cpu(), torch.float8_e4m3fn)
     torch.testing.assert_close(scale.cpu(), rscale)
@@ -96,8 +95,8 @@ def test_quant_fp8_runs_the_kernel_where_supported():
 
 def test_router_triton_path_matches_mm_path():
     hidden = torch.randn(300, 2048, device="cuda", dtype=torch.bfloat16)
-    weight = kernels.stage_router_weight(torch.randn(128, 2048, device="cuda"))
-    from kernels import router
+    weight = kiln_kernels.stage_router_weight(torch.randn(128, 2048, device="cuda"))
+    from kiln_kernels import router
 
     torch.testing.assert_close(router._triton(hidden, weight), router.reference(hidden, weight),
                                rtol=1e-4, atol=1e-3)
@@ -107,16 +106,17 @@ def test_router_triton_path_matches_mm_path():
 def test_csrc_library_builds_loads_and_matches(tmp_path):
     if current_platform().backend != "cuda":
         pytest.skip("CUDA only")
+    from kiln.tasks.build.nvcc import build_library, find_nvcc, torch_settings
+
     major, minor = torch.cuda.get_device_capability()
     lib = tmp_path / activation.LIBRARY
-    src = Path(activation.__file__).parent / activation.SOURCES[0]
-    subprocess.run(["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode",
-                    f"arch=compute_{major}{minor},code=sm_{major}{minor}", "-o", str(lib), str(src)],
-                   check=True, timeout=300)
-    handle = kernels.load_library(lib)
+    package = Path(activation.__file__).parent
+    lib.write_bytes(build_library(find_nvcc(), [package / s for s in activation.SOURCES], activation.LIBRARY,
+                                  (f"{major}.{minor}",), timeout=1200, settings=torch_settings()))
+    kiln_kernels.load_library(lib)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         x = torch.randn(333, 2 * 1000, device="cuda", dtype=dtype)
-        got = activation._csrc(handle, x)
+        got = activation._csrc(x)
         torch.testing.assert_close(got.float(), activation.reference(x).float(), rtol=2e-2, atol=2e-2)
 
 
@@ -124,9 +124,9 @@ def test_precompiled_artifact_is_launched(tmp_path):
     plat = current_platform()
     selfcheck.build(tmp_path, plat.backend, plat.arch)
     try:
-        _loader.use_root(tmp_path)
+        _loader.LOADER.use_root(tmp_path)
         rows = selfcheck.run_checks()
     finally:
-        _loader.use_root(_loader.AOT_DIR)
+        _loader.LOADER.use_root(_loader.AOT_DIR)
     assert all(r["aot_used"] for r in rows), rows
     assert all(r["ok"] for r in rows), rows

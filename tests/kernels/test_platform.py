@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import activation, decode, quant, router
-from kernels.platform import Platform, Settings, cuda_arch_key, current_platform, record_paths
+from kiln_kernels import activation, decode, quant, router
+from kiln_kernels.platform import Platform, Settings, cuda_arch_key, current_platform, record_paths
 
 H100 = Platform("cuda", "9.0", triton_version="3.6.0", torch_version="2.9.0")
 A100_OLD_TORCH = Platform("cuda", "8.0", triton_version="3.6.0", torch_version="2.7.1")
@@ -93,7 +93,7 @@ def test_activation_eligibility_matrix(plat, loads, expected):
 
 def test_disable_env_var_forces_reference_path(monkeypatch):
     monkeypatch.setenv("KILN_DISABLE_PER_TOKEN_QUANT", "1")
-    from kernels import platform
+    from kiln_kernels import platform
 
     platform.reset()
     with record_paths() as seen:

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-import kernels
-from kernels import quant
-from kernels.platform import record_paths
+import kiln_kernels
+from kiln_kernels import quant
+from kiln_kernels.platform import record_paths
 
 SHAPES = [(1, 1), (3, 7), (5, 130), (4, 513), (2, 2100)]  # non-powers of two, one over both blocks
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -27,7 +27,7 @@ def ref64(x: torch.Tensor, qmax: float = 127.0) -> tuple[torch.Tensor, torch.Ten
 def test_int8_matches_float64_reference(shape, dtype, device):
     x = torch.randn(shape, device=device).to(dtype)
     with record_paths() as seen:
-        q, scale = kernels.per_token_quant(x)
+        q, scale = kiln_kernels.per_token_quant(x)
     assert seen == [("per_token_quant", "triton")]
     assert q.dtype == torch.int8 and q.shape == shape
     assert scale.dtype == torch.float32 and scale.shape == (shape[0], 1)
@@ -46,7 +46,7 @@ def test_int8_matches_float64_reference(shape, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int8_round_trip_within_half_a_step(dtype, device):
     x = torch.randn(6, 333, device=device).to(dtype)
-    q, scale = kernels.per_token_quant(x)
+    q, scale = kiln_kernels.per_token_quant(x)
     err = (q.float() * scale - x.float()).abs()
     assert (err <= 0.5 * scale * (1 + 1e-5)).all()
 
@@ -55,7 +55,7 @@ def test_all_zero_rows_give_zero_codes_and_eps_scale(device):
     x = torch.randn(4, 100, device=device)
     x[1] = 0
     x[3] = 0
-    q, scale = kernels.per_token_quant(x)
+    q, scale = kiln_kernels.per_token_quant(x)
     assert (q[[1, 3]] == 0).all()
     torch.testing.assert_close(scale[[1, 3]].cpu(), torch.full((2, 1), quant.EPS / 127.0))
     assert q[0].abs().max() == 127
@@ -66,7 +66,7 @@ def test_one_huge_value_saturates_only_itself(dtype, huge, device):
     x = torch.randn(3, 77, device=device).to(dtype)
     x[1, 40] = huge
     x[2, 5] = -huge
-    q, scale = kernels.per_token_quant(x)
+    q, scale = kiln_kernels.per_token_quant(x)
     assert torch.isfinite(scale).all()
     assert q[1, 40] == 127 and q[2, 5] == -127
     # everything else in those rows is tiny next to the max and rounds to 0
@@ -77,7 +77,7 @@ def test_one_huge_value_saturates_only_itself(dtype, huge, device):
 
 def test_fp8_matches_reference_within_one_e4m3_step(device):
     x = torch.randn(5, 129, device=device)
-    q, scale = kernels.per_token_quant(x, torch.float8_e4m3fn)
+    q, scale = kiln_kernels.per_token_quant(x, torch.float8_e4m3fn)
     assert q.dtype == torch.float8_e4m3fn
     xd = x.cpu().double()
     rscale = xd.abs().amax(dim=1, keepdim=True) / 448.0
@@ -93,25 +93,25 @@ def test_fp8_on_the_interpreter_takes_the_reference_path():
     if torch.cuda.is_available():
         pytest.skip("interpreter-only behaviour")
     with record_paths() as seen:
-        kernels.per_token_quant(torch.randn(2, 8), torch.float8_e4m3fn)
+        kiln_kernels.per_token_quant(torch.randn(2, 8), torch.float8_e4m3fn)
     assert seen == [("per_token_quant", "reference")]
 
 
 def test_rejects_bad_input():
     with pytest.raises(ValueError, match="2-D"):
-        kernels.per_token_quant(torch.randn(2, 3, 4))
+        kiln_kernels.per_token_quant(torch.randn(2, 3, 4))
     with pytest.raises(TypeError, match="output dtype"):
-        kernels.per_token_quant(torch.randn(2, 3), torch.int16)
+        kiln_kernels.per_token_quant(torch.randn(2, 3), torch.int16)
     with pytest.raises(TypeError, match="input dtype"):
-        kernels.per_token_quant(torch.randn(2, 3).double())
+        kiln_kernels.per_token_quant(torch.randn(2, 3).double())
 
 
 def test_same_output_under_torch_compile_fullgraph(device):
     torch._dynamo.reset()
     x = torch.randn(5, 130, device=device, dtype=torch.bfloat16)
-    compiled = torch.compile(lambda t: kernels.per_token_quant(t), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(lambda t: kiln_kernels.per_token_quant(t), fullgraph=True, backend="aot_eager")
     q_c, s_c = compiled(x)
-    q_e, s_e = kernels.per_token_quant(x)
+    q_e, s_e = kiln_kernels.per_token_quant(x)
     assert torch.equal(q_c, q_e) and torch.equal(s_c, s_e)
 
 
@@ -121,9 +121,9 @@ def test_same_output_under_inductor(device):
     compiled graph launches the very same kernel as eager (~20 s on a CPU)."""
     torch._dynamo.reset()
     x = torch.randn(5, 130, device=device, dtype=torch.bfloat16)
-    compiled = torch.compile(lambda t: kernels.per_token_quant(t * 2.0), fullgraph=True)
+    compiled = torch.compile(lambda t: kiln_kernels.per_token_quant(t * 2.0), fullgraph=True)
     q_c, s_c = compiled(x)
-    q_e, s_e = kernels.per_token_quant(x * 2.0)
+    q_e, s_e = kiln_kernels.per_token_quant(x * 2.0)
     assert torch.equal(q_c, q_e) and torch.equal(s_c, s_e)
 
 
@@ -136,7 +136,7 @@ def test_round_trip_bound_holds_for_any_row_magnitude(rows, cols, log_scale, dty
     gen = torch.Generator().manual_seed(seed)
     big = torch.finfo(dtype).max
     x = (torch.randn(rows, cols, generator=gen) * 2.0**log_scale).clamp(-big, big).to(dtype)
-    q, scale = kernels.per_token_quant(x)
+    q, scale = kiln_kernels.per_token_quant(x)
     err = (q.double() * scale.double() - x.double()).abs()
     assert (err <= 0.5 * scale.double() * (1 + 1e-5) + 1e-30).all()
     assert q.abs().max() <= 127
@@ -147,6 +147,6 @@ def test_round_trip_bound_holds_for_any_row_magnitude(rows, cols, log_scale, dty
 def test_empty_inputs_give_empty_codes(shape, disabled, monkeypatch):
     if disabled:
         monkeypatch.setenv("KILN_DISABLE_PER_TOKEN_QUANT", "1")
-    q, scale = kernels.per_token_quant(torch.randn(shape))
+    q, scale = kiln_kernels.per_token_quant(torch.randn(shape))
     assert q.shape == shape and scale.shape == (shape[0], 1)
     torch.testing.assert_close(scale, torch.full((shape[0], 1), quant.EPS / 127.0))

@@ -6,17 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-import kernels
-from kernels import decode, quant, registry, router
-from kernels.registry import BenchCase, KernelSpec
+import kiln_kernels
+from kiln_kernels import decode, quant, registry, router
+from kiln_kernels.registry import BenchCase, KernelSpec
 
-PKG = Path(kernels.__file__).parent
+PKG = Path(kiln_kernels.__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ def test_csrc_sources_exist_and_archs_are_cuda(specs):
 def test_supported_archs_are_well_formed(specs):
     for spec in specs.values():
         for arch in spec.supported.get("cuda", ()):
-            kernels.platform.cuda_arch_key(arch)
+            kiln_kernels.platform.cuda_arch_key(arch)
         assert all(a.startswith("gfx") for a in spec.supported.get("hip", ()))
 
 
@@ -83,25 +82,23 @@ def _outputs(result):
     return result if isinstance(result, tuple) else (result,)
 
 
+SMALL_CASE_BYTES = 64 * 1024
+
+
 @pytest.mark.parametrize("kernel", ["per_token_quant", "router_logits", "gated_delta_decode", "silu_and_mul"])
-def test_small_bench_cases_run_fast_and_match_reference(kernel, specs, device):
+def test_small_bench_cases_are_small_and_match_reference(kernel, specs, device):
     cases = specs[kernel].bench_cases("small")
     assert cases and all(isinstance(c, BenchCase) and c.bytes > 0 for c in cases)
     for case in cases:
+        # "small" is what the Triton interpreter runs in CI: sized by the bytes it moves, not by a wall-clock
+        # guess that a loaded machine breaks (the large sweep moves tens of MB to GB)
+        assert case.bytes <= SMALL_CASE_BYTES, f"{case.name} moves {case.bytes} bytes"
         inputs = case.make_inputs(device)
         ref_inputs = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
         got = _outputs(case.fn(*inputs))
-        elapsed = []  # best of three: the first interpreter call pays imports, and CI cores are shared
-        for _ in range(3):
-            fresh = case.make_inputs(device)
-            start = time.perf_counter()
-            case.fn(*fresh)
-            elapsed.append(time.perf_counter() - start)
         want = _outputs(case.reference(*ref_inputs))
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)  # int8 codes may differ by 1
-        # ~10-30 ms on an idle core; the bound leaves room for loaded CI cores
-        assert min(elapsed) < 0.2, f"{case.name}: {min(elapsed) * 1e3:.0f} ms"
 
 
 def test_large_bench_cases_are_declared_without_building_inputs(specs):
@@ -117,7 +114,7 @@ def test_every_specialization_compiles_for_sm90_and_gfx942():
     """Ahead of time, no GPU: cubin for sm_90, hsaco for gfx942 (~30 s)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.compile_all", "--target", "cuda:9.0", "--target", "hip:gfx942"],
+        [sys.executable, "-m", "kiln_kernels.compile_all", "--target", "cuda:9.0", "--target", "hip:gfx942"],
         cwd=PKG.parent, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -138,17 +135,41 @@ def test_registry_functions_compile_even_in_an_interpreter_process():
 def test_kernel_imported_without_interpreter_gives_a_clear_error_in_interpreter_mode():
     """The interpreter cannot run a kernel whose module was imported in JIT
     mode; say what to do instead of Triton's opaque message."""
-    from kernels import _launch, _quant_tl, aot
+    from kiln_kernels import _launch, _quant_tl, aot
 
     jit_fn = aot.jit_function(_quant_tl.per_token_quant_kernel)
-    with pytest.raises(kernels.KernelUnavailableError, match="TRITON_INTERPRET=1 was set after"):
+    with pytest.raises(kiln_kernels.KernelUnavailableError, match="TRITON_INTERPRET=1 was set after"):
         _launch.runnable(jit_fn, interpreter=True)
 
 
 def test_kernel_imported_in_interpreter_mode_is_rebuilt_for_the_jit():
     from triton.runtime.jit import JITFunction
 
-    from kernels import _launch, _quant_tl
+    from kiln_kernels import _launch, _quant_tl
 
     fn = _launch.runnable(_quant_tl.per_token_quant_kernel, interpreter=False)
     assert type(fn) is JITFunction and fn.fn is _quant_tl.per_token_quant_kernel.fn
+
+
+def _qualified(fn):
+    inner = getattr(fn, "fn", fn)  # a JITFunction wraps the Python function
+    return f"{inner.__module__}.{inner.__qualname__}"
+
+
+def test_kilns_loader_accepts_the_registry_and_copies_every_specialization(specs):
+    """What the pipeline reads is exactly this registry, through Kiln's validation."""
+    from kiln.tasks.bench.harness import kernel_cases
+    from kiln.tasks.config import load_config
+    from kiln.tasks.registry import load_registry
+
+    # The project's kiln.toml beside these tests: the package under test may be an installed wheel.
+    records = {r.name: r for r in load_registry(load_config(Path(__file__).resolve().parents[2] / "kiln.toml"))}
+    assert list(records) == list(specs)
+    for name, spec in specs.items():
+        record = records[name]
+        assert [(e.name, [s.name for s in e.specializations]) for e in record.triton] == \
+               [(e.name, [s.name for s in e.specializations]) for e in spec.triton]
+        # the same jit functions, by name: under an installed wheel the registry is loaded from the source tree
+        assert [_qualified(e.fn) for e in record.triton] == [_qualified(e.fn) for e in spec.triton]
+        assert (record.csrc is None) == (spec.csrc is None)
+        assert [c.name for c in kernel_cases(record, "large")] == [c.name for c in spec.bench_cases("large")]

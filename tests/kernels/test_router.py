@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import platform, router
-from kernels.platform import Platform, record_paths
+import kiln_kernels
+from kiln_kernels import platform, router
+from kiln_kernels.platform import Platform, record_paths
 
 SHAPES = [(1, 16, 8), (7, 40, 9), (33, 130, 70), (17, 64, 64)]  # (T, D, E)
 
@@ -19,14 +19,14 @@ def ref64(hidden, weight, bias=None):
 
 def _inputs(t, d, e, device):
     hidden = torch.randn(t, d, device=device, dtype=torch.bfloat16)
-    return hidden, kernels.stage_router_weight(torch.randn(e, d), device=device)
+    return hidden, kiln_kernels.stage_router_weight(torch.randn(e, d), device=device)
 
 
 @pytest.mark.parametrize("t, d, e", SHAPES)
 def test_fused_matches_float64_reference(t, d, e, device):
     hidden, weight = _inputs(t, d, e, device)
     with record_paths() as seen:
-        out = kernels.router_logits(hidden, weight)
+        out = kiln_kernels.router_logits(hidden, weight)
     assert seen[0][1].startswith("fused")
     assert out.dtype == torch.float32 and out.shape == (t, e)
     # bf16 x bf16 products are exact in float32; only the float32 sum rounds
@@ -35,11 +35,11 @@ def test_fused_matches_float64_reference(t, d, e, device):
 
 def test_fused_equals_unfused(device, monkeypatch):
     hidden, weight = _inputs(19, 72, 11, device)
-    fused = kernels.router_logits(hidden, weight)
+    fused = kiln_kernels.router_logits(hidden, weight)
     monkeypatch.setenv("KILN_DISABLE_ROUTER_LOGITS", "1")
     platform.reset()
     with record_paths() as seen:
-        unfused = kernels.router_logits(hidden, weight)
+        unfused = kiln_kernels.router_logits(hidden, weight)
     assert seen == [("router_logits", "unfused")]
     torch.testing.assert_close(fused, unfused, rtol=1e-5, atol=1e-4)
 
@@ -49,7 +49,7 @@ def test_bias_takes_the_unfused_path_and_is_added(bias_dtype, device):
     hidden, weight = _inputs(6, 48, 10, device)
     bias = (torch.randn(10, device=device) * 10).to(bias_dtype)
     with record_paths() as seen:
-        out = kernels.router_logits(hidden, weight, bias)
+        out = kiln_kernels.router_logits(hidden, weight, bias)
     assert seen == [("router_logits", "unfused")]
     torch.testing.assert_close(out.cpu().double(), ref64(hidden.cpu(), weight.cpu(), bias.cpu()),
                                rtol=1e-5, atol=1e-4)
@@ -58,20 +58,20 @@ def test_bias_takes_the_unfused_path_and_is_added(bias_dtype, device):
 def test_transposed_weight_view_needs_no_staging(device):
     hidden = torch.randn(5, 40, device=device, dtype=torch.bfloat16)
     weight_t = torch.randn(40, 12, device=device, dtype=torch.bfloat16)
-    out = kernels.router_logits(hidden, weight_t.t())
+    out = kiln_kernels.router_logits(hidden, weight_t.t())
     torch.testing.assert_close(out.cpu().double(), ref64(hidden.cpu(), weight_t.t().cpu()), rtol=1e-5, atol=1e-4)
 
 
 def test_stage_router_weight_is_contiguous_bf16():
-    staged = kernels.stage_router_weight(torch.randn(30, 8).t())
+    staged = kiln_kernels.stage_router_weight(torch.randn(30, 8).t())
     assert staged.dtype == torch.bfloat16 and staged.is_contiguous() and staged.shape == (8, 30)
 
 
 def test_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="share D"):
-        kernels.router_logits(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 9, dtype=torch.bfloat16))
+        kiln_kernels.router_logits(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 9, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="bias"):
-        kernels.router_logits(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16),
+        kiln_kernels.router_logits(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16),
                               torch.randn(5))
 
 
@@ -79,9 +79,9 @@ def test_fullgraph_compile_traces_through_with_and_without_bias(device):
     torch._dynamo.reset()
     hidden, weight = _inputs(9, 32, 6, device)
     bias = torch.randn(6, device=device)
-    fn = torch.compile(kernels.router_logits, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(fn(hidden, weight), kernels.router_logits(hidden, weight))
-    torch.testing.assert_close(fn(hidden, weight, bias), kernels.router_logits(hidden, weight, bias))
+    fn = torch.compile(kiln_kernels.router_logits, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(fn(hidden, weight), kiln_kernels.router_logits(hidden, weight))
+    torch.testing.assert_close(fn(hidden, weight, bias), kiln_kernels.router_logits(hidden, weight, bias))
 
 
 @pytest.mark.parametrize("plat", [
@@ -95,6 +95,6 @@ def test_bias_is_never_dropped_on_a_gpu_platform(plat, monkeypatch):
     hidden, weight = _inputs(4, 32, 5, "cpu")
     bias = torch.full((5,), 100.0)
     with record_paths() as seen:
-        out = kernels.router_logits(hidden, weight, bias)
+        out = kiln_kernels.router_logits(hidden, weight, bias)
     assert seen == [("router_logits", "unfused")]
     torch.testing.assert_close(out.double(), ref64(hidden, weight, bias), rtol=1e-5, atol=1e-4)

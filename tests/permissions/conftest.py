@@ -22,7 +22,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tasks.config import KilnConfig, parse_config
+from kiln.tasks.config import KilnConfig, parse_config
 
 log = logging.getLogger("kiln.tests.moto")
 REPO = Path(__file__).resolve().parents[2]
@@ -100,8 +100,8 @@ def moto_server(tmp_path_factory) -> Iterator[MotoServer]:
 def kiln_config(endpoint: str, credentials: dict[str, dict]) -> KilnConfig:
     """The repo's project with an S3 default target on the moto server."""
     data = {
-        "project": {"package": "kernels", "distribution": "kiln-kernels", "version": "0.1.0",
-                    "source": "kernels", "registry": "kernels.registry:registry"},
+        "project": {"package": "kiln_kernels", "distribution": "kiln-kernels", "version": "0.1.0",
+                    "source": "kernels/kiln_kernels", "registry": "kiln_kernels.registry:registry"},
         "variants": [{"name": "cpu", "backend": "cpu"}],
         "publish": {"default_target": "s3", "channels": {"nightly": "nightly", "release": "release"},
                     "targets": {"s3": {"url": f"s3://{BUCKET}/simple", "region": "us-east-1", "endpoint": endpoint}}},

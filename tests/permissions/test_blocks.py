@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from flows.credentials import session_for
-from release.errors import ConfigError
+from kiln.flows.credentials import session_for
+from kiln.release.errors import ConfigError
 
 from .conftest import kiln_config
 

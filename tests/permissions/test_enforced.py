@@ -11,9 +11,9 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
-from flows.credentials import session_for
-from release.errors import ConfigError
-from release.policies import policies_from_config, render
+from kiln.flows.credentials import session_for
+from kiln.release.errors import ConfigError
+from kiln.release.policies import policies_from_config, render
 
 from .conftest import BUCKET, kiln_config
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from pathlib import Path
 
 import pytest
 
-from flows.policies import policies_command
-from release.errors import ConfigError
-from release.policies import DESTRUCTIVE_ACTIONS, StepAccess, policies_for, render, session_policy
+from kiln.flows.policies import policies_command
+from kiln.release.errors import ConfigError
+from kiln.release.policies import DESTRUCTIVE_ACTIONS, StepAccess, policies_for, render, session_policy
 
 from .conftest import REPO
 
@@ -111,6 +110,7 @@ def test_policies_command_with_a_bad_config_writes_nothing(tmp_path):
     config = tmp_path / "kiln.toml"
     config.write_text(bad)
     os.symlink(REPO / "kernels", tmp_path / "kernels")
+    os.symlink(REPO / "release", tmp_path / "release")  # publish.pins must exist, or that error comes first
     for suite in tomllib.loads(text)["suites"]:  # every suite path must exist, or that error comes first
         for suite_dir in suite["paths"]:
             (tmp_path / suite_dir).mkdir(parents=True, exist_ok=True)

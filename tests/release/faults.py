@@ -1,7 +1,9 @@
-"""Fault injectors for S3 tests (these are the only fakes in the release tests, and they say so).
+"""Fault injectors for release tests (these are the only fakes in the release tests, and they say so).
 
-They hook botocore's event system on a real client talking to moto's real
-server, so everything except the injected fault is the genuine code path.
+The S3 ones hook botocore's event system on a real client talking to moto's
+real server, so everything except the injected fault is the genuine code
+path. :class:`CorruptingStore` wraps a real store and damages the bytes of
+chosen keys on their way in, as a faulty proxy or disk would.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
+
+from kiln.release.store import ObjectInfo, Store
 
 
 class _Raw:
@@ -54,3 +58,67 @@ def kill_after(client: Any, requests: int) -> list[int]:
 
     client.meta.events.register_first("before-send.s3", count)
     return sent
+
+
+class CorruptingStore:
+    """A real store whose immutable writes of keys ending in ``suffix`` land with one byte flipped.
+
+    Every later read (the write's own answer, ``head``, ``get``) sees the
+    damaged bytes, so what the store reads back differs from what was
+    uploaded: the publish protocol must notice and list nothing.
+    """
+
+    def __init__(self, inner: Store, suffix: str) -> None:
+        self.inner, self.suffix, self.url = inner, suffix, inner.url
+        self.corrupted: list[str] = []
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def get_page(self, key: str) -> tuple[bytes, str] | None:
+        return self.inner.get_page(key)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self.inner.head(key)
+
+    def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
+        if key.endswith(self.suffix):
+            self.corrupted.append(key)
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        return self.inner.put_immutable(key, data, content_type, cache_control)
+
+    def put_page(self, key: str, data: bytes, content_type: str, cache_control: str,
+                 expected_etag: str | None) -> ObjectInfo:
+        return self.inner.put_page(key, data, content_type, cache_control, expected_etag)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
+
+
+def echo_checksums(client: Any) -> None:
+    """Answer as AWS S3 does about ``ChecksumSHA256``: echoed by a PutObject, returned by a HeadObject.
+
+    AWS verifies the checksum it is sent, echoes it and returns it on a HEAD
+    with ``ChecksumMode=ENABLED``; moto does none of this. This simulates only
+    the answers (moto still checks nothing), so that the request count of a
+    store with ``verifies_checksums`` can be measured on moto. Requests on
+    ``client`` must be sequential.
+    """
+    last: dict[str, Any] = {}
+    stored: dict[str, str] = {}  # URL -> checksum of objects written through this client
+
+    def remember(request: Any, **_: Any) -> None:
+        value = request.headers.get("x-amz-checksum-sha256")
+        last["url"], last["checksum"] = request.url, value.decode() if isinstance(value, bytes) else value
+
+    def put(response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **_: Any) -> None:
+        if response_dict.get("status_code") == 200 and last.get("checksum"):
+            stored[last["url"]] = customized_response_dict["ChecksumSHA256"] = last["checksum"]
+
+    def head(response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **_: Any) -> None:
+        if response_dict.get("status_code") == 200 and last.get("url") in stored:
+            customized_response_dict["ChecksumSHA256"] = stored[last["url"]]
+
+    client.meta.events.register("before-send.s3", remember)
+    client.meta.events.register("before-parse.s3.PutObject", put)
+    client.meta.events.register("before-parse.s3.HeadObject", head)

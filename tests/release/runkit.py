@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
-from release.manifest import RunManifest, Unit
+from kiln.release.manifest import RunManifest, Unit
+from kiln.release.record import RunHeader, RunRecord, Source, create_record
+from kiln.release.store import open_store
 
 from .wheelkit import make_wheel
 
@@ -23,6 +26,27 @@ def make_run(root: Path, wheels: dict[str, list[tuple[str, str]]], units: list[U
         run.add_unit(unit)
     run.save()
     return run
+
+
+CLEAN = Source(commit="0" * 40, commit_time=1764536823, in_git=True)
+
+
+def make_record(config_path: str | Path, out: Path, wheels: dict[str, list[tuple[str, str]]],
+                units: Sequence[Unit] = (), payload: str = "", source: Source = CLEAN) -> RunRecord:
+    """A run record in the config's artifact store, as a build would leave it (a clean commit by default)."""
+    from kiln.tasks.config import load_config
+
+    config = load_config(config_path)
+    store = open_store(config.artifacts.url, root=config.root)
+    header = RunHeader(run_id=uuid.uuid4().hex, flow="test", version="1.0", source=source)
+    record = create_record(store, header, out)
+    for variant, entries in wheels.items():
+        for name, version in entries:
+            path = make_wheel(record.view / "wheels" / variant, name, version, payload=payload)
+            record.add_artifact(path, step="build", kind="wheel", variant=variant)
+    for unit in units:
+        record.record(unit)
+    return record
 
 
 def run_at_once(publish_one: Callable[[Any], None], items: Sequence[Any], timeout_s: float = 120) -> list[BaseException]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
-from release.fsutil import sha256_file
-from release.serve import IndexServer
-from release.store import LocalStore
+from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
+from kiln.release.fsutil import sha256_bytes, sha256_file
+from kiln.release.serve import IndexServer
+from kiln.release.store import LocalStore
 
 from tests.helpers.indexcheck import check_local_index
 
@@ -85,6 +85,22 @@ def test_verify_command_without_install_reports_ok_then_a_tampered_file(tmp_path
         (tmp_path / "out" / "alpha" / "alpha-1.0+cu130-py3-none-any.whl").write_bytes(b"tampered")
         assert verify_command(server.url, install=False) != EXIT_OK
     assert "sha256 or size does not match" in capsys.readouterr().out
+
+
+def test_verify_command_names_an_altered_sidecar_and_both_its_hashes(tmp_path: Path, capsys) -> None:
+    make_wheel(tmp_path / "wheels", "alpha", "1.0+cu130")
+    index_command(str(tmp_path / "wheels"), None, str(tmp_path / "out"))
+    sidecar = tmp_path / "out" / "alpha" / "alpha-1.0+cu130-py3-none-any.whl.metadata"
+    advertised = sha256_bytes(sidecar.read_bytes())
+    altered = sidecar.read_bytes().replace(b"Version: 1.0+cu130", b"Version: 9.9")
+    sidecar.write_bytes(altered)
+    with IndexServer(LocalStore(tmp_path / "out")) as server:
+        assert verify_command(server.url, install=False) != EXIT_OK
+    problems = [line for line in capsys.readouterr().out.splitlines() if "problem:" in line]
+    # one problem per form of the page that advertises the sidecar (HTML and PEP 691 JSON)
+    assert len(problems) == 2 and {"HTML", "JSON"} == {f for p in problems for f in ("HTML", "JSON") if f" {f} " in p}
+    for problem in problems:
+        assert sidecar.name in problem and advertised in problem and sha256_bytes(altered) in problem, problem
 
 
 def test_a_line_holding_two_json_values_is_refused_naming_it(tmp_path: Path, capsys) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 from hypothesis import given, settings
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from release.dists import from_record, make_distribution, to_record
-from release.errors import IntegrityError, InvalidInputError
-from release.index import JSON_PAGE, generate, group, parse_project_json, regenerate
+from kiln.release.dists import from_record, make_distribution, to_record
+from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.release.index import JSON_PAGE, generate, group, parse_project_json, parse_root_json, regenerate
 
 from .pageparse import parse_html, parse_json
 
@@ -55,7 +55,7 @@ def test_project_json_is_pep691_with_pep700_fields() -> None:
     assert first["url"] == "Kiln_Kernels-0.1.0%2Bcu130-cp311-cp311-linux_x86_64.whl"
     assert first["hashes"] == {"sha256": SHA_A}
     assert first["size"] == 123
-    assert datetime.strptime(first["upload-time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp() == T0
+    assert datetime.strptime(first["upload-time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp() == T0
     assert first["requires-python"] == ">=3.10,<4"
     assert first["core-metadata"] == first["dist-info-metadata"] == {"sha256": SHA_M}
     assert first["yanked"] is False
@@ -68,7 +68,8 @@ def test_root_pages_list_every_normalised_project() -> None:
     pages = generate(_dists())
     _, anchors = parse_html(pages["index.html"])
     assert [(a.text, a.href) for a in anchors] == [("kiln-kernels", "kiln-kernels/"), ("other-pkg", "other-pkg/")]
-    assert parse_json(pages["index.json"]) == {"meta": {"api-version": "1.1"}, "projects": [{"name": "kiln-kernels"}, {"name": "other-pkg"}]}
+    assert parse_json(pages["index.json"]) == {"meta": {"api-version": "1.1"},
+                                               "projects": [{"name": "kiln-kernels"}, {"name": "other-pkg"}]}
     assert set(pages) == {"index.html", "index.json", "kiln-kernels/index.html", "kiln-kernels/index.json",
                           "other-pkg/index.html", "other-pkg/index.json"}
 
@@ -127,15 +128,45 @@ def test_bad_filenames_are_refused_naming_the_input(filename: str) -> None:
     [
         ({"filename": "p-1.0-py3-none-any.whl", "sha256": "xyz", "size": 1, "upload_time": 0}, "sha256"),
         ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": -1, "upload_time": 0}, "size"),
-        ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": 1, "upload_time": 0, "requires_python": ">=3.x"}, "requires_python"),
+        ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": 1, "upload_time": 0,
+          "requires_python": ">=3.x"}, "requires_python"),
         ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": 1}, "missing"),
         ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": 1, "upload_time": 0, "sha": 1}, "unknown"),
-        ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": 1, "upload_time": 0, "yanked": True}, "yanked"),
+        ({"filename": "p-1.0-py3-none-any.whl", "sha256": SHA_A, "size": 1, "upload_time": 0, "yanked": True},
+         "yanked"),
     ],
 )
 def test_bad_records_are_refused_naming_the_field(record: dict, fragment: str) -> None:
     with pytest.raises(InvalidInputError, match=fragment):
         from_record(record)
+
+
+_GOOD_FILE = ('{"filename": "p-1.0-py3-none-any.whl", "hashes": {"sha256": "' + SHA_A + '"}, "size": 1,'
+              ' "upload-time": "2023-11-14T22:13:20.000000Z"}')
+
+
+@pytest.mark.parametrize(
+    ("page", "cause"),
+    [
+        (b"<html>", "JSONDecodeError"),  # ValueError
+        (b"{}", "KeyError"),
+        (b'{"files": 3}', "TypeError"),
+        (b'{"files": ["p-1.0-py3-none-any.whl"]}', "TypeError"),
+        (('{"files": [' + _GOOD_FILE.replace('"size": 1,', '') + ']}').encode(), "KeyError"),
+    ],
+)
+def test_a_project_page_kiln_cannot_merge_into_is_invalid_input_naming_it(page: bytes, cause: str) -> None:
+    assert parse_project_json(('{"files": [' + _GOOD_FILE + ']}').encode(), "where")[0].size == 1
+    with pytest.raises(InvalidInputError, match=f"s3://b/p/index.json is not a PEP 691 project page.*{cause}"):
+        parse_project_json(page, "s3://b/p/index.json")
+
+
+@pytest.mark.parametrize(("page", "cause"), [(b"<html>", "JSONDecodeError"), (b'{"names": []}', "KeyError"),
+                                             (b'{"projects": ["p"]}', "TypeError")])
+def test_a_root_page_kiln_cannot_merge_into_is_invalid_input_naming_it(page: bytes, cause: str) -> None:
+    assert parse_root_json(b'{"projects": [{"name": "p"}]}', "where") == ["p"]
+    with pytest.raises(InvalidInputError, match=f"s3://b/index.json is not a PEP 691 root page.*{cause}"):
+        parse_root_json(page, "s3://b/index.json")
 
 
 def test_record_round_trip() -> None:
@@ -161,7 +192,7 @@ def test_generated_pages_agree_with_the_input_for_arbitrary_names(entries) -> No
         _, anchors = parse_html(pages[f"{project}/index.html"])
         page = parse_json(pages[f"{project}/index.json"])
         assert [a.decoded_name for a in anchors] == [f["filename"] for f in page["files"]]
-        for anchor, entry in zip(anchors, page["files"]):
+        for anchor, entry in zip(anchors, page["files"], strict=True):
             dist = dists[anchor.decoded_name]
             assert "+" not in anchor.url and entry["size"] == dist.size
             assert canonicalize_name(parse_wheel_filename(anchor.decoded_name)[0]) == project
@@ -170,8 +201,8 @@ def test_generated_pages_agree_with_the_input_for_arbitrary_names(entries) -> No
     assert listed == len(dists)
 
 
-_wheelish = st.lists(st.sampled_from(["a", "B", "1", "_", ".", "-", "+", "__", "py3", "none", "any", "cp311", "1.0", "0"]),
-                     min_size=1, max_size=14).map(lambda parts: "".join(parts) + ".whl")
+_wheelish = st.lists(st.sampled_from(["a", "B", "1", "_", ".", "-", "+", "__", "py3", "none", "any", "cp311", "1.0",
+                                      "0"]), min_size=1, max_size=14).map(lambda parts: "".join(parts) + ".whl")
 
 
 @settings(max_examples=400, deadline=None)
@@ -179,7 +210,7 @@ _wheelish = st.lists(st.sampled_from(["a", "B", "1", "_", ".", "-", "+", "__", "
 def test_cached_wheel_parsing_accepts_and_refuses_exactly_what_packaging_does(filename: str) -> None:
     from packaging.utils import InvalidWheelFilename
 
-    from release.dists import parse_filename
+    from kiln.release.dists import parse_filename
 
     try:
         name, version, _, _ = parse_wheel_filename(filename)

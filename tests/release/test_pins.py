@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import IntegrityError, InvalidInputError
-from release.fsutil import sha256_file
-from release.pins import DEFAULT_PINS, fetch_pins, load_pins
+from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.release.fsutil import sha256_file
+from kiln.release.pins import DEFAULT_PINS, fetch_pins, load_pins
 
 from .wheelkit import make_wheel
 

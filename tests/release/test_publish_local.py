@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
 
-from release.errors import IntegrityError, InvalidInputError
-from release.fsutil import sha256_bytes
-from release.manifest import RunManifest, Unit
-from release.publish import gate, publish
-from release.staging import StagingStore
-from release.store import LocalStore
+from kiln.release.dists import make_distribution
+from kiln.release.errors import ConflictError, IntegrityError, InvalidInputError
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.manifest import RunManifest, Unit
+from kiln.release.publish import UploadResult, gate, publish, raise_for_conflict, update_pages
+from kiln.release.staging import StagingStore
+from kiln.release.swap import CAS_ATTEMPTS
+from kiln.release.store import LocalStore
 
+from .faults import CorruptingStore
 from .pageparse import parse_html, parse_json
 from .runkit import make_run, run_at_once
 
@@ -64,12 +69,28 @@ def assert_index_consistent(store, index: str, settled: bool = True) -> int:
     return files
 
 
+def page_keys(store) -> list[str]:
+    return [k for k in store.list() if k.endswith(("/index.html", "/index.json"))]
+
+
+def plant_sidecar_with_other_bytes(run: RunManifest, store, index: str, wheel_present: bool) -> str:
+    """The run's one wheel's sidecar key, holding METADATA of another version; the wheel itself too if asked."""
+    wheel = run.root / run.artifacts[0].path
+    key = f"{index}/k/{wheel.name}"
+    if wheel_present:  # as a crashed earlier publish of these very bytes would leave it
+        store.put_immutable(key, wheel.read_bytes(), "application/octet-stream", "no-cache")
+    store.put_immutable(key + ".metadata", b"Metadata-Version: 2.1\nName: k\nVersion: 0.9\n", "text/plain", "no-cache")
+    return key + ".metadata"
+
+
 def _publish(run: RunManifest, store, **kw):
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=CLOCK, **kw)
+    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=CLOCK,
+                   **kw)
 
 
 def test_publish_writes_per_variant_indexes_that_resolve(tmp_path: Path) -> None:
-    run = make_run(tmp_path / "run", {"cu130": [("kiln-kernels", "0.1.0+cu130")], "cpu": [("kiln-kernels", "0.1.0+cpu")]})
+    run = make_run(tmp_path / "run",
+                   {"cu130": [("kiln-kernels", "0.1.0+cu130")], "cpu": [("kiln-kernels", "0.1.0+cpu")]})
     store = LocalStore(tmp_path / "target")
     plan = _publish(run, store)
     assert plan.keys("added") == [
@@ -79,7 +100,8 @@ def test_publish_writes_per_variant_indexes_that_resolve(tmp_path: Path) -> None
     assert assert_index_consistent(store, "nightly/cu130/simple") == 1
     assert assert_index_consistent(store, "nightly/cpu/simple") == 1
     assert set(plan.pages) == {f"nightly/{v}/simple/{p}" for v in ("cu130", "cpu")
-                               for p in ("index.html", "index.json", "kiln-kernels/index.html", "kiln-kernels/index.json")}
+                               for p in ("index.html", "index.json", "kiln-kernels/index.html",
+                                         "kiln-kernels/index.json")}
 
 
 def test_rerun_uploads_nothing_and_changes_no_bytes(tmp_path: Path) -> None:
@@ -96,14 +118,16 @@ def test_second_run_merges_into_existing_pages(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "target")
     _publish(make_run(tmp_path / "a", {"cu130": [("kiln-kernels", "0.1.0+cu130")]}), store)
     plan = _publish(make_run(tmp_path / "b", {"cu130": [("kiln-kernels", "0.2.0+cu130")]}), store)
-    assert set(plan.pages) == {"nightly/cu130/simple/kiln-kernels/index.html", "nightly/cu130/simple/kiln-kernels/index.json"}
+    assert set(plan.pages) == {"nightly/cu130/simple/kiln-kernels/index.html",
+                               "nightly/cu130/simple/kiln-kernels/index.json"}
     page = parse_json(store.get("nightly/cu130/simple/kiln-kernels/index.json"))
     assert page["versions"] == ["0.1.0+cu130", "0.2.0+cu130"]
     assert assert_index_consistent(store, "nightly/cu130/simple") == 2
 
 
 def test_variant_with_failed_build_or_required_test_is_not_published(tmp_path: Path) -> None:
-    units = [Unit("build/cu130/x", "build", "failed", variant="cu130"), Unit("build/cpu/x", "build", "completed", variant="cpu"),
+    units = [Unit("build/cu130/x", "build", "failed", variant="cu130"),
+             Unit("build/cpu/x", "build", "completed", variant="cpu"),
              Unit("test/optional", "test", "failed", required=False)]
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "cpu": [("k", "1.0+cpu")]}, units)
     store = LocalStore(tmp_path / "target")
@@ -114,10 +138,63 @@ def test_variant_with_failed_build_or_required_test_is_not_published(tmp_path: P
 
 def test_a_failed_required_test_without_variant_gates_every_variant() -> None:
     run = RunManifest(root=Path("."), run_id="r", units=[Unit("test/kernels", "test", "failed", required=True)])
-    assert gate(run, ["cu130", "cpu"]) == ([], {"cu130": "failed: test/kernels", "cpu": "failed: test/kernels"})
+    why = "failed or not run: test/kernels"
+    assert gate(run, ["cu130", "cpu"]) == ([], {"cu130": why, "cpu": why})
     run.units.append(Unit("test/kernels", "test", "completed"))
     run.units.pop(0)
     assert gate(run, ["cu130"]) == (["cu130"], {})
+
+
+def test_a_held_back_variant_names_its_first_five_blocking_units() -> None:
+    units = [Unit(f"build/cu130/k{i}", "build", "failed", variant="cu130") for i in range(6)]
+    run = RunManifest(root=Path("."), run_id="r", units=units)
+    first_five = ", ".join(f"build/cu130/k{i}" for i in range(5))
+    assert gate(run, ["cu130"]) == ([], {"cu130": f"failed or not run: {first_five} …"})
+    run.units.pop()
+    assert gate(run, ["cu130"])[1]["cu130"].endswith("build/cu130/k4")
+
+
+def test_wheels_of_a_variant_kiln_toml_does_not_name_are_not_published_and_are_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "rocm": [("k", "1.0+rocm")]})
+    store = LocalStore(tmp_path / "target")
+    with caplog.at_level(logging.WARNING, logger="kiln.publish"):
+        plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=CLOCK)
+    assert plan.keys("added") == ["nightly/cu130/simple/k/k-1.0+cu130-py3-none-any.whl"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "wheels of variants ['rocm'] are not in kiln.toml's variants ['cu130']; not published"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kiln.publish"):
+        publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "rocm"], clock=CLOCK)
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
+class _AlwaysLosingRaces(LocalStore):
+    """Fault injection: every page write loses its compare-and-swap, as under endless contention."""
+
+    def put_page(self, key, data, content_type, cache_control, expected_etag):
+        raise ConflictError(f"{key}: injected lost race")
+
+
+def test_a_page_that_keeps_losing_its_race_stops_after_bounded_attempts_with_growing_backoff(tmp_path: Path) -> None:
+    sleeps: list[float] = []
+    dist = make_distribution("k-1.0-py3-none-any.whl", "a" * 64, 1, CLOCK())
+    with pytest.raises(ConflictError, match="still changing"):
+        update_pages(_AlwaysLosingRaces(tmp_path / "target"), "nightly/cu130/simple", [dist], sleep=sleeps.append)
+    assert len(sleeps) == CAS_ATTEMPTS - 1  # no wait after the last attempt
+    assert all(0.01 * 2**i <= s <= 0.05 * 2**i for i, s in enumerate(sleeps)), sleeps
+
+
+def test_a_conflict_fails_its_upload_unit_and_other_outcomes_pass_through(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]})
+    upload = publish(run, LocalStore(tmp_path / "target"), channel="nightly", channel_prefix="nightly",
+                     variants=["cu130"], clock=CLOCK).uploads[0]
+    for outcome in ("added", "present"):
+        result = UploadResult(upload, outcome)
+        assert raise_for_conflict(result) is result
+    with pytest.raises(IntegrityError, match="holds sha256 x; published files are immutable"):
+        raise_for_conflict(UploadResult(upload, "conflict", "k-1.0 holds sha256 x"))
 
 
 def test_manifest_hash_mismatch_refuses_and_writes_nothing(tmp_path: Path) -> None:
@@ -129,7 +206,7 @@ def test_manifest_hash_mismatch_refuses_and_writes_nothing(tmp_path: Path) -> No
 
 
 def test_manifest_path_traversal_is_refused(tmp_path: Path) -> None:
-    run = make_run(tmp_path / "run", {"cu130": [("a", "1.0")]})
+    make_run(tmp_path / "run", {"cu130": [("a", "1.0")]})
     data = json.loads((tmp_path / "run" / "run.json").read_text())
     data["artifacts"][0]["path"] = "../outside.whl"
     (tmp_path / "run" / "run.json").write_text(json.dumps(data))
@@ -146,8 +223,35 @@ def test_same_filename_with_other_bytes_is_a_conflict_left_off_the_pages(tmp_pat
     after = _snapshot(tmp_path / "target")
     published = [k for k in before if not k.endswith(("/index.html", "/index.json"))]
     assert published and all(after[k] == before[k] for k in published)  # nothing published was overwritten
-    assert after["nightly/cu130/simple/k/k-1.0-py3-none-any.whl"] == before["nightly/cu130/simple/k/k-1.0-py3-none-any.whl"]
+    wheel = "nightly/cu130/simple/k/k-1.0-py3-none-any.whl"
+    assert after[wheel] == before[wheel]
     assert assert_index_consistent(store, "nightly/cu130/simple") == 2
+
+
+@pytest.mark.parametrize("wheel_present", [False, True], ids=["sidecar-only", "wheel-and-sidecar"])
+def test_an_existing_sidecar_with_other_bytes_is_an_integrity_error_and_no_page_is_written(
+    tmp_path: Path, wheel_present: bool
+) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]})
+    store = LocalStore(tmp_path / "target")
+    sidecar = plant_sidecar_with_other_bytes(run, store, "nightly/cu130/simple", wheel_present)
+    before = _snapshot(tmp_path / "target")
+    with pytest.raises(IntegrityError, match=re.escape(sidecar)):
+        _publish(run, store)
+    assert page_keys(store) == []  # a page would advertise a core-metadata hash the sidecar does not have
+    assert _snapshot(tmp_path / "target")[sidecar] == before[sidecar]
+
+
+@pytest.mark.parametrize("suffix", [".whl", ".whl.metadata"])
+def test_a_read_back_that_differs_from_the_upload_is_an_integrity_error_and_nothing_is_listed(
+    tmp_path: Path, suffix: str
+) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]})
+    store = CorruptingStore(LocalStore(tmp_path / "target"), suffix)  # fault injection: damages bytes on write
+    with pytest.raises(IntegrityError, match="k-1.0-py3-none-any"):
+        _publish(run, store)
+    assert store.corrupted == [f"nightly/cu130/simple/k/k-1.0-py3-none-any{suffix}"]
+    assert page_keys(store) == []
 
 
 def test_dry_run_plans_against_staging_and_leaves_the_target_untouched(tmp_path: Path) -> None:

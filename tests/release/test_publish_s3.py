@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from release.publish import publish
-from release.s3 import S3Store, make_client
-
+from kiln.release.errors import IntegrityError
+from kiln.release.publish import publish
+from kiln.release.s3 import S3Store, make_client
 from tests.helpers.s3 import S3_ENV
-from .faults import inject_throttling
+
+from .faults import echo_checksums, inject_throttling
 from .runkit import make_run, run_at_once
-from .test_publish_local import assert_index_consistent
+from .test_publish_local import assert_index_consistent, page_keys, plant_sidecar_with_other_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120
@@ -29,7 +32,8 @@ def _child(endpoint: str, bucket: str, run: Path, kill_after: int | None = None)
     if kill_after is not None:
         env["KILN_TEST_KILL_AFTER_REQUESTS"] = str(kill_after)
     return subprocess.run(
-        [sys.executable, "-m", "tests.release.publisher_child", "--endpoint", endpoint, "--bucket", bucket, "--run", str(run)],
+        [sys.executable, "-m", "tests.release.publisher_child", "--endpoint", endpoint, "--bucket", bucket,
+         "--run", str(run)],
         capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env, cwd=REPO,
     )
 
@@ -52,7 +56,8 @@ def _fresh(endpoint: str, session: Any, bucket: str) -> S3Store:
 def test_sigkill_at_many_points_leaves_a_consistent_index_and_a_rerun_completes(
     tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str
 ) -> None:
-    base = make_run(tmp_path / "base", {"cu130": [("kiln-kernels", "0.1.0+cu130")], "cpu": [("kiln-kernels", "0.1.0+cpu")]})
+    base = make_run(tmp_path / "base",
+                    {"cu130": [("kiln-kernels", "0.1.0+cu130")], "cpu": [("kiln-kernels", "0.1.0+cpu")]})
     run = make_run(tmp_path / "new", {"cu130": [("kiln-kernels", "0.2.0+cu130"), ("extra", "1.0")],
                                       "cpu": [("kiln-kernels", "0.2.0+cpu")]})
     _publish(base, _store(s3_endpoint, s3_session, s3_bucket))
@@ -76,8 +81,11 @@ def test_sigkill_at_many_points_leaves_a_consistent_index_and_a_rerun_completes(
 
 
 @pytest.mark.slow
-def test_two_publisher_processes_at_once_are_both_listed(tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str) -> None:
-    runs = [make_run(tmp_path / f"r{i}", {"cu130": [("kiln-kernels", f"0.{i}.0+cu130")], "cpu": [("kiln-kernels", f"0.{i}.0+cpu")]})
+def test_two_publisher_processes_at_once_are_both_listed(
+    tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str
+) -> None:
+    runs = [make_run(tmp_path / f"r{i}",
+                     {"cu130": [("kiln-kernels", f"0.{i}.0+cu130")], "cpu": [("kiln-kernels", f"0.{i}.0+cpu")]})
             for i in range(3)]
     env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen([sys.executable, "-m", "tests.release.publisher_child", "--endpoint", s3_endpoint,
@@ -91,7 +99,9 @@ def test_two_publisher_processes_at_once_are_both_listed(tmp_path: Path, s3_endp
     assert assert_index_consistent(store, "nightly/cpu/simple") == 3
 
 
-def test_concurrent_publishers_in_threads_lose_no_entry(tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str) -> None:
+def test_concurrent_publishers_in_threads_lose_no_entry(
+    tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str
+) -> None:
     runs = [make_run(tmp_path / f"r{i}", {"cu130": [("kiln-kernels", f"1.{i}")]}) for i in range(6)]
     # a client per publisher, as separate jobs would have
     publishers = [(run, _store(s3_endpoint, s3_session, s3_bucket)) for run in runs]
@@ -107,10 +117,39 @@ def test_concurrent_publishers_in_threads_lose_no_entry(tmp_path: Path, s3_endpo
 
 
 @pytest.mark.slow
-def test_publish_completes_with_throttling_on_a_fraction_of_calls(tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str) -> None:
+def test_publish_completes_with_throttling_on_a_fraction_of_calls(
+    tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str
+) -> None:
     run = make_run(tmp_path / "run", {"cu130": [("a", "1.0"), ("b", "1.0"), ("c", "1.0")]})
     store = _store(s3_endpoint, s3_session, s3_bucket)
     hits = inject_throttling(store.client, fraction=0.25, seed=7)
     plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 1.7e9)
     assert hits[0] > 0 and len(plan.keys("added")) == 3
     assert assert_index_consistent(_store(s3_endpoint, s3_session, s3_bucket), "nightly/cu130/simple") == 3
+
+
+def test_an_existing_s3_sidecar_with_other_bytes_is_an_integrity_error_and_no_page_is_written(
+    tmp_path: Path, s3_store: S3Store
+) -> None:
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]})
+    sidecar = plant_sidecar_with_other_bytes(run, s3_store, "nightly/cu130/simple", wheel_present=True)
+    with pytest.raises(IntegrityError, match=re.escape(sidecar)):
+        _publish(run, s3_store)
+    assert page_keys(s3_store) == []
+
+
+def test_adding_a_wheel_on_a_store_that_verifies_checksums_sends_no_head_and_reads_nothing_back(
+    tmp_path: Path, s3_endpoint: str, s3_session: Any, s3_bucket: str
+) -> None:
+    store = _store(s3_endpoint, s3_session, s3_bucket)
+    store.verifies_checksums = True
+    echo_checksums(store.client)  # simulation: the echo AWS sends after verifying; moto sends none
+    _publish(make_run(tmp_path / "a", {"cu130": [("demo", "1.0")]}), store)
+    sent: Counter[str] = Counter()
+    store.client.meta.events.register("before-send.s3",
+                                      lambda event_name, **_: sent.update([event_name.rsplit(".", 1)[-1]]))
+    plan = _publish(make_run(tmp_path / "b", {"cu130": [("demo", "2.0")]}), store)
+    assert len(plan.keys("added")) == 1
+    # wheel and sidecar: one PUT each; project pages: 2 reads + 2 CAS writes; root: 2 reads, unchanged
+    assert sent == {"PutObject": 4, "GetObject": 4}
+    assert assert_index_consistent(_store(s3_endpoint, s3_session, s3_bucket), "nightly/cu130/simple") == 2

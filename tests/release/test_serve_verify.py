@@ -5,16 +5,15 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from release.index import JSON_TYPE
-from release.publish import publish
-from release.s3 import S3Store
-from release.serve import IndexServer, wants_json
-from release.store import LocalStore
-from release.verify import verify_index
+from kiln.release.index import JSON_TYPE
+from kiln.release.publish import publish
+from kiln.release.s3 import S3Store
+from kiln.release.serve import IndexServer, wants_json
+from kiln.release.store import LocalStore
+from kiln.release.verify import verify_index
 
 from .runkit import make_run
 
@@ -100,9 +99,9 @@ def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) 
 
 
 def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path) -> None:
-    from release.errors import IntegrityError
-    from release.verify import verify_published
-    from tasks.config import load_config
+    from kiln.release.errors import IntegrityError
+    from kiln.release.verify import verify_published
+    from kiln.tasks.config import load_config
 
     (tmp_path / "src").mkdir()
     (tmp_path / "kiln.toml").write_text(

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import ConflictError, IntegrityError, InvalidInputError
-from release.fsutil import sha256_bytes
-from release.store import LocalStore, check_key, open_store
+from kiln.release.errors import ConflictError, IntegrityError, InvalidInputError
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.store import LocalStore, check_key, open_store
 
 
 def test_open_store_resolves_relative_file_urls_against_root(tmp_path: Path) -> None:
@@ -29,10 +29,32 @@ def test_open_store_refuses_unknown_scheme(tmp_path: Path) -> None:
         open_store("ftp://x", root=tmp_path)
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "../up", "a/../b", "a//b", "a\\b", "a/\nb", "./a", "a/\x7f"])
+@pytest.mark.parametrize("key", ["", "/abs", "../up", "a/../b", "a//b", "a\\b", "a/\nb", "./a", "a/\x7f", "a\x1fb",
+                                 b"a.whl", 7])
 def test_check_key_refuses_escaping_or_control_keys(key: str) -> None:
     with pytest.raises(InvalidInputError):
         check_key(key)
+
+
+def test_check_key_accepts_printable_keys_up_to_the_first_control_character() -> None:
+    assert check_key("p/a b~+.whl") == "p/a b~+.whl"  # space (32) is the first printable character
+
+
+@pytest.mark.parametrize("url", ["file://a\x1fb", "file://a\nb", "file://"])
+def test_open_store_refuses_a_file_url_with_a_control_character_or_no_directory(tmp_path: Path, url: str) -> None:
+    with pytest.raises(InvalidInputError, match="store URL"):
+        open_store(url, root=tmp_path)
+
+
+def test_open_store_accepts_a_file_url_with_a_space(tmp_path: Path) -> None:
+    open_store("file://with space", root=tmp_path).put_immutable("k", b"1", "text/plain", "no-cache")
+    assert (tmp_path / "with space" / "k").read_bytes() == b"1"
+
+
+def test_put_page_creates_missing_parent_directories(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "fresh")
+    store.put_page("nightly/cu130/simple/p/index.json", b"{}", "application/json", "max-age=60", None)
+    assert store.get("nightly/cu130/simple/p/index.json") == b"{}"
 
 
 def test_put_immutable_same_bytes_is_success_other_bytes_integrity_error(tmp_path: Path) -> None:
@@ -70,7 +92,7 @@ def test_head_and_get_of_missing_key_are_none(tmp_path: Path) -> None:
     assert store.get("missing") is None and store.head("missing") is None and store.get_page("x/y") is None
 
 
-def _race(root: str, n: int, results: "multiprocessing.Queue[str]") -> None:
+def _race(root: str, n: int, results: multiprocessing.Queue[str]) -> None:
     store = LocalStore(Path(root))
     try:
         store.put_immutable("same.whl", bytes([n]) * 1000, "application/octet-stream", "immutable")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from release.errors import (
+from kiln.release.errors import (
     AccessDeniedError,
+    AlreadyPublishedError,
     ConflictError,
     IntegrityError,
     InvalidInputError,
@@ -18,13 +20,16 @@ from release.errors import (
     TransientStoreError,
     is_retryable,
 )
-from release.fsutil import sha256_bytes
-from release.s3 import S3Store, make_client, translate
-from release.store import open_store
+from kiln.release.fsutil import sha256_bytes
+from kiln.release.s3 import S3Store, make_client, translate
+from kiln.release.store import open_store
+
+from .faults import echo_checksums
 
 
 def test_put_immutable_sets_content_type_cache_control_and_reads_hash_back(s3_store: S3Store) -> None:
-    info = s3_store.put_immutable("p/a-1.0+cu130-py3-none-any.whl", b"wheel", "application/octet-stream", "public, max-age=31536000, immutable")
+    info = s3_store.put_immutable("p/a-1.0+cu130-py3-none-any.whl", b"wheel", "application/octet-stream",
+                                  "public, max-age=31536000, immutable")
     assert info.sha256 == sha256_bytes(b"wheel")
     raw = s3_store.client.head_object(Bucket=s3_store.bucket, Key="simple/p/a-1.0+cu130-py3-none-any.whl")
     assert raw["ContentType"] == "application/octet-stream"
@@ -34,7 +39,8 @@ def test_put_immutable_sets_content_type_cache_control_and_reads_hash_back(s3_st
 
 def test_put_immutable_same_bytes_succeeds_other_bytes_is_integrity_error(s3_store: S3Store) -> None:
     s3_store.put_immutable("k.whl", b"one", "application/octet-stream", "immutable")
-    assert s3_store.put_immutable("k.whl", b"one", "application/octet-stream", "immutable").sha256 == sha256_bytes(b"one")
+    one = s3_store.put_immutable("k.whl", b"one", "application/octet-stream", "immutable")
+    assert one.sha256 == sha256_bytes(b"one")
     with pytest.raises(IntegrityError, match="immutable") as caught:
         s3_store.put_immutable("k.whl", b"two", "application/octet-stream", "immutable")
     assert not is_retryable(caught.value)
@@ -61,7 +67,8 @@ def test_expected_bucket_owner_is_sent_on_every_call(s3_endpoint: str, s3_sessio
     client = make_client(s3_session, "us-east-1", s3_endpoint)
     seen: list[tuple[str, Any]] = []
     client.meta.events.register(
-        "before-parameter-build.s3.*", lambda params, event_name, **_: seen.append((event_name, params.get("ExpectedBucketOwner")))
+        "before-parameter-build.s3.*",
+        lambda params, event_name, **_: seen.append((event_name, params.get("ExpectedBucketOwner"))),
     )
     store = S3Store(client, s3_bucket, "x", expected_owner="123456789012")
     store.put_immutable("a", b"1", "text/plain", "immutable")
@@ -71,7 +78,8 @@ def test_expected_bucket_owner_is_sent_on_every_call(s3_endpoint: str, s3_sessio
 
 
 def test_open_store_builds_an_s3_store_for_s3_urls(s3_endpoint: str, s3_session: Any, s3_bucket: str, tmp_path) -> None:
-    store = open_store(f"s3://{s3_bucket}/a/b", root=tmp_path, region="us-east-1", endpoint=s3_endpoint, session=s3_session)
+    store = open_store(f"s3://{s3_bucket}/a/b", root=tmp_path, region="us-east-1", endpoint=s3_endpoint,
+                       session=s3_session)
     store.put_immutable("k", b"v", "text/plain", "immutable")
     assert store.list() == ["k"] and store.url == f"s3://{s3_bucket}/a/b"
 
@@ -82,7 +90,8 @@ def test_open_store_refuses_traversal_in_prefix(tmp_path) -> None:
 
 
 def _client_error(code: str, status: int) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "PutObject")
 
 
 @pytest.mark.parametrize(
@@ -93,6 +102,7 @@ def _client_error(code: str, status: int) -> ClientError:
         ("AccessDenied", 403, AccessDeniedError),
         ("BadDigest", 400, IntegrityError),
         ("PreconditionFailed", 412, ConflictError),
+        ("NoSuchBucket", 404, InvalidInputError),
         ("SomethingNew", 400, PermanentError),
     ],
 )
@@ -100,7 +110,7 @@ def test_translate_maps_botocore_errors_to_typed_errors_keeping_the_cause(code: 
     cause = _client_error(code, status)
     with pytest.raises(kind, match=code) as caught:
         translate(cause, "put_object s3://b/k")
-    assert caught.value.__cause__ is cause
+    assert type(caught.value) is kind and caught.value.__cause__ is cause
 
 
 def test_translate_makes_connection_errors_retryable() -> None:
@@ -128,6 +138,53 @@ class _Raw:
         yield self._body
 
 
+class _FailingRaw:
+    """A response body whose connection breaks while it is read."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.closed = error, False
+
+    def read(self, *_: Any, **__: Any) -> bytes:
+        raise self.error
+
+    def stream(self, **_: Any):
+        raise self.error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError("reset by peer"), ReadTimeoutError(endpoint_url="http://s3")],
+                         ids=["connection-reset", "read-timeout"])
+def test_a_body_that_breaks_while_read_is_a_retryable_store_error(s3_store: S3Store, error: Exception) -> None:
+    s3_store.put_page("p/index.json", b"{}", "application/json", "no-cache", None)
+
+    raw = _FailingRaw(error)
+
+    # Fault injector: the GET is answered, then its body fails mid-read.
+    def broken(request: Any, **_: Any) -> AWSResponse:
+        return AWSResponse(request.url, 200, {"Content-Length": "2", "ETag": '"e"'}, raw)
+
+    s3_store.client.meta.events.register_first("before-send.s3.GetObject", broken)
+    with pytest.raises(TransientStoreError, match="p/index.json") as caught:
+        s3_store.get_page("p/index.json")
+    assert is_retryable(caught.value) and caught.value.__cause__ is error
+    assert raw.closed  # the broken connection is released, not left to the pool
+
+
+def test_a_checksum_header_that_is_not_base64_is_ignored_and_the_bytes_are_hashed(s3_store: S3Store) -> None:
+    s3_store.put_immutable("w.whl", b"wheel", "application/octet-stream", "immutable")
+    s3_store.verifies_checksums = True  # only then does head() trust a HEAD's checksum header at all
+
+    # Fault injector: a HEAD answer whose checksum header is not base64 at all.
+    def odd_header(request: Any, **_: Any) -> AWSResponse:
+        headers = {"Content-Length": "5", "ETag": '"e"', "x-amz-checksum-sha256": "\u00ff\u00fe=="}
+        return AWSResponse(request.url, 200, headers, _Raw(b""))
+
+    s3_store.client.meta.events.register_first("before-send.s3.HeadObject", odd_header)
+    assert s3_store.head("w.whl").sha256 == sha256_bytes(b"wheel")
+
+
 def test_bytes_corrupted_in_transit_are_caught_by_the_read_back(s3_store: S3Store) -> None:
     # Fault injector: flip the body of the PutObject on its way to the server. moto does not
     # check ChecksumSHA256, so only our own read-back of the hash can notice.
@@ -141,7 +198,7 @@ def test_bytes_corrupted_in_transit_are_caught_by_the_read_back(s3_store: S3Stor
 
 
 def test_pages_and_wheels_carry_their_content_type_and_cache_control(s3_store: S3Store, tmp_path) -> None:
-    from release.publish import IMMUTABLE_CACHE, PAGE_CACHE, publish
+    from kiln.release.publish import IMMUTABLE_CACHE, PAGE_CACHE, publish
 
     from .runkit import make_run
 
@@ -157,3 +214,71 @@ def test_pages_and_wheels_carry_their_content_type_and_cache_control(s3_store: S
     for key, (ctype, cache) in expected.items():
         head = s3_store.client.head_object(Bucket=s3_store.bucket, Key=key)
         assert (head["ContentType"], head["CacheControl"]) == (ctype, cache), key
+
+
+def _requests(client: Any) -> Counter[str]:
+    sent: Counter[str] = Counter()
+    client.meta.events.register("before-send.s3", lambda event_name, **_: sent.update([event_name.rsplit(".", 1)[-1]]))
+    return sent
+
+
+def _corrupt_puts(client: Any) -> None:
+    # Fault injector: flip the first byte of every PutObject body on its way to the server.
+    def corrupt(request: Any, **_: Any) -> None:
+        body = request.body.read() if hasattr(request.body, "read") else bytes(request.body)
+        request.body = b"X" + body[1:]
+
+    client.meta.events.register("before-send.s3.PutObject", corrupt)
+
+
+def test_create_only_write_makes_no_existence_check_and_reads_back_on_a_store_that_does_not_verify(
+    s3_store: S3Store,
+) -> None:
+    sent = _requests(s3_store.client)
+    info = s3_store.put_immutable("w.whl", b"one", "application/octet-stream", "immutable")
+    assert info.created and info.sha256 == sha256_bytes(b"one")
+    assert sent == {"PutObject": 1, "GetObject": 1}  # the write, then the read-back: no HEAD before
+    sent.clear()
+    again = s3_store.put_immutable("w.whl", b"one", "application/octet-stream", "immutable")
+    assert not again.created and sent == {"PutObject": 1, "GetObject": 1}  # 412, then the bytes hashed
+    with pytest.raises(AlreadyPublishedError, match="immutable"):
+        s3_store.put_immutable("w.whl", b"two", "application/octet-stream", "immutable")
+    assert s3_store.get("w.whl") == b"one"
+
+
+def test_store_that_verifies_and_confirms_the_checksum_writes_once_without_reading_back(
+    s3_endpoint: str, s3_session: Any, s3_bucket: str
+) -> None:
+    client = make_client(s3_session, "us-east-1", s3_endpoint)
+    echo_checksums(client)  # simulation: the echo AWS sends after verifying; moto sends none
+    sent = _requests(client)
+    store = S3Store(client, s3_bucket, "v", verifies_checksums=True)
+    info = store.put_immutable("w.whl", b"one", "application/octet-stream", "immutable")
+    assert info.created and info.sha256 == sha256_bytes(b"one") and sent == {"PutObject": 1}
+    assert not store.put_immutable("w.whl", b"one", "application/octet-stream", "immutable").created
+    with pytest.raises(AlreadyPublishedError):
+        store.put_immutable("w.whl", b"two", "application/octet-stream", "immutable")
+
+
+def test_store_set_to_verify_whose_server_does_not_confirm_still_reads_back_and_catches_corruption(
+    s3_endpoint: str, s3_session: Any, s3_bucket: str
+) -> None:
+    client = make_client(s3_session, "us-east-1", s3_endpoint)
+    _corrupt_puts(client)  # moto neither checks nor echoes the checksum: a misconfigured verifies_checksums
+    store = S3Store(client, s3_bucket, "v", verifies_checksums=True)
+    with pytest.raises(IntegrityError, match="holds sha256") as caught:
+        store.put_immutable("w.whl", b"good bytes", "application/octet-stream", "immutable")
+    assert not isinstance(caught.value, AlreadyPublishedError)
+
+
+def test_verifies_checksums_is_true_on_aws_false_with_an_endpoint_unless_set(
+    tmp_path, s3_endpoint: str, s3_session: Any
+) -> None:
+    def opened(**kw: Any) -> bool:
+        store = open_store("s3://bucket/x", root=tmp_path, region="us-east-1", session=s3_session, **kw)
+        return store.verifies_checksums
+
+    assert opened() is True
+    assert opened(endpoint=s3_endpoint) is False
+    assert opened(endpoint=s3_endpoint, verifies_checksums=True) is True
+    assert opened(verifies_checksums=False) is False

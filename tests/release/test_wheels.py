@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InvalidInputError
-from release.fsutil import sha256_bytes, sha256_file
-from release.wheels import read_wheel
+from kiln.release.errors import InvalidInputError
+from kiln.release.fsutil import sha256_bytes, sha256_file
+from kiln.release.wheels import read_wheel
 
 from .wheelkit import make_wheel
 
@@ -45,3 +45,29 @@ def test_a_wheel_without_metadata_is_refused(tmp_path: Path) -> None:
         archive.writestr("demo/__init__.py", "")
     with pytest.raises(InvalidInputError, match="METADATA"):
         read_wheel(path)
+
+
+def _zip(path: Path, members: dict[str, str]) -> bytes:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in members.items():
+            archive.writestr(name, text)
+    return path.read_bytes()
+
+
+def test_import_names_come_from_the_wheel_not_the_distribution_name(tmp_path: Path) -> None:
+    from kiln.release.wheels import import_names
+
+    path = make_wheel(tmp_path, "tiny-kernels", "1.0", module="tinyk")
+    assert import_names(path.name, path.read_bytes()) == ("tinyk",)
+
+
+@pytest.mark.parametrize("members, expected", [
+    ({"a-1.dist-info/top_level.txt": "pkg\nother\n", "pkg/__init__.py": "", "other.py": ""}, ("other", "pkg")),
+    ({"kiln/runtime/__init__.py": "", "kiln/runtime/spec.py": ""}, ("kiln.runtime",)),  # a namespace portion
+    ({"fast.cpython-311-x86_64-linux-gnu.so": "", "a-1.data/scripts/x": ""}, ("fast",)),
+    ({"a-1.dist-info/METADATA": ""}, ()),
+])
+def test_import_names_read_top_level_or_record(tmp_path: Path, members: dict[str, str], expected: tuple) -> None:
+    from kiln.release.wheels import import_names
+
+    assert import_names("a-1-py3-none-any.whl", _zip(tmp_path / "a.whl", members)) == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -24,10 +25,14 @@ def make_wheel(
     requires_python: str | None = ">=3.8",
     tag: str = "py3-none-any",
     payload: str = "",
+    requires: Sequence[str] = (),
+    body: str = "",
 ) -> Path:
     """Write ``<name>-<version>-<tag>.whl`` with an importable module and return its path.
 
-    ``payload`` goes into the module so two wheels of one name can differ in bytes.
+    ``payload`` goes into the module so two wheels of one name can differ in bytes;
+    ``requires`` become ``Requires-Dist`` lines and ``body`` is appended to the module
+    (e.g. an import of a dependency, so importing proves the dependency was installed).
     """
     dist = canonicalize_name(name).replace("-", "_")
     module = module or dist
@@ -35,8 +40,9 @@ def make_wheel(
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     if requires_python:
         metadata += f"Requires-Python: {requires_python}\n"
+    metadata += "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
     files = {
-        f"{module}/__init__.py": f"__version__ = {version!r}\nPAYLOAD = {payload!r}\n".encode(),
+        f"{module}/__init__.py": f"__version__ = {version!r}\nPAYLOAD = {payload!r}\n{body}".encode(),
         f"{info}/METADATA": metadata.encode(),
         f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: kiln-tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode(),
     }

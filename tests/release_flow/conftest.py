@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +70,8 @@ class PrefectServer:
         log.info("running %s", " ".join(command))
         proc = subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n"
+                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         return proc
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
@@ -100,7 +102,7 @@ class PrefectServer:
         pytest.fail(f"flow run {flow_run_id} not final after {deadline_s} s; worker log tail:\n{worker_log}")
 
 
-def _server_env(home: Path, port: int) -> dict[str, str]:
+def _server_env(home: Path, port: int, ui: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update({
         "PREFECT_HOME": str(home),
@@ -108,23 +110,23 @@ def _server_env(home: Path, port: int) -> dict[str, str]:
         "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln",
-        "PREFECT_SERVER_UI_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
     })
     return env
 
 
-@pytest.fixture(scope="module")
-def real_server(tmp_path_factory) -> Iterator[PrefectServer]:
-    home = tmp_path_factory.mktemp("prefect-home")
+@contextmanager
+def prefect_server_process(home: Path, ui: bool = False) -> Iterator[PrefectServer]:
+    """``prefect server start`` on a free loopback port (the UI too when ``ui``), stopped afterwards."""
     for attempt in range(3):  # the free port can be taken between bind and start
         port = free_port()
-        env = _server_env(home, port)
+        env = _server_env(home, port, ui)
         command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
                    "--no-scheduler", "--no-late-runs"]
         log.info("starting %s", " ".join(command))
         with open(home / f"server-{attempt}.log", "ab") as out:
             proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + 120
+        end = time.monotonic() + 600  # a fresh database migrates first: minutes on a loaded machine
         while time.monotonic() < end and proc.poll() is None and not _healthy(env["PREFECT_API_URL"]):
             time.sleep(0.5)
         if proc.poll() is None and _healthy(env["PREFECT_API_URL"]):
@@ -139,3 +141,9 @@ def real_server(tmp_path_factory) -> Iterator[PrefectServer]:
         for worker in server.procs:
             stop(worker)
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory) -> Iterator[PrefectServer]:
+    with prefect_server_process(tmp_path_factory.mktemp("prefect-home")) as server:
+        yield server

@@ -1,4 +1,4 @@
-"""tasks.changes: --changed-since against a real git repository."""
+"""kiln.tasks.testing.changes: --changed-since against a real git repository."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InvalidInputError
-from tasks.changes import changed_files, select_suites, suites_to_run
-from tasks.config import load_config
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.testing.changes import changed_files, select_suites, suites_to_run
+from kiln.tasks.config import load_config
 
 KILN_TOML = """
 [project]
@@ -121,3 +121,21 @@ def test_git_gets_a_timeout(repo):
     with pytest.raises(InvalidInputError, match="did not finish in 5s"):
         changed_files("HEAD", repo, runner=runner, timeout=5)
     assert seen["timeout"] == 5
+
+
+def test_select_all_in_kiln_toml_names_the_files_that_select_every_suite(repo):
+    config_path = repo / "kiln.toml"
+    config_path.write_text(config_path.read_text() + '\n[testing]\nselect_all = ["README.md", "tools/"]\n')
+    git(repo, "commit", "-qam", "select_all")
+    assert _selected(repo, "README.md") == ["kernels", "io"]
+    git(repo, "checkout", "-q", "README.md")
+    (repo / "tools").mkdir()
+    (repo / "tools" / "gen.py").write_text("x\n")
+    git(repo, "add", "tools")
+    assert _selected(repo) == ["kernels", "io"]
+
+
+def test_a_conftest_outside_select_all_selects_by_its_suite_only(repo):
+    (repo / "tests" / "conftest.py").write_text("# top\n")
+    git(repo, "add", "tests/conftest.py")
+    assert _selected(repo) == []  # tests/conftest.py is no longer hard-coded; kiln.toml names what selects all

@@ -1,11 +1,11 @@
-"""tasks.classify: outcomes from phase records, exits, and retries."""
+"""kiln.tasks.testing.classify: outcomes from phase records, exits, and retries."""
 
 from __future__ import annotations
 
 import pytest
 
-from release.errors import CompileError, InfrastructureError, ThrottledError
-from tasks.classify import (
+from kiln.release.errors import CompileError, InfrastructureError, ThrottledError
+from kiln.tasks.testing.classify import (
     TestResult, classify_phases, classify_unfinished, is_assertion_exception, is_infrastructure_exception,
     merge_attempts, should_retry, suite_state, summary_line,
 )

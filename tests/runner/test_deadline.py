@@ -1,4 +1,4 @@
-"""tasks.deadline: the dump → SIGTERM → grace → SIGKILL → reap ladder on real processes."""
+"""kiln.tasks.process: the dump → SIGTERM → grace → SIGKILL → reap ladder on real processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.deadline import group_alive, run_with_deadline, signal_name, watch
+from kiln.tasks.process import group_alive, run_with_deadline, signal_name, watch
 from tests.runner._procs import running
 
 # A child that leads its group, installs the stack dump, maybe starts a
@@ -15,7 +15,7 @@ from tests.runner._procs import running
 CHILD = r"""
 import os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from tasks.deadline import install_stack_dump
+from kiln.tasks.process import install_stack_dump
 dump = install_stack_dump(sys.argv[2])
 mode, state = sys.argv[3], sys.argv[4]
 if mode == "ignore_term":

@@ -1,4 +1,4 @@
-"""tasks.devices: detection with the override, pinning, the pool."""
+"""kiln.tasks.testing.devices: detection with the override, pinning, the pool."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from release.errors import InvalidInputError
-from tasks.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
 
 
 def test_override_wins_over_detection(tmp_path):

@@ -1,4 +1,4 @@
-"""tasks.distributed.run: gloo on CPU, file:// rendezvous, failing and hanging ranks."""
+"""kiln.tasks.testing.distributed.run: gloo on CPU, file:// rendezvous, failing and hanging ranks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import DistributedTestError, InvalidInputError, TestTimeoutError
-from tasks import distributed
+from kiln.release.errors import DistributedTestError, InvalidInputError, TestTimeoutError
+from kiln.tasks.testing import distributed
 from tests.runner._procs import running
 
 
@@ -79,14 +79,15 @@ def test_ranks_that_fail_on_their_own_are_all_named_as_causes():
 
 
 def test_hung_rank_times_out_with_its_stacks_and_leaves_no_rank_alive(tmp_path):
-    start = time.monotonic()
+    # The 3 s deadline starts when both ranks have joined the group, however long
+    # a loaded machine takes to start them: their stacks then always show the function.
+    # Both ranks still running when it ended proves the 3 s deadline, not the
+    # collective's own timeout (2 * 3 + 5 s, after which rank 1 would raise), stopped them.
     with pytest.raises(TestTimeoutError) as info:
         distributed.run(hang_on_rank_zero, 2, timeout=3, args=(str(tmp_path),))
-    elapsed = time.monotonic() - start
     message = str(info.value)
     assert "hung ranks [0, 1]" in message
     assert "hang_on_rank_zero" in message  # rank 0's stack dump points at the sleeping line
-    assert elapsed < 3 + 2 * distributed.GRACE_S + 5
     pidfiles = list(tmp_path.glob("rank*.pid"))
     assert len(pidfiles) == 2
     for pidfile in pidfiles:
@@ -117,3 +118,26 @@ def test_nccl_needs_one_gpu_per_rank(monkeypatch):
     monkeypatch.setenv("KILN_GPU_COUNT", "1")
     with pytest.raises(InvalidInputError, match="needs 2 GPUs, 1 available"):
         distributed.run(all_reduce_sum, 2, backend="nccl")
+
+
+def slow_start_then_return(rank: int, world_size: int) -> int:
+    return rank
+
+
+def delayed_rank_main(*args):
+    """Fault injection: a rank whose interpreter is slow to start (a loaded machine)."""
+    time.sleep(2.5)
+    distributed._rank_main(*args)
+
+
+def test_slow_start_up_does_not_count_against_the_deadline(monkeypatch):
+    # Every rank starts later than the whole 1 s deadline; the call still
+    # succeeds because the deadline of ``fn`` starts once every rank has joined.
+    monkeypatch.setattr(distributed, "_rank_main", delayed_rank_main)
+    assert distributed.run(slow_start_then_return, 2, timeout=1, start="spawn") == [0, 1]
+
+
+def test_a_group_that_never_starts_fails_at_the_startup_deadline(monkeypatch):
+    monkeypatch.setattr(distributed, "_rank_main", delayed_rank_main)
+    with pytest.raises(TestTimeoutError, match=r"did not start within 0.5s; ranks \[0, 1\] had not joined"):
+        distributed.run(slow_start_then_return, 2, timeout=60, startup_timeout=0.5, start="spawn")

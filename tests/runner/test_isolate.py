@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InvalidInputError
-from tasks.deadline import DUMP_WINDOW_S
-from tasks.isolate import RunOptions, run_tests
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.process import DUMP_WINDOW_S
+from kiln.tasks.testing.runner import RunOptions, run_tests
 from tests.runner._procs import running
 
 REPO = Path(__file__).resolve().parents[2]

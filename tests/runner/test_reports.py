@@ -1,12 +1,12 @@
-"""tasks.reports: JUnit XML a dashboard can read, and the JSON summary."""
+"""kiln.tasks.testing.reports: JUnit XML a dashboard can read, and the JSON summary."""
 
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
 
-from tasks.classify import TestResult
-from tasks.reports import junit_document, write_json, write_junit
+from kiln.tasks.testing.classify import TestResult
+from kiln.tasks.testing.reports import junit_document, write_json, write_junit
 
 RESULTS = [
     TestResult("tests/k/test_a.py::test_ok", "passed", 0.5, stdout="hello\n"),

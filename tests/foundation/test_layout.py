@@ -1,0 +1,208 @@
+"""The import graph of flows/, tasks/, release/ and release/runtime/: no cycles, layers respected.
+
+Every ``import`` statement counts — at module level, inside functions, and
+under ``if TYPE_CHECKING:`` — because a lazy import only hides a cycle until
+the day someone moves it to the top. The layer rule is DESIGN.md's table:
+release/ is below tasks/, tasks/ is below flows/, and kiln.runtime (a
+separate, dependency-free distribution) sees nothing of kiln but itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = ROOT / "release" / "runtime" / "kiln" / "runtime"
+# folder -> the import name it is installed as (pyproject.toml's package-dir).
+PACKAGES = {ROOT / "flows": "kiln.flows", ROOT / "tasks": "kiln.tasks", ROOT / "release": "kiln.release",
+            RUNTIME: "kiln.runtime"}
+
+
+def _module_name(path: Path, folder: Path, package: str) -> str:
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def discover_modules() -> dict[str, Path]:
+    """``kiln.*`` module name -> its file, for every module of the four packages."""
+    modules: dict[str, Path] = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            if folder != RUNTIME and RUNTIME in path.parents:
+                continue  # kiln.runtime is its own distribution, not part of kiln.release
+            modules[_module_name(path, folder, package)] = path
+    return modules
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Every dotted name an import statement anywhere in ``tree`` may load."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names.add(prefix)
+            names.update(f"{prefix}.{alias.name}" for alias in node.names)  # ``from pkg import submodule``
+    return names
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules of ``modules`` it imports (the deepest one each import names)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        targets = set()
+        for imported in _imported_names(tree, name, _is_package(path)):
+            parts = imported.split(".")
+            for cut in range(len(parts), 0, -1):
+                candidate = ".".join(parts[:cut])
+                if candidate in modules:
+                    targets.add(candidate)
+                    break
+        targets.discard(name)
+        graph[name] = targets
+    return graph
+
+
+def external_kiln_imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> every ``kiln.*`` name it imports (known module or not)."""
+    out: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        out[name] = {n for n in _imported_names(tree, name, _is_package(path)) if n == "kiln" or n.startswith("kiln.")}
+    return out
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one module (Tarjan), each as a cycle path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                components.append(_cycle_path(graph, set(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def _cycle_path(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """One concrete cycle inside ``component``, closed (first == last), for the message."""
+    start = min(component)
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for succ in sorted(graph[node] & component):
+                if succ == start:
+                    path = [start]
+                    while node != start:
+                        path.append(node)
+                        node = parents[node]
+                    return [start, *reversed(path[1:]), start]
+                if succ not in parents:
+                    parents[succ] = node
+                    nxt.append(succ)
+        frontier = nxt
+    return sorted(component)  # unreachable for a true component
+
+
+# --- the checker itself, on tiny graphs ----------------------------------------
+
+
+def test_find_cycles_names_a_two_module_cycle_and_ignores_a_chain():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert find_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"]]
+    (cycle,) = find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()})
+    assert cycle == ["a", "b", "c", "a"]
+
+
+def test_lazy_and_type_checking_imports_count(tmp_path):
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from kiln.tasks.y import T\n"
+        "def f():\n    import kiln.tasks.z\n"
+        "from . import w\n"
+    )
+    tree = ast.parse(source)
+    names = _imported_names(tree, "kiln.tasks.x", is_package=False)
+    assert {"kiln.tasks.y", "kiln.tasks.z", "kiln.tasks.w"} <= names
+
+
+# --- the real tree --------------------------------------------------------------
+
+
+MODULES = discover_modules()
+GRAPH = import_graph(MODULES)
+KILN_IMPORTS = external_kiln_imports(MODULES)
+
+
+def test_every_package_is_scanned():
+    for expected in ("kiln.flows.cli", "kiln.tasks.process", "kiln.tasks.build.pool", "kiln.release.errors",
+                     "kiln.runtime.spec"):
+        assert expected in MODULES
+    assert not any(name.startswith("kiln.release.runtime") for name in MODULES)
+
+
+def test_no_two_modules_import_each_other_even_lazily():
+    cycles = find_cycles(GRAPH)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{module} imports {name}" for module, names in KILN_IMPORTS.items()
+                  if module == package or module.startswith(package + ".")
+                  for name in names if any(name == f or name.startswith(f + ".") for f in forbidden))
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    ("kiln.release", ("kiln.tasks", "kiln.flows")),
+    ("kiln.tasks", ("kiln.flows",)),
+])
+def test_a_layer_imports_nothing_from_the_layers_above_it(package, forbidden):
+    assert _violations(package, forbidden) == []
+
+
+def test_kiln_runtime_imports_nothing_of_kiln_but_itself():
+    outside = sorted(f"{module} imports {name}" for module, names in KILN_IMPORTS.items()
+                     if module.startswith("kiln.runtime") for name in names
+                     if name != "kiln.runtime" and not name.startswith("kiln.runtime."))
+    assert outside == []

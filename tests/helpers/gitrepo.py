@@ -1,0 +1,46 @@
+"""Fixture projects committed in real git repositories (a nightly publishes only a clean commit)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
+GIT_ENV = {"GIT_AUTHOR_NAME": "Kiln Test", "GIT_AUTHOR_EMAIL": "kiln@example.invalid",
+           "GIT_COMMITTER_NAME": "Kiln Test", "GIT_COMMITTER_EMAIL": "kiln@example.invalid"}
+COMMIT_TIME = "2026-11-30T21:07:03+00:00"
+
+
+def git(repo: Path, *args: str, when: str | None = None) -> str:
+    env = {**os.environ, **GIT_ENV}
+    if when:
+        env |= {"GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=60,
+                          check=True)
+    return done.stdout.strip()
+
+
+def commit_all(repo: Path, message: str, when: str = COMMIT_TIME) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--allow-empty", "-m", message, when=when)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def init_repo(repo: Path, when: str = COMMIT_TIME) -> Path:
+    """Commit everything under ``repo`` (a fresh repository); build outputs are ignored."""
+    (repo / ".gitignore").write_text(".kiln/\n.venv/\nout/\n")
+    git(repo, "init", "-q", "-b", "main")
+    commit_all(repo, "fixture", when)
+    return repo
+
+
+def git_project(name: str, dest: Path, when: str = COMMIT_TIME, edit=None) -> Path:
+    """A fixture project committed in a fresh git repository; returns its kiln.toml."""
+    repo = dest / name
+    shutil.copytree(FIXTURES / name, repo, ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    if edit is not None:
+        edit(repo)
+    init_repo(repo, when)
+    return repo / "kiln.toml"

@@ -1,0 +1,122 @@
+"""A real browser on a real run: the Prefect UI shows what Kiln says it shows.
+
+Starts ``prefect server start`` (UI included) on loopback, runs a small
+nightly against it as a ``kiln`` process — the torch-only bench project with
+one suite that has a planted failing test — and opens the run's pages in
+headless Chromium (Debian's ``/usr/bin/chromium`` driven by Playwright; no
+browser is downloaded). Every check waits for the content it checks. The
+screenshots are saved under the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.gitrepo import init_repo
+from tests.release_flow.conftest import PrefectServer, prefect_server_process
+
+# The module's first test also waits for the whole nightly (build, tests, bench) on a busy 2-core machine.
+pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+WAIT_MS = 180_000  # a busy 2-core CI machine renders slowly; every wait is for content, never a sleep
+
+SUITE = '''
+def test_passes():
+    assert sum([1, 2]) == 3
+
+
+def test_planted_failure():
+    assert "kiln" == "oven", "planted failure for the UI test"
+'''
+
+
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory) -> PrefectServer:
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no chromium binary ({CHROMIUM} missing): apt-get install chromium (.ci/run installs it)")
+    with prefect_server_process(tmp_path_factory.mktemp("prefect-ui-home"), ui=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nightly(ui_server: PrefectServer, tmp_path_factory) -> dict[str, str]:
+    """A nightly of the bench project (with a planted failing test), run by `kiln` against the UI's server."""
+    base = tmp_path_factory.mktemp("ui-nightly")
+    root = base / "benchproj"
+    shutil.copytree(REPO / "tests" / "bench" / "fixtures" / "benchproj", root,
+                    ignore=shutil.ignore_patterns("__pycache__", "artifacts"))
+    (root / "tests").mkdir()
+    (root / "tests" / "test_ui.py").write_text(SUITE)
+    (root / "kiln.toml").write_text((root / "kiln.toml").read_text().replace(
+        "[bench]", '[[suites]]\nname = "ui"\npaths = ["tests"]\ntimeout_s = 120\n\n[bench]'))
+    init_repo(root)
+    out = base / "out"
+    proc = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(root / "kiln.toml"),
+                           "--out", str(out)], cwd=root, env=ui_server.env, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 1, (f"the planted failure must fail the nightly:\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    run_id = (out / "latest").resolve().name
+    with ui_server.client() as client:
+        keys = {a.key: str(a.id) for a in client.read_artifacts()}
+        uploads = [t for t in client.read_task_runs() if t.name.startswith("upload ")]
+    found = {"run": run_id, **keys, "upload_task": str(uploads[0].id) if uploads else ""}
+    (base / "ids.json").write_text(json.dumps(found, indent=2))
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, ui_server):
+    context = browser.new_context(viewport={"width": 1600, "height": 1000},
+                                  base_url=ui_server.api_url.removesuffix("/api"))
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    yield page
+    context.close()
+
+
+def _shot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+def test_the_benchmark_summary_shows_its_plot(page, nightly, tmp_path):
+    page.goto(f"/artifacts/artifact/{nightly['kiln-bench-summary']}")
+    page.get_by_role("heading", name="Benchmarks — cpu, decided on cpu").wait_for()
+    plot = page.locator('img[src^="data:image/png"]').first
+    plot.wait_for()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=plot.element_handle())
+    _shot(page, tmp_path, "bench")
+
+
+def test_a_retried_tasks_page_shows_its_retry_delay_as_a_number(page, nightly, tmp_path):
+    assert nightly["upload_task"], "the nightly uploaded nothing"
+    page.goto(f"/runs/task-run/{nightly['upload_task']}")
+    page.get_by_text("Retry Delay").first.wait_for()
+    page.get_by_text("Retry Jitter Factor").first.wait_for()
+    _shot(page, tmp_path, "task-run")
+    assert "NaN" not in page.inner_text("body")
