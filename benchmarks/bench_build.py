@@ -1,6 +1,7 @@
 """Build-stage benchmarks: cold build vs warm rebuild, and 2 compile workers vs 1.
 
-The project is copied first (a snapshot), then each measurement runs in a fresh Python process (``--one``), so a cold build
+The project is copied first (a snapshot), then each measurement runs in a fresh Python process
+(``--one``), so a cold build
 pays for everything a CI job pays for: worker start-up, Triton and the
 kernel package's imports, every compile, the nvcc build, the wheels. A cold
 build gets an empty cache and an empty Triton cache; a warm rebuild reuses
@@ -36,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 def one(config: str, cache: str, out: str, jobs: int) -> dict:
     """One build in this process; returns its timings and cache counts."""
-    from tasks.build import build_unit
-    from tasks.build_stage import assemble_variant, build_env, prepare_build
+    from kiln.tasks.build.units import build_unit
+    from kiln.tasks.build.stage import assemble_variant, build_env, prepare_build
 
     setup = prepare_build(config, "0.1.0", None, cache_dir=cache)
     start = time.perf_counter()
@@ -55,7 +56,7 @@ def one(config: str, cache: str, out: str, jobs: int) -> dict:
 def snapshot(config_path: Path, dest: Path) -> str:
     """Copy the project (kiln.toml, its package, empty suite dirs) so edits made
     to the working tree while the benchmark runs cannot turn warm runs cold."""
-    from tasks.config import load_config
+    from kiln.tasks.config import load_config
 
     config = load_config(config_path)
     dest.mkdir(parents=True)
@@ -71,8 +72,26 @@ def snapshot(config_path: Path, dest: Path) -> str:
 def measure(config: str, cache: Path, out: Path, jobs: int) -> dict:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--one", "--config", config, "--cache", str(cache), "--out", str(out),
-                           "--jobs", str(jobs)], capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--one",
+            "--config",
+            config,
+            "--cache",
+            str(cache),
+            "--out",
+            str(out),
+            "--jobs",
+            str(jobs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+        cwd=REPO,
+    )
     process_s = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"build failed:\n{proc.stderr[-3000:]}")

@@ -7,7 +7,7 @@ For each method the wall time of the whole suite is measured ``--repeats``
 times (median reported):
 
 * ``plain``: one ``python -m pytest`` process for the suite (the baseline);
-* ``kiln per test``: :func:`tasks.isolate.run_tests` with ``isolate="test"``
+* ``kiln per test``: :func:`kiln.tasks.testing.runner.run_tests` with ``isolate="test"``
   (fork server; includes starting it, preloading and collecting);
 * ``kiln per file``: the same with ``isolate="file"``;
 * ``fresh per test``: ``python -m pytest NODEID`` for every test, the spawn
@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tasks.isolate import PRELOAD, RunOptions, run_tests  # noqa: E402
+from kiln.tasks.testing.jobs import PRELOAD, RunOptions  # noqa: E402
+from kiln.tasks.testing.runner import run_tests  # noqa: E402
 
 TIMEOUT_S = 1800
 
@@ -89,12 +90,12 @@ def main() -> int:
     parser.add_argument("--suite", default="tests/kernels")
     parser.add_argument("--markers", default="not gpu and not slow")
     parser.add_argument("--preload", action="append", default=None,
-                        help="modules the fork server imports (default: Kiln's defaults plus 'kernels')")
+                        help="modules the fork server imports (default: Kiln's defaults plus 'kiln_kernels')")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fresh-sample", type=int, default=16)
     parser.add_argument("--json", type=Path)
     ns = parser.parse_args()
-    preload = tuple(ns.preload) if ns.preload else (*PRELOAD, "kernels")
+    preload = tuple(ns.preload) if ns.preload else (*PRELOAD, "kiln_kernels")
     os.environ.setdefault("KILN_GPU_COUNT", "0")  # benchmark the CPU suite even on a GPU machine
 
     runs: dict[str, list[float]] = {"plain": [], "kiln per test": [], "kiln per file": [], "fresh per test": []}
@@ -114,9 +115,16 @@ def main() -> int:
     rows = []
     for method, walls in runs.items():
         median = statistics.median(walls)
-        rows.append({"method": method, "median_s": round(median, 2), "runs_s": [round(w, 2) for w in walls],
-                     "vs_plain": round(median / base, 2), "vs_fresh": round(median / statistics.median(runs["fresh per test"]), 3),
-                     "start_cost_per_test_ms": round(1000 * (median - tests_own) / max(count, 1), 1)})
+        rows.append(
+            {
+                "method": method,
+                "median_s": round(median, 2),
+                "runs_s": [round(w, 2) for w in walls],
+                "vs_plain": round(median / base, 2),
+                "vs_fresh": round(median / statistics.median(runs["fresh per test"]), 3),
+                "start_cost_per_test_ms": round(1000 * (median - tests_own) / max(count, 1), 1),
+            }
+        )
     print(f"suite {ns.suite} (-m '{ns.markers}'): {count} tests; their own time under plain pytest {tests_own:.2f}s; "
           f"fresh per test timed on {fresh_timed} tests and scaled; {ns.repeats} repeats; "
           f"{platform.python_version()}, {os.cpu_count()} CPUs")

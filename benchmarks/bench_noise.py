@@ -8,12 +8,12 @@ of two timers, alternating them run by run so both see the same machine load:
 
 * baseline — ``torch.utils.benchmark`` with its default wall clock, the kernel's
   blocks first and then the reference's (what a straightforward harness does);
-* kiln — :class:`tasks.bench.CpuTimer`: this thread's CPU clock, kernel and
+* kiln — :class:`kiln.tasks.bench.harness.CpuTimer`: this thread's CPU clock, kernel and
   reference in alternating 10 ms blocks.
 
 For every pair of consecutive runs of one timer it records, per case, the
 change of the kernel's median time and of the kernel/reference ratio, and
-whether :mod:`tasks.benchcompare` would flag a regression (always a false
+whether :mod:`kiln.tasks.bench.compare` would flag a regression (always a false
 alarm: the code did not change). Prints a JSON document and a markdown table
 for benchmarks/RESULTS.md.
 """
@@ -33,9 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tasks.bench import CpuTimer, assemble, bench_kernel, bench_specs, resolve_metric  # noqa: E402
-from tasks.benchcompare import compare_results  # noqa: E402
-from tasks.config import load_config  # noqa: E402
+from kiln.tasks.bench.harness import CpuTimer, assemble, bench_kernel, bench_specs, resolve_metric  # noqa: E402
+from kiln.tasks.bench.compare import compare_results  # noqa: E402
+from kiln.tasks.config import load_config  # noqa: E402
 
 
 @dataclass(frozen=True)

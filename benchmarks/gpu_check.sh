@@ -3,8 +3,8 @@
 # under 8 minutes in all). Runs, each under its own deadline:
 #   1. the GPU-only tests             (pytest -m gpu tests/kernels tests/bench tests/runner)
 #   2. the large benchmarks           (kiln bench, CUDA-graph replay timing)
-#   3. the precompiled-artifact check (python -m kernels.selfcheck: compile for
-#      this device's arch, load through kernels._loader, launch, compare)
+#   3. the precompiled-artifact check (python -m kiln_kernels.selfcheck: compile for
+#      this device's arch, load through kiln_kernels._loader, launch, compare)
 # A failed step does not stop the others; the script exits 1 if any failed.
 # Results go to $OUT (default: a fresh temporary directory); the table of
 # steps is printed last.
@@ -54,18 +54,18 @@ run_step gpu_tests 300 "$PYTHON" -m pytest -m gpu tests/kernels tests/bench test
 
 # The benchmark harness (tasks/bench.py, flows/bench.py) is owned by the bench stage;
 # `kiln bench` is its entry point. Without an installed `kiln` script the same CLI is
-# reached through flows.cli.main.
+# reached through kiln.flows.cli.main.
 # TODO(bench stage): once a GPU run has recorded its first history, add
 # `--compare last` here so this check also flags regressions.
 if command -v kiln >/dev/null 2>&1; then
     KILN=(kiln)
 else
-    KILN=("$PYTHON" -c "import sys; from flows.cli import main; sys.exit(main())")
+    KILN=("$PYTHON" -c "import sys; from kiln.flows.cli import main; sys.exit(main())")
 fi
 run_step bench 180 "${KILN[@]}" bench --metric graph_replay --size large \
     --run-dir "${OUT_DIR}/bench_run" --out "${OUT_DIR}/bench_gpu.json"
 
-run_step aot_selfcheck 120 "$PYTHON" -m kernels.selfcheck --out "${OUT_DIR}/aot_selfcheck.json"
+run_step aot_selfcheck 120 "$PYTHON" -m kiln_kernels.selfcheck --out "${OUT_DIR}/aot_selfcheck.json"
 
 failed=0
 {
