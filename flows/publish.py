@@ -25,6 +25,7 @@ from kiln.release.publish import Plan, Upload, UploadResult, collect, index_pref
 from kiln.release.staging import StagingStore
 from kiln.release.store import Store
 from kiln.tasks import releasing
+from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.config import KilnConfig, load_config
 
 UPLOAD_RETRIES = 3
@@ -32,6 +33,7 @@ RETRY_DELAY_S = 5
 RETRY_JITTER = 1.0  # delays spread over about 0-10 s (mean 5 s), so retrying publishers do not collide
 STAGING_DIR = "publish-staging"
 PINS_DIR = "pins"
+RUNTIME_DIR = "runtime"
 
 
 def _session(config: Any, channel: str, target: str) -> Any:
@@ -65,9 +67,12 @@ def open_publish_target(run: RunRecord, config: KilnConfig, target: str | None, 
 
 
 def publish_inputs(run: RunRecord, config: KilnConfig) -> tuple[list[tuple[str | None, Path]], list[str]]:
-    """The pinned files published beside the wheels, and the suites whose variants may go out untested."""
+    """The files published beside the wheels (pins, kiln-runtime), and the suites whose variants may go out untested."""
     pins = load_pins(config.path(config.publish.pins)) if config.publish.pins else []
-    return fetch_pins(pins, run.view / PINS_DIR), [s.name for s in config.suites if s.publish_untested]
+    extra = fetch_pins(pins, run.view / PINS_DIR)
+    if config.project.ships_runtime:  # the package imports kiln.runtime: its wheel goes in every index
+        extra.append((None, build_runtime_wheel(run.view / RUNTIME_DIR)))
+    return extra, [s.name for s in config.suites if s.publish_untested]
 
 
 @task(name="prepare-publish", cache_policy=NO_CACHE)

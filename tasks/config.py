@@ -64,13 +64,15 @@ class Project(_Model):
     registry: str | None = None
     requires_python: str = ">=3.10"
     dependencies: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
-    # Publish the kiln-runtime wheel (kiln.runtime: spec types and the artifact loader) beside
-    # this project's wheels and test against it; default: when there is a registry.
+    # Publish the kiln-runtime wheel (kiln.runtime: spec types and the artifact loader) in every
+    # index beside this project's wheels; default: when the wheels require kiln-runtime.
     runtime: bool | None = None
 
     @property
     def ships_runtime(self) -> bool:
-        return self.registry is not None if self.runtime is None else self.runtime
+        if self.runtime is not None:
+            return self.runtime
+        return any(canonicalize_name(Requirement(d).name) == "kiln-runtime" for d in self.dependencies)
 
     @field_validator("package")
     @classmethod

@@ -188,28 +188,37 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
     torch_extension = config.build.toolchain.torch and any(b.arcpath.endswith(".so") for b in binaries)
     requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
                             torch_extension=torch_extension)
+    members = [(arcname, path.read_bytes()) for path, arcname in sources]
+    members += [(f"{package}/_aot/{item.arcpath}", item.source.read_bytes())
+                for item in sorted(binaries, key=lambda b: b.arcpath)]
+    if variant.backend != "cpu":
+        manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
+        members.append((f"{package}/_aot/manifest.json", manifest.encode()))
+    members += [(f"{dist_info}/METADATA", metadata_text(config, version, requires).encode()),
+                (f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode()),
+                (f"{dist_info}/WHEEL", wheel_metadata(tag, pure).encode())]
+    final = write_wheel(out_dir, filename, members, stamp)
+    _log.info("wrote %s (%d compiled artifacts, commit %s)", final, len(entries), stamp.commit[:12] or "none")
+    return final
+
+
+def wheel_metadata(tag: str, pure: bool) -> str:
+    return f"Wheel-Version: 1.0\nGenerator: kiln\nRoot-Is-Purelib: {'true' if pure else 'false'}\nTag: {tag}\n"
+
+
+def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp) -> Path:
+    """Write ``members`` (arcname, bytes), in order, as ``out_dir/filename`` atomically; RECORD by WheelFile."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # WheelFile insists on a PEP 427 file name, so the temporary copy gets the
     # real name inside a private directory, then one rename publishes it.
     staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=out_dir))
     try:
         with WheelFile(staging / filename, "w") as archive:
-            for path, arcname in sources:
-                _add(archive, arcname, path.read_bytes(), stamp)
-            for item in sorted(binaries, key=lambda b: b.arcpath):
-                _add(archive, f"{package}/_aot/{item.arcpath}", item.source.read_bytes(), stamp)
-            if variant.backend != "cpu":
-                manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
-                _add(archive, f"{package}/_aot/manifest.json", manifest.encode(), stamp)
-            _add(archive, f"{dist_info}/METADATA", metadata_text(config, version, requires).encode(), stamp)
-            _add(archive, f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode(), stamp)
-            wheel_meta = (f"Wheel-Version: 1.0\nGenerator: kiln\nRoot-Is-Purelib: {'true' if pure else 'false'}\n"
-                          f"Tag: {tag}\n")
-            _add(archive, f"{dist_info}/WHEEL", wheel_meta.encode(), stamp)
+            for arcname, data in members:
+                _add(archive, arcname, data, stamp)
         _normalise(staging / filename, stamp)
         final = out_dir / filename
         os.replace(staging / filename, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _log.info("wrote %s (%d compiled artifacts, commit %s)", final, len(entries), stamp.commit[:12] or "none")
     return final

@@ -243,3 +243,18 @@ def test_command_line_choices_are_the_closed_sets():
     assert choices[("bench", "size")] == get_args(BenchSize)
     assert choices[("bench", "metric")] == get_args(MetricChoice)
     assert choices[("publish", "channel")] == get_args(Channel)
+
+
+@pytest.mark.parametrize(("dependencies", "runtime", "ships"), [
+    (["torch>=2.6", "kiln-runtime"], None, True),  # the wheels require it: the index must carry it
+    (["torch>=2.6", "Kiln_Runtime>=0.1"], None, True),  # by its canonical name, with a specifier
+    (["torch>=2.6"], None, False),
+    (["torch>=2.6"], True, True),
+    (["kiln-runtime"], False, False),
+])
+def test_the_kiln_runtime_wheel_is_published_when_the_wheels_require_it(dependencies, runtime, ships):
+    data = default_data()
+    data["project"]["dependencies"] = dependencies
+    if runtime is not None:
+        data["project"]["runtime"] = runtime
+    assert parse_config(data, REPO).project.ships_runtime is ships

@@ -64,16 +64,20 @@ def test_index_links_resolve_and_hashes_match(nightly):
     _, _, index = nightly
     report = check_local_index(index)
     assert report.problems == []
-    assert {p.name.split("+")[1].split("-")[0] for p in report.files if p.suffix == ".whl"} == {"cu130", "rocm", "cpu"}
+    wheels = [p.name for p in report.files if p.suffix == ".whl"]
+    assert {n.split("+")[1].split("-")[0] for n in wheels if n.startswith("kiln_kernels-")} == {"cu130", "rocm", "cpu"}
+    # kiln-runtime (which the kernel wheels require) is published in every variant's index
+    assert len([n for n in wheels if n.startswith("kiln_runtime-")]) == 3
 
 
 def test_pip_installs_the_cpu_wheel_from_the_index_into_a_fresh_venv(nightly, tmp_path):
     _, _, index = nightly
     simple = index / "nightly" / "cpu" / "simple"  # one PEP 503 root per channel and variant
     python = make_venv(tmp_path / "venv")
-    # --ignore-installed: the venv sees the test environment's editable kiln-kernels, which pip would keep
-    install = run([str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed", "--index-url", simple.as_uri(), "kiln-kernels"],
-                  cwd=tmp_path)
+    # --ignore-installed: the venv sees the test environment's editable kiln-kernels, which pip would keep.
+    # kiln-runtime (which kiln_kernels imports) must come from the same index: the run publishes it there.
+    install = run([str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed", "--index-url", simple.as_uri(),
+                   "kiln-kernels", "kiln-runtime"], cwd=tmp_path)
     assert install.returncode == 0, install.stdout + install.stderr
     probe = run([str(python), "-c", "import kiln_kernels, torch; print(kiln_kernels.__file__)"], cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
