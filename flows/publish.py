@@ -1,16 +1,17 @@
 """The publish stage as a flow: one task run per wheel upload, then the pages.
 
 The protocol itself (order, verification, merging, CAS) is
-:mod:`kiln.release.publish`; this module only orders it into Prefect tasks so the
-UI shows which upload failed, retries what is retryable, and leaves the plan
-and the index link as an artifact.
+:func:`kiln.release.publish.publish`, the same call the crash and race tests
+drive; this module hands it upload and pages steps that run as Prefect tasks,
+so the UI shows which upload failed, retries what is retryable, and leaves
+the plan and the index link as an artifact.
 """
 
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import flow, task
@@ -21,7 +22,8 @@ from kiln.release.errors import ConfigError, IntegrityError
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.release.pins import fetch_pins, load_pins
-from kiln.release.publish import Plan, Upload, UploadResult, collect, index_prefix, publish_pages, untested, upload_file
+from kiln.release.publish import (PagesStep, Plan, Upload, UploadResult, UploadStep, index_prefix, publish,
+                                  publish_pages, untested, upload_file)
 from kiln.release.staging import StagingStore
 from kiln.release.store import Store
 from kiln.tasks import releasing
@@ -77,18 +79,11 @@ def publish_inputs(run: RunRecord, config: KilnConfig) -> tuple[list[tuple[str |
 
 @task(name="prepare-publish", cache_policy=NO_CACHE)
 def prepare_publish(run: RunRecord, config: KilnConfig, target: str | None, channel: str,
-                    dry_run: bool) -> tuple[Store, Plan]:
-    """Open the target (or its staging copy), verify every file against the record, gate variants."""
-    prefix = releasing.channel_prefix(config, channel)
+                    dry_run: bool) -> tuple[Store, list[tuple[str | None, Path]], list[str]]:
+    """Open the target (or its staging copy) and fetch what is published beside the wheels."""
     store = open_publish_target(run, config, target, channel, dry_run)
     extra, allowed = publish_inputs(run, config)
-    manifest = run.manifest()
-    uploads, skipped = collect(manifest, prefix, [v.name for v in config.variants], time.time, extra, allowed)
-    for variant, why in skipped.items():
-        record(run, Unit(f"publish/{variant}", "publish", "skipped", variant=variant, message=why))
-    published = sorted({u.variant for u in uploads})
-    run.set_info("published_untested", {v: why for v, why in untested(manifest, published).items()})
-    return store, Plan(store.url, channel, uploads, skipped, dry_run=dry_run)
+    return store, extra, allowed
 
 
 # A single delay with jitter, not a list: the Prefect UI shows a list of delays as "NaNs".
@@ -115,18 +110,56 @@ def conflict_message(result: UploadResult, channel: str) -> str:
 
 @task(name="publish-pages", retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
       retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_on_retryable, cache_policy=NO_CACHE)
-def publish_index_pages(run: RunRecord, store: Store, plan: Plan, results: list[Any],
-                        config: KilnConfig) -> Plan:
-    """Project pages then root, for the files whose upload verified; the plan and install hint as artifacts."""
-    plan.results = [r for r in results if isinstance(r, UploadResult)]
-    plan.pages = publish_pages(store, plan.results)
-    indexes = sorted({f"{store.url}/{u.index}/" for u in plan.uploads})
+def publish_index_pages(store: Store, results: list[UploadResult]) -> list[str]:
+    """Project pages then root, for the files whose upload verified."""
+    return publish_pages(store, results)
+
+
+def upload_tasks(run: RunRecord, channel: str) -> UploadStep:
+    """The upload step as one task run per wheel; each records its unit, failed ones with Prefect's reason."""
+    def upload(store: Store, uploads: Sequence[Upload]) -> list[UploadResult]:
+        futures = [(u, upload_wheel.submit(store, u, channel)) for u in uploads]
+        results: list[UploadResult] = []
+        for item, future in futures:
+            future.wait()
+            value = future.state.result(raise_on_failure=False) if future.state.is_completed() else None
+            if isinstance(value, UploadResult):
+                results.append(value)
+                record(run, Unit(item.unit_id, "publish", "completed", variant=item.variant,
+                                 message="added" if value.outcome == "added" else "already present"))
+            else:  # the unit says what Prefect says: failed, with the reason
+                record(run, unit_from_state(Unit(item.unit_id, "publish", "failed", variant=item.variant),
+                                            future.state))
+        return results
+    return upload
+
+
+def pages_task(run: RunRecord) -> PagesStep:
+    """The pages step as its task run; a failure is the publish/pages unit's, and no page changed."""
+    def pages(store: Store, results: list[UploadResult]) -> list[str]:
+        future = publish_index_pages.submit(store, results)
+        future.wait()
+        changed = future.state.result(raise_on_failure=False) if future.state.is_completed() else None
+        if not isinstance(changed, list):
+            record(run, unit_from_state(Unit("publish/pages", "publish", "failed"), future.state))
+            return []
+        record(run, Unit("publish/pages", "publish", "completed", message=f"{len(changed)} pages changed"))
+        return changed
+    return pages
+
+
+def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
+    """Skipped variants as units; the plan, index links and install hint in the record and as an artifact."""
+    for variant, why in plan.skipped.items():
+        record(run, Unit(f"publish/{variant}", "publish", "skipped", variant=variant, message=why))
+    published = sorted({u.variant for u in plan.uploads})
+    run.set_info("published_untested", {v: why for v, why in untested(run.manifest(), published).items()})
+    indexes = sorted({f"{plan.target}/{u.index}/" for u in plan.uploads})
     run.set_info("index_url" if not plan.dry_run else "dry_run_index_url", indexes)
     run.set_info("publish_plan", plan.to_markdown())
     run.set_info("install", releasing.install_info(config))
     links = "\n".join(f"- index: <{url}>" for url in indexes) or "- no index changed"
     markdown_report("kiln-publish-plan", plan.to_markdown() + "\n" + links + "\n", f"Publish plan — run {run.run_id}")
-    return plan
 
 
 @flow(name="publish")
@@ -139,25 +172,11 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     if why:
         record(run, Unit("publish/source", "publish", "failed", message=why))
         return finish_stage(run, "publish", "Publish")
-    store, plan = prepare_publish(run, config, target, channel, dry_run)
-    futures = [(u, upload_wheel.submit(store, u, channel)) for u in plan.uploads]
-    results: list[Any] = []
-    for upload, future in futures:
-        future.wait()
-        value = future.state.result(raise_on_failure=False) if future.state.is_completed() else None
-        if isinstance(value, UploadResult):
-            results.append(value)
-            record(run, Unit(upload.unit_id, "publish", "completed", variant=upload.variant,
-                             message="added" if value.outcome == "added" else "already present"))
-        else:  # the unit says what Prefect says: failed, with the reason
-            record(run, unit_from_state(Unit(upload.unit_id, "publish", "failed", variant=upload.variant),
-                                        future.state))
-    pages = publish_index_pages.submit(run, store, plan, results, config)
-    pages.wait()
-    plan_done = pages.state.result(raise_on_failure=False) if pages.state.is_completed() else None
-    record(run, unit_from_state(Unit("publish/pages", "publish", "failed"), pages.state)
-           if plan_done is None else Unit("publish/pages", "publish", "completed",
-                                          message=f"{len(plan_done.pages)} pages changed"))
+    store, extra, allowed = prepare_publish(run, config, target, channel, dry_run)
+    plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
+                   variants=[v.name for v in config.variants], extra=extra, untested_ok=allowed, dry_run=dry_run,
+                   upload=upload_tasks(run, channel), pages=pages_task(run))
+    report_plan(run, config, plan)
     return finish_stage(run, "publish", "Publish")
 
 

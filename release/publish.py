@@ -262,22 +262,34 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
     return changed
 
 
+UploadStep = Callable[[Store, Sequence[Upload]], list[UploadResult]]
+PagesStep = Callable[[Store, list[UploadResult]], list[str]]
+
+
+def upload_each(store: Store, uploads: Sequence[Upload]) -> list[UploadResult]:
+    """Every upload in turn, in this process (the flow runs each as its own task instead)."""
+    return [upload_file(store, u) for u in uploads]
+
+
 def publish(
     run: RunManifest, store: Store, *, channel: str, channel_prefix: str, variants: Sequence[str],
     clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
-    untested_ok: Iterable[str] = (),
+    untested_ok: Iterable[str] = (), upload: UploadStep = upload_each, pages: PagesStep | None = None,
 ) -> Plan:
-    """The whole protocol in one call (the flow runs the same steps as separate tasks).
+    """The whole protocol — verify, upload wheel then sidecar, then pages — in one call.
 
-    Conflicting files are reported in the plan and left off the pages; every
-    other file is published. Raises only for errors that stop everything.
-    Against a :class:`~kiln.release.staging.StagingStore` it is the plan of a
-    publish (what the release shows its approver), with the target untouched.
+    The one path every publish takes: the publish flow passes ``upload`` and
+    ``pages`` steps that run as Prefect tasks (retries, one task run per
+    wheel); what a step returns is what reached the target, so a failed
+    upload is left off the pages. Conflicting files are reported in the plan
+    and left off the pages; every other file is published. Against a
+    :class:`~kiln.release.staging.StagingStore` it is the plan of a publish
+    (what the release shows its approver), with the target untouched.
     """
     uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok)
     plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run)
-    plan.results = [upload_file(store, u) for u in uploads]
-    plan.pages = publish_pages(store, plan.results)
+    plan.results = upload(store, uploads)
+    plan.pages = (pages or publish_pages)(store, plan.results)
     return plan
 
 
@@ -300,6 +312,6 @@ def raise_for_conflict(result: UploadResult) -> UploadResult:
 
 
 __all__ = [
-    "Plan", "Upload", "UploadResult", "collect", "gate", "index_prefix", "publish", "publish_pages",
-    "raise_for_conflict", "update_pages", "upload_file",
+    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "collect", "gate", "index_prefix", "publish",
+    "publish_pages", "raise_for_conflict", "update_pages", "upload_each", "upload_file",
 ]
