@@ -56,7 +56,35 @@ def prefect_server():
     with prefect_test_harness(server_startup_timeout=600), temporary_settings(
         updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     ):
+        _bind_workers_to_this_server()
         yield
+        _release_workers()
+
+
+def _bind_workers_to_this_server() -> None:
+    """Bind Prefect's events and log workers to the session server for the whole session.
+
+    Both are process-wide singletons keyed without the API URL, and their clients read
+    PREFECT_API_URL once, when the worker starts. A test that points this process at another
+    server (a real `prefect server` that its module stops) must not capture them: events queued
+    for a server that is gone drain at about one per client timeout, the task-run states of every
+    later flow never reach the session server, and the harness's teardown, which drains without
+    a bound, hangs. Keyed by the session server's URL and started now, they stay bound to it.
+    """
+    from prefect.events.clients import PrefectEventsClient
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL
+
+    EventsWorker.set_client_override(PrefectEventsClient, api_url=str(PREFECT_API_URL.value()))
+    EventsWorker.instance()
+    APILogWorker.instance()
+
+
+def _release_workers() -> None:
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.set_client_override(None)
 
 
 @pytest.fixture(scope="session")

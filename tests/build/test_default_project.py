@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.build.stage import assemble_variant, prepare_build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,8 @@ def test_cpu_wheel_of_the_default_project_installs_and_runs(tmp_path):
                              check=True, timeout=60, capture_output=True, text=True).stdout.strip()
     Path(purelib, "parent.pth").write_text(site.getsitepackages()[0] + "\n")  # torch and triton, read-only
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
-    subprocess.run([uv, "pip", "install", "--offline", "--no-deps", "--python", str(python), str(wheel)],
+    runtime = build_runtime_wheel(tmp_path / "runtime")  # kiln_kernels imports kiln.runtime: its index carries it
+    subprocess.run([uv, "pip", "install", "--offline", "--no-deps", "--python", str(python), str(wheel), str(runtime)],
                    check=True, timeout=300, capture_output=True)
     for interpret in ("", "1"):
         env = {"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": interpret}

@@ -13,14 +13,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+_ANYWHERE = shutil.ignore_patterns(".git", ".venv", ".kiln", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache")
+_AT_ROOT = {"build", "dist", "out"}  # setuptools' and Kiln's outputs; tasks/build is a source package
+
+
+def _not_sources(directory: str, names: list[str]) -> set[str]:
+    ignored = set(_ANYWHERE(directory, names))
+    return ignored | (_AT_ROOT & set(names) if Path(directory) == REPO else set())
+
+
 @pytest.fixture(scope="module")
 def kiln_wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("kiln-wheel")
     # Built from a copy: setuptools leaves kiln.egg-info and build/ beside the sources it builds, and a
     # kiln.egg-info in the checkout would shadow the installed distribution's metadata for later tests.
     source = tmp_path_factory.mktemp("kiln-source") / "kiln"
-    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "out", ".kiln", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache"))
+    shutil.copytree(REPO, source, symlinks=True, ignore=_not_sources)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(source)], check=True, timeout=600, capture_output=True)
     (wheel,) = out.glob("kiln-*.whl")

@@ -10,6 +10,7 @@ import pytest
 
 from kiln.release.errors import InvalidInputError
 from kiln.release.manifest import RunManifest
+from tests.helpers.waiting import until
 
 KILN_TOML = """
 [project]
@@ -106,6 +107,10 @@ def test_flow_records_a_unit_and_reports_per_suite_and_fails_on_a_failed_test(pr
     _check_ui(state.state_details.flow_run_id, run)
 
 
+def _states(tasks) -> dict[str, str]:
+    return {t.name: t.state.type.value for t in tasks if t.state is not None}
+
+
 def _check_ui(flow_run_id, run: RunManifest) -> None:
     """What the Prefect UI shows: the failed suite's task run is red and carries its problem tests."""
     from prefect.client.orchestration import get_client
@@ -113,14 +118,15 @@ def _check_ui(flow_run_id, run: RunManifest) -> None:
         ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName,
     )
 
+    expected = {"test/good/cpu": "COMPLETED", "test/mixed/cpu": "FAILED"}
     with get_client(sync_client=True) as client:
         mine = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        tasks = client.read_task_runs(flow_run_filter=mine, task_run_filter=TaskRunFilter(
-            name=TaskRunFilterName(any_=["test/good/cpu", "test/mixed/cpu"])))
+        # Task-run states reach the server through Prefect's events worker, after the flow returned.
+        tasks = until(lambda: client.read_task_runs(flow_run_filter=mine, task_run_filter=TaskRunFilter(
+            name=TaskRunFilterName(any_=list(expected)))), lambda ts: _states(ts) == expected)
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
             any_=[flow_run_id])))
-    states = {t.name: t.state.type.value for t in tasks}
-    assert states == {"test/good/cpu": "COMPLETED", "test/mixed/cpu": "FAILED"}
+    assert _states(tasks) == expected
     tables = {a.key: a for a in artifacts if a.key in ("kiln-tests-good-cpu", "kiln-tests-mixed-cpu")}
     mixed = tables["kiln-tests-mixed-cpu"]
     assert mixed.task_run_id == next(t.id for t in tasks if t.name == "test/mixed/cpu")  # linked to its task run

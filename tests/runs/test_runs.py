@@ -19,6 +19,7 @@ import pytest
 from kiln.release.manifest import RunManifest
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.gitrepo import commit_all, git, git_project
+from tests.helpers.waiting import until
 
 # Each test runs whole nightlies; on a loaded 2-core machine one takes minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -141,11 +142,14 @@ def test_a_failed_upload_is_failed_in_the_record_and_in_prefect(prefect_server, 
     run = _view(state, out)
     unit = {u.id: u for u in run.units}[f"publish/cpu/{name}"]
     assert unit.state == "failed" and "IntegrityError" in unit.message and "RECORD" in unit.message
-    with get_client(sync_client=True) as client:
-        uploads = [t for t in client.read_task_runs(task_run_filter=TaskRunFilter(
-            name=TaskRunFilterName(any_=[f"upload cpu/{name}"])))]
-        tasks = [t for t in uploads if client.read_task_run(
+    def of_this_run(client) -> list:
+        uploads = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[f"upload cpu/{name}"])))
+        return [t for t in uploads if client.read_task_run(
             client.read_flow_run(t.flow_run_id).parent_task_run_id).flow_run_id == UUID(run.run_id)]
+
+    with get_client(sync_client=True) as client:
+        # Task-run states reach the server through Prefect's events worker, after the flow returned.
+        tasks = until(lambda: of_this_run(client), lambda ts: bool(ts) and all(t.state and t.state.is_failed() for t in ts))
     assert tasks and all(t.state.is_failed() for t in tasks)
 
 
