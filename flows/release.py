@@ -110,13 +110,14 @@ def release_gate(
 
 
 @task(name="publish-plan", cache_policy=NO_CACHE)
-def plan_publish(config_path: str, run: RunRecord, channel: str) -> str:
+def plan_publish(config_path: str, run: RunRecord, channel: str, dry_run: bool) -> str:
     """What publishing would add and change, from the publish protocol run against a staging copy."""
     config = load_config(config_path)
     staging = open_publish_target(run, config, None, channel, dry_run=True)  # the target is only read
     extra, allowed = publish_inputs(run, config)
     plan = publish(run.manifest(), staging, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
                    variants=[v.name for v in config.variants], extra=extra, untested_ok=allowed, dry_run=True)
+    plan.dry_run, plan.preview = dry_run, not dry_run  # a real release's plan is a preview, not a dry run
     markdown = plan.to_markdown()
     markdown_report("kiln-release-plan", markdown, f"What the release would publish — run {run.run_id}")
     return markdown
@@ -232,7 +233,7 @@ def _release(release: Release, approved_on_cli: bool) -> State:
     release.lines += (gate.result() if gate.is_completed() else _state_of(gate)[1]).splitlines()
     if not gate.is_completed():
         return _stop(release, run, "stopped by the release gate before publishing (see the summary)")
-    planned = plan_publish(release.config_path, run, release.channel, return_state=True)
+    planned = plan_publish(release.config_path, run, release.channel, release.dry_run, return_state=True)
     if not planned.is_completed():
         return _stop(release, run, f"the publish plan failed: {_state_of(planned)[1]}")
     release.plan = planned.result()

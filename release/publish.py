@@ -99,14 +99,17 @@ class Plan:
     results: list[UploadResult] = field(default_factory=list)
     pages: list[str] = field(default_factory=list)  # keys whose bytes changed
     dry_run: bool = False
+    preview: bool = False  # run against a staging copy to show what a real publish will do
 
     def keys(self, outcome: Outcome) -> list[str]:
         return sorted(r.upload.key for r in self.results if r.outcome == outcome)
 
     def to_markdown(self) -> str:
-        verb = "would change" if self.dry_run else "changed"
-        lines = [f"## Publish to `{self.target}` ({self.channel}{', dry run' if self.dry_run else ''})", ""]
-        for title, keys in (("to add" if self.dry_run else "added", self.keys("added")),
+        ahead = self.dry_run or self.preview
+        verb = "would change" if ahead else "changed"
+        kind = ", dry run" if self.dry_run else ", preview" if self.preview else ""
+        lines = [f"## Publish to `{self.target}` ({self.channel}{kind})", ""]
+        for title, keys in (("to add" if ahead else "added", self.keys("added")),
                             ("already present", self.keys("present")),
                             ("conflicting", self.keys("conflict")), (f"pages {verb}", sorted(self.pages))):
             lines.append(f"- {title}: {len(keys)}")

@@ -267,6 +267,10 @@ def test_dry_run_plans_against_staging_and_leaves_the_target_untouched(tmp_path:
     assert set(plan.pages) == {"nightly/cu130/simple/k/index.html", "nightly/cu130/simple/k/index.json"}
     assert "would change" in plan.to_markdown() and "k-2.0-py3-none-any.whl" in plan.to_markdown()
     assert assert_index_consistent(staging, "nightly/cu130/simple") == 2
+    assert "(nightly, dry run)" in plan.to_markdown()
+    plan.dry_run, plan.preview = False, True  # what a real release's approver reads: ahead of time, not a dry run
+    text = plan.to_markdown()
+    assert "(nightly, preview)" in text and "dry run" not in text and "- to add: 1" in text and "would change" in text
 
 
 def test_concurrent_publishers_into_one_directory_lose_no_entry(tmp_path: Path) -> None:

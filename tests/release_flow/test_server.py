@@ -174,7 +174,7 @@ def test_the_readme_dry_run_pauses_with_its_plan_and_completes_once_approved(dep
 def test_the_readme_release_publishes_and_verifies_once_approved(deployed, triggered):
     run_id, out = triggered["real"]
     run, description = _paused(deployed, run_id, deadline_s=1500)  # waits for the dry run first
-    assert "- dry run: no" in description and "(release)" in description
+    assert "- dry run: no" in description and "(release, preview)" in description and "- to add: " in description
     _approve(deployed, run.id, "ship it")
     run = deployed.wait_final(run.id, deadline_s=600)
     assert run.state.type.value == "COMPLETED", run.state.message
