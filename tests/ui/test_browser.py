@@ -4,8 +4,11 @@ Starts ``prefect server start`` (UI included) on loopback, runs a small
 nightly against it as a ``kiln`` process — the torch-only bench project with
 one suite that has a planted failing test — and opens the run's pages in
 headless Chromium (Debian's ``/usr/bin/chromium`` driven by Playwright; no
-browser is downloaded). Every check waits for the content it checks. The
-screenshots are saved under the test's temporary directory.
+browser is downloaded): the run's page, its summary artifact (stages, what
+needs attention, the link to the failed tests), the units table, the failed
+tests table, the benchmark plot and a retried task's page. Every check waits
+for the content it checks. The screenshots are saved under the test's
+temporary directory.
 """
 
 from __future__ import annotations
@@ -120,3 +123,45 @@ def test_a_retried_tasks_page_shows_its_retry_delay_as_a_number(page, nightly, t
     page.get_by_text("Retry Jitter Factor").first.wait_for()
     _shot(page, tmp_path, "task-run")
     assert "NaN" not in page.inner_text("body")
+
+
+def _cell(page, text: str):
+    """The first table cell whose whole text is ``text`` (Prefect renders table artifacts as HTML tables)."""
+    return page.locator("td").get_by_text(text, exact=True).first
+
+
+def test_the_run_page_shows_the_failed_nightly(page, nightly, tmp_path):
+    page.goto(f"/runs/flow-run/{nightly['run']}")
+    page.get_by_text("Failed", exact=True).first.wait_for()
+    page.get_by_text("nightly", exact=True).first.wait_for()  # the flow's name, in the breadcrumb
+    _shot(page, tmp_path, "flow-run")
+
+
+def test_the_nightly_summary_renders_its_stages_and_what_needs_attention(page, nightly, tmp_path):
+    page.goto(f"/artifacts/artifact/{nightly['kiln-nightly-summary']}")
+    page.get_by_role("heading", name=f"Kiln nightly run {nightly['run']}").wait_for()
+    for stage in ("build", "test", "bench", "publish"):
+        _cell(page, stage).wait_for()
+    page.get_by_role("heading", name="Needs attention").wait_for()
+    _cell(page, "test/ui/cpu").wait_for()  # the failed suite's unit, linked to its table of failed tests
+    page.get_by_role("link", name="1 test").first.wait_for()
+    _shot(page, tmp_path, "summary")
+
+
+def test_the_units_table_is_led_by_id_state_and_message(page, nightly, tmp_path):
+    page.goto(f"/artifacts/artifact/{nightly['kiln-test-units']}")
+    _cell(page, "test/ui/cpu").wait_for()
+    headers = [h.strip() for h in page.locator("th").all_inner_texts()]
+    assert headers[:3] == ["id", "state", "message"], headers
+    row = page.locator("tr", has=_cell(page, "test/ui/cpu"))
+    assert "failed" in row.inner_text() and "1 failed" in row.inner_text()
+    _shot(page, tmp_path, "units")
+
+
+def test_the_failed_tests_table_lists_the_planted_failure(page, nightly, tmp_path):
+    page.goto(f"/artifacts/artifact/{nightly['kiln-tests-ui-cpu']}")
+    _cell(page, "test_planted_failure").wait_for()
+    row = page.locator("tr", has=_cell(page, "test_planted_failure"))
+    assert "failed" in row.inner_text() and "planted failure for the UI test" in row.inner_text()
+    assert "test_passes" not in page.inner_text("body")  # only the problem tests are listed
+    _shot(page, tmp_path, "failed-tests")
