@@ -58,6 +58,10 @@ def test_run_manifest_records_every_stage_and_artifact(nightly):
         assert sha256_file(out / artifact["path"]) == artifact["sha256"], artifact["path"]
     assert {u["id"]: u["state"] for u in manifest["units"] if u["suite"] == "kernels-gpu"} == {
         "test/kernels-gpu/cu130": "not_run", "test/kernels-gpu/rocm": "not_run"}  # no GPU here: never "passed"
+    # the bundled library's distributed suite runs in every nightly (gloo on the CPU), against the cpu wheel
+    distributed = {u["id"]: u for u in manifest["units"] if u["suite"] == "distributed"}
+    assert {k: u["state"] for k, u in distributed.items()} == {"test/distributed/cpu": "completed"}
+    assert distributed["test/distributed/cpu"]["message"].startswith("9 passed")
 
 
 def test_index_links_resolve_and_hashes_match(nightly):
