@@ -1,11 +1,23 @@
-"""The README's smallest kiln.toml for a Triton-only package is a valid configuration."""
+"""Onboarding: the README's smallest kiln.toml is valid, and a third-party package goes through as it is."""
 
 from __future__ import annotations
 
+import json
+import platform
 import re
+import subprocess
+import zipfile
 from pathlib import Path
 
+import pytest
+
+from kiln.release.manifest import RunManifest
+from kiln.release.wheels import import_names
 from kiln.tasks.config import load_config
+from tests.helpers.gitrepo import git_project
+from tests.helpers.indexcheck import check_local_index
+from tests.helpers.venvs import make_venv
+from tests.helpers.venvs import run as run_in_venv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,3 +38,58 @@ def test_the_readme_onboarding_config_loads_in_a_src_layout_project(tmp_path):
     assert config.variant("cu130").archs == ("9.0", "10.0")
     assert [s.name for s in config.suites] == ["unit"]
     assert config.path(config.project.source) == tmp_path / "src" / "mykernels"
+
+
+def _vendor_library(repo: Path) -> None:
+    """Build the fixture's vendored library, as a team's checkout would carry it (*.so is not in Kiln's git)."""
+    vendor = repo / "src" / "acme" / "vendor"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(vendor / "libacme_checksum.so"),
+                    str(vendor / "checksum.c")], check=True, timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_third_party_src_layout_package_goes_through_the_nightly_and_installs_from_its_index(
+        prefect_server, tmp_path):
+    """acme-ops (import name acme): src layout, public spec types, the shipped loader, a vendored .so."""
+    from kiln.flows.nightly import nightly_flow
+
+    config = git_project("acme", tmp_path, edit=_vendor_library)
+    out = tmp_path / "out"
+    state = nightly_flow(config_path=str(config), out=str(out), return_state=True)
+    assert state.is_completed(), state.message
+    run = RunManifest.load(out / str(state.state_details.flow_run_id))
+    units = {u.id: u for u in run.units}
+    assert units["test/unit/cpu"].state == "completed" and units["test/unit/cpu"].message.startswith("2 passed")
+    wheels = {a.variant: run.root / a.path for a in run.artifacts_of("wheel")}
+    assert set(wheels) == {"cu130", "cpu"}
+    for variant, wheel in wheels.items():
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+        assert "acme/vendor/libacme_checksum.so" in names, variant  # package data the project ships is kept
+        assert import_names(wheel.name, wheel.read_bytes()) == ("acme",)  # read from the wheel, not guessed
+        assert wheel.name.endswith("-py3-none-linux_x86_64.whl") or platform.machine() != "x86_64"
+    with zipfile.ZipFile(wheels["cu130"]) as archive:
+        manifest = json.loads(archive.read("acme/_aot/manifest.json"))
+    assert {(e["kernel"], e["arch"]) for e in manifest} == {("axpy", "9.0")}  # its archs, filtered by the plan
+    simple = out / "index" / "nightly" / "cpu" / "simple"
+    assert check_local_index(simple).problems == []
+    python = make_venv(tmp_path / "venv")
+    # --ignore-installed: the venv sees the test environment's editable kiln-runtime, which pip would keep
+    install = run_in_venv([str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed", "--index-url",
+                           simple.as_uri(), "acme-ops", "kiln-runtime"], cwd=tmp_path)
+    assert install.returncode == 0, install.stdout + install.stderr
+    probe = run_in_venv([str(python), "-c", _PROBE], cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert found["file"].startswith(str(tmp_path / "venv")) and found["checksum"] == 3292000 and found["ok"]
+
+
+_PROBE = """
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"  # no GPU here: the installed kernel runs in Triton's interpreter
+import torch, acme
+x = torch.arange(10, dtype=torch.float32)
+ok = bool(torch.equal(acme.axpy(3.0, x, torch.ones(10)), 3.0 * x + 1))
+print(json.dumps({"file": acme.__file__, "checksum": acme.checksum(b"kiln"), "ok": ok}))
+"""
