@@ -124,3 +124,16 @@ def test_policies_need_an_s3_target(tmp_path):
     with pytest.raises(ConfigError, match="has no s3:// publish target"):
         policies_command(str(tiny), str(tmp_path / "pol"))
     assert not (tmp_path / "pol").exists()
+
+
+@pytest.mark.parametrize("bucket", ["", "b/simple", "b*"])
+def test_a_bucket_that_is_not_a_bucket_name_is_refused(bucket):
+    with pytest.raises(ConfigError, match="is not a bucket name"):
+        policies_for(bucket, "simple", STEPS, CHANNELS)
+
+
+@pytest.mark.parametrize("missing", sorted(CHANNELS))
+def test_a_channel_without_a_prefix_is_refused_naming_it(missing):
+    channels = {c: p for c, p in CHANNELS.items() if c != missing}
+    with pytest.raises(ConfigError, match=f"channels has no '{missing}' prefix"):
+        policies_for("b", "simple", STEPS, channels)
