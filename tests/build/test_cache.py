@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kiln.release.errors import CacheDriftError
@@ -65,3 +68,22 @@ def test_verify_reports_the_event_and_leaves_healthy_batches(cache):
     assert event is not None and "drift in entry k2" in event
     assert cache.get("batchA", "k1") is None
     assert cache.verify("batchB", ["k3"]) is None
+
+
+def test_an_entry_records_what_built_it(cache):
+    cache.put("batchC", "k4", {"d.cubin": b"four"}, {"unit": "k/sm_90", "toolchain": "nvcc 13.0"})
+    entry = json.loads((cache.root / "entries" / "batchC" / "k4.json").read_text())
+    assert entry["info"] == {"unit": "k/sm_90", "toolchain": "nvcc 13.0"}
+    assert json.loads((cache.root / "entries" / "batchB" / "k3.json").read_text())["info"] == {}
+
+
+def test_invalidating_a_batch_that_is_gone_removes_nothing(cache, monkeypatch):
+    assert cache.invalidate_batch("batchZ") == 0
+    # another process renamed the batch away between our check and our rename
+    def raced(self: Path, target: Path) -> Path:
+        raise FileNotFoundError(str(self))
+
+    monkeypatch.setattr(Path, "rename", raced)
+    assert cache.invalidate_batch("batchA") == 0
+    monkeypatch.undo()
+    assert cache.invalidate_batch("batchA") == 2

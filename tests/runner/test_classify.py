@@ -82,6 +82,39 @@ def test_pass_after_infrastructure_failure_is_flaky_with_the_history():
     assert "attempt 1: infrastructure (worker lost)" in merged.details
 
 
+def test_the_first_failing_phase_is_reported_and_durations_add_up():
+    phases = [phase("setup", outcome="failed", kind="exception", message="KeyError: 'x'"),
+              phase("teardown", outcome="failed", kind="exception", message="OSError: busy")]
+    phases[0]["duration"], phases[1]["duration"] = 0.25, 0.5
+    result = classify_phases("t.py::t", phases)
+    assert (result.outcome, result.message, result.duration_s) == ("error", "in setup: KeyError: 'x'", 0.75)
+    # a record without a duration (an older worker) adds nothing
+    assert classify_phases("t.py::t", [{"when": "call", "outcome": "passed"}]).duration_s == 0.0
+
+
+def test_an_unfinished_test_takes_the_time_it_ran_and_one_never_begun_took_none():
+    crashed = classify_unfinished("t.py::t", began=True, returncode=-11, timed_out=False, signal="SIGSEGV")
+    assert crashed.duration_s == 0.0
+    not_run = classify_unfinished("t.py::t", began=False, returncode=1, timed_out=False, signal=None, duration_s=4.0)
+    assert not_run.duration_s == 0.0
+
+
+def test_a_single_attempt_is_its_own_result():
+    for outcome in ("passed", "failed"):
+        only = TestResult("t", outcome, message="m", details="d")
+        assert merge_attempts([only]) == only
+
+
+def test_a_pass_on_the_third_attempt_keeps_every_earlier_attempt():
+    merged = merge_attempts([TestResult("t", "infrastructure", message="lost 1"),
+                             TestResult("t", "infrastructure", message="lost 2"), TestResult("t", "passed")])
+    assert (merged.outcome, merged.attempts, merged.message) == ("flaky", 3, "passed on attempt 3")
+    assert merged.details == "attempt 1: infrastructure (lost 1); attempt 2: infrastructure (lost 2)"
+    failed = merge_attempts([TestResult("t", "infrastructure"), TestResult("t", "passed"),
+                             TestResult("t", "failed", message="assert")])
+    assert (failed.outcome, failed.message) == ("failed", "assert")
+
+
 def test_repeated_failure_keeps_the_last_outcome():
     merged = merge_attempts([TestResult("t", "infrastructure"), TestResult("t", "failed", message="assert")])
     assert (merged.outcome, merged.attempts) == ("failed", 2)
