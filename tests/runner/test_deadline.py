@@ -105,7 +105,7 @@ def test_deadline_moves_with_progress(tmp_path):
         return now + 0.2 if now < until else until
 
     result = watch(child, deadline, grace_s=0.5)
-    assert result.timed_out and result.elapsed_s >= 1.0
+    assert result.timed_out and 1.0 <= result.elapsed_s < 30
 
 
 def test_signal_names():
@@ -119,6 +119,7 @@ def test_signal_names():
 def test_a_child_that_exits_before_its_deadline_is_not_a_timeout(tmp_path):
     result = run_with_deadline(Proc(tmp_path, "exit_later"), 30, grace_s=1)
     assert (result.returncode, result.timed_out, result.escalation) == (3, False, "exited")
+    assert 0 < result.elapsed_s < 30
 
 
 def test_terminate_on_its_own_is_a_timeout_with_its_own_elapsed_time(tmp_path):
@@ -160,7 +161,7 @@ def test_a_process_that_vanishes_mid_scan_does_not_hide_the_rest_of_the_group(tm
     gone, member = tmp_path / "100", tmp_path / "101"
     gone.mkdir()  # no stat file: the process exited between the listing and the read
     member.mkdir()
-    (member / "stat").write_text(f"101 (a (b) c) S 1 {group} {group} 0 -1\n")
+    (member / "stat").write_text(f"101 (a (b) c) S 1 {group} 999999 0 -1\n")
 
     class FakeProc:
         def is_dir(self) -> bool:
@@ -171,11 +172,11 @@ def test_a_process_that_vanishes_mid_scan_does_not_hide_the_rest_of_the_group(tm
 
     monkeypatch.setattr(process, "Path", lambda _: FakeProc())
     assert group_alive(group)
-    (member / "stat").write_text(f"101 (a (b) c) Z 1 {group} {group} 0 -1\n")
+    (member / "stat").write_text(f"101 (a (b) c) Z 1 {group} 999999 0 -1\n")
     assert not group_alive(group)  # a zombie is dead
     (tmp_path / "102").mkdir()
     (tmp_path / "102" / "stat").write_text("102 no-parenthesis")  # unparsable: skipped, not an error
-    (member / "stat").write_text(f"101 (a (b) c) S 1 {group} {group} 0 -1\n")
+    (member / "stat").write_text(f"101 (a (b) c) S 1 {group} 999999 0 -1\n")
 
     class Reordered(FakeProc):
         def iterdir(self) -> Iterator[Path]:
