@@ -141,13 +141,13 @@ def test_each_dump_holds_only_its_own_stacks_and_ends_when_the_dump_stops_growin
     try:
         first = dump_stacks(child, child.stacks)
         start = time.monotonic()
-        second = dump_stacks(child, child.stacks, window_s=10)
+        second = dump_stacks(child, child.stacks, window_s=120)
         elapsed = time.monotonic() - start
     finally:
         run_with_deadline(child, 0, grace_s=1)
     assert first.count("sleep_in_a_named_function") == 1
     assert second.count("sleep_in_a_named_function") == 1, second  # not the first dump again
-    assert elapsed < 5, elapsed  # it stopped once the dump was complete, not at the end of the window
+    assert elapsed < 60, elapsed  # it stopped once the dump was complete, not at the end of the 120 s window
 
 
 def test_dumping_a_child_that_is_gone_returns_nothing(tmp_path):
@@ -208,6 +208,6 @@ def test_a_child_that_writes_no_dump_costs_only_the_dump_window(tmp_path):
             time.sleep(0.01)
         start = time.monotonic()
         assert dump_stacks(child, stacks, window_s=0.3) == ""
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 30  # the 0.3 s window, not a wait for a dump that never comes
     finally:
         run_with_deadline(child, 0, grace_s=1)
