@@ -80,7 +80,7 @@ def _write_outcome(workdir: str, rank: int, outcome: dict[str, Any]) -> None:
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str, init_method: str,
-               timeout: float, args: Sequence[Any], workdir: str) -> None:
+               timeout: float, args: Sequence[Any], workdir: str, startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
     os.setpgid(0, 0)  # the rank's helpers die with it
     stacks = install_stack_dump(Path(workdir) / f"rank{rank}.stacks")  # noqa: F841 — must stay open
     outcome: dict[str, Any]
@@ -91,10 +91,12 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str,
             import torch
 
             torch.cuda.set_device(rank)  # one device per rank
-        # The collective timeout outlasts the parent's deadline so a hang is
-        # reported as a hang (with stacks), not as a peer's timeout error.
+        # The group's timeout bounds the rendezvous too: it covers the start-up of the slowest
+        # peer (a rank spawned seconds after this one on a loaded machine must still find it
+        # waiting), then outlasts the parent's deadline so a hang is reported as a hang (with
+        # stacks), not as a peer's timeout error.
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=2 * timeout + 5))
+                                timeout=timedelta(seconds=startup_timeout + 2 * timeout + 5))
         (Path(workdir) / f"rank{rank}.began").touch()  # the deadline counts from here (see _supervise)
         try:
             outcome = {"value": fn(rank, world_size, *args)}
@@ -168,7 +170,8 @@ def run(fn: Callable[..., Any], world_size: int, backend: Backend = "gloo", time
                 target=_rank_main,
                 name=f"kiln-rank{rank}",
                 daemon=False,
-                args=(fn, rank, world_size, backend, init_method, timeout, tuple(args), str(workdir)),
+                args=(fn, rank, world_size, backend, init_method, timeout, tuple(args), str(workdir),
+                      startup_timeout),
             )
             process.start()
             ranks.append(_Rank(process, workdir / f"rank{rank}.stacks"))

@@ -130,6 +130,21 @@ def delayed_rank_main(*args):
     distributed._rank_main(*args)
 
 
+def skewed_rank_main(*args):
+    """Fault injection: rank 1 starts 9 s after rank 0 (longer than 2 x the deadline + 5 s)."""
+    if args[1] == 1:
+        time.sleep(9)
+    distributed._rank_main(*args)
+
+
+def test_a_peer_that_starts_long_after_the_others_still_joins_them(monkeypatch):
+    # Seen on a loaded CI machine: rank 0 gave up the rendezvous before rank 1 had started
+    # ("Gloo connectFullMesh failed ... Connection closed by peer"); the rendezvous now
+    # waits as long as the start-up may take, not only as long as the test's deadline.
+    monkeypatch.setattr(distributed, "_rank_main", skewed_rank_main)
+    assert distributed.run(slow_start_then_return, 2, timeout=1, start="spawn") == [0, 1]
+
+
 def test_slow_start_up_does_not_count_against_the_deadline(monkeypatch):
     # Every rank starts later than the whole 1 s deadline; the call still
     # succeeds because the deadline of ``fn`` starts once every rank has joined.
