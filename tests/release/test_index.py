@@ -225,3 +225,12 @@ def test_cached_wheel_parsing_accepts_and_refuses_exactly_what_packaging_does(fi
         assert got is None  # refused as a hidden file before packaging looks at it
     else:
         assert got == expected
+
+
+def test_a_yanked_value_that_is_neither_a_flag_nor_a_reason_is_refused() -> None:
+    # PEP 691: "yanked" is a boolean or a string; 1 equals True but is neither (a mutant survived on `== True`)
+    page = ('{"files": [' + _GOOD_FILE.replace('"size": 1,', '"size": 1, "yanked": 1,') + ']}').encode()
+    with pytest.raises(InvalidInputError, match="yanked must be a reason string, got 1"):
+        parse_project_json(page, "s3://b/p/index.json")
+    flagged = ('{"files": [' + _GOOD_FILE.replace('"size": 1,', '"size": 1, "yanked": true,') + ']}').encode()
+    assert parse_project_json(flagged, "where")[0].yanked == ""
