@@ -62,6 +62,8 @@ def test_put_immutable_same_bytes_is_success_other_bytes_integrity_error(tmp_pat
     first = store.put_immutable("w/a.whl", b"abc", "application/octet-stream", "immutable")
     again = store.put_immutable("w/a.whl", b"abc", "application/octet-stream", "immutable")
     assert first == again and first.sha256 == sha256_bytes(b"abc")
+    # the publisher looks up a present wheel's sidecar only when its own write did not create the wheel
+    assert first.created is True and again.created is False
     with pytest.raises(IntegrityError, match="immutable"):
         store.put_immutable("w/a.whl", b"abd", "application/octet-stream", "immutable")
     assert (tmp_path / "w" / "a.whl").read_bytes() == b"abc"
