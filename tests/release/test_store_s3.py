@@ -282,3 +282,31 @@ def test_verifies_checksums_is_true_on_aws_false_with_an_endpoint_unless_set(
     assert opened(endpoint=s3_endpoint) is False
     assert opened(endpoint=s3_endpoint, verifies_checksums=True) is True
     assert opened(verifies_checksums=False) is False
+
+
+def test_translate_makes_other_botocore_errors_permanent_and_re_raises_the_rest() -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    with pytest.raises(PermanentError) as caught:
+        translate(NoCredentialsError(), "put_object s3://b/k")
+    assert not is_retryable(caught.value) and "put_object s3://b/k" in str(caught.value)
+    bug = ValueError("not a store error")
+    with pytest.raises(ValueError) as raised:
+        translate(bug, "get")
+    assert raised.value is bug  # a bug of ours is not dressed up as a store error
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, None), ("", None),
+    ("abc-2", None),  # a multipart "checksum of checksums" is not the file's hash
+    ("q83vEjRWeJA=", "abcdef1234567890"),
+])
+def test_only_a_whole_object_checksum_becomes_a_hex_digest(value, expected) -> None:
+    from kiln.release.s3 import _b64_to_hex
+
+    assert _b64_to_hex(value) == expected
+
+
+def test_a_verifying_head_of_a_missing_key_is_none(s3_store: S3Store) -> None:
+    s3_store.verifies_checksums = True  # the HEAD with ChecksumMode=ENABLED, as on AWS
+    assert s3_store.head("nothing/here.whl") is None
