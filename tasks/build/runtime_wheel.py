@@ -17,11 +17,9 @@ from importlib import metadata
 from pathlib import Path
 
 from kiln.release.errors import ConfigError
-from kiln.tasks.build.wheel import WheelStamp, wheel_filename, wheel_metadata, write_wheel
+from kiln.tasks.build.wheel import _CACHE_SUFFIXES, _CACHES, WheelStamp, wheel_filename, wheel_metadata, write_wheel
 
 DISTRIBUTION = "kiln-runtime"
-_SKIP_DIRS = {"__pycache__"}
-_SKIP_SUFFIXES = {".pyc", ".pyo"}
 
 
 def _package_root() -> Path:
@@ -32,8 +30,8 @@ def _package_root() -> Path:
 
 def _sources(root: Path) -> list[tuple[str, bytes]]:
     """Every file of the ``kiln/runtime`` package (caches aside), by its path inside the wheel."""
-    files = [p for p in root.rglob("*") if p.is_file() and not _SKIP_DIRS & set(p.relative_to(root).parts)
-             and p.suffix not in _SKIP_SUFFIXES]
+    files = [p for p in root.rglob("*") if p.is_file() and not _CACHES & set(p.relative_to(root).parts)
+             and p.suffix not in _CACHE_SUFFIXES]
     return [(f"kiln/runtime/{p.relative_to(root).as_posix()}", p.read_bytes()) for p in sorted(files)]
 
 
