@@ -55,16 +55,18 @@ def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict, out: str) -> 
 
 @flow(name="build")
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
-               variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None) -> Any:
+               variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None,
+               ref: str = "") -> Any:
     """Build every unit of the matrix, then one wheel per variant whose units all built.
 
     ``run_id`` continues a run (the nightly's); without it the build is a run
     of its own. ``version`` defaults to the nightly version of the commit.
     ``nvcc``: path of the nvcc to use (default: the one on PATH); a missing
-    one skips the CUDA C++ units with a message.
+    one skips the CUDA C++ units with a message. ``ref``: the commit the run
+    names, which this checkout must be at (a build dispatched to a worker).
     """
     config = load_config(config_path)
-    run = open_run(config, "build", out, run_id=run_id, version=version)
+    run = open_run(config, "build", out, run_id=run_id, version=version, ref=ref)
     setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:
         record(run, build_units.skip_record(skip))
@@ -84,7 +86,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
         for path, kind in output.files:
             run.add_artifact(path, step="build", kind=kind, variant=variant.name)
             built |= kind == "wheel"
-    run.set_info("build_cache_events", events)
+    # One writer per key: builds of other variants of the run (other workers) keep their own.
+    run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
     if built:
         run.mark_latest()
     try:
@@ -93,4 +96,4 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     except Exception as exc:  # a side report never fails the run
         logger.warning("could not create the build table artifact: %s", exc)
     markdown_report("kiln-build-cache", build_stage.cache_report(events), "Build cache events")
-    return finish_stage(run, "build", "Build")
+    return finish_stage(run, "build", "Build", mine=lambda u: not variants or u.variant in variants)

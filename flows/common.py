@@ -16,7 +16,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
@@ -27,7 +27,7 @@ from kiln.release.errors import is_retryable
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.tasks.config import KilnConfig
-from kiln.tasks.runs import artifact_store, continue_run, start_run
+from kiln.tasks.runs import artifact_store, check_checkout, continue_run, start_run
 
 logger = logging.getLogger("kiln.flows")
 
@@ -45,7 +45,11 @@ def _store_session(config: KilnConfig, step: str) -> Any:
 
 def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str | None = None,
              version: str | None = None, ref: str = "", step: str = "build") -> RunRecord:
-    """The run this flow belongs to: ``run_id``'s record, or a new one named after this flow run."""
+    """The run this flow belongs to: ``run_id``'s record, or a new one named after this flow run.
+
+    ``ref``: the commit the run names; this checkout must be at it (a dispatched unit's worker).
+    """
+    check_checkout(config, ref)
     store = artifact_store(config, _store_session(config, step))
     if run_id:
         return continue_run(store, run_id, out)
@@ -104,9 +108,14 @@ def publish_unit_table(run: RunRecord, units: list[Unit], key: str, title: str) 
         logger.warning("could not create the %s table artifact: %s", key, exc)
 
 
-def finish_stage(run: RunRecord, stage: str, title: str) -> dict[str, int] | State:
-    """Leave a table of the stage's units, write the local view, choose the final state."""
-    units = [u for u in run.units() if u.stage == stage]
+def finish_stage(run: RunRecord, stage: str, title: str,
+                 mine: Callable[[Unit], bool] | None = None) -> dict[str, int] | State:
+    """Leave a table of the stage's units, write the local view, choose the final state.
+
+    ``mine`` picks this flow's own units when others of the stage share the run
+    (a variant's build or a suite dispatched to a worker, beside the rest).
+    """
+    units = [u for u in run.units() if u.stage == stage and (mine is None or mine(u))]
     publish_unit_table(run, units, f"kiln-{stage}-units", title)
     run.write_view()
     if any(u.state == "failed" for u in units):

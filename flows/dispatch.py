@@ -1,78 +1,184 @@
-"""GPU suites run on the hardware they need: dispatched to their work pool's deployment.
+"""Work that moves: each unit runs on the work pool of its hardware, through the run record.
 
-A suite with ``pool = "<name>"`` in kiln.toml goes to the ``test/gpu-tests-<name>``
-deployment (see prefect.yaml) when the Prefect server has it; a worker of that
-GPU pool runs it and the nightly waits for the outcome, bounded by the suite's
-``deadline_s``. Without such a deployment (the embedded default, a laptop) the
-suite runs in the nightly's own test stage, where GPU tests skip with a reason
-on a machine without GPUs.
+A run's variant builds go to ``build/<[pools] build>``, each test suite to
+``test/<its pool>`` (a GPU suite's ``pool``, else ``[pools] cpu``) and its
+publishing to ``publish/<[pools] cpu>`` — when the Prefect server has that
+deployment (see ``flows/scaleout.yaml``). The dispatched flow runs on a
+worker of that pool, from a clone of the commit the run names (its ``ref``,
+passed as the ``KILN_REF`` the deployment's ``git_clone`` step reads), and
+exchanges everything through the run record in the artifact store: no path
+is shared between workers. Without such a deployment (the embedded default,
+a laptop) the unit runs in the calling flow's process.
+
+A dispatched run that is not over by its deadline is cancelled and its unit
+fails naming the pool (no worker picked it up, or it ran too long); one whose
+worker was lost (its flow run Crashed, e.g. marked so by the zombie-run
+automation, ``automations/crash-lost-runs.yaml``) fails with that reason, and
+is dispatched again up to ``[pools] retries`` times.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
+from prefect.runtime import task_run
+from prefect.states import Cancelled
 
-from kiln.flows.common import logger, record
+from kiln.flows.common import logger, record, retry_on_retryable
+from kiln.release.errors import WorkerLostError
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
+from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.config import KilnConfig, Suite
 from kiln.tasks.testing.suite import targets
 
-GPU_DEPLOYMENT = "test/gpu-tests-{pool}"
+DEPLOYMENT = "{flow}/{pool}"
+REF_ENV = "KILN_REF"  # read by the scale-out deployments' git_clone pull step
+LOST_INFO = "dispatch-lost/"  # run info: why the last attempt of a unit was lost
 
 
-@task(name="find-gpu-deployments", cache_policy=NO_CACHE)
-def gpu_deployments(config: KilnConfig) -> dict[str, str]:
-    """Suite name → deployment, for the pooled suites whose GPU deployment exists."""
-    found: dict[str, str] = {}
+@dataclass(frozen=True)
+class Remote:
+    """The deployments this run's units go to; an empty one runs everything here."""
+
+    build: str | None = None
+    suites: dict[str, str] = field(default_factory=dict)  # suite name → deployment
+    publish: str | None = None
+
+
+def _exists(client: Any, name: str) -> bool:
+    try:
+        client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        return False
+    return True
+
+
+@task(name="find-deployments", cache_policy=NO_CACHE)
+def find_deployments(config: KilnConfig) -> Remote:
+    """Which of this run's units have a deployment on the server to go to."""
+    pools = config.pools
     with get_client(sync_client=True) as client:
-        for suite in config.suites:
-            if suite.pool is None:
-                continue
-            name = GPU_DEPLOYMENT.format(pool=suite.pool)
-            try:
-                client.read_deployment_by_name(name)
-            except ObjectNotFound:
-                logger.info("suite %s: no deployment %s on this server; it runs here", suite.name, name)
-                continue
-            found[suite.name] = name
-    return found
+        def deployed(flow: str, pool: str | None) -> str | None:
+            name = DEPLOYMENT.format(flow=flow, pool=pool) if pool else None
+            return name if name and _exists(client, name) else None
+
+        suites = {s.name: d for s in config.suites if (d := deployed("test", config.suite_pool(s)))}
+        remote = Remote(deployed("build", pools.build), suites, deployed("publish", pools.cpu))
+    for suite in config.suites:
+        if suite.name not in remote.suites:
+            logger.info("suite %s: no deployment for pool %s on this server; it runs here", suite.name,
+                        config.suite_pool(suite))
+    return remote
 
 
-def _remote_outcome(deployment: str, flow_run, suite: Suite) -> str:
-    """"" when the dispatched run completed, else why its suite failed."""
-    state = flow_run.state
+def _job_variables(ref: str) -> dict[str, Any]:
+    return {"env": {REF_ENV: ref}} if ref else {}
+
+
+def _pool_of(deployment: str) -> str:
+    return deployment.split("/", 1)[1]
+
+
+def _cancel(flow_run: Any, why: str) -> None:
+    """A run given up on must not start later, on a worker that comes up after the deadline."""
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelled(message=why), force=True)
+    except Exception as exc:  # the unit has failed either way; say why the run could not be cancelled
+        logger.warning("could not cancel flow run %s: %s", flow_run.name, exc)
+
+
+def _outcome(deployment: str, flow_run: Any, deadline_s: float, what: str) -> tuple[str, bool]:
+    """("", False) when the dispatched run completed, else (why, whether its worker was lost)."""
+    state, pool = flow_run.state, _pool_of(deployment)
     where = f"{deployment} (flow run {flow_run.name})"
     if state is not None and state.is_completed():
-        return ""
+        return "", False
     if state is None or not state.is_final():
         left = state.name if state else "unscheduled"
-        return f"did not finish within {suite.deadline_s:g}s on {where}; it was left {left}"
-    return f"{where} ended {state.name}: {state.message or ''}".rstrip(": ")
+        if state is None or state.is_scheduled() or state.is_pending():
+            why = (f"no worker of pool {pool!r} started {what} within {deadline_s:g}s: {where} was left {left} "
+                   f"(start one: prefect worker start --pool {pool})")
+        else:
+            why = f"{what} did not finish within {deadline_s:g}s on pool {pool!r}: {where} was left {left}"
+        _cancel(flow_run, why)
+        return why, False
+    if state.is_crashed():
+        return f"worker lost while {what} on pool {pool!r}: {where} Crashed: {state.message or ''}".rstrip(": "), True
+    return f"{where} ended {state.name}: {state.message or ''}".rstrip(": "), False
 
 
-@task(name="gpu-suite", task_run_name="test/{suite.name} → {deployment}", cache_policy=NO_CACHE)
-def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRecord) -> list[Unit]:
-    """Run ``suite`` on its GPU pool against this run's wheels; its units, as the record holds them.
+def dispatch(deployment: str, parameters: dict[str, Any], *, deadline_s: float, what: str, ref: str,
+             run: RunRecord) -> str:
+    """Run ``deployment`` and wait for it: "" when it completed, else why not.
+
+    A run whose worker was lost raises :class:`WorkerLostError`, which the
+    dispatching task's Prefect retries (``[pools] retries``) take; every other
+    ending is final (a failed build or test fails the same way twice).
+    """
+    try:
+        flow_run = run_deployment(deployment, parameters=parameters, job_variables=_job_variables(ref),
+                                  timeout=deadline_s, as_subflow=True)
+    except Exception as exc:  # the server refused the run: this unit's failure, not the caller's crash
+        return f"could not start {deployment}: {type(exc).__name__}: {exc}"
+    why, lost = _outcome(deployment, flow_run, deadline_s, what)
+    if lost:
+        run.set_info(LOST_INFO + what, why)  # the retry's unit says what happened to the attempt before
+        raise WorkerLostError(why)
+    return why
+
+
+def _retried(unit: Unit, run: RunRecord, what: str) -> Unit:
+    """``unit``, saying so when it completed only after a lost worker's attempt."""
+    attempts = task_run.run_count
+    if attempts <= 1:
+        return unit
+    before = run.info().get(LOST_INFO + what, "a worker was lost")
+    return replace(unit, message=f"{unit.message} (attempt {attempts}; before: {before})")
+
+
+def dispatching(task_fn: Any, config: KilnConfig) -> Any:
+    """``task_fn`` with the retries ``[pools]`` allows for a lost worker (and for nothing else)."""
+    return task_fn.with_options(retries=config.pools.retries, retry_delay_seconds=1,
+                                retry_condition_fn=retry_on_retryable)
+
+
+@task(name="build-variant", task_run_name="build/{variant} → {deployment}", cache_policy=NO_CACHE)
+def dispatch_build(config: KilnConfig, variant: str, deployment: str, run: RunRecord, ref: str) -> Unit:
+    """Build ``variant`` on a build-pool worker, into this run's record; the variant's wheel unit."""
+    what = f"building {variant}"
+    why = dispatch(deployment, {"variants": [variant], "run_id": run.run_id, "ref": ref},
+                   deadline_s=config.pools.deadline_s, what=what, ref=ref, run=run)
+    uid = wheel_unit_id(variant)
+    recorded = {u.id: u for u in run.units()}.get(uid)
+    if why or recorded is None:
+        unit = Unit(uid, "build", "failed", variant=variant, message=why or f"{deployment} recorded no {uid}")
+    else:
+        unit = _retried(recorded, run, what)
+    return record(run, unit)
+
+
+@task(name="dispatch-suite", task_run_name="test/{suite.name} → {deployment}", cache_policy=NO_CACHE)
+def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRecord, ref: str = "") -> list[Unit]:
+    """Run ``suite`` on its pool against this run's wheels; its units, as the record holds them.
 
     The dispatched flow fetches the wheels from the run record and writes its
     units and reports back to it. A suite whose run failed to start, crashed
-    or ran past its deadline gets failed units naming the pool, so a lost GPU
+    or ran past its deadline gets failed units naming the pool, so a lost
     worker never leaves a suite looking passed.
     """
     start = time.monotonic()
-    try:
-        flow_run = run_deployment(deployment, parameters={"suites": [suite.name], "run_id": run.run_id},
-                                  timeout=suite.deadline_s, as_subflow=True)
-        why = _remote_outcome(deployment, flow_run, suite)
-    except Exception as exc:  # the server refused the run: this suite's failure, not the nightly's crash
-        why = f"could not start {deployment}: {type(exc).__name__}: {exc}"
+    what = f"testing {suite.name}"
+    why = dispatch(deployment, {"suites": [suite.name], "run_id": run.run_id, "ref": ref},
+                   deadline_s=suite.deadline_s, what=what, ref=ref, run=run)
     recorded = {u.id: u for u in run.units() if u.stage == "test" and u.suite == suite.name}
     units = []
     for target in targets(config, [suite]):
@@ -80,6 +186,12 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
         if unit is None or why:
             unit = target.unit("failed", why or f"{deployment} recorded no result for {target.unit_id}",
                                time.monotonic() - start)
-            record(run, unit)
-        units.append(unit)
+        units.append(record(run, _retried(unit, run, what)))
     return units
+
+
+@task(name="dispatch-publish", task_run_name="publish/{channel} → {deployment}", cache_policy=NO_CACHE)
+def dispatch_publish(config: KilnConfig, channel: str, deployment: str, run: RunRecord, ref: str) -> str:
+    """Publish this run on a CPU-pool worker; "" when it completed, else why not."""
+    return dispatch(deployment, {"channel": channel, "run_id": run.run_id, "ref": ref},
+                    deadline_s=config.pools.deadline_s, what=f"publishing {channel}", ref=ref, run=run)

@@ -1,8 +1,11 @@
 """The nightly flow: build → test → benchmark → publish, each stage a subflow.
 
-GPU suites whose work pool has a ``test/gpu-tests-<pool>`` deployment are
-dispatched there (flows/dispatch.py) while the local stages run, and their
-units are recorded before publishing, which they gate like local suites.
+Each stage's units go to the work pool of their hardware when the Prefect
+server has its deployment (flows/dispatch.py): every variant's build to the
+build pool, each suite to its pool (while the local suites and the bench run
+here), publishing to the CPU pool; they meet only in the run record. A
+dispatched suite's units are recorded before publishing, which they gate
+like local suites.
 
 Stages run with ``return_state=True`` so one stage's failure never stops the
 independent ones (invariant 4): tests run even if a build unit failed, and
@@ -18,36 +21,41 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from kiln.flows.bench import bench_flow
-from kiln.flows.build import build_flow
-from kiln.flows.dispatch import dispatch_suite, gpu_deployments
+from kiln.flows.dispatch import find_deployments
 from kiln.flows.common import failure_message, markdown_report, open_run, publish_unit_table
-from kiln.flows.publish import publish_flow
+from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown
 from kiln.flows.test import test_flow
-from kiln.tasks.config import load_config
 from kiln.release.record import RunRecord
+from kiln.tasks.config import load_config
 
 
 @flow(name="nightly", log_prints=True)
-def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None) -> State:
-    """Build → test (local and GPU pools) and bench → publish, all in one run record."""
+def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
+                 ref: str = "") -> State:
+    """Build → test (on each suite's pool) and bench → publish, all in one run record.
+
+    Each stage's units go to their work pool's deployment when the server has
+    one (flows/dispatch.py), else run here. ``ref``: the commit this run must
+    build (the checkout is refused if it is elsewhere); every dispatched unit
+    runs exactly the run's commit.
+    """
     logger = get_run_logger()
     config = load_config(config_path)
-    run = open_run(config, "nightly", out, version=version)
+    run = open_run(config, "nightly", out, version=version, ref=ref)
+    ref = run.header.source.commit if run.header.source.clean else ""
     logger.info("nightly %s of %s (commit %s) → run %s", run.header.version, config.project.distribution,
                 run.header.source.commit[:12] or "none", run.run_id)
     common = {"config_path": config_path, "out": out, "run_id": run.run_id}
-    stages = {"build": build_flow(**common, return_state=True)}
-    remote = gpu_deployments(config)  # GPU suites whose pool has a deployment run there, on this run's wheels
-    gpu_units = [dispatch_suite.submit(config, config.suites_by_name[name], deployment, run)
-                 for name, deployment in remote.items()]
+    remote = find_deployments(config)
+    stages = {"build": build_stage(config, run, remote, common, ref)}
+    suites = start_suites(config, run, remote, ref)
     stages |= {
-        "test": test_flow(**common, exclude=list(remote), return_state=True),
+        "test": test_flow(**common, exclude=list(remote.suites), return_state=True),
         "bench": bench_flow(**common, compare="last", fail_on_regression=False, return_state=True),
     }
-    for future in gpu_units:  # GPU suites gate publishing like local ones: their units are recorded first
-        future.wait()
-    stages["publish"] = publish_flow(**common, channel="nightly", return_state=True)
+    wait_suites(config, run, remote, suites)  # dispatched suites gate publishing like local ones
+    stages["publish"] = publish_stage(config, run, remote, common, ref)
     return conclude(run, stages)
 
 

@@ -164,10 +164,13 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
 
 @flow(name="publish")
 def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str | None = None,
-                 channel: str = "nightly", dry_run: bool = False, run_id: str = "latest") -> Any:
-    """Publish the wheels of run ``run_id`` (``latest``: the newest that built wheels) to ``target``'s ``channel``."""
+                 channel: str = "nightly", dry_run: bool = False, run_id: str = "latest", ref: str = "") -> Any:
+    """Publish the wheels of run ``run_id`` (``latest``: the newest that built wheels) to ``target``'s ``channel``.
+
+    ``ref``: the commit the run names, which this checkout must be at (publishing dispatched to a worker).
+    """
     config = load_config(config_path)
-    run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}")
+    run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}", ref=ref)
     why = refusal(run, dry_run)
     if why:
         record(run, Unit("publish/source", "publish", "failed", message=why))

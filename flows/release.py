@@ -33,10 +33,11 @@ from prefect.input import RunInput
 from prefect.states import Completed, Failed, State
 
 from kiln.flows.bench import bench_flow, store_release_baseline
-from kiln.flows.build import build_flow
+from kiln.flows.dispatch import find_deployments
 from kiln.flows.common import markdown_report, open_run
 from kiln.flows.credentials import session_for
 from kiln.flows.publish import open_publish_target, publish_flow, publish_inputs
+from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.test import test_flow
 from kiln.release.publish import publish
 from kiln.release.record import RunRecord
@@ -189,13 +190,17 @@ def _stop(release: Release, run: RunRecord, why: str) -> State:
 
 def _stages(release: Release, run: RunRecord) -> dict[str, State]:
     common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
-    blocking = list(load_config(release.config_path).bench.blocking_metrics)
-    stages = {"build": build_flow(**common, return_state=True)}
-    stages["test"] = test_flow(**common, return_state=True)
+    config = load_config(release.config_path)
+    ref = run.header.source.commit if run.header.source.clean else ""
+    remote = find_deployments(config)  # builds and suites go to their pools when deployed, as in the nightly
+    stages = {"build": build_stage(config, run, remote, common, ref)}
+    suites = start_suites(config, run, remote, ref)
+    stages["test"] = test_flow(**common, exclude=list(remote.suites), return_state=True)
     # Dry runs and failed releases never become a baseline: only a verified release is kept (below).
     stages["bench"] = bench_flow(**common, compare=f"published:{release.channel}", store_history=False,
-                                 fail_on_regression=not release.allow_regressions, blocking_metrics=blocking,
-                                 return_state=True)
+                                 fail_on_regression=not release.allow_regressions,
+                                 blocking_metrics=list(config.bench.blocking_metrics), return_state=True)
+    wait_suites(config, run, remote, suites)
     return stages
 
 

@@ -14,6 +14,7 @@ Tests are never cached.
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -37,14 +38,16 @@ from kiln.tasks.testing.suite import (
     write_combined,
 )
 
-# The Prefect concurrency limit that stands for this machine's GPUs; a GPU
-# work pool's workers share it (create it with `prefect gcl create gpu-local --limit N`).
-DEVICE_POOL = "local"
+# The Prefect concurrency limit that stands for one GPU node's GPUs, ``gpu-<node>``: every worker
+# on the node shares it (`prefect gcl create gpu-<node> --limit <GPUs>`). The node is named by the
+# worker's KILN_GPU_NODE (one machine: "local").
+NODE_ENV = "KILN_GPU_NODE"
 
 
 def gpu_slots(n: int) -> AbstractContextManager[object]:
-    """Hold ``n`` slots of the device pool's limit; CPU-only suites need no limit to exist."""
-    return concurrency(f"gpu-{DEVICE_POOL}", occupy=n) if n > 0 else nullcontext()
+    """Hold ``n`` slots of this node's GPU limit; CPU-only suites need no limit to exist."""
+    node = os.environ.get(NODE_ENV, "local")
+    return concurrency(f"gpu-{node}", occupy=n) if n > 0 else nullcontext()
 
 
 @task(name="test-plan", cache_policy=NO_CACHE)
@@ -90,7 +93,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
               isolate: str = "test", timeout: float | None = None, retries: int = 1, junit: str | None = None,
               json_path: str | None = None, changed_since: str | None = None,
               pytest_args: list[str] | None = None, exclude: list[str] | None = None, run_id: str | None = None,
-              paths: list[str] | None = None):
+              paths: list[str] | None = None, ref: str = ""):
     """Run the config's test suites against the run's wheels; Failed if any suite failed.
 
     ``run_id`` tests the wheels of that run (the nightly's, or ``kiln test --run``);
@@ -98,11 +101,12 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     that run elsewhere (the nightly dispatches GPU suites to their pool).
     ``paths`` (``kiln test -- PATHS``, relative to the project) run as one ad-hoc
     suite instead of the configured ones; ``pytest_args`` go to every suite that runs.
+    ``ref``: the commit the run names, which this checkout must be at (a suite dispatched to a worker).
     """
     config = load_config(config_path)
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
     selected = plan_task(config, config_path, suites, changed_since, exclude, paths)
-    run = open_run(config, "test", out, run_id=run_id, step="test")
+    run = open_run(config, "test", out, run_id=run_id, step="test", ref=ref)
     chosen = targets(config, selected)
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
@@ -137,4 +141,5 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
                                                                                      future.state))
     for path in write_combined(runs, junit, json_path):
         logger.info("test report written to %s", path)
-    return finish_stage(run, "test", "Tests")
+    names = {suite.name for suite in selected}
+    return finish_stage(run, "test", "Tests", mine=lambda u: u.suite in names)

@@ -70,6 +70,10 @@ class TransientStoreError(RetryableError):
     """A connection reset, a timeout or a 5xx from the store."""
 
 
+class WorkerLostError(RetryableError):
+    """The worker running a dispatched unit was lost (its flow run Crashed); another may run it."""
+
+
 class ConflictError(RetryableError):
     """A compare-and-swap lost a race; re-read and try again."""
 

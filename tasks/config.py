@@ -26,6 +26,7 @@ from kiln.release.errors import ConfigError, InvalidInputError
 from kiln.tasks.bench.results import Metric
 from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.config_build import Build, Testing, Toolchain  # noqa: F401 - Toolchain: part of the config's API
+from kiln.tasks.config_pools import Pools
 from kiln.tasks.config_fields import (
     BlockName, Endpoint, IndexUrl, Prefix, ProjectPath, Region, RoleArn, StorePrefix, check_store_url,
 )
@@ -151,8 +152,8 @@ class Suite(_Model):
     depends: tuple[ProjectPath, ...] = ()
     required: bool = True
     timeout_s: float = Field(default=300, gt=0)
-    # A GPU work pool: the nightly dispatches this suite to the pool's
-    # "test/gpu-tests-<pool>" deployment when the server has it, else runs it here.
+    # The work pool of its hardware: the nightly dispatches this suite to the pool's "test/<pool>"
+    # deployment when the server has it, else runs it here (default: [pools] cpu for a CPU suite).
     pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]*$")
     deadline_s: float = Field(default=3600, gt=0)  # the whole suite, when dispatched
     # The variants whose installed wheel the suite tests (default: the CPU variants for a
@@ -237,6 +238,7 @@ class KilnConfig(_Model):
     build: Build = Build()
     suites: tuple[Suite, ...] = ()
     testing: Testing = Testing()
+    pools: Pools = Pools()
     bench: Bench = Bench()
     artifacts: Target = Target(url="file://.kiln/artifacts")
     publish: Publish
@@ -267,6 +269,10 @@ class KilnConfig(_Model):
             return tuple(self.variant(name) for name in suite.variants)
         wanted = [v for v in self.variants if (v.backend == "cpu") == (suite.gpus == 0)]
         return tuple(wanted or self.variants[:1])
+
+    def suite_pool(self, suite: Suite) -> str | None:
+        """The work pool ``suite`` is dispatched to: its own, else the CPU pool for a CPU suite."""
+        return suite.pool or (self.pools.cpu if suite.gpus == 0 else None)
 
     @property
     def suites_by_name(self) -> dict[str, Suite]:

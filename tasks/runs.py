@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kiln.release.errors import InvalidInputError
 from kiln.release.record import RunHeader, RunRecord, create_record, open_record
 from kiln.release.store import Store, open_store
 from kiln.tasks.config import KilnConfig
@@ -51,3 +52,20 @@ def start_run(config: KilnConfig, store: Store, *, run_id: str, flow: str, out: 
 def continue_run(store: Store, run_id: str, out: str | Path) -> RunRecord:
     """The record of a run started earlier (``latest``: the newest that built wheels)."""
     return open_record(store, run_id, out)
+
+
+def check_checkout(config: KilnConfig, ref: str) -> None:
+    """A worker runs exactly the commit its run names: refuse a checkout at any other.
+
+    ``ref`` is the run's commit, passed to every dispatched unit; "" (a run
+    outside git, or a stage run by hand) checks nothing.
+    """
+    if not ref:
+        return
+    source = describe(config.root)
+    if source.commit != ref or source.modified:
+        found = source.commit[:12] if source.in_git else "not a git checkout"
+        changed = f", with changes to {', '.join(source.modified[:5])}" if source.modified else ""
+        raise InvalidInputError(f"the run names commit {ref[:12]}, but this worker's checkout {config.root} is at "
+                                f"{found}{changed}; the deployment's git_clone step must check out the run's ref "
+                                f"(KILN_REF)")

@@ -92,10 +92,15 @@ class VariantOutput:
     files: tuple[tuple[Path, str], ...]  # (path, artifact kind) to register in the run manifest
 
 
+def wheel_unit_id(variant: str) -> str:
+    """The unit that stands for ``variant``'s wheel (built, or skipped because a unit failed)."""
+    return f"build/{variant}/wheel"
+
+
 def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str, UnitResult | BaseException],
                      out: str | Path) -> VariantOutput:
     """Write the variant's build manifest and wheel, or skip both if any unit failed."""
-    uid = f"build/{variant.name}/wheel"
+    uid = wheel_unit_id(variant.name)
     failed = [u.id for u in variant.units if not isinstance(outcomes.get(u.id), UnitResult)]
     if failed:
         reason = f"not built: {len(failed)} units of {variant.name} failed"

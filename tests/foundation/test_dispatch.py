@@ -1,4 +1,4 @@
-"""GPU suites go to their pool's deployment when the server has one, else run here."""
+"""Suites go to their pool's deployment when the server has one, else run here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
-from kiln.flows.dispatch import GPU_DEPLOYMENT, dispatch_suite, gpu_deployments
+from kiln.flows.dispatch import DEPLOYMENT, Remote, dispatch_suite, find_deployments
 from kiln.flows.test import plan_task
 from kiln.tasks.config import parse_config
 
@@ -30,13 +30,13 @@ def deploy_gpu_tests(pool: str) -> None:
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         flow_id = client.create_flow_from_name("test")
-        client.create_deployment(flow_id=flow_id, name=f"gpu-tests-{pool}", work_pool_name=pool,
+        client.create_deployment(flow_id=flow_id, name=pool, work_pool_name=pool,
                                  entrypoint="kiln.flows.test:test_flow")
 
 
 def test_suite_without_a_deployed_pool_runs_in_the_local_test_stage(prefect_server):
     config = config_with_pool(f"absent-{uuid.uuid4().hex[:8]}")
-    assert gpu_deployments.fn(config) == {}
+    assert find_deployments.fn(config) == Remote()
     local = plan_task.fn(config, "kiln.toml", None, None, exclude=[])
     assert "kernels-gpu" in [s.name for s in local]
 
@@ -45,9 +45,9 @@ def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stag
     pool = f"gpu-{uuid.uuid4().hex[:8]}"
     deploy_gpu_tests(pool)
     config = config_with_pool(pool)
-    remote = gpu_deployments.fn(config)
-    assert remote == {"kernels-gpu": GPU_DEPLOYMENT.format(pool=pool)}
-    local = plan_task.fn(config, "kiln.toml", None, None, exclude=list(remote))
+    remote = find_deployments.fn(config)
+    assert remote == Remote(suites={"kernels-gpu": DEPLOYMENT.format(flow="test", pool=pool)})
+    local = plan_task.fn(config, "kiln.toml", None, None, exclude=list(remote.suites))
     assert "kernels-gpu" not in [s.name for s in local] and "kernels" in [s.name for s in local]
 
 
@@ -65,17 +65,19 @@ def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(pr
 
     @flow
     def parent():
-        return dispatch_suite(config, suite, GPU_DEPLOYMENT.format(pool=pool), run)
+        return dispatch_suite(config, suite, DEPLOYMENT.format(flow="test", pool=pool), run)
 
     units = parent()
 
     assert [u.id for u in units] == ["test/kernels-gpu/cu130", "test/kernels-gpu/rocm"]
     for unit in units:
         assert unit.state == "failed" and unit.required
-        assert "did not finish within 2s" in unit.message and f"gpu-tests-{pool}" in unit.message
+        assert f"no worker of pool '{pool}' started testing kernels-gpu within 2s" in unit.message
+        assert f"prefect worker start --pool {pool}" in unit.message
     assert {u.id: u.state for u in run.units()} == {u.id: "failed" for u in units}  # recorded in the run
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs()
     dispatched = [r for r in runs if r.parameters.get("suites") == ["kernels-gpu"]
                   and r.parameters.get("run_id") == run.run_id]
     assert len(dispatched) == 1, "exactly one run of the GPU deployment, on this run's record"
+    assert dispatched[0].state.is_cancelled(), "a run given up on is cancelled: a late worker must not start it"

@@ -68,7 +68,7 @@ def test_deployments_carry_schedule_schema_and_limits(deployed, triggered):
         gpu_pool = client.read_work_pool("kiln-gpu")
         release = client.read_deployment_by_name("release/release")
         nightly = client.read_deployment_by_name("nightly/nightly")
-        gpu = client.read_deployment_by_name("test/gpu-tests-kiln-gpu")
+        gpu = client.read_deployment_by_name("test/kiln-gpu")
     assert release.enforce_parameter_schema
     assert release.global_concurrency_limit is not None and release.global_concurrency_limit.limit == 1
     schema = release.parameter_openapi_schema

@@ -1,0 +1,242 @@
+"""Scale-out on real parts: PostgreSQL, a Prefect server on it, moto's S3 server, workers on three pools.
+
+The module builds the cluster with README.md's own "Scaling out" recipe
+(tests/helpers/cluster.py): two build workers, one CPU worker and one GPU
+worker (a GPU node simulated on the CPU with the GPU-count override), each in
+an empty directory of its own; every unit clones the project (the ``acme``
+fixture, committed in a git repository the workers reach by a ``file://``
+URL) at the run's commit. The artifact store and the publish target are
+buckets of moto's S3 server: the only thing the workers share.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import Cluster, cluster, free_port, postgres, trigger
+from tests.helpers.gitrepo import commit_all, git_project
+from tests.helpers.s3 import S3_ENV, moto_s3_server
+from tests.helpers.venvs import make_venv
+from tests.helpers.venvs import run as run_in_venv
+
+pytestmark = [pytest.mark.scaleout, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+ARTIFACTS, INDEX = "kiln-artifacts", "kiln-index"
+VARIANTS = ("cu130", "cpu")
+NIGHTLY_DEADLINE_S = 1500  # a whole nightly on a loaded 2-core machine, four workers sharing it
+
+SCALEOUT_TOML = """
+[[suites]]
+name = "gpu"                 # the same tests against the cu130 wheel, on a (simulated) GPU node
+paths = ["tests"]
+gpus = 1
+pool = "kiln-gpu"
+deadline_s = 900
+
+[pools]
+build = "kiln-build"
+cpu = "kiln-process"
+deadline_s = 900
+retries = 1
+
+[artifacts]
+url = "s3://{artifacts}/store"
+endpoint = "{endpoint}"
+region = "us-east-1"
+
+[publish.targets.s3]
+url = "s3://{index}/simple"
+endpoint = "{endpoint}"
+region = "us-east-1"
+
+# Each step's credentials: here the workers' own (moto's test keys in their environment).
+[permissions.build]
+read = ["artifacts/"]
+write = ["artifacts/"]
+credentials = {{ ambient = true }}
+
+[permissions.test]
+read = ["artifacts/"]
+write = ["artifacts/"]
+credentials = {{ ambient = true }}
+
+[permissions.bench]
+read = ["artifacts/", "bench-history/"]
+write = ["bench-history/"]
+credentials = {{ ambient = true }}
+
+[permissions.publish-nightly]
+read = ["nightly/"]
+write = ["nightly/"]
+credentials = {{ ambient = true }}
+"""
+
+
+def _project(tmp: Path, endpoint: str) -> Path:
+    """The acme fixture as a team's repository: S3 store and target, a GPU suite, pools; its directory."""
+    from tests.foundation.test_onboarding import _vendor_library
+
+    def edit(repo: Path) -> None:
+        _vendor_library(repo)
+        text = (repo / "kiln.toml").read_text().replace('default_target = "local"', 'default_target = "s3"')
+        (repo / "kiln.toml").write_text(text + SCALEOUT_TOML.format(artifacts=ARTIFACTS, index=INDEX,
+                                                                    endpoint=endpoint))
+    return git_project("acme", tmp, edit=edit).parent
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    import boto3
+
+    with moto_s3_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for bucket in (ARTIFACTS, INDEX):
+            client.create_bucket(Bucket=bucket)
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
+    tmp = tmp_path_factory.mktemp("scaleout")
+    project = _project(tmp, s3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= S3_ENV | {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+                     "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                     "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln", "PREFECT_SERVER_UI_ENABLED": "false",
+                     "PREFECT_HOST": "127.0.0.1", "PREFECT_PORT": str(free_port()), "GPU_NODE": "node1",
+                     "REPOSITORY": project.as_uri()}
+    with postgres() as database:
+        env["DATABASE_URL"] = database
+        # The GPU node, simulated: one GPU by the count override, kernels in Triton's interpreter on the CPU.
+        gpu = {"KILN_GPU_COUNT": "1", "TRITON_INTERPRET": "1"}
+        with cluster(tmp / "machines", env, {"kiln-build": 2}, {"kiln-gpu": gpu}) as made:
+            yield made, project
+
+
+def _children(made: Cluster, run_id: str) -> list:
+    """The flow runs a nightly dispatched to a deployment (not its in-process subflows): each names its run."""
+    with made.client() as client:
+        return [r for r in client.read_flow_runs(limit=200)
+                if r.parameters.get("run_id") == run_id and r.deployment_id is not None]
+
+
+def _pool(made: Cluster, flow_run) -> str:
+    return flow_run.work_pool_name or ""
+
+
+def _record(endpoint: str, run_id: str, out: Path):
+    from kiln.release.record import open_record
+    from kiln.release.store import open_store
+
+    store = open_store(f"s3://{ARTIFACTS}/store", root=out, region="us-east-1", endpoint=endpoint)
+    return open_record(store, run_id, out)
+
+
+def test_two_nightlies_at_once_run_every_unit_on_its_pool_and_publish_an_index_pip_installs(deployed, s3, tmp_path):
+    made, project = deployed
+    first, second = trigger(made), trigger(made)  # two nightlies on the same server and target, at once
+    for run_id in (first, second):
+        final = made.wait_final(run_id, NIGHTLY_DEADLINE_S)
+        assert final.state.is_completed(), f"{final.state.message}\n{made.logs()}"
+    assert first != second
+    for run_id in (first, second):
+        children = _children(made, run_id)
+        builds = sorted((tuple(r.parameters["variants"]), _pool(made, r)) for r in children
+                        if "variants" in r.parameters)
+        assert builds == [(("cpu",), "kiln-build"), (("cu130",), "kiln-build")]
+        suites = sorted((tuple(r.parameters["suites"]), _pool(made, r)) for r in children if "suites" in r.parameters)
+        assert suites == [(("gpu",), "kiln-gpu"), (("unit",), "kiln-process")]
+        publishes = [_pool(made, r) for r in children if "channel" in r.parameters]
+        assert publishes == ["kiln-process"]
+        assert all(r.state.is_completed() for r in children)
+        record = _record(s3, run_id, tmp_path / run_id)
+        units = {u.id: u for u in record.units()}
+        assert {units[f"build/{v}/wheel"].state for v in VARIANTS} == {"completed"}
+        assert units["test/unit/cpu"].state == "completed" and units["test/gpu/cu130"].state == "completed"
+        kinds = {(a.kind, a.variant) for a in record.artifacts()}
+        assert {("wheel", v) for v in VARIANTS} <= kinds and any(k == "report" for k, _ in kinds)
+        assert record.header.ref == record.header.source.commit and len(record.header.ref) == 40
+    _pip_installs_from_the_published_index(s3, tmp_path)
+
+
+def _pip_installs_from_the_published_index(endpoint: str, tmp_path: Path) -> None:
+    from kiln.release.serve import IndexServer
+    from kiln.release.store import open_store
+
+    store = open_store(f"s3://{INDEX}/simple", root=tmp_path, region="us-east-1", endpoint=endpoint)
+    with IndexServer(store, "nightly/cpu/simple") as served:
+        python = make_venv(tmp_path / "venv")
+        install = run_in_venv([str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed",
+                               "--index-url", served.url, "acme-ops", "kiln-runtime"], cwd=tmp_path)
+    assert install.returncode == 0, install.stdout + install.stderr
+    probe = run_in_venv([str(python), "-c", "import acme; print(acme.checksum(b'kiln'))"], cwd=tmp_path)
+    assert probe.returncode == 0 and probe.stdout.strip().endswith("3292000"), probe.stdout + probe.stderr
+
+
+def _running_build(made: Cluster, run_id: str, variant: str, deadline_s: float = 900):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for child in _children(made, run_id):
+            if child.parameters.get("variants") == [variant] and child.state.is_running() \
+                    and child.infrastructure_pid:
+                return child
+        time.sleep(1)
+    raise AssertionError(f"no running build of {variant} for run {run_id}\n{made.logs()}")
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        chain.append(pid)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: the parent's pid
+    return chain
+
+
+def _lose_machine(made: Cluster, flow_run) -> None:
+    """SIGKILL the build worker running ``flow_run`` and the flow run's own process group: a lost machine."""
+    pid = int(str(flow_run.infrastructure_pid).rsplit(":", 1)[-1])
+    chain = _ancestors(pid)
+    (worker,) = [w for w in made.workers["kiln-build"] if w.poll() is None and w.pid in chain]
+    group = os.getpgid(pid)
+    os.killpg(worker.pid, signal.SIGKILL)
+    os.killpg(group, signal.SIGKILL)
+    worker.wait(timeout=60)
+
+
+def test_a_build_worker_killed_mid_unit_is_retried_with_the_reason_and_the_nightly_completes(deployed, s3, tmp_path):
+    made, project = deployed
+    commit_all(project, "a new commit: a nightly of its own version", when="2026-11-30T22:00:00+00:00")
+    run_id = trigger(made)
+    victim = _running_build(made, run_id, "cu130")
+    _lose_machine(made, victim)  # its worker and the build it was running, at once
+    final = made.wait_final(run_id, NIGHTLY_DEADLINE_S)
+    with made.client() as client:
+        lost = client.read_flow_run(victim.id)
+    assert lost.state.is_crashed(), lost.state
+    assert final.state.is_completed(), f"{final.state.message}\n{made.logs()}"
+    units = {u.id: u for u in _record(s3, run_id, tmp_path / "record").units()}
+    wheel = units["build/cu130/wheel"]
+    assert wheel.state == "completed" and "attempt 2" in wheel.message, wheel
+    assert "worker lost while building cu130 on pool 'kiln-build'" in wheel.message, wheel
+    assert units["build/cpu/wheel"].state == "completed" and units["test/unit/cpu"].state == "completed"
+    retried = [r for r in _children(made, run_id) if r.parameters.get("variants") == ["cu130"]]
+    assert len(retried) == 2 and sorted(r.state.type.value for r in retried) == ["COMPLETED", "CRASHED"]
+
+
+def test_every_process_the_cluster_started_is_stopped_by_pid(deployed):
+    made, _ = deployed
+    alive = [p.pid for p in made.procs if p.poll() is None]
+    assert alive, "the cluster is running while the module's tests run"
+    made.close()
+    assert all(p.poll() is not None for p in made.procs)
+    for proc in made.procs:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)
