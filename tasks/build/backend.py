@@ -20,7 +20,6 @@ import logging
 import os
 import shlex
 import shutil
-import subprocess
 import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -32,9 +31,9 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.release.errors import CompileError
 from kiln.tasks.build.archs import parse_cuda_arch
-from kiln.tasks.build.cache import digest
 from kiln.tasks.build.devicecode import check_wheel
 from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.build.sources import project_files
 from kiln.tasks.config_build import Toolchain
 from kiln.tasks.testing import envs
 
@@ -42,36 +41,11 @@ if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit
 
 _log = logging.getLogger("kiln.build.backend")
-_GIT_TIMEOUT_S = 60
 _TAIL_CHARS = 4000
-# Directories that are build outputs or tool state, never a project's source (used outside git only).
-_NOT_SOURCE = {".git", ".kiln", ".venv", "build", "dist", "out", "__pycache__", ".tox", ".nox"}
 # Inherited variables that choose archs or flags: the variant's values replace them, never mix with them.
 _OWNED = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTORCH_ROCM_ARCH", "HIPARCHS",
           "NVCC_APPEND_FLAGS", "HIPCC_COMPILE_FLAGS_APPEND", "KILN_VARIANT", "KILN_BACKEND")
 DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0",)  # PEP 518's default for a pyproject.toml without [build-system]
-
-
-def project_files(project_dir: Path) -> list[str]:
-    """The project's source files, relative to ``project_dir``, sorted: what is hashed is what is built."""
-    try:
-        done = subprocess.run(["git", "-C", str(project_dir), "ls-files", "-z", "--cached", "--others",
-                               "--exclude-standard", "."], capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
-    except FileNotFoundError:
-        done = None
-    if done is not None and done.returncode == 0:
-        names = done.stdout.decode().split("\0")
-        return sorted(n for n in names if n and (project_dir / n).is_file())
-    found = []
-    for dirpath, dirnames, filenames in os.walk(project_dir):
-        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_SOURCE and not d.endswith(".egg-info"))
-        found += [(Path(dirpath) / f).relative_to(project_dir).as_posix() for f in filenames if not f.endswith(".pyc")]
-    return sorted(found)
-
-
-def project_hash(project_dir: Path) -> str:
-    """Content hash of the project's files (names and bytes): the backend unit's cache input."""
-    return digest(*(f"{name}:{digest((project_dir / name).read_bytes().hex())}" for name in project_files(project_dir)))
 
 
 def cmake_arch(name: str) -> str:

@@ -14,9 +14,8 @@ from typing import Any, Literal, Sequence
 
 from kiln.runtime.archs import at_least
 from kiln.tasks.build import archs as arch_rules
-from kiln.tasks.build.backend import project_hash
 from kiln.tasks.build.cache import digest
-from kiln.tasks.build.sources import source_closure
+from kiln.tasks.build.sources import project_hash, source_closure
 from kiln.tasks.config import KilnConfig, Variant
 from kiln.tasks.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
 

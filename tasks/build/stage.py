@@ -93,7 +93,11 @@ def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | 
         except ToolchainMissingError as exc:  # a CUDA variant's unit then fails: its device code cannot be checked
             _log.warning("%s", exc)
     build = config.build
-    return ProjectBuilder(config.path(build.project_dir), config.project.distribution, build.toolchain,
+    # The backend runs in a copy of the project: its include and library dirs are passed resolved.
+    toolchain_dirs = build.toolchain.model_copy(update={
+        "include_dirs": tuple(str(config.path(d)) for d in build.toolchain.include_dirs),
+        "library_dirs": tuple(str(config.path(d)) for d in build.toolchain.library_dirs)})
+    return ProjectBuilder(config.path(build.project_dir), config.project.distribution, toolchain_dirs,
                           build.backend_timeout_s, build.jobs, home, cuobjdump)
 
 
