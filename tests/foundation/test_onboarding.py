@@ -23,10 +23,12 @@ from tests.helpers.venvs import run as run_in_venv
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _readme_toml() -> str:
+def _readme_toml(which: int = 0) -> str:
+    """The README onboarding section's kiln.toml blocks: the Triton-only package (0), a self-building one (1)."""
     section = (REPO / "README.md").read_text().split("## Onboarding your kernel package", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
-    return block
+    blocks = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2
+    return blocks[which]
 
 
 def test_the_readme_onboarding_config_loads_in_a_src_layout_project(tmp_path):
@@ -39,6 +41,16 @@ def test_the_readme_onboarding_config_loads_in_a_src_layout_project(tmp_path):
     assert config.variant("cu130").archs == ("9.0", "10.0")
     assert [s.name for s in config.suites] == ["unit"]
     assert config.path(config.project.source) == tmp_path / "src" / "mykernels"
+
+
+def test_the_readme_config_of_a_package_with_its_own_build_backend_loads(tmp_path):
+    (tmp_path / "kiln.toml").write_text(_readme_toml(1))
+    (tmp_path / "src" / "myops").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("[build-system]\nrequires = [\"setuptools\"]\n")
+    config = load_config(tmp_path / "kiln.toml")
+    assert config.build.backend == "pep517" and config.project.registry is None
+    assert config.path(config.build.project_dir) == tmp_path and config.build.toolchain.torch
+    assert [v.name for v in config.variants] == ["cu130", "cpu"] and config.variant("cu130").archs == ("8.0", "9.0")
 
 
 def _vendor_library(repo: Path) -> None:
