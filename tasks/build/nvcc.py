@@ -38,14 +38,20 @@ _LIST_TIMEOUT_S = 60
 _GRACE_S = 5.0
 _ELF = re.compile(r"^ELF file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.cubin\s*$", re.M)
 _PTX = re.compile(r"^PTX file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.ptx\s*$", re.M)
+_NO_DEVICE_CODE = "does not contain device code"
 
 
-def run_tool(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run an external tool in its own process group, logged, held to its deadline by the shared ladder."""
+def run_tool(cmd: list[str], timeout: float, cwd: Path | None = None,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an external tool in its own process group, logged, held to its deadline by the shared ladder.
+
+    ``env``: the tool's whole environment (default: this process's).
+    """
     _log.info("running %s", " ".join(cmd))
     # Output goes to a file, not a pipe: nobody reads a pipe while the ladder waits, and a full one blocks the tool.
     with tempfile.TemporaryFile() as output:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         ladder = run_with_deadline(PopenChild(proc), timeout, grace_s=_GRACE_S)  # no stacks: not a Python process
         output.seek(0)
         out = output.read().decode("utf-8", "replace")
@@ -62,7 +68,8 @@ class Nvcc:
     cuobjdump: str
 
 
-def _cuobjdump() -> str:
+def find_cuobjdump() -> str:
+    """Triton's cuobjdump (its wheel ships one), else the one on PATH."""
     import importlib.util
 
     spec = importlib.util.find_spec("triton")
@@ -88,7 +95,7 @@ def find_nvcc(path: str | None = None) -> Nvcc:
     match = re.search(r"release [0-9.]+, V([0-9.]+)", result.stdout)
     if result.returncode != 0 or not match:
         raise ToolchainMissingError(f"{chosen} --version failed: {result.stdout[-500:]}")
-    return Nvcc(chosen, match[1], _cuobjdump())
+    return Nvcc(chosen, match[1], find_cuobjdump())
 
 
 def missing_reason(exc: ToolchainMissingError) -> str:
@@ -115,6 +122,8 @@ def embedded_archs(library: Path, cuobjdump: str) -> tuple[set[str], set[str]]:
     """(SASS archs, PTX archs) embedded in ``library``, read with cuobjdump."""
     elf = run_tool([cuobjdump, "--list-elf", str(library)], _LIST_TIMEOUT_S)
     ptx = run_tool([cuobjdump, "--list-ptx", str(library)], _LIST_TIMEOUT_S)
+    if elf.returncode != 0 and _NO_DEVICE_CODE in elf.stdout:
+        return set(), set()  # host code only: the caller judges whether that is allowed
     if elf.returncode != 0:
         raise CompileError(f"cuobjdump could not read {library.name}: {elf.stdout[-500:]}")
     return set(_ELF.findall(elf.stdout)), set(_PTX.findall(ptx.stdout)) if ptx.returncode == 0 else set()

@@ -15,7 +15,7 @@ from typing import Any, Literal, Sequence
 from kiln.runtime.archs import at_least
 from kiln.tasks.build import archs as arch_rules
 from kiln.tasks.build.cache import digest
-from kiln.tasks.build.sources import source_closure
+from kiln.tasks.build.sources import project_hash, source_closure
 from kiln.tasks.config import KilnConfig, Variant
 from kiln.tasks.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
 
@@ -27,16 +27,16 @@ CACHE_FORMAT = "kiln-build-1"
 class CompileUnit:
     id: str
     variant: str
-    backend: Literal["cuda", "hip"]
+    backend: Literal["cuda", "hip", "cpu"]  # cpu: only a pep517 unit (the project's own build of the cpu wheel)
     arch: str
     requested: str
     kernel: str
     entry: str
     specialization: str
-    kind: Literal["triton", "nvcc"]
+    kind: Literal["triton", "nvcc", "pep517"]
     batch: str
     key: str
-    archs: tuple[str, ...] = ()  # nvcc: every arch in the -gencode list
+    archs: tuple[str, ...] = ()  # nvcc: every arch in the -gencode list; pep517: the variant's archs
     # Triton: what the shipped loader needs to rebuild a launchable kernel (JSON: signature,
     # constexprs, aligned), written into the manifest row of the unit's binary.
     launch: str = ""
@@ -157,12 +157,25 @@ def unsupported_archs(variant: Variant, kernel: str, supported: Sequence[str], w
             for arch in missing]
 
 
+def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]) -> CompileUnit:
+    """The variant's whole wheel, built by the project's own backend (``[build] backend = "pep517"``)."""
+    archs = variant.archs
+    label = "+".join(arch_rules.parse_cuda_arch(a).sm if variant.backend == "cuda" else a for a in archs) or "-"
+    project = config.path(config.build.project_dir)
+    batch = digest(CACHE_FORMAT, "pep517", variant.backend, project_hash(project), repr(sorted(toolchain.items())))[:32]
+    key = digest(batch, variant.name, *archs, config.build.toolchain.model_dump_json())
+    name = config.project.distribution
+    return CompileUnit(f"build/{variant.name}/{label}/{name}/pep517", variant.name, variant.backend,
+                       ",".join(archs) or "-", ",".join(archs), name, "pep517", "wheel", "pep517", batch, key, archs)
+
+
 def plan_variant(config: KilnConfig, variant: Variant, specs: Sequence[KernelRecord], toolchain: dict[str, str],
                  nvcc_missing: str = "") -> VariantPlan:
-    units: list[CompileUnit] = []
+    # The project's own build comes first: Kiln's AOT units (a registry beside it) only add to its wheel.
+    units: list[CompileUnit] = [backend_unit(config, variant, toolchain)] if config.build.backend == "pep517" else []
     skips: list[Skip] = []
     if variant.backend == "cpu":
-        return VariantPlan(variant.name, variant.backend, (), ())
+        return VariantPlan(variant.name, variant.backend, tuple(units), ())
     tools = sorted(toolchain.items())
     for spec in specs:
         supported = tuple(spec.supported.get(variant.backend, ()))

@@ -1,4 +1,5 @@
-"""Content hash of a kernel's source: its module and what it imports from the package.
+"""Content hash of a kernel's source: its module and what it imports from the package;
+and of a whole project that its own build backend builds (:func:`project_hash`).
 
 Static (AST) and import-free, so planning a build never runs kernel code.
 Only modules inside the project's package count: a change anywhere else
@@ -9,10 +10,16 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 from kiln.release.errors import ConfigError
+
+_GIT_TIMEOUT_S = 60
+# Directories that are build outputs or tool state, never a project's source (used outside git only).
+_NOT_SOURCE = {".git", ".kiln", ".venv", "build", "dist", "out", "__pycache__", ".tox", ".nox"}
 
 
 def module_file(package_dir: Path, package: str, module: str) -> Path | None:
@@ -90,4 +97,30 @@ def source_hash(package_dir: Path, package: str, module: str) -> str:
     for path in source_closure(package_dir, package, module):
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def project_files(project_dir: Path) -> list[str]:
+    """The project's source files, relative to ``project_dir``, sorted: what is hashed is what is built."""
+    try:
+        done = subprocess.run(["git", "-C", str(project_dir), "ls-files", "-z", "--cached", "--others",
+                               "--exclude-standard", "."], capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        done = None
+    if done is not None and done.returncode == 0:
+        names = done.stdout.decode().split("\0")
+        return sorted(n for n in names if n and (project_dir / n).is_file())
+    found = []
+    for dirpath, dirnames, filenames in os.walk(project_dir):
+        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_SOURCE and not d.endswith(".egg-info"))
+        found += [(Path(dirpath) / f).relative_to(project_dir).as_posix() for f in filenames if not f.endswith(".pyc")]
+    return sorted(found)
+
+
+def project_hash(project_dir: Path) -> str:
+    """Content hash of the project's files (names and bytes): the backend unit's cache input."""
+    digest = hashlib.sha256()
+    for name in project_files(project_dir):
+        digest.update(name.encode() + b"\0")
+        digest.update(hashlib.sha256((project_dir / name).read_bytes()).digest())
     return digest.hexdigest()

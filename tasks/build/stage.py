@@ -21,8 +21,10 @@ from kiln.release.record import Source
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, plan_build
 from kiln.tasks.build.units import BuildEnv, UnitResult
 from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.config import KilnConfig, load_config
-from kiln.tasks.build.nvcc import NvccBuilder, find_nvcc, missing_reason, settings_for
+from kiln.tasks.config import KilnConfig, Variant, load_config
+from kiln.tasks.build.backend import ProjectBuilder, cuda_home
+from kiln.tasks.build.nvcc import NvccBuilder, find_cuobjdump, find_nvcc, missing_reason, settings_for
+from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.registry import load_registry
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.versioning import check_version, variant_version
@@ -41,6 +43,7 @@ class BuildSetup:
     nvcc: NvccBuilder | None
     cache_root: Path
     stamp: WheelStamp = WheelStamp()
+    project: ProjectBuilder | None = None  # [build] backend = "pep517"
 
 
 def prepare_build(config_path: str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
@@ -66,10 +69,36 @@ def prepare_build(config_path: str, version: str, variants: list[str] | None, nv
         except ToolchainMissingError as exc:
             missing = missing_reason(exc)
             _log.warning(missing)
+    project = project_builder(config, wanted, nvcc_path, toolchain) if config.build.backend == "pep517" else None
     plan = plan_build(config, specs, config_path, toolchain, variants, missing)
     cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, toolchain)
-    return BuildSetup(config, str(Path(config_path).resolve()), chosen, plan, builder, cache_root, stamp)
+    return BuildSetup(config, str(Path(config_path).resolve()), chosen, plan, builder, cache_root, stamp, project)
+
+
+def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | None,
+                    toolchain: dict[str, str]) -> ProjectBuilder:
+    """The pep517 backend for ``wanted``; a CUDA variant's nvcc (its version joins ``toolchain``) is the project's
+    to need: without one the backend build runs anyway, and fails with its own message if it needs it."""
+    home, cuobjdump = None, None
+    if any(v.backend == "cuda" for v in wanted):
+        try:
+            nvcc = find_nvcc(nvcc_path)
+            toolchain["nvcc"], home, cuobjdump = nvcc.version, cuda_home(nvcc.path), nvcc.cuobjdump
+        except ToolchainMissingError as exc:
+            _log.warning("pep517 build without nvcc: %s", exc)
+    if cuobjdump is None:
+        try:
+            cuobjdump = find_cuobjdump()
+        except ToolchainMissingError as exc:  # a CUDA variant's unit then fails: its device code cannot be checked
+            _log.warning("%s", exc)
+    build = config.build
+    # The backend runs in a copy of the project: its include and library dirs are passed resolved.
+    toolchain_dirs = build.toolchain.model_copy(update={
+        "include_dirs": tuple(str(config.path(d)) for d in build.toolchain.include_dirs),
+        "library_dirs": tuple(str(config.path(d)) for d in build.toolchain.library_dirs)})
+    return ProjectBuilder(config.path(build.project_dir), config.project.distribution, toolchain_dirs,
+                          build.backend_timeout_s, build.jobs, home, cuobjdump)
 
 
 @contextmanager
@@ -83,7 +112,7 @@ def build_env(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> It
         env_vars: dict[str, str | None] = {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": triton_cache}
         with WorkerPool(jobs or setup.config.build.jobs, env_vars) as pool:
             yield BuildEnv(setup.config_path, Path(out).resolve() / "build", BuildCache(setup.cache_root), pool,
-                           setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc)
+                           setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc, setup.project)
 
 
 @dataclass(frozen=True)
@@ -108,12 +137,19 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     results = [outcomes[u.id] for u in variant.units]
     variant_dir = Path(out).resolve() / "build" / variant.name
     entries = [e for r in results for e in r.entries]  # type: ignore[union-attr]
-    binaries = [WheelInput(p, p.relative_to(variant_dir).as_posix()) for r in results for p in r.files]  # type: ignore[union-attr]
+    files = [p for r in results for p in r.files]  # type: ignore[union-attr]
+    built = [p for p in files if p.suffix == ".whl"]  # the project's own backend's wheel (pep517)
+    binaries = [WheelInput(p, p.relative_to(variant_dir).as_posix()) for p in files if p.suffix != ".whl"]
     manifest = variant_dir / "manifest.json"
     atomic_write_text(manifest, json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n")
     version = variant_version(setup.version, variant.name)
-    wheel = build_wheel(setup.config, version, binaries, entries, Path(out).resolve() / "wheels",
-                        variant=setup.config.variant(variant.name), stamp=setup.stamp)
+    config, wheels = setup.config, Path(out).resolve() / "wheels"
+    if built:
+        wheel = rewrite_wheel(config, config.variant(variant.name), version, built[0], binaries, entries, wheels,
+                              setup.stamp)
+    else:
+        wheel = build_wheel(config, version, binaries, entries, wheels, variant=config.variant(variant.name),
+                            stamp=setup.stamp)
     kinds = tuple((f, _kind(f)) for r in results for f in r.files if _kind(f))  # type: ignore[union-attr]
     unit = Unit(uid, "build", "completed", variant=variant.name, message=f"{wheel.name} ({len(entries)} compiled artifacts)")
     return VariantOutput(unit, ((wheel, "wheel"), (manifest, "build-manifest")) + kinds)

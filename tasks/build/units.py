@@ -39,6 +39,7 @@ class BuildEnv:
     timeout_s: float
     toolchain: dict[str, str]
     nvcc: Any = None  # kiln.tasks.build.nvcc.Nvcc, or None when nvcc is missing
+    project: Any = None  # kiln.tasks.build.backend.ProjectBuilder, for [build] backend = "pep517"
     events: list[str] = field(default_factory=list)
 
 
@@ -57,7 +58,7 @@ def unit_dir(unit: CompileUnit) -> str:
 
     The shared library sits at the top, where the package's loader looks for it.
     """
-    return "." if unit.kind == "nvcc" else f"{unit.arch}/{unit.kernel}"
+    return "." if unit.kind in ("nvcc", "pep517") else f"{unit.arch}/{unit.kernel}"
 
 
 def _compile_triton(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
@@ -81,6 +82,10 @@ def _compile_triton(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
 def _compile(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
     if unit.kind == "triton":
         return _compile_triton(unit, env)
+    if unit.kind == "pep517":
+        if env.project is None:
+            raise CompileError(f"{unit.id}: kiln.toml's [build] backend is not 'pep517'")
+        return env.project.build_unit(unit, env)
     if env.nvcc is None:
         raise CompileError(f"{unit.id}: nvcc is not available")
     return env.nvcc.build_unit(unit, env)
@@ -127,8 +132,9 @@ def build_unit(unit: CompileUnit, env: BuildEnv) -> UnitResult:
         atomic_write_bytes(directory / name, data)
         written.append(directory / name)
     entries = _entries(unit, files, written, env)
+    size = sum(len(d) for d in files.values()) if unit.kind == "pep517" else sum(e["size"] for e in entries)
     return UnitResult(unit.id, cache, time.perf_counter() - start, tuple(written), tuple(entries),  # type: ignore[arg-type]
-                      sum(e["size"] for e in entries))
+                      size)
 
 
 def unit_record(unit: CompileUnit, outcome: UnitResult | BaseException) -> Unit:

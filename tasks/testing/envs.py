@@ -132,13 +132,22 @@ def wheel_requirements(wheel: Path) -> list[str]:
     return message.get_all("Requires-Dist") or []
 
 
-def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = ()) -> TestEnv:
-    """A fresh environment at ``root`` with ``wheels`` installed; every requirement met or an error naming it."""
+def make_build_env(root: Path) -> Path:
+    """A fresh environment at ``root`` that sees this interpreter's packages after its own; its python.
+
+    The test environments start from it, and so does a project's own build backend (``[build] backend = "pep517"``).
+    """
     if root.exists():
         shutil.rmtree(root)
     _run([*_uv(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
     python = root / "bin" / "python"
     _link_parent(_site_packages(python))
+    return python
+
+
+def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = ()) -> TestEnv:
+    """A fresh environment at ``root`` with ``wheels`` installed; every requirement met or an error naming it."""
+    python = make_build_env(root)
     _run([*_uv(), "pip", "install", "--quiet", "--offline", "--no-deps", "--python", str(python),
           *map(str, wheels)], f"installing {', '.join(w.name for w in wheels)} into {root}")
     needed = [r for wheel in wheels for r in wheel_requirements(wheel)] + list(requirements)

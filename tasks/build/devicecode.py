@@ -1,0 +1,123 @@
+"""The device code a wheel's shared libraries embed, checked against the variant's arch list.
+
+A wheel the project's own backend built is trusted for nothing: every shared
+library in it that embeds device code must hold exactly the archs the variant
+asked for — CUDA SASS and PTX read with ``cuobjdump``, ROCm code objects read
+from the clang offload bundles in the library — or the unit fails naming what
+is missing and what is extra. A library with no device code at all is host
+code and is not judged, unless no library of a GPU variant carries any (then
+the backend ignored the exported archs), and a ``cpu`` wheel may carry none.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.release.errors import CompileError
+from kiln.tasks.build.archs import parse_rocm_arch
+from kiln.tasks.build.nvcc import embedded_archs, expected_contents
+
+_LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
+_BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"
+_COMPRESSED = b"CCOB"
+
+
+@dataclass(frozen=True)
+class Contents:
+    """Device code of one library: CUDA SASS (``sm_80``), CUDA PTX (``sm_80``), ROCm targets (``gfx942``)."""
+
+    sass: frozenset[str] = frozenset()
+    ptx: frozenset[str] = frozenset()
+    gfx: frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.sass or self.ptx or self.gfx)
+
+    def describe(self) -> str:
+        parts = [f"{label} {sorted(names)}" for label, names in (("SASS", self.sass), ("PTX", self.ptx),
+                                                                  ("ROCm", self.gfx)) if names]
+        return ", ".join(parts) or "no device code"
+
+
+def expected(backend: str, archs: Sequence[str]) -> Contents:
+    """What a library built for ``archs`` must embed (nothing for ``cpu``)."""
+    if backend == "cuda":
+        sass, ptx = expected_contents(tuple(archs))
+        return Contents(frozenset(sass), frozenset(ptx))
+    if backend == "hip":
+        return Contents(gfx=frozenset(parse_rocm_arch(a) for a in archs))
+    return Contents()
+
+
+def rocm_targets(data: bytes, name: str = "library") -> frozenset[str]:
+    """The gfx targets of every clang offload bundle in ``data`` (``hipv4-amdgcn-amd-amdhsa--gfx942:xnack-``)."""
+    if _COMPRESSED + b"\x00" in data and _BUNDLE not in data:
+        raise CompileError(f"{name}: its ROCm code objects are in a compressed offload bundle Kiln cannot list;"
+                           " build without --offload-compress")
+    targets = set()
+    start = data.find(_BUNDLE)
+    while start >= 0:
+        pos = start + len(_BUNDLE)
+        (count,) = struct.unpack_from("<Q", data, pos)
+        pos += 8
+        for _ in range(min(count, 4096)):
+            _offset, _size, length = struct.unpack_from("<QQQ", data, pos)
+            ident = data[pos + 24:pos + 24 + length].decode("ascii", "replace")
+            pos += 24 + length
+            if "amdgcn" in ident and "--" in ident:
+                targets.add(ident.rsplit("--", 1)[1].split(":")[0])
+        start = data.find(_BUNDLE, pos)
+    return frozenset(targets)
+
+
+def library_contents(library: Path, cuobjdump: str | None) -> Contents:
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    if cuobjdump is not None:
+        sass, ptx = embedded_archs(library, cuobjdump)
+    return Contents(frozenset(sass), frozenset(ptx), rocm_targets(library.read_bytes(), library.name))
+
+
+def wheel_contents(wheel: Path, cuobjdump: str | None) -> dict[str, Contents]:
+    """Every shared library in ``wheel`` (its arcname) and the device code it embeds."""
+    with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory(prefix="kiln-devicecode-") as tmp:
+        found = {}
+        for index, name in enumerate(n for n in sorted(archive.namelist()) if _LIBRARY.search(n)):
+            path = Path(tmp) / f"{index}-{Path(name).name}"
+            path.write_bytes(archive.read(name))
+            found[name] = library_contents(path, cuobjdump)
+    return found
+
+
+def _difference(got: Contents, want: Contents) -> str:
+    lines = []
+    for label, have, need in (("SASS", got.sass, want.sass), ("PTX", got.ptx, want.ptx), ("ROCm", got.gfx, want.gfx)):
+        missing, extra = sorted(need - have), sorted(have - need)
+        if missing:
+            lines.append(f"missing {label} {missing}")
+        if extra:
+            lines.append(f"extra {label} {extra}")
+    return "; ".join(lines)
+
+
+def check_wheel(wheel: Path, backend: str, archs: Sequence[str], cuobjdump: str | None) -> dict[str, Contents]:
+    """Raise :class:`CompileError` unless every device-code library of ``wheel`` holds exactly ``archs``."""
+    want = expected(backend, archs)
+    found = wheel_contents(wheel, cuobjdump)
+    with_code = {name: got for name, got in found.items() if not got.empty}
+    problems = [f"{name}: {diff}" for name, got in sorted(with_code.items()) if (diff := _difference(got, want))]
+    if found and not with_code and not want.empty:
+        problems.append(f"no shared library embeds device code ({', '.join(sorted(found))}): missing"
+                        f" {want.describe()}")
+    if problems:
+        raise CompileError(f"{wheel.name} does not hold the {backend} archs {list(archs)} the variant asked for"
+                           f" (exported as TORCH_CUDA_ARCH_LIST/CMAKE_CUDA_ARCHITECTURES/PYTORCH_ROCM_ARCH; does"
+                           f" the build ignore them?):\n  - " + "\n  - ".join(problems))
+    return found

@@ -1,0 +1,110 @@
+"""A backend-built wheel, made the variant's: its local version, its dependencies, Kiln's AOT artifacts.
+
+The project's own metadata stays as its backend wrote it (summary,
+description, license, entry points, extras, the ``WHEEL`` file and tag);
+only ``Version`` and ``Requires-Dist`` are rewritten, with the standard
+library's email parser as ``wheel`` itself does, and the wheel is written
+again with :func:`kiln.tasks.build.wheel.write_wheel` (``wheel.WheelFile``:
+``RECORD`` recomputed). Reading goes through ``WheelFile`` too, which checks
+every member against the backend's ``RECORD``. The ``.dist-info`` and
+``.data`` directories are renamed for the new version; when Kiln adds AOT
+artifacts (a registry beside the backend) they land under ``<package>/_aot/``
+with their manifest, as in a Kiln-built wheel.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import json
+import logging
+from email.generator import BytesGenerator
+from email.message import Message
+from email.parser import BytesParser
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+from wheel.wheelfile import WheelFile
+
+from kiln.release.errors import CompileError
+from kiln.tasks.build.wheel import (
+    WheelInput, WheelStamp, build_info, platform_tag, requirements, wheel_filename, wheel_metadata, write_wheel,
+)
+from kiln.tasks.config import KilnConfig, Variant
+
+_log = logging.getLogger("kiln.wheel")
+_SIGNATURES = ("RECORD", "RECORD.jws", "RECORD.p7s")
+
+
+def _parse(data: bytes) -> Message:
+    return BytesParser(policy=email.policy.compat32).parsebytes(data)
+
+
+def _serialise(message: Message) -> bytes:
+    out = BytesIO()
+    BytesGenerator(out, maxheaderlen=0).flatten(message)
+    return out.getvalue()
+
+
+def rewrite_metadata(data: bytes, version: str, requires: list[str]) -> bytes:
+    """``METADATA`` with ``version`` and ``requires`` (every other field and the description kept)."""
+    message = _parse(data)
+    message.replace_header("Version", version)
+    del message["Requires-Dist"]
+    for requirement in requires:
+        message["Requires-Dist"] = requirement
+    return _serialise(message)
+
+
+def read_members(wheel: Path) -> tuple[str, dict[str, bytes]]:
+    """(dist-info directory, {arcname: bytes}) of ``wheel``, every member checked against its RECORD."""
+    try:
+        with WheelFile(wheel) as archive:
+            members = {info.filename: archive.read(info.filename) for info in archive.infolist()
+                       if not info.is_dir()}
+            return archive.dist_info_path, members
+    except Exception as exc:  # wheel's WheelError, zipfile's BadZipFile: one translation point
+        raise CompileError(f"the backend's wheel {wheel.name} is not a valid wheel: {exc}") from exc
+
+
+def _renamed(arcname: str, old: str, new: str) -> str:
+    head, sep, rest = arcname.partition("/")
+    for suffix in (".dist-info", ".data"):
+        if sep and head == old + suffix:
+            return new + suffix + "/" + rest
+    return arcname
+
+
+def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Path, binaries: list[WheelInput],
+                  entries: list[dict[str, Any]], out_dir: Path, stamp: WheelStamp = WheelStamp()) -> Path:
+    """Write the variant's wheel from the backend's ``built`` wheel into ``out_dir``; return its path."""
+    dist_info, members = read_members(built)
+    tag = "-".join(built.name.removesuffix(".whl").split("-")[-3:])  # WheelFile has checked the name: PEP 427
+    old = dist_info.removesuffix(".dist-info")
+    wheel_file = members.get(f"{dist_info}/WHEEL", b"")
+    if binaries and tag == "py3-none-any":  # a pure wheel that now carries compiled artifacts
+        tag = f"py3-none-{platform_tag()}"
+        wheel_file = wheel_metadata(tag, pure=False).encode()
+    filename = wheel_filename(config.project.distribution, version, tag)
+    new = f"{filename.split('-')[0]}-{Version(version)}"
+    own = _parse(members[f"{dist_info}/METADATA"]).get_all("Requires-Dist") or []
+    requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
+                            torch_extension=config.build.toolchain.torch, base=tuple(own))
+    out = {_renamed(name, old, new): data for name, data in members.items()
+           if name.rsplit("/", 1)[-1] not in _SIGNATURES or not name.startswith(dist_info + "/")}
+    out[f"{new}.dist-info/METADATA"] = rewrite_metadata(members[f"{dist_info}/METADATA"], str(Version(version)),
+                                                        requires)
+    out[f"{new}.dist-info/WHEEL"] = wheel_file
+    out[f"{new}.dist-info/kiln_build.json"] = build_info(variant, stamp).encode()
+    package = config.project.package.replace(".", "/")
+    for item in binaries:
+        out[f"{package}/_aot/{item.arcpath}"] = item.source.read_bytes()
+    if binaries:
+        manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
+        out[f"{package}/_aot/manifest.json"] = manifest.encode()
+    # dist-info last, as wheel builders write it (RECORD is added after it by WheelFile)
+    order = sorted(out, key=lambda n: (n.startswith(f"{new}.dist-info/"), n))
+    final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp)
+    _log.info("wrote %s from the backend's %s (%d AOT artifacts)", final.name, built.name, len(entries))
+    return final
