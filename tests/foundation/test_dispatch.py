@@ -81,3 +81,77 @@ def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(pr
                   and r.parameters.get("run_id") == run.run_id]
     assert len(dispatched) == 1, "exactly one run of the GPU deployment, on this run's record"
     assert dispatched[0].state.is_cancelled(), "a run given up on is cancelled: a late worker must not start it"
+
+
+def _deploy(flow_name: str, name: str, pool: str, entrypoint: str) -> None:
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        except Exception:  # noqa: BLE001 - the pool exists already (a second deployment on it)
+            pass
+        flow_id = client.create_flow_from_name(flow_name)
+        client.create_deployment(flow_id=flow_id, name=name, work_pool_name=pool, entrypoint=entrypoint)
+
+
+def test_builds_cpu_suites_and_publishing_go_to_the_deployments_named_after_their_pools(prefect_server):
+    build, cpu = f"build-{uuid.uuid4().hex[:8]}", f"cpu-{uuid.uuid4().hex[:8]}"
+    data = tomllib.loads((REPO / "kiln.toml").read_text())
+    data["pools"] = {"build": build, "cpu": cpu}
+    config = parse_config(data, REPO)
+    assert find_deployments.fn(config) == Remote(), "nothing deployed for these pools: everything runs here"
+    _deploy("build", build, build, "kiln.flows.build:build_flow")
+    _deploy("test", cpu, cpu, "kiln.flows.test:test_flow")
+    _deploy("publish", cpu, cpu, "kiln.flows.publish:publish_flow")
+    remote = find_deployments.fn(config)
+    cpu_suites = {s.name for s in config.suites if s.gpus == 0}
+    assert remote.build == f"build/{build}" and remote.publish == f"publish/{cpu}"
+    assert remote.suites == {name: f"test/{cpu}" for name in cpu_suites}  # the GPU suite's own pool is not deployed
+
+
+def test_a_checkout_at_another_commit_than_the_runs_is_refused_naming_both(tmp_path):
+    from kiln.release.errors import InvalidInputError
+    from kiln.tasks.config import load_config
+    from kiln.tasks.runs import check_checkout
+    from tests.helpers.gitrepo import commit_all, git, git_project
+
+    config = load_config(git_project("tiny", tmp_path))
+    first = git(config.root, "rev-parse", "HEAD")
+    check_checkout(config, first)  # at the run's commit: fine
+    check_checkout(config, "")  # a run that names no commit checks nothing
+    second = commit_all(config.root, "a later commit")
+    with pytest.raises(InvalidInputError) as refused:
+        check_checkout(config, first)
+    assert first[:12] in str(refused.value) and second[:12] in str(refused.value) and "KILN_REF" in str(refused.value)
+    (config.root / "kiln.toml").write_text((config.root / "kiln.toml").read_text() + "\n# edited\n")
+    with pytest.raises(InvalidInputError, match="with changes to kiln.toml"):
+        check_checkout(config, second)
+
+
+def test_suites_on_one_gpu_node_take_its_slots_in_turn(prefect_server, monkeypatch):
+    import threading
+    import time
+
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from kiln.flows.test import NODE_ENV, gpu_slots
+
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=f"gpu-{node}", limit=1))
+    monkeypatch.setenv(NODE_ENV, node)
+    spans: list[tuple[float, float]] = []
+
+    def suite() -> None:
+        with gpu_slots(1):
+            start = time.monotonic()
+            time.sleep(1.0)
+            spans.append((start, time.monotonic()))
+
+    threads = [threading.Thread(target=suite) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(spans) == 2
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert a_end <= b_start, f"two suites held the node's one GPU at once: {spans}"

@@ -6,7 +6,6 @@ import json
 import platform
 import re
 import shutil
-import subprocess
 import zipfile
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from kiln.release.manifest import RunManifest
 from kiln.release.wheels import import_names
 from kiln.tasks.config import load_config
-from tests.helpers.gitrepo import git_project
+from tests.helpers.gitrepo import git_project, vendor_acme_library
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv
 from tests.helpers.venvs import run as run_in_venv
@@ -53,13 +52,6 @@ def test_the_readme_config_of_a_package_with_its_own_build_backend_loads(tmp_pat
     assert [v.name for v in config.variants] == ["cu130", "cpu"] and config.variant("cu130").archs == ("8.0", "9.0")
 
 
-def _vendor_library(repo: Path) -> None:
-    """Build the fixture's vendored library, as a team's checkout would carry it (*.so is not in Kiln's git)."""
-    vendor = repo / "src" / "acme" / "vendor"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(vendor / "libacme_checksum.so"),
-                    str(vendor / "checksum.c")], check=True, timeout=120)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_third_party_src_layout_package_goes_through_the_nightly_and_installs_from_its_index(
@@ -67,7 +59,7 @@ def test_a_third_party_src_layout_package_goes_through_the_nightly_and_installs_
     """acme-ops (import name acme): src layout, public spec types, the shipped loader, a vendored .so."""
     from kiln.flows.nightly import nightly_flow
 
-    config = git_project("acme", tmp_path, edit=_vendor_library)
+    config = git_project("acme", tmp_path, edit=vendor_acme_library)
     out = tmp_path / "out"
     state = nightly_flow(config_path=str(config), out=str(out), return_state=True)
     assert state.is_completed(), state.message

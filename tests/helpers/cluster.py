@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -29,6 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.helpers.gitrepo import git_project, vendor_acme_library
+from tests.helpers.s3 import S3_ENV
 
 log = logging.getLogger("kiln.tests.cluster")
 REPO = Path(__file__).resolve().parents[2]
@@ -220,3 +224,93 @@ def trigger(made: Cluster, line: str | None = None) -> str:
     match = re.search(r"UUID:\s*([0-9a-f-]{36})", out)
     assert match, out
     return match.group(1)
+
+
+# The acme fixture as a team's repository on the cluster (tests/scaleout, benchmarks/bench_scaleout.py).
+ARTIFACTS, INDEX = "kiln-artifacts", "kiln-index"
+VARIANTS = ("cu130", "cpu")
+
+DEFAULT_POOLS = """[pools]
+build = "kiln-build"
+cpu = "kiln-process"
+deadline_s = 900
+retries = 1
+"""
+
+SCALEOUT_TOML = """
+[[suites]]
+name = "gpu"                 # the same tests against the cu130 wheel, on a (simulated) GPU node
+paths = ["tests"]
+gpus = 1
+pool = "{gpu_pool}"
+deadline_s = 900
+
+{pools}
+
+[artifacts]
+url = "s3://{artifacts}/store"
+endpoint = "{endpoint}"
+region = "us-east-1"
+
+[publish.targets.s3]
+url = "s3://{index}/simple"
+endpoint = "{endpoint}"
+region = "us-east-1"
+
+# Each step's credentials: here the workers' own (moto's test keys in their environment).
+[permissions.build]
+read = ["artifacts/"]
+write = ["artifacts/"]
+credentials = {{ ambient = true }}
+
+[permissions.test]
+read = ["artifacts/"]
+write = ["artifacts/"]
+credentials = {{ ambient = true }}
+
+[permissions.bench]
+read = ["artifacts/", "bench-history/"]
+write = ["bench-history/"]
+credentials = {{ ambient = true }}
+
+[permissions.publish-nightly]
+read = ["nightly/"]
+write = ["nightly/"]
+credentials = {{ ambient = true }}
+"""
+
+
+def _project(tmp: Path, endpoint: str, pools: str = "", gpu_pool: str = "kiln-gpu") -> Path:
+    """The acme fixture as a team's repository: S3 store and target, a GPU suite, pools; its directory."""
+    def edit(repo: Path) -> None:
+        vendor_acme_library(repo)
+        text = (repo / "kiln.toml").read_text().replace('default_target = "local"', 'default_target = "s3"')
+        extra = SCALEOUT_TOML.format(artifacts=ARTIFACTS, index=INDEX, endpoint=endpoint, pools=pools or DEFAULT_POOLS,
+                                     gpu_pool=gpu_pool)
+        (repo / "kiln.toml").write_text(text + extra)
+    return git_project("acme", tmp, edit=edit).parent
+
+
+@contextmanager
+def team_cluster(tmp: Path, s3: str, workers: dict[str, int], pools: str = "",
+                 gpu_pool: str = "kiln-gpu") -> Iterator[tuple[Cluster, Path]]:
+    """The acme project (S3 store and target, a GPU suite) on a recipe-built cluster.
+
+    ``workers``: how many workers each pool gets (default one); ``pools``: the project's ``[pools]``
+    section; ``gpu_pool``: the GPU suite's pool, whose workers simulate a GPU node.
+    """
+    project = _project(tmp, s3, pools, gpu_pool)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= S3_ENV | {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+                     "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                     "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln", "PREFECT_SERVER_UI_ENABLED": "false",
+                     "PREFECT_HOST": "127.0.0.1", "PREFECT_PORT": str(free_port()), "GPU_NODE": "node1",
+                     "REPOSITORY": project.as_uri()}
+    with postgres() as database:
+        env["DATABASE_URL"] = database
+        # The GPU node, simulated: one GPU by the count override, kernels in Triton's interpreter on the CPU.
+        gpu = {"KILN_GPU_COUNT": "1", "TRITON_INTERPRET": "1"}
+        with cluster(tmp / "machines", env, workers, {gpu_pool: gpu}) as made:
+            yield made, project
+
+

@@ -44,3 +44,10 @@ def git_project(name: str, dest: Path, when: str = COMMIT_TIME, edit=None) -> Pa
         edit(repo)
     init_repo(repo, when)
     return repo / "kiln.toml"
+
+
+def vendor_acme_library(repo: Path) -> None:
+    """Build the fixture's vendored library, as a team's checkout would carry it (*.so is not in Kiln's git)."""
+    vendor = repo / "src" / "acme" / "vendor"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(vendor / "libacme_checksum.so"),
+                    str(vendor / "checksum.c")], check=True, timeout=120)

@@ -13,82 +13,21 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cluster import Cluster, cluster, free_port, postgres, trigger
-from tests.helpers.gitrepo import commit_all, git_project
-from tests.helpers.s3 import S3_ENV, moto_s3_server
+from tests.helpers.cluster import ARTIFACTS, INDEX, VARIANTS, Cluster, team_cluster, trigger
+from tests.helpers.gitrepo import commit_all
+from tests.helpers.s3 import moto_s3_server
 from tests.helpers.venvs import make_venv
 from tests.helpers.venvs import run as run_in_venv
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-ARTIFACTS, INDEX = "kiln-artifacts", "kiln-index"
-VARIANTS = ("cu130", "cpu")
 NIGHTLY_DEADLINE_S = 1500  # a whole nightly on a loaded 2-core machine, four workers sharing it
-
-SCALEOUT_TOML = """
-[[suites]]
-name = "gpu"                 # the same tests against the cu130 wheel, on a (simulated) GPU node
-paths = ["tests"]
-gpus = 1
-pool = "kiln-gpu"
-deadline_s = 900
-
-[pools]
-build = "kiln-build"
-cpu = "kiln-process"
-deadline_s = 900
-retries = 1
-
-[artifacts]
-url = "s3://{artifacts}/store"
-endpoint = "{endpoint}"
-region = "us-east-1"
-
-[publish.targets.s3]
-url = "s3://{index}/simple"
-endpoint = "{endpoint}"
-region = "us-east-1"
-
-# Each step's credentials: here the workers' own (moto's test keys in their environment).
-[permissions.build]
-read = ["artifacts/"]
-write = ["artifacts/"]
-credentials = {{ ambient = true }}
-
-[permissions.test]
-read = ["artifacts/"]
-write = ["artifacts/"]
-credentials = {{ ambient = true }}
-
-[permissions.bench]
-read = ["artifacts/", "bench-history/"]
-write = ["bench-history/"]
-credentials = {{ ambient = true }}
-
-[permissions.publish-nightly]
-read = ["nightly/"]
-write = ["nightly/"]
-credentials = {{ ambient = true }}
-"""
-
-
-def _project(tmp: Path, endpoint: str) -> Path:
-    """The acme fixture as a team's repository: S3 store and target, a GPU suite, pools; its directory."""
-    from tests.foundation.test_onboarding import _vendor_library
-
-    def edit(repo: Path) -> None:
-        _vendor_library(repo)
-        text = (repo / "kiln.toml").read_text().replace('default_target = "local"', 'default_target = "s3"')
-        (repo / "kiln.toml").write_text(text + SCALEOUT_TOML.format(artifacts=ARTIFACTS, index=INDEX,
-                                                                    endpoint=endpoint))
-    return git_project("acme", tmp, edit=edit).parent
 
 
 @pytest.fixture(scope="module")
@@ -104,20 +43,8 @@ def s3() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
-    tmp = tmp_path_factory.mktemp("scaleout")
-    project = _project(tmp, s3)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= S3_ENV | {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-                     "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                     "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln", "PREFECT_SERVER_UI_ENABLED": "false",
-                     "PREFECT_HOST": "127.0.0.1", "PREFECT_PORT": str(free_port()), "GPU_NODE": "node1",
-                     "REPOSITORY": project.as_uri()}
-    with postgres() as database:
-        env["DATABASE_URL"] = database
-        # The GPU node, simulated: one GPU by the count override, kernels in Triton's interpreter on the CPU.
-        gpu = {"KILN_GPU_COUNT": "1", "TRITON_INTERPRET": "1"}
-        with cluster(tmp / "machines", env, {"kiln-build": 2}, {"kiln-gpu": gpu}) as made:
-            yield made, project
+    with team_cluster(tmp_path_factory.mktemp("scaleout"), s3, {"kiln-build": 2}) as deployed:
+        yield deployed
 
 
 def _children(made: Cluster, run_id: str) -> list:
