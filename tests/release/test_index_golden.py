@@ -24,7 +24,7 @@ from packaging.version import Version
 from kiln.release.cli import EXIT_OK, index_command, read_list
 from kiln.release.dists import from_record, from_records, make_distribution
 from kiln.release.errors import InvalidInputError
-from kiln.release.fsutil import write_new_tree
+from kiln.release.fsutil import journaled, write_new_tree
 from kiln.release.index import file_url, generate, group, project_pages
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
@@ -217,12 +217,34 @@ def _ioctl_flags(path: Path, set_flags: int | None = None) -> int | None:
         os.close(fd)
 
 
-def test_a_new_tree_asks_ext4_to_spread_its_project_directories(tmp_path: Path) -> None:
+def test_a_new_tree_asks_an_ext4_without_journal_to_spread_its_project_directories(tmp_path: Path) -> None:
     (tmp_path / "probe").mkdir()
     if not (_ioctl_flags(tmp_path / "probe", _FS_TOPDIR_FL) or 0) & _FS_TOPDIR_FL:
         pytest.skip(f"{tmp_path} is not on ext2/3/4: no FS_TOPDIR_FL to set")
     assert write_new_tree(tmp_path / "out", {"p/index.html": b"page"})
-    assert (_ioctl_flags(tmp_path / "out") or 0) & _FS_TOPDIR_FL, "the new tree is not chattr +T"
+    hinted = bool((_ioctl_flags(tmp_path / "out") or 0) & _FS_TOPDIR_FL)
+    assert hinted == (journaled(str(tmp_path)) is False), "chattr +T on the new tree exactly where there is no journal"
+
+
+@pytest.mark.parametrize(("journals", "expected"), [(["vda-8"], True), (["vda1-8", "dm-0-8"], False), ([], False),
+                                                    (None, False)])
+def test_a_journal_is_found_by_the_device_of_the_path(tmp_path: Path, journals: list[str] | None,
+                                                      expected: bool) -> None:
+    st = os.stat(tmp_path)
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()
+    (sysfs / f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}").symlink_to("../devices/virtio1/block/vda")
+    jbd2 = tmp_path / "jbd2"
+    if journals is not None:  # None: no jbd2 directory at all (no journal on the machine)
+        jbd2.mkdir()
+        for name in journals:
+            (jbd2 / name).mkdir()
+    assert journaled(str(tmp_path), str(sysfs), str(jbd2)) is expected
+
+
+def test_a_path_on_no_block_device_has_no_journal_to_speak_of(tmp_path: Path) -> None:
+    (tmp_path / "sys").mkdir()  # no major:minor entry for the path's device
+    assert journaled(str(tmp_path), str(tmp_path / "sys"), str(tmp_path / "jbd2")) is None
 
 
 def test_a_filesystem_that_refuses_the_spreading_hint_still_gets_the_whole_tree(tmp_path: Path, monkeypatch) -> None:
