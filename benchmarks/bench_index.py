@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -94,11 +95,13 @@ def write_lines(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def timed(cmd: list[str]) -> float:
-    start = time.perf_counter()
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one run; CPU time says what load on a shared machine hides."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(cmd, check=True, timeout=TIMEOUT_S, stdout=subprocess.DEVNULL, cwd=REPO,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
-    return time.perf_counter() - start
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 def bench_full(work: Path, rows: list[dict], repeats: int, dumb_default: bool) -> dict:
@@ -115,16 +118,20 @@ def bench_full(work: Path, rows: list[dict], repeats: int, dumb_default: bool) -
             "../../packages/", "--no-generate-timestamp", "--no-per-release-json"],
     }
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
     for repeat in range(repeats):
         for name, make in commands.items():  # alternated, so drift hits all tools alike
             if name == "dumb-pypi" and (repeat > 0 or not dumb_default):
                 continue  # its default mode writes ~100k more files; optional, and timed once at most
             out = work / f"out-{repeat}-{name.replace(' ', '_')}"
-            times[name].append(timed(make(out)))
-            shutil.rmtree(out)
+            wall, cpu_s = timed(make(out))
+            times[name].append(wall)
+            cpu[name].append(cpu_s)
+            shutil.rmtree(out)  # the next tool writes right after this delete, as `rm -rf out && tool` would
     medians = {name: statistics.median(t) for name, t in times.items() if t}
     baseline = min(medians.get("dumb-pypi", float("inf")), medians["dumb-pypi --no-per-release-json"])
-    return {"runs_s": times, "median_s": medians, "speedup_vs_fastest_dumb_pypi": baseline / medians["kiln"]}
+    return {"runs_s": times, "median_s": medians, "speedup_vs_fastest_dumb_pypi": baseline / medians["kiln"],
+            "cpu_s": cpu, "median_cpu_s": {name: statistics.median(t) for name, t in cpu.items() if t}}
 
 
 def bench_incremental(work: Path, rows: list[dict]) -> dict:

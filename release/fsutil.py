@@ -6,6 +6,8 @@ import hashlib
 import logging
 import os
 import shutil
+import struct
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,28 +92,101 @@ def write_new_tree(root: str | os.PathLike[str], files: Mapping[str, bytes]) -> 
         if rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
             raise InvalidInputError(f"{rel!r} is not a relative path inside {root}")
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp: Path | None = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
-    assert tmp is not None
+    tmp = tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent)
+    renamed = False
     try:
         os.chmod(tmp, _DIR_MODE)  # mkdtemp makes 0700; the tree must be as readable as a plain mkdir's
-        made: set[str] = set()
-        for rel, data in files.items():
-            parent = rel.rpartition("/")[0]
-            if parent and parent not in made:
-                (tmp / parent).mkdir(parents=True, exist_ok=True)
-                made.add(parent)
-            with open(tmp / rel, "wb") as handle:
-                handle.write(data)
+        _spread_subdirectories(tmp)
+        _write_files(tmp, files)
         try:
             os.rename(tmp, root)  # replaces an empty directory; refuses a full one (ENOTEMPTY)
         except OSError as exc:
             log.debug("could not rename %s to %s (%s); the caller writes in place", tmp, root, exc)
             return False
-        tmp = None
+        renamed = True
         return True
     finally:
-        if tmp is not None:
+        if not renamed:
             shutil.rmtree(tmp)
+
+
+def _write_files(top: str, files: Mapping[str, bytes]) -> None:
+    """Every directory first (parents before children), then each file with one open/write/close.
+
+    Plain ``os`` calls on ``str`` paths: the tree is thousands of small
+    files, and ``Path`` objects and buffered file objects cost more than the
+    writes. O_EXCL because the directory is new: a name given twice is a bug.
+    """
+    dirs = {rel.rpartition("/")[0] for rel in files}
+    dirs.discard("")
+    for rel in sorted(dirs):  # parents sort before their children, so each is made once
+        os.makedirs(f"{top}/{rel}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    for rel, data in files.items():
+        fd = os.open(f"{top}/{rel}", flags, 0o666)  # the umask applies, as for open(path, "wb")
+        try:
+            view, written = memoryview(data), 0
+            while written < len(view):
+                written += os.write(fd, view[written:])
+        finally:
+            os.close(fd)
+
+
+# FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (_IOR/_IOW('f', 1/2, long)) and FS_TOPDIR_FL from linux/fs.h.
+_FS_IOC_GETFLAGS = 0x80006601 | struct.calcsize("l") << 16
+_FS_IOC_SETFLAGS = 0x40006602 | struct.calcsize("l") << 16
+_FS_TOPDIR_FL = 0x00020000
+
+
+def _spread_subdirectories(directory: str) -> None:
+    """Mark ``directory`` as the top of unrelated subtrees for ext2/3/4's Orlov allocator (``chattr +T``).
+
+    Only on a filesystem without a journal, where it pays. Measured there:
+    ext4 skips every inode freed in the last minutes, one by one, for each
+    new inode of the group, so writing the 100k index (6,000 inodes) right
+    after deleting one (``rm -rf out`` before ``kiln index``) took 1.8-4.2 s
+    of system time instead of 0.3 s; with the hint, which spreads the project
+    directories over the disk's groups away from the freed inodes, 0.55 s.
+    The hint's own price is those 0.25 s (Orlov weighs every group for each
+    directory), for nothing where a journal means no such scan. Only a hint:
+    where the filesystem has no such flag, nothing changes.
+    """
+    if sys.platform != "linux" or journaled(directory) is not False:
+        return
+    import fcntl  # POSIX only
+
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        flags = bytearray(8)
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags)
+        current = struct.unpack_from("i", flags)[0]  # the kernel reads and writes an int, not a long
+        if not current & _FS_TOPDIR_FL:
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("i", current | _FS_TOPDIR_FL) + bytes(4))
+    except OSError as exc:
+        log.debug("no Orlov hint for %s (%s); directories are placed as usual", directory, exc)
+    finally:
+        os.close(fd)
+
+
+def journaled(path: str, sysfs: str = "/sys/dev/block", jbd2: str = "/proc/fs/jbd2") -> bool | None:
+    """Whether the block device holding ``path`` has a jbd2 journal (ext3/4); None if ``path`` is on no block device.
+
+    jbd2 lists each journal as ``<device>-<journal inode>``; sysfs names the device of a
+    ``major:minor``. A filesystem without a block device of its own (tmpfs, overlay, NFS)
+    gives None.
+    """
+    st = os.stat(path)
+    try:
+        device = os.path.basename(os.readlink(f"{sysfs}/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
+    except OSError:
+        return None
+    try:
+        return any(name.rpartition("-")[0] == device for name in os.listdir(jbd2))
+    except FileNotFoundError:  # no journal anywhere: jbd2 is not even loaded
+        return False
 
 
 def _absent_or_empty(path: Path) -> bool:

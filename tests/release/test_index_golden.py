@@ -24,7 +24,8 @@ from packaging.version import Version
 from kiln.release.cli import EXIT_OK, index_command, read_list
 from kiln.release.dists import from_record, from_records, make_distribution
 from kiln.release.errors import InvalidInputError
-from kiln.release.fsutil import write_new_tree
+from kiln.release import fsutil
+from kiln.release.fsutil import journaled, write_new_tree
 from kiln.release.index import file_url, generate, group, project_pages
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
@@ -181,6 +182,85 @@ def test_a_new_tree_refuses_paths_outside_it(tmp_path: Path, rel: str) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_a_new_tree_with_nested_directories_is_written_whole(tmp_path: Path) -> None:
+    files = {"x": b"1", "a/b/c": b"2", "a/d": b"3", "e/f/g/h": b"4", "a/b/i": b""}
+    assert write_new_tree(tmp_path / "out", files)
+    assert _tree(tmp_path / "out") == files
+
+
+def test_a_new_tree_keeps_every_byte_when_the_kernel_writes_a_little_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))  # short writes, as allowed
+    files = {"index.html": bytes(range(256)) * 40, "p/index.json": b"{}" * 1000}
+    assert write_new_tree(tmp_path / "out", files)
+    assert _tree(tmp_path / "out") == files
+
+
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80006601, 0x40006602, 0x00020000  # linux/fs.h
+
+
+def _ioctl_flags(path: Path, set_flags: int | None = None) -> int | None:
+    """``lsattr`` of a directory (or ``chattr`` with ``set_flags``); None where the filesystem refuses."""
+    import fcntl
+    import struct
+
+    size = struct.calcsize("l") << 16  # _IOR/_IOW('f', n, long)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if set_flags is not None:
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS | size, struct.pack("i", set_flags) + bytes(4))
+        buffer = bytearray(8)
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS | size, buffer)
+        return struct.unpack_from("i", buffer)[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def test_a_new_tree_asks_an_ext4_without_journal_to_spread_its_project_directories(tmp_path: Path) -> None:
+    (tmp_path / "probe").mkdir()
+    if not (_ioctl_flags(tmp_path / "probe", _FS_TOPDIR_FL) or 0) & _FS_TOPDIR_FL:
+        pytest.skip(f"{tmp_path} is not on ext2/3/4: no FS_TOPDIR_FL to set")
+    assert write_new_tree(tmp_path / "out", {"p/index.html": b"page"})
+    hinted = bool((_ioctl_flags(tmp_path / "out") or 0) & _FS_TOPDIR_FL)
+    assert hinted == (journaled(str(tmp_path)) is False), "chattr +T on the new tree exactly where there is no journal"
+
+
+@pytest.mark.parametrize(("journals", "expected"), [(["vda-8"], True), (["vda1-8", "dm-0-8"], False), ([], False),
+                                                    (None, False)])
+def test_a_journal_is_found_by_the_device_of_the_path(tmp_path: Path, journals: list[str] | None,
+                                                      expected: bool) -> None:
+    st = os.stat(tmp_path)
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()
+    (sysfs / f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}").symlink_to("../devices/virtio1/block/vda")
+    jbd2 = tmp_path / "jbd2"
+    if journals is not None:  # None: no jbd2 directory at all (no journal on the machine)
+        jbd2.mkdir()
+        for name in journals:
+            (jbd2 / name).mkdir()
+    assert journaled(str(tmp_path), str(sysfs), str(jbd2)) is expected
+
+
+def test_a_path_on_no_block_device_has_no_journal_to_speak_of(tmp_path: Path) -> None:
+    (tmp_path / "sys").mkdir()  # no major:minor entry for the path's device
+    assert journaled(str(tmp_path), str(tmp_path / "sys"), str(tmp_path / "jbd2")) is None
+
+
+def test_a_filesystem_that_refuses_the_spreading_hint_still_gets_the_whole_tree(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import fcntl
+
+    def refuse(*_args: object) -> None:
+        raise OSError(errno.ENOTTY, "Inappropriate ioctl for device")
+
+    monkeypatch.setattr(fsutil, "journaled", lambda _path: False)  # ask, whatever this machine's disk
+    monkeypatch.setattr(fcntl, "ioctl", refuse)
+    assert index_command(None, str(GOLDEN / "list.jsonl"), str(tmp_path / "out")) == EXIT_OK
+    assert _tree(tmp_path / "out") == _tree(GOLDEN / "index")
+
+
 def _bench_records(files: int = 100_000, projects: int = 2_000) -> list[dict]:
     """benchmarks/bench_index.py's list at fe15310, frozen here with the digest above."""
     per_project, out = files // projects, []
@@ -199,7 +279,19 @@ def _bench_records(files: int = 100_000, projects: int = 2_000) -> list[dict]:
 @pytest.mark.slow
 def test_the_100k_benchmark_index_has_the_bytes_it_had_before() -> None:
     pages = generate(from_records(_bench_records(), str))
+    assert len(pages) == 4002 and _digest(pages) == BENCH_100K_DIGEST
+
+
+def _digest(pages: dict[str, bytes]) -> str:
     digest = hashlib.sha256()
     for path in sorted(pages):
         digest.update(path.encode() + b"\0" + hashlib.sha256(pages[path]).digest())
-    assert len(pages) == 4002 and digest.hexdigest() == BENCH_100K_DIGEST
+    return digest.hexdigest()
+
+
+@pytest.mark.slow
+def test_kiln_index_writes_the_100k_benchmark_index_with_the_bytes_it_had_before(tmp_path: Path) -> None:
+    (tmp_path / "list.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _bench_records()))
+    assert index_command(None, str(tmp_path / "list.jsonl"), str(tmp_path / "out")) == EXIT_OK
+    written = _tree(tmp_path / "out")
+    assert len(written) == 4002 and _digest(written) == BENCH_100K_DIGEST
