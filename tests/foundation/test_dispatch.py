@@ -155,3 +155,45 @@ def test_suites_on_one_gpu_node_take_its_slots_in_turn(prefect_server, monkeypat
     assert len(spans) == 2
     (a_start, a_end), (b_start, b_end) = sorted(spans)
     assert a_end <= b_start, f"two suites held the node's one GPU at once: {spans}"
+
+
+@pytest.mark.parametrize("state, lost, needle", [
+    ("Completed", False, ""),
+    ("Crashed", True, "worker lost while building cu130 on pool 'kiln-build': build/kiln-build (flow run r1) Crashed"),
+    ("Failed", False, "build/kiln-build (flow run r1) ended Failed"),
+    ("Scheduled", False, "no worker of pool 'kiln-build' started building cu130 within 5s"),
+    ("Pending", False, "no worker of pool 'kiln-build' started building cu130 within 5s"),
+    ("Running", False, "building cu130 did not finish within 5s on pool 'kiln-build'"),
+])
+def test_a_dispatched_runs_ending_names_the_pool_and_only_a_crash_is_a_lost_worker(state, lost, needle, monkeypatch):
+    from types import SimpleNamespace
+
+    from prefect import states
+
+    from kiln.flows import dispatch as dispatching
+
+    cancelled = []
+    monkeypatch.setattr(dispatching, "_cancel", lambda run, why: cancelled.append(why))  # no server: records the call
+    run = SimpleNamespace(id=uuid.uuid4(), name="r1", state=getattr(states, state)(message="why"))
+    why, was_lost = dispatching._outcome("build/kiln-build", run, 5, "building cu130")
+    assert was_lost is lost and (needle in why if needle else why == "")
+    assert bool(cancelled) == (state in ("Scheduled", "Pending", "Running")), "a run given up on is cancelled"
+
+
+def test_a_lost_worker_raises_the_retryable_error_and_leaves_its_reason_for_the_retry(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from prefect import states
+
+    from kiln.flows import dispatch as dispatching
+    from kiln.release.errors import WorkerLostError, is_retryable
+    from kiln.release.record import RunHeader, create_record
+    from kiln.release.store import LocalStore
+
+    run = create_record(LocalStore(tmp_path / "a"), RunHeader(run_id="r", flow="nightly", version="0.1.0"), tmp_path / "o")
+    crashed = SimpleNamespace(id=uuid.uuid4(), name="r1", state=states.Crashed(message="heartbeats stopped"))
+    monkeypatch.setattr(dispatching, "run_deployment", lambda *a, **k: crashed)
+    with pytest.raises(WorkerLostError) as lost:
+        dispatching.dispatch("build/kiln-build", {}, deadline_s=5, what="building cu130", ref="abc", run=run)
+    assert is_retryable(lost.value) and "heartbeats stopped" in str(lost.value)
+    assert run.info()[dispatching.LOST_INFO + "building cu130"] == str(lost.value)
