@@ -42,11 +42,11 @@ from tests.helpers.cluster import ARTIFACTS, INDEX, team_cluster, trigger  # noq
 from tests.helpers.s3 import moto_s3_server  # noqa: E402
 
 CONFIGS = {
-    # the project's [pools], workers per pool
+    # the project's [pools], workers per pool, the commit time (each configuration's own nightly version)
     "one": ('[pools]\nbuild = "kiln-process"\ncpu = "kiln-process"\ndeadline_s = 900\n',
-            {"kiln-build": 0, "kiln-process": 1, "kiln-gpu": 0}),
+            {"kiln-build": 0, "kiln-process": 1, "kiln-gpu": 0}, "2026-11-30T21:00:01+00:00"),
     "three": ('[pools]\nbuild = "kiln-build"\ncpu = "kiln-process"\ndeadline_s = 900\n',
-              {"kiln-build": 1, "kiln-process": 1, "kiln-gpu": 1}),
+              {"kiln-build": 1, "kiln-process": 1, "kiln-gpu": 1}, "2026-11-30T21:00:02+00:00"),
 }
 
 
@@ -58,10 +58,11 @@ def _dispatch_delays(made, run_id: str) -> list[float]:
 
 
 def _one_config(name: str, repeats: int, tmp: Path, endpoint: str) -> dict:
-    pools, workers = CONFIGS[name]
+    pools, workers, when = CONFIGS[name]
     walls, delays, states = [], [], []
     gpu_pool = "kiln-process" if name == "one" else "kiln-gpu"
-    with team_cluster(tmp / name, endpoint, workers, pools=pools, gpu_pool=gpu_pool) as (made, _project):
+    with team_cluster(tmp / name, endpoint, workers, pools=pools, gpu_pool=gpu_pool,
+                      when=when) as (made, _project):
         for _ in range(repeats):
             start = time.monotonic()
             run_id = trigger(made)
@@ -84,11 +85,11 @@ def main() -> None:
     import boto3
 
     results: dict = {"machine": f"{platform.node()} {platform.machine()}, {platform.python_version()}"}
-    for name in args.only or CONFIGS:  # each configuration publishes to an S3 server of its own
-        with moto_s3_server() as endpoint, tempfile.TemporaryDirectory(prefix="kiln-bench-scaleout-") as tmp:
-            client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-            for bucket in (ARTIFACTS, INDEX):
-                client.create_bucket(Bucket=bucket)
+    with moto_s3_server() as endpoint, tempfile.TemporaryDirectory(prefix="kiln-bench-scaleout-") as tmp:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for bucket in (ARTIFACTS, INDEX):
+            client.create_bucket(Bucket=bucket)
+        for name in args.only or CONFIGS:
             results[name] = _one_config(name, args.repeats, Path(tmp), endpoint)
             print(name, json.dumps(results[name]), flush=True)
     if "one" in results and "three" in results:

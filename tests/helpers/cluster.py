@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers.gitrepo import git_project, vendor_acme_library
+from tests.helpers.gitrepo import COMMIT_TIME, git_project, vendor_acme_library
 from tests.helpers.s3 import S3_ENV
 
 log = logging.getLogger("kiln.tests.cluster")
@@ -280,7 +280,7 @@ credentials = {{ ambient = true }}
 """
 
 
-def _project(tmp: Path, endpoint: str, pools: str = "", gpu_pool: str = "kiln-gpu") -> Path:
+def _project(tmp: Path, endpoint: str, pools: str, gpu_pool: str, when: str) -> Path:
     """The acme fixture as a team's repository: S3 store and target, a GPU suite, pools; its directory."""
     def edit(repo: Path) -> None:
         vendor_acme_library(repo)
@@ -288,18 +288,20 @@ def _project(tmp: Path, endpoint: str, pools: str = "", gpu_pool: str = "kiln-gp
         extra = SCALEOUT_TOML.format(artifacts=ARTIFACTS, index=INDEX, endpoint=endpoint, pools=pools or DEFAULT_POOLS,
                                      gpu_pool=gpu_pool)
         (repo / "kiln.toml").write_text(text + extra)
-    return git_project("acme", tmp, edit=edit).parent
+    return git_project("acme", tmp, when=when, edit=edit).parent
 
 
 @contextmanager
-def team_cluster(tmp: Path, s3: str, workers: dict[str, int], pools: str = "",
-                 gpu_pool: str = "kiln-gpu") -> Iterator[tuple[Cluster, Path]]:
+def team_cluster(tmp: Path, s3: str, workers: dict[str, int], pools: str = "", gpu_pool: str = "kiln-gpu",
+                 when: str = COMMIT_TIME) -> Iterator[tuple[Cluster, Path]]:
     """The acme project (S3 store and target, a GPU suite) on a recipe-built cluster.
 
     ``workers``: how many workers each pool gets (default one); ``pools``: the project's ``[pools]``
-    section; ``gpu_pool``: the GPU suite's pool, whose workers simulate a GPU node.
+    section; ``gpu_pool``: the GPU suite's pool, whose workers simulate a GPU node; ``when``: the
+    commit time (a nightly's version): two projects that differ need two, or their wheels would
+    share a version and differ in bytes.
     """
-    project = _project(tmp, s3, pools, gpu_pool)
+    project = _project(tmp, s3, pools, gpu_pool, when)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= S3_ENV | {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
                      "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

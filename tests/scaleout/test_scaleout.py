@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.flows.summary import render_markdown
 from tests.helpers.cluster import ARTIFACTS, INDEX, VARIANTS, Cluster, team_cluster, trigger
 from tests.helpers.gitrepo import commit_all
 from tests.helpers.s3 import moto_s3_server
@@ -90,6 +91,8 @@ def test_two_nightlies_at_once_run_every_unit_on_its_pool_and_publish_an_index_p
         kinds = {(a.kind, a.variant) for a in record.artifacts()}
         assert {("wheel", v) for v in VARIANTS} <= kinds and any(k == "report" for k, _ in kinds)
         assert record.header.ref == record.header.source.commit and len(record.header.ref) == 40
+        summary = render_markdown(record.manifest())  # the nightly's summary, from the record alone
+        assert "| build |" in summary and "## Published indexes" in summary and "nightly/cpu" in summary, summary
     _pip_installs_from_the_published_index(s3, tmp_path)
 
 
