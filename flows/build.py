@@ -66,7 +66,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     names, which this checkout must be at (a build dispatched to a worker).
     """
     config = load_config(config_path)
-    run = open_run(config, "build", out, run_id=run_id, version=version, ref=ref)
+    run = open_run(config, "build", out, run_id=run_id, version=version, commit=ref)
     setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:
         record(run, build_units.skip_record(skip))

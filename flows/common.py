@@ -44,12 +44,13 @@ def _store_session(config: KilnConfig, step: str) -> Any:
 
 
 def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str | None = None,
-             version: str | None = None, ref: str = "", step: str = "build") -> RunRecord:
+             version: str | None = None, ref: str = "", step: str = "build", commit: str = "") -> RunRecord:
     """The run this flow belongs to: ``run_id``'s record, or a new one named after this flow run.
 
-    ``ref``: the commit the run names; this checkout must be at it (a dispatched unit's worker).
+    ``ref``: what a new run records as its source ref (default: its commit). ``commit``: the
+    commit the run names, which this checkout must be at (a dispatched unit's worker).
     """
-    check_checkout(config, ref)
+    check_checkout(config, commit)
     store = artifact_store(config, _store_session(config, step))
     if run_id:
         return continue_run(store, run_id, out)

@@ -42,7 +42,7 @@ def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str 
     """
     logger = get_run_logger()
     config = load_config(config_path)
-    run = open_run(config, "nightly", out, version=version, ref=ref)
+    run = open_run(config, "nightly", out, version=version, commit=ref)
     ref = run.header.source.commit if run.header.source.clean else ""
     logger.info("nightly %s of %s (commit %s) → run %s", run.header.version, config.project.distribution,
                 run.header.source.commit[:12] or "none", run.run_id)

@@ -170,7 +170,7 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     ``ref``: the commit the run names, which this checkout must be at (publishing dispatched to a worker).
     """
     config = load_config(config_path)
-    run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}", ref=ref)
+    run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}", commit=ref)
     why = refusal(run, dry_run)
     if why:
         record(run, Unit("publish/source", "publish", "failed", message=why))

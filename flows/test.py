@@ -106,7 +106,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     config = load_config(config_path)
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
     selected = plan_task(config, config_path, suites, changed_since, exclude, paths)
-    run = open_run(config, "test", out, run_id=run_id, step="test", ref=ref)
+    run = open_run(config, "test", out, run_id=run_id, step="test", commit=ref)
     chosen = targets(config, selected)
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})

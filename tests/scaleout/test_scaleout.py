@@ -143,22 +143,27 @@ def _lose_machine(made: Cluster, flow_run) -> None:
 
 def test_a_build_worker_killed_mid_unit_is_retried_with_the_reason_and_the_nightly_completes(deployed, s3, tmp_path):
     made, project = deployed
-    commit_all(project, "a new commit: a nightly of its own version", when="2026-11-30T22:00:00+00:00")
+    pinned = commit_all(project, "a new commit: a nightly of its own version", when="2026-11-30T22:00:00+00:00")
     run_id = trigger(made)
     victim = _running_build(made, run_id, "cu130")
     _lose_machine(made, victim)  # its worker and the build it was running, at once
+    # main moves on while the nightly runs: every unit dispatched from now on must still run the run's commit
+    commit_all(project, "main moves on", when="2026-11-30T23:00:00+00:00")
     final = made.wait_final(run_id, NIGHTLY_DEADLINE_S)
     with made.client() as client:
         lost = client.read_flow_run(victim.id)
     assert lost.state.is_crashed(), lost.state
     assert final.state.is_completed(), f"{final.state.message}\n{made.logs()}"
-    units = {u.id: u for u in _record(s3, run_id, tmp_path / "record").units()}
+    record = _record(s3, run_id, tmp_path / "record")
+    assert record.header.ref == pinned
+    units = {u.id: u for u in record.units()}
     wheel = units["build/cu130/wheel"]
     assert wheel.state == "completed" and "attempt 2" in wheel.message, wheel
     assert "worker lost while building cu130 on pool 'kiln-build'" in wheel.message, wheel
     assert units["build/cpu/wheel"].state == "completed" and units["test/unit/cpu"].state == "completed"
     retried = [r for r in _children(made, run_id) if r.parameters.get("variants") == ["cu130"]]
     assert len(retried) == 2 and sorted(r.state.type.value for r in retried) == ["COMPLETED", "CRASHED"]
+    assert {r.parameters["ref"] for r in _children(made, run_id)} == {pinned}, "every unit ran the run's commit"
 
 
 def test_every_process_the_cluster_started_is_stopped_by_pid(deployed):
