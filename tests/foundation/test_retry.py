@@ -28,7 +28,7 @@ PERMANENT = [
 ]
 TRANSIENT = [
     errors.RetryableError, errors.ThrottledError, errors.TransientStoreError, errors.ConflictError,
-    errors.CacheDriftError, errors.InfrastructureError,
+    errors.CacheDriftError, errors.InfrastructureError, errors.WorkerLostError,
 ]
 
 _calls: dict[str, int] = {}
