@@ -73,6 +73,9 @@ def snapshot(config_path: Path, dest: Path) -> str:
     for suite in config.suites:
         for path in suite.paths:
             (dest / path).mkdir(parents=True, exist_ok=True)
+    if config.publish.pins:  # kiln.toml must name existing paths to load
+        (dest / config.publish.pins).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(config.path(config.publish.pins), dest / config.publish.pins)
     return str(dest / config_path.name)
 
 
