@@ -11,9 +11,16 @@ the cache the cold build just filled. Two timings are reported per run:
   inside the process, from after the registry is loaded to the last wheel);
 - ``process``: the whole subprocess, interpreter start and imports included.
 
+``--cli`` measures what a user times instead: ``kiln build --out DIR`` of the
+snapshot, process start to exit, with Kiln's local Prefect server already
+running (started first if it is not). Each repeat is one cold build (the
+snapshot's build cache and stored plans deleted) followed by ``--warm-runs``
+warm builds; the summary gives the medians and the cold / warm ratio.
+
 Usage::
 
     python benchmarks/bench_build.py [--config kiln.toml] [--repeats 3]
+    python benchmarks/bench_build.py --cli [--repeats 1] [--warm-runs 5]
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ def snapshot(config_path: Path, dest: Path) -> str:
     for suite in config.suites:
         for path in suite.paths:
             (dest / path).mkdir(parents=True, exist_ok=True)
+    if config.publish.pins:  # kiln.toml must name existing paths to load
+        (dest / config.publish.pins).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(config.path(config.publish.pins), dest / config.publish.pins)
     return str(dest / config_path.name)
 
 
@@ -99,6 +109,47 @@ def measure(config: str, cache: Path, out: Path, jobs: int) -> dict:
     return {**result, "process_s": process_s}
 
 
+def kiln_command() -> list[str]:
+    """The ``kiln`` console script beside this interpreter (what a user runs), else the module."""
+    script = Path(sys.executable).parent / "kiln"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "kiln.flows.cli"]
+
+
+def time_cli_build(config: str, out: Path) -> float:
+    """Seconds of one ``kiln build --out OUT`` process, start to exit."""
+    start = time.perf_counter()
+    proc = subprocess.run([*kiln_command(), "build", "--config", config, "--out", str(out)],
+                          capture_output=True, text=True, timeout=1800, cwd=REPO)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"kiln build failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def cli_main(args: argparse.Namespace) -> None:
+    """Cold then warm ``kiln build`` processes of one snapshot, with the local Prefect server up."""
+    subprocess.run([*kiln_command(), "server", "start"], check=True, timeout=900, capture_output=True)
+    load_start, rows = os.getloadavg(), []
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-cli-") as tmp:
+        config = snapshot(Path(args.config), Path(tmp) / "project")
+        for run in range(args.repeats):
+            shutil.rmtree(Path(tmp) / "project" / ".kiln", ignore_errors=True)  # build cache and stored plans
+            cold = time_cli_build(config, Path(tmp) / f"out-{run}")
+            warm = [time_cli_build(config, Path(tmp) / f"out-{run}") for _ in range(args.warm_runs)]
+            rows.append({"cold_s": round(cold, 3), "warm_s": [round(w, 3) for w in warm]})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    warm_all = [w for r in rows for w in r["warm_s"]]
+    cold_all = [r["cold_s"] for r in rows]
+    summary = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_start_end": [load_start, os.getloadavg()],
+        "command": " ".join([*kiln_command(), "build", "--out", "DIR"]),
+        "cold_process_s": statistics.median(cold_all), "warm_process_s": statistics.median(warm_all),
+        "warm_vs_cold": statistics.median(cold_all) / statistics.median(warm_all), "runs": rows,
+    }
+    print(json.dumps(summary, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "kiln.toml"))
@@ -107,7 +158,12 @@ def main() -> None:
     parser.add_argument("--cache")
     parser.add_argument("--out")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--cli", action="store_true", help="time whole `kiln build` processes, cold then warm")
+    parser.add_argument("--warm-runs", type=int, default=5, help="with --cli: warm builds after each cold one")
     args = parser.parse_args()
+    if args.cli:
+        cli_main(args)
+        return
     if args.one:
         print(json.dumps(one(args.config, args.cache, args.out, args.jobs)))
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,11 @@ from kiln.tasks.build.units import BuildEnv, UnitResult
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.config import KilnConfig, Variant, load_config
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
-from kiln.tasks.build.nvcc import NvccBuilder, find_cuobjdump, find_nvcc, missing_reason, settings_for
+from kiln.tasks.build import plancache
+from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
 from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.registry import load_registry
+from kiln.tasks.registry_types import CudaSourceRecord
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.versioning import check_version, variant_version
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
@@ -48,32 +51,70 @@ class BuildSetup:
 
 def prepare_build(config_path: str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
                   cache_dir: str | None = None, source: Source = Source()) -> BuildSetup:
-    """Load config and registry, find the toolchain, plan the matrix. Changes nothing on disk.
+    """Load config and registry, find the toolchain, plan the matrix. Changes nothing on disk but the plan cache.
 
-    ``source`` is the commit being built: its time stamps every wheel member,
-    its sha goes into each wheel's ``kiln_build.json``.
+    The registry (and torch and Triton with it) is imported only when the plan
+    stored by the last build with the same inputs (:mod:`kiln.tasks.build.plancache`)
+    is missing or out of date. ``source`` is the commit being built: its time
+    stamps every wheel member, its sha goes into each wheel's ``kiln_build.json``.
     """
     config = load_config(config_path)
     chosen = check_version(version)  # a malformed --version fails here, before anything is built
     wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
-    # A CPU variant compiles nothing: its wheel is the package's sources, so no registry is imported.
-    specs = load_registry(config) if any(v.backend != "cpu" for v in wanted) else []
+    cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
+    key = plancache.plan_key(config, config_path, variants, nvcc_path)
+    stored = plancache.load(cache_root, key, config)
+    tools = _tools(config, wanted, nvcc_path, dict(stored.csrc), stored.settings) if stored is not None else None
+    if stored is None or tools is None or (tools.toolchain, tools.missing) != (stored.toolchain, stored.missing):
+        before = set(sys.modules)
+        stored, tools = _plan(config, config_path, wanted, variants, nvcc_path)
+        plancache.store(cache_root, key, config, stored, set(sys.modules) - before)
+    else:
+        _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
+    stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
+    return BuildSetup(config, str(Path(config_path).resolve()), chosen, stored.plan, tools.nvcc, cache_root, stamp,
+                      tools.project)
+
+
+@dataclass(frozen=True)
+class _Tools:
+    toolchain: dict[str, str]
+    nvcc: NvccBuilder | None
+    missing: str
+    project: ProjectBuilder | None
+
+
+def _tools(config: KilnConfig, wanted: list[Variant], nvcc_path: str | None,
+           csrc: dict[str, CudaSourceRecord], settings: NvccSettings | None = None) -> _Tools:
+    """The toolchain found now, for a registry with CUDA sources ``csrc`` (nvcc is looked for only then).
+
+    ``settings``: the stored plan's nvcc settings; None works them out (with torch = true, by importing torch).
+    """
     toolchain = toolchain_versions()
     builder, missing = None, ""
-    if any(spec.csrc is not None for spec in specs):
+    if csrc:
         try:
             nvcc = find_nvcc(nvcc_path)
             toolchain["nvcc"] = nvcc.version
-            builder = NvccBuilder(nvcc, config.path(config.project.source),
-                                  {s.name: s.csrc for s in specs if s.csrc is not None}, settings_for(config))
+            builder = NvccBuilder(nvcc, config.path(config.project.source), csrc,
+                                  settings_for(config) if settings is None else settings)
         except ToolchainMissingError as exc:
             missing = missing_reason(exc)
             _log.warning(missing)
     project = project_builder(config, wanted, nvcc_path, toolchain) if config.build.backend == "pep517" else None
-    plan = plan_build(config, specs, config_path, toolchain, variants, missing)
-    cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
-    stamp = WheelStamp.for_commit(source.commit, source.commit_time, toolchain)
-    return BuildSetup(config, str(Path(config_path).resolve()), chosen, plan, builder, cache_root, stamp, project)
+    return _Tools(toolchain, builder, missing, project)
+
+
+def _plan(config: KilnConfig, config_path: str, wanted: list[Variant], variants: list[str] | None,
+          nvcc_path: str | None) -> tuple[plancache.StoredPlan, _Tools]:
+    """Plan from the registry itself, imported now."""
+    # A CPU variant compiles nothing: its wheel is the package's sources, so no registry is imported.
+    specs = load_registry(config) if any(v.backend != "cpu" for v in wanted) else []
+    csrc = {s.name: s.csrc for s in specs if s.csrc is not None}
+    tools = _tools(config, wanted, nvcc_path, csrc)
+    plan = plan_build(config, specs, config_path, tools.toolchain, variants, tools.missing)
+    settings = tools.nvcc.settings if tools.nvcc is not None else NvccSettings()
+    return plancache.StoredPlan(plan, csrc, settings, tools.toolchain, tools.missing), tools
 
 
 def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | None,

@@ -1,0 +1,198 @@
+"""A stored build plan, reused while nothing it was made from has changed (no Prefect here).
+
+Planning imports the project's kernel registry, and with it torch and Triton:
+seconds, against milliseconds for everything else a warm build does. The plan
+is a pure function of its inputs, so :func:`store` keeps it beside the build
+cache and :func:`load` gives it back only when every input still hashes the
+same — the way the build cache serves an artifact only after re-hashing it.
+
+Layout: ``<cache root>/plans/<key>.json``. The key names what a caller asks
+for (kiln.toml's path and bytes, the variants, the nvcc path, the Python and
+its environment, the formats of the plan and of the build cache); the entry
+records what the plan was made from, each checked on every load:
+
+- ``tree``: every file of the package directory, by content hash, so a new,
+  edited or deleted kernel source, header or data file replans (and, for
+  ``[build] backend = "pep517"``, ``project``: the project's own hash);
+- ``modules``: every module loaded at planning time from outside the
+  interpreter's own directories (Kiln's planner, the registry's helpers
+  beside the package), by content hash;
+- ``dists``: the version of every distribution the registry import loaded
+  (torch, Triton, numpy, ...), read with :mod:`importlib.metadata` — no import;
+- ``toolchain`` and ``missing``: the caller compares them with what it finds
+  now (nvcc's version is asked of nvcc on every build).
+
+An entry that cannot be read is a warning and a replan, never an error; one
+whose inputs differ is replaced by the next :func:`store`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from pathlib import Path
+from typing import Any
+
+from kiln.release.fsutil import atomic_write_text, sha256_file
+from kiln.tasks.build.cache import digest
+from kiln.tasks.build.nvcc import NvccSettings
+from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan
+from kiln.tasks.build.sources import project_hash
+from kiln.tasks.config import KilnConfig
+from kiln.tasks.registry_types import CudaSourceRecord
+
+_log = logging.getLogger("kiln.build.plancache")
+
+# Bump when the entry's layout or the meaning of a plan changes: old entries then miss.
+PLAN_FORMAT = "kiln-plan-1"
+_CACHES = {"__pycache__"}
+_CACHE_SUFFIXES = {".pyc", ".pyo"}
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """What planning produced from the registry: the plan, and what the nvcc backend needs of it."""
+
+    plan: BuildPlan
+    csrc: Mapping[str, CudaSourceRecord]  # kernel -> its CUDA sources (empty: nvcc is not needed)
+    settings: NvccSettings
+    toolchain: dict[str, str]  # what the plan was made with, nvcc's version included
+    missing: str  # why CUDA C++ units could not build then, or ""
+
+
+def plan_key(config: KilnConfig, config_path: str, variants: list[str] | None, nvcc_path: str | None) -> str:
+    """The entry a request maps to; every input listed in the module docstring is checked inside it."""
+    path = Path(config_path).resolve()
+    return digest(PLAN_FORMAT, CACHE_FORMAT, str(path), path.read_bytes().hex(), repr(variants),
+                  repr(nvcc_path), sys.version, sys.prefix, str(config.root))
+
+
+def _entry_path(root: Path, key: str) -> Path:
+    return root / "plans" / f"{key}.json"
+
+
+def tree_hashes(package_dir: Path) -> dict[str, str]:
+    """Every file under ``package_dir`` but bytecode caches: {relative POSIX path: sha256}."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        dirnames[:] = sorted(d for d in dirnames if d not in _CACHES)
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.suffix not in _CACHE_SUFFIXES:
+                out[path.relative_to(package_dir).as_posix()] = sha256_file(path)
+    return out
+
+
+def _interpreter_dirs() -> tuple[Path, ...]:
+    """The standard library's and site-packages' directories: covered by the Python version and ``dists``."""
+    paths = sysconfig.get_paths()
+    return tuple({Path(paths[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
+
+
+def local_module_files(modules: Iterable[str]) -> list[Path]:
+    """The files of ``modules`` (names in ``sys.modules``) that live outside the interpreter's directories."""
+    shared = _interpreter_dirs()
+    files = set()
+    for name in modules:
+        location = getattr(sys.modules.get(name), "__file__", None)
+        if not location or not Path(location).is_file():
+            continue  # built in, frozen, or a namespace package
+        path = Path(location).resolve()
+        if not any(path.is_relative_to(d) for d in shared):
+            files.add(path)
+    return sorted(files)
+
+
+def distributions_of(modules: Iterable[str]) -> dict[str, str]:
+    """{distribution: version} of the installed distributions that provide ``modules``' top-level packages.
+
+    Only packages installed in the interpreter's own directories count: a package vendored inside another
+    (setuptools' ``_vendor``, put on ``sys.path`` for a moment) is covered by the version of the one that ships it.
+    """
+    shared = _interpreter_dirs()
+    tops = set()
+    for name in {m.partition(".")[0] for m in modules}:
+        location = getattr(sys.modules.get(name), "__file__", None)
+        path = Path(location).resolve() if location else None
+        if path and any(path.is_relative_to(d) and path.relative_to(d).parts[0].startswith(name) for d in shared):
+            tops.add(name)
+    provided = packages_distributions()
+    names = {d for top in tops for d in provided.get(top, ())}
+    return {d: _version(d) for d in sorted(names)}
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def _inputs(config: KilnConfig, module_files: Iterable[Path], dists: Iterable[str]) -> dict[str, Any]:
+    package_dir = config.path(config.project.source)
+    pep517 = config.build.backend == "pep517"
+    return {"tree": tree_hashes(package_dir) if package_dir.is_dir() else {},
+            "project": project_hash(config.path(config.build.project_dir)) if pep517 else "",
+            "modules": {str(p): sha256_file(p) if p.is_file() else "absent" for p in module_files},
+            "dists": {d: _version(d) for d in dists}}
+
+
+def store(root: Path, key: str, config: KilnConfig, stored: StoredPlan, new_modules: Iterable[str]) -> None:
+    """Keep ``stored`` under ``key``; ``new_modules``: what planning imported (its third-party inputs)."""
+    new = list(new_modules)
+    inputs = _inputs(config, local_module_files(list(sys.modules)), distributions_of(new))
+    entry = {"format": PLAN_FORMAT, "key": key, "inputs": inputs, "plan": dataclasses.asdict(stored.plan),
+             "csrc": {k: dataclasses.asdict(v) for k, v in stored.csrc.items()},
+             "settings": dataclasses.asdict(stored.settings), "toolchain": stored.toolchain,
+             "missing": stored.missing}
+    try:
+        atomic_write_text(_entry_path(root, key), json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:  # a read-only cache still builds; the next build plans again
+        _log.warning("could not store the build plan in %s (%s); the next build plans again", root, exc)
+
+
+def load(root: Path, key: str, config: KilnConfig) -> StoredPlan | None:
+    """The stored plan of ``key`` if every input it records is unchanged; None on a miss or a change.
+
+    An unreadable entry is logged as a warning and treated as a miss: the caller replans and overwrites it.
+    """
+    path = _entry_path(root, key)
+    try:
+        entry = json.loads(path.read_text())
+        recorded = entry["inputs"]
+        if entry["format"] != PLAN_FORMAT or entry["key"] != key:
+            raise ValueError(f"format {entry['format']!r}, key {str(entry['key'])[:16]}")
+        stored = _stored_from(entry)
+        now = _inputs(config, map(Path, recorded["modules"]), recorded["dists"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        _log.warning("stored build plan %s is unreadable (%s: %s); planning again", path, type(exc).__name__, exc)
+        return None
+    changed = [k for k in ("tree", "project", "modules", "dists") if now[k] != recorded[k]]
+    if changed:
+        _log.info("stored build plan %s is out of date (%s changed); planning again", key[:16], ", ".join(changed))
+        return None
+    return stored
+
+
+def _stored_from(entry: dict[str, Any]) -> StoredPlan:
+    """The entry's JSON back into the planner's frozen types (tuples where they hold tuples)."""
+    plan = entry["plan"]
+    variants = tuple(
+        VariantPlan(v["name"], v["backend"], tuple(CompileUnit(**{**u, "archs": tuple(u["archs"])}) for u in v["units"]),
+                    tuple(Skip(**s) for s in v["skips"]))
+        for v in plan["variants"])
+    csrc = {k: CudaSourceRecord(v["name"], tuple(v["sources"]), tuple(v["supported"]), v["library"])
+            for k, v in entry["csrc"].items()}
+    settings = NvccSettings(**{k: tuple(v) for k, v in entry["settings"].items()})
+    toolchain = {str(k): str(v) for k, v in entry["toolchain"].items()}
+    return StoredPlan(BuildPlan(plan["config_path"], dict(plan["toolchain"]), variants), csrc, settings, toolchain,
+                      str(entry["missing"]))
