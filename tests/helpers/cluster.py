@@ -18,20 +18,17 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers.gitrepo import COMMIT_TIME, git_project, vendor_acme_library
+from tests.helpers.processes import free_port, healthy, stop
 from tests.helpers.s3 import S3_ENV
 
 log = logging.getLogger("kiln.tests.cluster")
@@ -49,28 +46,6 @@ def recipe() -> list[str]:
 
 def _background(line: str) -> bool:
     return line.endswith("&")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 15) -> None:
-    """SIGTERM the process group, then SIGKILL it if it is still there."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    if proc.poll() is None:
-        proc.kill()
 
 
 def _pg_bin(name: str) -> str:
@@ -111,14 +86,6 @@ def postgres() -> Iterator[str]:
     finally:
         stop(proc)
         shutil.rmtree(data, ignore_errors=True)
-
-
-def _healthy(api_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as answer:
-            return answer.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @dataclass
@@ -212,7 +179,7 @@ def _start_server(made: Cluster, line: str) -> None:
     proc = made.start(line, "server")
     api = f"http://{made.env['PREFECT_HOST']}:{made.env['PREFECT_PORT']}/api"
     end = time.monotonic() + 600  # a fresh database migrates first: minutes on a loaded machine
-    while not _healthy(api):
+    while not healthy(api):
         if proc.poll() is not None or time.monotonic() > end:
             raise AssertionError(f"the Prefect server did not become healthy\n{made.logs()}")
         time.sleep(0.5)

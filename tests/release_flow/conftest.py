@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,40 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import free_port, healthy, stop
+
 log = logging.getLogger("kiln.tests.server")
 REPO = Path(__file__).resolve().parents[2]
 POOL = "kiln-process"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 15) -> None:
-    """SIGTERM the process group, then SIGKILL it if it is still there."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-            return answer.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @dataclass
@@ -127,9 +95,9 @@ def prefect_server_process(home: Path, ui: bool = False) -> Iterator[PrefectServ
         with open(home / f"server-{attempt}.log", "ab") as out:
             proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 600  # a fresh database migrates first: minutes on a loaded machine
-        while time.monotonic() < end and proc.poll() is None and not _healthy(env["PREFECT_API_URL"]):
+        while time.monotonic() < end and proc.poll() is None and not healthy(env["PREFECT_API_URL"]):
             time.sleep(0.5)
-        if proc.poll() is None and _healthy(env["PREFECT_API_URL"]):
+        if proc.poll() is None and healthy(env["PREFECT_API_URL"]):
             break
         stop(proc)
     else:
