@@ -97,6 +97,10 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str,
         # stacks), not as a peer's timeout error.
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=startup_timeout + 2 * timeout + 5))
+        # gloo returns from init on a rank whose own connections are up while a peer is still
+        # connecting; a rank that then fails at once would close the mesh under that peer, whose
+        # init error reads as a consequence. The barrier lets no rank start the test alone.
+        dist.barrier()
         (Path(workdir) / f"rank{rank}.began").touch()  # the deadline counts from here (see _supervise)
         try:
             outcome = {"value": fn(rank, world_size, *args)}

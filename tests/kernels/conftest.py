@@ -33,6 +33,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="package", autouse=True)
 def _restore_interpret_setting():
+    # Set again on every entry into the package: under pytest-xdist a worker may run other
+    # packages between two of this package's files, and the teardown below unset it.
+    if not HAS_CUDA:
+        os.environ["TRITON_INTERPRET"] = "1"
+        platform.reset()
     yield
     if _SAVED is None:
         os.environ.pop("TRITON_INTERPRET", None)
