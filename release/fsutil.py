@@ -9,7 +9,8 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from kiln.release.errors import InvalidInputError
@@ -49,6 +50,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The temporary file lives in the destination directory so that the final
     ``os.replace`` is a rename within one filesystem.
     """
+    with staged_write(path, data) as tmp:
+        os.replace(tmp, path)
+
+
+@contextmanager
+def staged_write(path: str | os.PathLike[str], data: bytes) -> Iterator[str]:
+    """A durable temporary copy of ``data`` beside ``path``, for the caller to rename (or link) into place.
+
+    Written and fsynced before the block runs, so a caller that must hold a lock
+    for the rename (a compare-and-swap) holds it only for the rename; removed
+    after the block if it is still there.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -60,13 +73,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
+        yield tmp
+    finally:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        raise
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any
 from collections.abc import Iterator
 
 from kiln.release.errors import AlreadyPublishedError, ConflictError, InvalidInputError
-from kiln.release.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
+from kiln.release.fsutil import sha256_bytes, sha256_file, staged_write
 from kiln.release.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger("kiln.store")
@@ -77,16 +76,11 @@ class LocalStore:
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         path = self._path(key)
         digest = sha256_bytes(data)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
             # link() fails if the target exists, which makes create-only atomic
             # even against another process writing the same key.
-            os.link(tmp, path)
+            with staged_write(path, data) as tmp:
+                os.link(tmp, path)
             log.debug("created %s (%d bytes)", path, len(data))
             created = True
         except FileExistsError:
@@ -97,29 +91,33 @@ class LocalStore:
                     " published files are immutable — bump the version instead"
                 ) from None
             created = False
-        finally:
-            os.unlink(tmp)
         return ObjectInfo(key, len(data), digest, digest, created)
 
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
     ) -> ObjectInfo:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _dir_lock(path.parent):
+        # Written and fsynced before the lock: writers of other keys in the directory wait only for a rename.
+        with staged_write(path, data) as tmp, _dir_lock(path.parent):
             current = self.get_page(key)
             current_etag = None if current is None else current[1]
             if current_etag != expected_etag:
                 raise ConflictError(
                     f"{self.url}/{key} changed since it was read (ETag {expected_etag!r} -> {current_etag!r})"
                 )
-            atomic_write_bytes(path, data)
+            os.replace(tmp, path)
         digest = sha256_bytes(data)
         return ObjectInfo(key, len(data), digest, digest)
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        # Only the directory the prefix names (or the one its last part is in): a run's record is
+        # listed in the time its own files take, however many runs the store holds.
+        start = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = self.root.joinpath(*start.split("/")) if start else self.root
+        if start and any(part.startswith(".") or part in ("", "..") for part in start.split("/")):
+            top = self.root  # not a key's directory: the full walk below filters it out
+        for dirpath, dirnames, filenames in os.walk(top):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = Path(dirpath).relative_to(self.root).as_posix()
             base = "" if rel == "." else rel + "/"

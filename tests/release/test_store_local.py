@@ -114,3 +114,23 @@ def test_concurrent_create_only_writers_one_wins_other_gets_integrity_error(tmp_
     outcome = sorted(results.get(timeout=5) for _ in procs)
     assert outcome == ["integrity", "ok"]
     assert (tmp_path / "same.whl").read_bytes() in (b"\x01" * 1000, b"\x02" * 1000)
+
+
+def test_list_walks_only_the_prefix_directory_and_matches_a_partial_last_part(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "s")
+    for key in ("runs/abc/units/u1.json", "runs/abc/units/u2.json", "runs/abd/units/u1.json", "runs/xyz/units/u.json",
+                "top.json"):
+        store.put_immutable(key, b"{}", "application/json", "no-cache")
+    assert store.list("runs/abc/units/") == ["runs/abc/units/u1.json", "runs/abc/units/u2.json"]
+    assert store.list("runs/ab") == ["runs/abc/units/u1.json", "runs/abc/units/u2.json", "runs/abd/units/u1.json"]
+    assert store.list("runs/none/") == []
+    assert len(store.list()) == 5
+    # Spied on, not replaced: the walk still runs; only where it starts is checked.
+    import os
+
+    tops: list[str] = []
+    real_walk = os.walk
+    monkeypatch.setattr(os, "walk", lambda top, *a, **k: (tops.append(str(top)), real_walk(top, *a, **k))[1])
+    store.list("runs/abc/units/")
+    assert tops == [str(store.root / "runs" / "abc" / "units")]

@@ -73,3 +73,29 @@ def test_bad_run_ids_are_refused(tmp_path, run_id):
     store = LocalStore(tmp_path / "artifacts")
     with pytest.raises(InvalidInputError, match="run id"):
         open_record(store, run_id, tmp_path / "out")
+
+
+def test_a_batch_of_units_and_artifacts_is_written_whole_and_in_order(tmp_path):
+    _, record = _record(tmp_path)
+    units = [Unit(f"build/cpu/k{n:03d}", "build", "completed", variant="cpu") for n in range(40)]
+    assert record.record_all(units) == units
+    paths = []
+    for n in range(12):
+        path = record.view / "build" / "cpu" / f"k{n}.cubin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * n)
+        paths.append(path)
+    added = record.add_artifacts((p, "build", "cubin", "cpu") for p in paths)
+    assert [a.path for a in added] == [p.relative_to(record.view).as_posix() for p in paths]
+    assert [u.id for u in record.units()] == [u.id for u in units]
+    assert sorted(a.path for a in record.artifacts()) == sorted(a.path for a in added)
+
+
+def test_a_failed_write_in_a_batch_is_raised_after_the_others_are_written(tmp_path):
+    _, record = _record(tmp_path)
+    good = record.view / "good.bin"
+    good.parent.mkdir(parents=True, exist_ok=True)
+    good.write_bytes(b"ok")
+    with pytest.raises(FileNotFoundError):
+        record.add_artifacts([(record.view / "missing.bin", "build", "cubin", None), (good, "build", "cubin", None)])
+    assert [a.path for a in record.artifacts()] == ["good.bin"]
