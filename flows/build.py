@@ -8,15 +8,17 @@ and a Prefect cache hit would skip that check.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.flows import progress
-from kiln.flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable
+from kiln.flows.common import finish_stage, logger, markdown_report, unwalked, open_run, record, retry_on_retryable
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build.plan import CompileUnit
@@ -28,6 +30,9 @@ from kiln.release.record import Source
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.
 UNIT_RETRIES = 2
+# Unit tasks wait on the compile pool's processes, so a few threads keep every worker busy; one
+# thread per submitted unit (Prefect's default) only adds thread starts to a warm build.
+UNIT_THREADS = max(16, 2 * (os.cpu_count() or 1))
 
 
 @task(name="plan-build", cache_policy=NO_CACHE)
@@ -53,7 +58,7 @@ def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict, out: str) -> 
     return build_stage.assemble_variant(setup, variant, outcomes, out)
 
 
-@flow(name="build")
+@flow(name="build", task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
                variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None,
                ref: str = "") -> Any:
@@ -70,22 +75,25 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:
         record(run, build_units.skip_record(skip))
-    verify_events = verify_cache_task(setup)
+    verify_events = verify_cache_task(unwalked(setup))
     units = setup.plan.units
     progress.expect("build", len(units))
     with build_stage.build_env(setup, run.view) as env:
-        futures = [compile_task.with_options(task_run_name=f"compile {u.id}").submit(u, env) for u in units]
+        futures = [compile_task.with_options(task_run_name=f"compile {u.id}").submit(u, unwalked(env)) for u in units]
         wait(futures)
         events = [*verify_events, *env.events]
     outcomes = {u.id: f.result(raise_on_failure=False) for u, f in zip(units, futures, strict=True)}
-    records = {u.id: record(run, build_units.unit_record(u, outcomes[u.id])) for u in units}
+    written = run.record_all(build_units.unit_record(u, outcomes[u.id]) for u in units)
+    records = {u.id: r for u, r in zip(units, written, strict=True)}
     built = False
     for variant in setup.plan.variants:
-        output = assemble_task(setup, variant, outcomes, str(run.view))
+        # Its own units' outcomes, unwalked: walking 74 results cost more than the wheel (the
+        # UI's run graph then draws no edge from each compile unit to its wheel).
+        mine = {u.id: outcomes[u.id] for u in variant.units}
+        output = assemble_task(unwalked(setup), variant, unwalked(mine), str(run.view))
         record(run, output.unit)
-        for path, kind in output.files:
-            run.add_artifact(path, step="build", kind=kind, variant=variant.name)
-            built |= kind == "wheel"
+        run.add_artifacts((path, "build", kind, variant.name) for path, kind in output.files)
+        built |= any(kind == "wheel" for _, kind in output.files)
     # One writer per key: builds of other variants of the run (other workers) keep their own.
     run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
     if built:

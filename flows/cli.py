@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -165,14 +166,20 @@ def _run_flow(flow: Callable[..., Any], view_root: str | None, run_id: str | Non
     return EXIT_FAILED
 
 
-def _connect() -> None:
+def _connect() -> contextlib.AbstractContextManager[Any]:
     """Point Prefect at its server: ``PREFECT_API_URL`` (environment, profile, a test harness) when set,
-    else Kiln's local server for this ``PREFECT_HOME``, started now if it is not running."""
-    from prefect.settings import get_current_settings
+    else Kiln's local server for this ``PREFECT_HOME``, started now if it is not running.
+
+    Returns the settings to run the command's flow under. On Kiln's local server,
+    flow-run heartbeats are off unless ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` is
+    set: nothing there reads them (the lost-run automation is the scale-out
+    server's), and each flow run's end waits up to a second for their thread.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
     settings = get_current_settings()
     if settings.api.url:
-        return
+        return contextlib.nullcontext()
     from prefect.context import refresh_global_settings_context
 
     from kiln.flows.server import ensure_server
@@ -181,6 +188,9 @@ def _connect() -> None:
     # The environment, not a settings context: subprocesses (build workers, test envs) inherit it.
     os.environ["PREFECT_API_URL"] = info.api_url
     refresh_global_settings_context()
+    if "PREFECT_FLOWS_HEARTBEAT_FREQUENCY" in os.environ:
+        return contextlib.nullcontext()
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def _server_command(action: str) -> int:
@@ -241,7 +251,15 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from kiln.flows.policies import policies_command
 
         return policies_command(ns.config, ns.out)
-    _connect()
+    with _connect():
+        return _flow_command(ns)
+
+
+def _flow_command(ns: argparse.Namespace) -> int:
+    """The commands that run a flow (connected to a server)."""
+    from kiln.tasks.config import load_config
+
+    cmd = ns.command
     if cmd == "nightly":
         from kiln.flows.nightly import nightly_flow
 

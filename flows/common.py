@@ -15,13 +15,14 @@ import re
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 from collections.abc import Callable, Iterable
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.settings import get_current_settings
 from prefect.states import Failed, State
+from prefect.utilities.annotations import quote
 
 from kiln.release.errors import is_retryable
 from kiln.release.manifest import Unit
@@ -30,6 +31,7 @@ from kiln.tasks.config import KilnConfig
 from kiln.tasks.runs import artifact_store, check_checkout, continue_run, start_run
 
 logger = logging.getLogger("kiln.flows")
+T = TypeVar("T")
 
 # The id, state and message lead: a release engineer reads those first; details follow.
 TABLE_COLUMNS = ("id", "state", "message", "variant", "arch", "kernel", "suite", "cache", "duration_s")
@@ -61,6 +63,16 @@ def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str
 def record(run: RunRecord, unit: Unit) -> Unit:
     """Write ``unit`` to the run's record at once, so a crash loses nothing."""
     return run.record(unit)
+
+
+def unwalked(value: T) -> T:
+    """``value`` as a task argument that Prefect hands over as it is, without walking it (``quote``).
+
+    Prefect visits every nested object of an argument to find futures and
+    upstream results, twice per task run; for a unit's environment or a build
+    plan that is most of a cached unit's cost. Only for values that hold no futures.
+    """
+    return cast(T, quote(value))
 
 
 def unit_from_state(template: Unit, state: State) -> Unit:

@@ -10,6 +10,7 @@ end through Prefect state hooks (:func:`task_hook`). Without a reporter
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from contextlib import contextmanager
@@ -113,10 +114,26 @@ def expect(stage: str, total: int) -> None:
     _current.expect(stage, total)
 
 
+HOOK_NAME = "kiln_progress"
+
+
+class _QuietHooks(logging.Filter):
+    """Drops Prefect's two INFO lines around each run of the progress hook ("Running hook …",
+    "Hook … finished running successfully"): two per unit in every task run's log and on the
+    server, saying nothing. A hook's error is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno != logging.INFO or f"{HOOK_NAME!r}" not in record.getMessage()
+
+
+logging.getLogger("prefect.task_runs").addFilter(_QuietHooks())
+
+
 def task_hook(stage: str) -> Callable[[Any, Any, Any], None]:
     """A Prefect ``on_completion``/``on_failure`` hook: one unit of ``stage`` ended."""
 
     def hook(task: Any, task_run: Any, state: Any) -> None:
         _current.done(stage, getattr(task_run, "name", "unit"), getattr(state, "name", "ended"))
 
+    hook.__name__ = hook.__qualname__ = HOOK_NAME
     return hook

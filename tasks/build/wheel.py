@@ -158,22 +158,22 @@ def ships_binaries(files: list[tuple[Path, str]]) -> bool:
     return any(arcname.endswith(_BINARY_SUFFIXES) for _, arcname in files)
 
 
-def _add(archive: WheelFile, arcname: str, data: bytes, stamp: WheelStamp) -> None:
+def _info(arcname: str, stamp: WheelStamp) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(arcname, date_time=stamp.date_time)
-    info.external_attr = 0o644 << 16
-    info.compress_type = zipfile.ZIP_DEFLATED
-    archive.writestr(info, data)
+    info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
+    return info
 
 
-def _normalise(path: Path, stamp: WheelStamp) -> None:
-    """Give every member (RECORD too, which WheelFile dates with the clock) the stamp's time."""
-    tmp = path.with_name(path.name + ".norm")
-    with zipfile.ZipFile(path) as source, zipfile.ZipFile(tmp, "w") as target:
-        for item in source.infolist():
-            info = zipfile.ZipInfo(item.filename, date_time=stamp.date_time)
-            info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
-            target.writestr(info, source.read(item))
-    os.replace(tmp, path)
+class _StampedWheelFile(WheelFile):
+    """``WheelFile`` whose every member carries the stamp's time and mode: RECORD too, which
+    ``WheelFile`` names by its path alone and would date with the clock."""
+
+    stamp = WheelStamp()
+
+    def writestr(self, zinfo_or_arcname: Any, data: Any, compress_type: int | None = None) -> None:
+        if isinstance(zinfo_or_arcname, str):
+            zinfo_or_arcname = _info(zinfo_or_arcname, self.stamp)
+        super().writestr(zinfo_or_arcname, data, compress_type)
 
 
 def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], entries: list[dict[str, Any]],
@@ -213,10 +213,10 @@ def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], 
     # real name inside a private directory, then one rename publishes it.
     staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=out_dir))
     try:
-        with WheelFile(staging / filename, "w") as archive:
+        with _StampedWheelFile(staging / filename, "w") as archive:
+            archive.stamp = stamp
             for arcname, data in members:
-                _add(archive, arcname, data, stamp)
-        _normalise(staging / filename, stamp)
+                archive.writestr(_info(arcname, stamp), data)
         final = out_dir / filename
         os.replace(staging / filename, final)
     finally:

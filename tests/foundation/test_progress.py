@@ -43,3 +43,21 @@ def test_the_bar_counts_units_against_the_stage_total():
         assert task.fields["last"] == "test/kernels/cpu: Completed"
     finally:
         reporter.close()
+
+
+def test_prefects_lines_around_the_progress_hook_are_dropped_but_its_errors_kept(caplog):
+    import logging
+
+    hook = progress.task_hook("build")
+    assert hook.__name__ == progress.HOOK_NAME
+    logger = logging.getLogger("prefect.task_runs")
+    with caplog.at_level(logging.INFO, logger="prefect.task_runs"):
+        logger.info(f"Running hook {hook.__name__!r} in response to entering state 'Completed'")
+        logger.info(f"Hook {hook.__name__!r} finished running successfully")
+        logger.error(f"An error was encountered while running hook {hook.__name__!r}")
+        logger.info("Running hook 'notify_team' in response to entering state 'Failed'")
+        logger.info("Finished in state Completed()")
+    assert [r.getMessage() for r in caplog.records] == [
+        "An error was encountered while running hook 'kiln_progress'",
+        "Running hook 'notify_team' in response to entering state 'Failed'",
+        "Finished in state Completed()"]
