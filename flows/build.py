@@ -18,7 +18,7 @@ from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.flows import progress
-from kiln.flows.common import finish_stage, logger, markdown_report, unwalked, open_run, record, retry_on_retryable
+from kiln.flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unwalked
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build.plan import CompileUnit

@@ -40,15 +40,20 @@ def _module_rank(items: list[pytest.Item]) -> dict[str, int]:
     rank: dict[str, int] = {}
     for item in items:
         mine = 0 if "scaleout" in item.keywords else 1 if "slow" in item.keywords else 2
-        rank[item.nodeid.split("::")[0]] = min(rank.get(item.nodeid.split("::")[0], 2), mine)
+        path = _file_of(item)
+        rank[path] = min(rank.get(path, 2), mine)
     return rank
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Longest files first (each stays whole): the README runs the suite on two pytest-xdist
     # workers, one file at a time each, and a long file handed out last is the run's tail.
     rank = _module_rank(items)
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+    items.sort(key=lambda item: rank[_file_of(item)])
     gpu_items = [item for item in items if "gpu" in item.keywords]
     # Asking torch costs seconds of import: only when a selected test needs the answer.
     if not gpu_items or _gpu_available():

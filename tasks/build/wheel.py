@@ -165,10 +165,12 @@ def _info(arcname: str, stamp: WheelStamp) -> zipfile.ZipInfo:
 
 
 class _StampedWheelFile(WheelFile):
-    """``WheelFile`` whose every member carries the stamp's time and mode: RECORD too, which
-    ``WheelFile`` names by its path alone and would date with the clock."""
+    """A ``WheelFile`` for writing whose every member carries the stamp's time and mode: RECORD
+    too, which ``WheelFile`` names by its path alone and would date with the clock."""
 
-    stamp = WheelStamp()
+    def __init__(self, path: Path, stamp: WheelStamp) -> None:
+        super().__init__(path, "w")
+        self.stamp = stamp
 
     def writestr(self, zinfo_or_arcname: Any, data: Any, compress_type: int | None = None) -> None:
         if isinstance(zinfo_or_arcname, str):
@@ -213,10 +215,9 @@ def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], 
     # real name inside a private directory, then one rename publishes it.
     staging = Path(tempfile.mkdtemp(prefix=".wheel-", dir=out_dir))
     try:
-        with _StampedWheelFile(staging / filename, "w") as archive:
-            archive.stamp = stamp
+        with _StampedWheelFile(staging / filename, stamp) as archive:
             for arcname, data in members:
-                archive.writestr(_info(arcname, stamp), data)
+                archive.writestr(arcname, data)
         final = out_dir / filename
         os.replace(staging / filename, final)
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ import boto3
 import pytest
 
 from kiln.tasks.config import KilnConfig, parse_config
+from tests.helpers.processes import free_port
 
 log = logging.getLogger("kiln.tests.moto")
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "kiln-wheels"
 ADMIN = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_up(url: str, proc: subprocess.Popen, deadline_s: float) -> bool:
@@ -74,7 +68,7 @@ class MotoServer:
 def moto_server(tmp_path_factory) -> Iterator[MotoServer]:
     logfile = tmp_path_factory.mktemp("moto") / "server.log"
     for _attempt in range(3):  # another process may take the free port first
-        port = _free_port()
+        port = free_port()
         command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
         log.info("starting %s", " ".join(command))
         with open(logfile, "ab") as out:
