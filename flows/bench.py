@@ -35,7 +35,7 @@ from prefect.states import Failed, State
 from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import (
-    finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unit_from_state,
+    finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unit_from_state, unwalked,
 )
 from kiln.flows.test import gpu_slots
 from kiln.release.errors import BenchmarkError
@@ -43,7 +43,8 @@ from kiln.release.record import RunRecord
 from kiln.release.store import Store
 from kiln.tasks.bench import history as benchhistory
 from kiln.tasks.bench.harness import BenchSetup, assemble, bench_variant, prepare
-from kiln.tasks.bench.measure import run_measure
+from kiln.tasks.bench.forking import MeasureServer
+from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.testing.envs import make_env
 from kiln.release.manifest import Unit
 from kiln.tasks.bench.compare import Comparison, KernelOutcome, compare_results, comparison_record, kernel_unit
@@ -67,11 +68,11 @@ def env_task(config: KilnConfig, run: RunRecord, variant: str) -> str:
 
 @task(name="bench-setup", cache_policy=NO_CACHE)
 def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: str, compare: str | None,
-               python: str, work: Path) -> BenchSetup:
+               python: str, work: Path, server: MeasureServer) -> BenchSetup:
     benchhistory.check_compare(compare)  # a bad baseline path fails before anything is measured
     setup = prepare(config, size, metric, kernels=())  # validates size and metric here
     listed = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=None,
-                         timeout_s=LIST_TIMEOUT_S)
+                         timeout_s=LIST_TIMEOUT_S, server=server)
     return replace(setup, kernels=tuple(listed["kernels"]), empty=tuple(listed["empty"]))
 
 
@@ -79,13 +80,13 @@ def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: s
       retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_retryable,
       on_completion=[progress.task_hook("bench")], on_failure=[progress.task_hook("bench")])
 def bench_kernel_task(config_path: str, kernel: str, setup: BenchSetup, python: str, work: Path,
-                      metric: str) -> KernelOutcome:
+                      metric: str, server: MeasureServer) -> KernelOutcome:
     started = time.monotonic()
     if kernel in setup.empty:
         return KernelOutcome(kernel=kernel, cases=(), duration_s=0.0)
     with gpu_slots(setup.devices):  # a benchmark sharing its GPU with a test measures the test
         answer = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=kernel,
-                             timeout_s=KERNEL_TIMEOUT_S)
+                             timeout_s=KERNEL_TIMEOUT_S, server=server)
     cases = tuple(CaseResult.model_validate(case) for case in answer["cases"])
     return KernelOutcome(kernel=kernel, cases=cases, duration_s=time.monotonic() - started)
 
@@ -195,10 +196,7 @@ def bench_flow(
         build_flow(config_path=config_path, out=out, variants=[variant], run_id=run.run_id, return_state=True)
     work = run.view / "bench" / ".work"
     python = env_task(config, run, variant)
-    setup = setup_task(config, config_path, size, metric, compare, python, work)
-    progress.expect("bench", len(setup.kernels))
-    outcomes = [_outcome(name, bench_kernel_task(config_path, name, setup, python, work, metric, return_state=True))
-                for name in setup.kernels]
+    outcomes, setup = _measure_all(config, config_path, size, metric, compare, python, work)
     results = results_task(config, setup, outcomes, run, results_path)
     store = benchhistory.open_history(config, session_factory=lambda: _bench_session(config))
     comparison = compare_task(config, compare, results, store, run, fail_on_regression, blocking_metrics)
@@ -207,6 +205,20 @@ def bench_flow(
     report_task(config, run, results, comparison, outcomes, store)
     store_task(config, results, store, store_history)
     return finish_stage(run, "bench", "Benchmarks")
+
+
+def _measure_all(config: KilnConfig, config_path: str, size: str | None, metric: str, compare: str | None,
+                 python: str, work: Path) -> tuple[list[KernelOutcome], BenchSetup]:
+    """The kernel list, then each kernel in its own task run, all forked from one measuring server."""
+    server = measure_server(python, config_path, work, size=size or config.bench.size, metric=metric)
+    try:
+        setup = setup_task(config, config_path, size, metric, compare, python, work, unwalked(server))
+        progress.expect("bench", len(setup.kernels))
+        return [_outcome(name, bench_kernel_task(config_path, name, setup, python, work, metric, unwalked(server),
+                                                 return_state=True))
+                for name in setup.kernels], setup
+    finally:
+        server.close()
 
 
 @task(name="keep-release-baseline", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5,

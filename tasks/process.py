@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 from collections.abc import Callable
 
 logger = logging.getLogger("kiln.test.deadline")
@@ -44,7 +44,7 @@ class Child(Protocol):
 class PopenChild:
     """A ``subprocess.Popen`` (started with ``start_new_session=True``) as a :class:`Child`."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[Any]) -> None:
         self.proc, self.pid = proc, proc.pid
 
     def wait(self, timeout: float) -> int | None:
