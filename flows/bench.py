@@ -13,7 +13,10 @@ regressions as warnings. The comparison is recorded in the run (info
 
 What is timed is the wheel the run ships: each kernel is measured by its own
 process in a fresh environment where the variant's wheel from the run record
-is installed (:mod:`kiln.tasks.bench.measure`), never the source tree.
+is installed (:mod:`kiln.tasks.bench.measure`), never the source tree. The
+processes are forked from one measuring server that imported the wheel once
+(:mod:`kiln.tasks.bench.forking`), so a kernel costs its measurement, not an
+interpreter start.
 
 ``kiln bench [--run ID] [--run-dir D] [--out F] [--compare BASE] [--size S] [--metric M]``
 maps to ``bench_flow(run_id=ID, out=D, results_path=F, compare=BASE, size=S, metric=M)``;

@@ -76,6 +76,19 @@ def install_stack_dump(path: str | os.PathLike[str]):
     return handle
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a forked child: die if the fork server dies, so a lost server leaves no child behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the runner's killpg still reaches the group
+
+
 def signal_group(pid: int, sig: signal.Signals) -> bool:
     """Send ``sig`` to the group led by ``pid``; False when no process of it is left."""
     try:

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiln.tasks.process import PopenChild, run_with_deadline
+from kiln.tasks.process import PopenChild, die_with_parent, run_with_deadline
 from kiln.tasks.testing.workers import ForkedChild
 
 logger = logging.getLogger("kiln.bench")
@@ -43,11 +43,29 @@ def _cuda_initialised() -> str:
     return ""
 
 
-def _child(request: dict, measure: Any) -> None:
+def single_threaded() -> int | None:
+    """Keep the server's torch on one intra-op thread; the count a child restores.
+
+    A child forked after OpenMP started its thread pool inherits a pool with
+    no threads and hangs in its first parallel op, so the pool must start in
+    the child, at the count a fresh process would have (what it measures with).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
+
+
+def _child(request: dict, measure: Any, threads: int | None) -> None:
     """In the fork: its own session, its own log, the answer file; never returns."""
     code = 1
     try:
         os.setsid()
+        die_with_parent()
+        if threads is not None:
+            sys.modules["torch"].set_num_threads(threads)
         fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -62,8 +80,11 @@ def _child(request: dict, measure: Any) -> None:
         os._exit(code)
 
 
-def serve(requests: TextIO, replies: TextIO, measure: Any) -> int:
-    """Fork one child per request line, one at a time; 0 at the end of ``requests``."""
+def serve(requests: TextIO, replies: TextIO, measure: Any, threads: int | None = None) -> int:
+    """Fork one child per request line, one at a time; 0 at the end of ``requests``.
+
+    ``threads``: the intra-op thread count each child restores (:func:`single_threaded`).
+    """
     def reply(message: dict) -> None:
         replies.write(json.dumps(message) + "\n")
         replies.flush()
@@ -75,7 +96,7 @@ def serve(requests: TextIO, replies: TextIO, measure: Any) -> int:
             continue
         pid = os.fork()
         if pid == 0:
-            _child(request, measure)
+            _child(request, measure, threads)
         reply({"forked": pid})
         _, status = os.waitpid(pid, 0)
         reply({"exited": pid, "code": os.waitstatus_to_exitcode(status)})

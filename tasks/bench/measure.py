@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kiln.release.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.release.fsutil import atomic_write_text
-from kiln.tasks.bench.forking import MeasureServer, serve
+from kiln.tasks.bench.forking import MeasureServer, serve, single_threaded
 from kiln.tasks.process import PopenChild, run_with_deadline
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
 from kiln.tasks.config import load_config
@@ -56,13 +56,16 @@ def _serve(ns: argparse.Namespace) -> int:
     """``serve``: import once, then fork a measuring child per request (kiln.tasks.bench.forking)."""
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # what the imports print goes to the log, never into the replies
-    try:  # warm-up only: a failure here is each child's own answer
-        config = load_config(ns.config)
-        prepare(config, ns.size, ns.metric, installed=True)
-        bench_specs(config, installed=True)
+    threads = None
+    try:  # imports only (never a device query, which would poison forks): a failure is each child's own answer
+        import torch  # noqa: F401
+
+        threads = single_threaded()
+        bench_specs(load_config(ns.config), installed=True)
     except Exception as exc:
         logging.getLogger("kiln.bench").warning("measuring server warm-up failed: %s", exc)
-    return serve(sys.stdin, replies, lambda kernel, out: _answer(ns.config, ns.size, ns.metric, kernel, out))
+    return serve(sys.stdin, replies, lambda kernel, out: _answer(ns.config, ns.size, ns.metric, kernel, out),
+                 threads)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,10 +31,9 @@ from typing import Any
 import pytest
 
 from kiln.tasks.testing.classify import is_assertion_exception, is_infrastructure_exception
-from kiln.tasks.process import install_stack_dump, signal_group
+from kiln.tasks.process import die_with_parent, install_stack_dump, signal_group
 
 logger = logging.getLogger("kiln.test.worker")
-PR_SET_PDEATHSIG = 1
 
 
 def gpu_initialised() -> bool:
@@ -68,16 +67,6 @@ def warm_up() -> int | None:
     x = torch.ones(4, 4)
     torch.testing.assert_close(x @ x, x @ x)  # its first call alone costs seconds of lazy imports
     return threads
-
-
-def _die_with_parent() -> None:
-    """The child dies if the fork server dies, so a lost server leaves no test behind."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the runner's killpg still reaches the group
 
 
 def _phase_record(report: pytest.TestReport) -> dict[str, Any]:
@@ -210,7 +199,7 @@ class ServePlugin(KilnPlugin):
         code = 0
         try:
             os.setpgid(0, 0)
-            _die_with_parent()
+            die_with_parent()
             os.close(self.commands_fd)
             self.events.close()
             os.environ.update(command["env"])
