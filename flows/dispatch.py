@@ -61,9 +61,14 @@ def _exists(client: Any, name: str) -> bool:
     return True
 
 
-@task(name="find-deployments", cache_policy=NO_CACHE)
 def find_deployments(config: KilnConfig) -> Remote:
-    """Which of this run's units have a deployment on the server to go to."""
+    """Which of this run's units have a deployment on the server to go to.
+
+    A plain call, not a task run: on the SQLite-backed local server a task
+    run's events, stored while the first stage's subflow run is created, made
+    that creation fail with 503 (database busy) about one run in three, and
+    Prefect's client waits 2 s before its retry. What it found is logged.
+    """
     pools = config.pools
     with get_client(sync_client=True) as client:
         def deployed(flow: str, pool: str | None) -> str | None:
@@ -76,6 +81,8 @@ def find_deployments(config: KilnConfig) -> Remote:
         if suite.name not in remote.suites:
             logger.info("suite %s: no deployment for pool %s on this server; it runs here", suite.name,
                         config.suite_pool(suite))
+    logger.info("deployments: build → %s, publish → %s%s", remote.build or "here", remote.publish or "here",
+                "".join(f", suite {name} → {d}" for name, d in remote.suites.items()))
     return remote
 
 

@@ -36,7 +36,7 @@ def deploy_gpu_tests(pool: str) -> None:
 
 def test_suite_without_a_deployed_pool_runs_in_the_local_test_stage(prefect_server):
     config = config_with_pool(f"absent-{uuid.uuid4().hex[:8]}")
-    assert find_deployments.fn(config) == Remote()
+    assert find_deployments(config) == Remote()
     local = plan_task.fn(config, "kiln.toml", None, None, exclude=[])
     assert "kernels-gpu" in [s.name for s in local]
 
@@ -45,7 +45,7 @@ def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stag
     pool = f"gpu-{uuid.uuid4().hex[:8]}"
     deploy_gpu_tests(pool)
     config = config_with_pool(pool)
-    remote = find_deployments.fn(config)
+    remote = find_deployments(config)
     assert remote == Remote(suites={"kernels-gpu": DEPLOYMENT.format(flow="test", pool=pool)})
     local = plan_task.fn(config, "kiln.toml", None, None, exclude=list(remote.suites))
     assert "kernels-gpu" not in [s.name for s in local] and "kernels" in [s.name for s in local]
@@ -98,11 +98,11 @@ def test_builds_cpu_suites_and_publishing_go_to_the_deployments_named_after_thei
     data = tomllib.loads((REPO / "kiln.toml").read_text())
     data["pools"] = {"build": build, "cpu": cpu}
     config = parse_config(data, REPO)
-    assert find_deployments.fn(config) == Remote(), "nothing deployed for these pools: everything runs here"
+    assert find_deployments(config) == Remote(), "nothing deployed for these pools: everything runs here"
     _deploy("build", build, build, "kiln.flows.build:build_flow")
     _deploy("test", cpu, cpu, "kiln.flows.test:test_flow")
     _deploy("publish", cpu, cpu, "kiln.flows.publish:publish_flow")
-    remote = find_deployments.fn(config)
+    remote = find_deployments(config)
     cpu_suites = {s.name for s in config.suites if s.gpus == 0}
     assert remote.build == f"build/{build}" and remote.publish == f"publish/{cpu}"
     assert remote.suites == {name: f"test/{cpu}" for name in cpu_suites}  # the GPU suite's own pool is not deployed
