@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +90,54 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass  # not Linux: the runner's killpg still reaches the group
+
+
+def gpu_initialised() -> bool:
+    """Whether torch has initialised CUDA in this process: a fork after that hangs or corrupts the child."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def single_threaded() -> int | None:
+    """Hold a fork server's torch to one intra-op thread; the count each child restores (None: no torch).
+
+    A child forked after OpenMP started its thread pool inherits a pool with
+    no threads and hangs in its first parallel op, so the pool must start in
+    the child, at the count a fresh process would have.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
+
+
+class Mailboxes:
+    """A queue per key for what one reader thread receives; once the sender is gone every waiter gets None.
+
+    ``lock`` and ``lost`` are for the owner too: a command sent under ``lock``
+    after checking ``lost`` cannot race the reader's end.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[Any, queue.Queue[Any]] = {}
+        self.lock, self.lost = threading.Lock(), False
+
+    def box(self, key: Any) -> queue.Queue[Any]:
+        with self.lock:
+            if key not in self._queues:
+                self._queues[key] = queue.Queue()
+                if self.lost:
+                    self._queues[key].put(None)
+            return self._queues[key]
+
+    def lose(self) -> None:
+        """The sender is gone: wake everyone who waits, and everyone who will."""
+        with self.lock:
+            self.lost = True
+            for waiting in self._queues.values():
+                waiting.put(None)
 
 
 def signal_group(pid: int, sig: signal.Signals) -> bool:

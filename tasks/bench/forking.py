@@ -27,35 +27,13 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiln.tasks.process import PopenChild, die_with_parent, run_with_deadline
+from kiln.tasks.process import Mailboxes, PopenChild, die_with_parent, gpu_initialised, run_with_deadline
 from kiln.tasks.testing.workers import ForkedChild
 
 logger = logging.getLogger("kiln.bench")
 
 START_TIMEOUT_S = 300.0  # the first answer waits for the server's imports; a fork answers in milliseconds
 CLOSE_TIMEOUT_S = 10.0
-
-
-def _cuda_initialised() -> str:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA is initialised in the measuring server"
-    return ""
-
-
-def single_threaded() -> int | None:
-    """Keep the server's torch on one intra-op thread; the count a child restores.
-
-    A child forked after OpenMP started its thread pool inherits a pool with
-    no threads and hangs in its first parallel op, so the pool must start in
-    the child, at the count a fresh process would have (what it measures with).
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    return threads
 
 
 def _child(request: dict, measure: Any, threads: int | None) -> None:
@@ -83,7 +61,7 @@ def _child(request: dict, measure: Any, threads: int | None) -> None:
 def serve(requests: TextIO, replies: TextIO, measure: Any, threads: int | None = None) -> int:
     """Fork one child per request line, one at a time; 0 at the end of ``requests``.
 
-    ``threads``: the intra-op thread count each child restores (:func:`single_threaded`).
+    ``threads``: the intra-op thread count each child restores (:func:`kiln.tasks.process.single_threaded`).
     """
     def reply(message: dict) -> None:
         replies.write(json.dumps(message) + "\n")
@@ -91,8 +69,8 @@ def serve(requests: TextIO, replies: TextIO, measure: Any, threads: int | None =
 
     for line in requests:
         request = json.loads(line)
-        if why := _cuda_initialised():
-            reply({"refused": why})
+        if gpu_initialised():
+            reply({"refused": "CUDA is initialised in the measuring server"})
             continue
         pid = os.fork()
         if pid == 0:
@@ -104,34 +82,21 @@ def serve(requests: TextIO, replies: TextIO, measure: Any, threads: int | None =
 
 
 class _Session:
-    """One started server: its replies, and a queue per forked child for that child's exit status."""
+    """One started server: its replies, and a mailbox per forked child for that child's exit status."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc, self.replies = proc, queue.Queue[dict | None]()
-        self._exits: dict[int, queue.Queue[int | None]] = {}
-        self._lock, self._lost = threading.Lock(), False
+        self.proc, self.replies, self.exits = proc, queue.Queue[dict | None](), Mailboxes()
         threading.Thread(target=self._read, name="kiln-measure-server", daemon=True).start()
-
-    def exits(self, pid: int) -> queue.Queue[int | None]:
-        with self._lock:
-            if pid not in self._exits:
-                self._exits[pid] = queue.Queue()
-                if self._lost:
-                    self._exits[pid].put(None)
-            return self._exits[pid]
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             message = json.loads(line)
             if "exited" in message:
-                self.exits(message["exited"]).put(message["code"])
+                self.exits.box(message["exited"]).put(message["code"])
             else:
                 self.replies.put(message)
-        with self._lock:  # EOF: the server is gone; wake whoever waits on it
-            self._lost = True
-            for waiting in self._exits.values():
-                waiting.put(None)
+        self.exits.lose()  # EOF: the server is gone; wake whoever waits on it
         self.replies.put(None)
 
 
@@ -168,7 +133,7 @@ class MeasureServer:
                 logger.warning("the measuring server did not answer (%s)", exc)
                 reply = None
             if reply is not None and "forked" in reply:
-                return ForkedChild(reply["forked"], session.exits(reply["forked"]))
+                return ForkedChild(reply["forked"], session.exits.box(reply["forked"]))
             if reply is not None:
                 logger.warning("the measuring server refused to fork (%s); measuring in a fresh process",
                                reply["refused"])

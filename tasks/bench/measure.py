@@ -22,8 +22,8 @@ from pathlib import Path
 
 from kiln.release.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.release.fsutil import atomic_write_text
-from kiln.tasks.bench.forking import MeasureServer, serve, single_threaded
-from kiln.tasks.process import PopenChild, run_with_deadline
+from kiln.tasks.bench.forking import MeasureServer, serve
+from kiln.tasks.process import PopenChild, run_with_deadline, single_threaded
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
 from kiln.tasks.config import load_config
 

@@ -31,14 +31,9 @@ from typing import Any
 import pytest
 
 from kiln.tasks.testing.classify import is_assertion_exception, is_infrastructure_exception
-from kiln.tasks.process import die_with_parent, install_stack_dump, signal_group
+from kiln.tasks.process import die_with_parent, gpu_initialised, install_stack_dump, signal_group, single_threaded
 
 logger = logging.getLogger("kiln.test.worker")
-
-
-def gpu_initialised() -> bool:
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def preload(modules: list[str]) -> None:
@@ -59,11 +54,10 @@ def warm_up() -> int | None:
     thread pool inherits a pool with no threads and hangs in its first
     parallel op.
     """
-    torch = sys.modules.get("torch")
-    if torch is None:
+    threads = single_threaded()
+    if threads is None:
         return None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch = sys.modules["torch"]
     x = torch.ones(4, 4)
     torch.testing.assert_close(x @ x, x @ x)  # its first call alone costs seconds of lazy imports
     return threads

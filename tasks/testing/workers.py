@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from kiln.tasks.process import LadderResult, PopenChild, run_with_deadline
+from kiln.tasks.process import LadderResult, Mailboxes, PopenChild, run_with_deadline
 from kiln.tasks.testing.jobs import Job, RunOptions
 
 logger = logging.getLogger("kiln.test.isolate")
@@ -85,45 +85,32 @@ class Worker:
         os.close(cmd_r)
         os.close(evt_w)
         self._events = os.fdopen(evt_r, "r", encoding="utf-8")
-        self._queues: dict[str, queue.Queue[Any]] = {"collected": queue.Queue()}
-        self._lock = threading.Lock()
-        self._lost = False
+        self._boxes = Mailboxes()
         threading.Thread(target=self._read, name="kiln-worker-events", daemon=True).start()
-
-    def _queue(self, key: str) -> queue.Queue[Any]:
-        with self._lock:
-            if key not in self._queues:
-                self._queues[key] = queue.Queue()
-                if self._lost:
-                    self._queues[key].put(None)
-            return self._queues[key]
 
     def _read(self) -> None:
         for line in self._events:
             event = json.loads(line)
             kind = event["event"]
             key = "collected" if kind == "collected" else f"{event['job']}:{'exit' if kind == 'exited' else 'start'}"
-            self._queue(key).put(event)
-        with self._lock:  # EOF: the worker is gone; wake everyone who waits on it
-            self._lost = True
-            for q in self._queues.values():
-                q.put(None)
+            self._boxes.box(key).put(event)
+        self._boxes.lose()  # EOF: the worker is gone; wake everyone who waits on it
 
     def collect(self) -> dict[str, Any] | None:
         """The collected items and collection errors, or None if the worker died or hung."""
         try:
-            return self._queue("collected").get(timeout=self.options.collect_timeout_s)
+            return self._boxes.box("collected").get(timeout=self.options.collect_timeout_s)
         except queue.Empty:
             return None
 
     def launch(self, job: Job, env: Mapping[str, str], results: Path, stacks: Path) -> ForkedChild | None:
         """Fork ``job``; None when the worker refused (GPU initialised) or is lost."""
         exits: queue.Queue[int | None] = queue.Queue()
-        started = self._queue(f"{job.id}:start")
+        started = self._boxes.box(f"{job.id}:start")
         command = {"cmd": "run", "job": job.id, "items": [i.index for i in job.items], "env": dict(env),
                    "results": str(results), "stacks": str(stacks)}
-        with self._lock:
-            if self._lost:
+        with self._boxes.lock:
+            if self._boxes.lost:
                 return None
             os.write(self._cmd_w, (json.dumps(command) + "\n").encode())
         try:
@@ -137,7 +124,7 @@ class Worker:
         return ForkedChild(event["pid"], exits)
 
     def _forward_exit(self, job_id: str, exits: queue.Queue[int | None]) -> None:
-        event = self._queue(f"{job_id}:exit").get()
+        event = self._boxes.box(f"{job_id}:exit").get()
         exits.put(None if event is None else int(event["returncode"]))
 
     def close(self) -> LadderResult:
