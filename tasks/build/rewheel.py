@@ -28,6 +28,7 @@ from packaging.version import Version
 from wheel.wheelfile import WheelFile
 
 from kiln.release.errors import CompileError
+from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.wheel import (
     WheelInput, WheelStamp, build_info, platform_tag, requirements, wheel_filename, wheel_metadata, write_wheel,
 )
@@ -77,7 +78,8 @@ def _renamed(arcname: str, old: str, new: str) -> str:
 
 
 def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Path, binaries: list[WheelInput],
-                  entries: list[dict[str, Any]], out_dir: Path, stamp: WheelStamp = WheelStamp()) -> Path:
+                  entries: list[dict[str, Any]], out_dir: Path, stamp: WheelStamp = WheelStamp(),
+                  cache: BuildCache | None = None) -> Path:
     """Write the variant's wheel from the backend's ``built`` wheel into ``out_dir``; return its path."""
     dist_info, members = read_members(built)
     tag = "-".join(built.name.removesuffix(".whl").split("-")[-3:])  # WheelFile has checked the name: PEP 427
@@ -105,6 +107,6 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
         out[f"{package}/_aot/manifest.json"] = manifest.encode()
     # dist-info last, as wheel builders write it (RECORD is added after it by WheelFile)
     order = sorted(out, key=lambda n: (n.startswith(f"{new}.dist-info/"), n))
-    final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp)
+    final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp, cache=cache)
     _log.info("wrote %s from the backend's %s (%d AOT artifacts)", final.name, built.name, len(entries))
     return final

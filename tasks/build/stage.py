@@ -185,12 +185,13 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     atomic_write_text(manifest, json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n")
     version = variant_version(setup.version, variant.name)
     config, wheels = setup.config, Path(out).resolve() / "wheels"
+    cache = BuildCache(setup.cache_root)  # a warm build copies wheels of unchanged members
     if built:
         wheel = rewrite_wheel(config, config.variant(variant.name), version, built[0], binaries, entries, wheels,
-                              setup.stamp)
+                              setup.stamp, cache=cache)
     else:
         wheel = build_wheel(config, version, binaries, entries, wheels, variant=config.variant(variant.name),
-                            stamp=setup.stamp)
+                            stamp=setup.stamp, cache=cache)
     kinds = tuple((f, _kind(f)) for r in results for f in r.files if _kind(f))  # type: ignore[union-attr]
     unit = Unit(uid, "build", "completed", variant=variant.name, message=f"{wheel.name} ({len(entries)} compiled artifacts)")
     return VariantOutput(unit, ((wheel, "wheel"), (manifest, "build-manifest")) + kinds)

@@ -13,6 +13,12 @@ member (RECORD included) carries one timestamp — ``SOURCE_DATE_EPOCH`` when
 set, else the commit's time — and members are written in sorted order. The
 platform tag is honest: ``linux_<machine>``, never a manylinux tag no
 ``auditwheel`` check has proven, and the same on every worker.
+
+Given the build cache, a wheel is written once per content: its key hashes the
+file name, the stamp and every member's name and sha256 in order, and a warm
+build whose members are unchanged copies the stored wheel (its sha256 checked
+on the way out) instead of deflating them again. The bytes are the same as a
+fresh write's, since the writer is deterministic in exactly those inputs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import shutil
 import time
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +42,9 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import InvalidInputError
+from kiln.release.errors import CacheDriftError, InvalidInputError
+from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.config import KilnConfig, Variant
 
 _log = logging.getLogger("kiln.wheel")
@@ -179,7 +188,8 @@ class _StampedWheelFile(WheelFile):
 
 
 def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], entries: list[dict[str, Any]],
-                out_dir: Path, *, variant: Variant, stamp: WheelStamp = WheelStamp()) -> Path:
+                out_dir: Path, *, variant: Variant, stamp: WheelStamp = WheelStamp(),
+                cache: BuildCache | None = None) -> Path:
     """Write the variant's wheel into ``out_dir`` atomically and return its path."""
     sources = package_files(config)
     pure = variant.backend == "cpu" and not ships_binaries(sources)
@@ -199,7 +209,7 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
     members += [(f"{dist_info}/METADATA", metadata_text(config, version, requires).encode()),
                 (f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode()),
                 (f"{dist_info}/WHEEL", wheel_metadata(tag, pure).encode())]
-    final = write_wheel(out_dir, filename, members, stamp)
+    final = write_wheel(out_dir, filename, members, stamp, cache=cache)
     _log.info("wrote %s (%d compiled artifacts, commit %s)", final, len(entries), stamp.commit[:12] or "none")
     return final
 
@@ -208,8 +218,44 @@ def wheel_metadata(tag: str, pure: bool) -> str:
     return f"Wheel-Version: 1.0\nGenerator: kiln\nRoot-Is-Purelib: {'true' if pure else 'false'}\nTag: {tag}\n"
 
 
-def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp) -> Path:
-    """Write ``members`` (arcname, bytes), in order, as ``out_dir/filename`` atomically; RECORD by WheelFile."""
+# Bump when the writer's output for the same members changes (member order, zip settings, RECORD).
+WHEEL_CACHE_FORMAT = "1"
+_WHEEL_BATCH = "wheels"
+
+
+def wheel_key(filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp) -> str:
+    """What a written wheel's bytes depend on: the writer, zlib, the name, the stamp, each member in order."""
+    return digest(WHEEL_CACHE_FORMAT, zlib.ZLIB_RUNTIME_VERSION, filename, repr(stamp.date_time),
+                  *(f"{arcname}\0{sha256_bytes(data)}" for arcname, data in members))
+
+
+def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp,
+                cache: BuildCache | None = None) -> Path:
+    """Write ``members`` (arcname, bytes), in order, as ``out_dir/filename`` atomically; RECORD by WheelFile.
+
+    With ``cache``, a wheel of the same key is copied from it (verified) and a new one is stored there.
+    """
+    key = wheel_key(filename, members, stamp) if cache else ""
+    if cache and (stored := _cached_wheel(cache, key, filename)) is not None:
+        final = out_dir / filename
+        atomic_write_bytes(final, stored)
+        return final
+    final = _write_archive(out_dir, filename, members, stamp)
+    if cache:
+        cache.put(_WHEEL_BATCH, key, {filename: final.read_bytes()}, {"kind": "wheel"})
+    return final
+
+
+def _cached_wheel(cache: BuildCache, key: str, filename: str) -> bytes | None:
+    """The stored wheel's bytes, verified against the sha256 recorded with it; ``None`` to write it afresh."""
+    try:
+        hit = cache.get(_WHEEL_BATCH, key)
+    except CacheDriftError:  # already logged, and the damaged entries dropped
+        return None
+    return hit.files.get(filename) if hit else None
+
+
+def _write_archive(out_dir: Path, filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     # WheelFile insists on a PEP 427 file name, so the temporary copy gets the
     # real name inside a private directory, then one rename publishes it.

@@ -170,3 +170,42 @@ def test_vendored_libraries_and_data_are_kept_and_exclusions_warned(tmp_path, ca
     assert "scratch.tmp" in caplog.text and "_aot/stale.cubin" in caplog.text
     # A wheel with a shared library is not pure, whatever the variant.
     assert cpu.name.endswith(f"-py3-none-{platform_tag()}.whl")
+
+
+def test_a_stored_wheel_is_copied_when_its_members_are_unchanged(tmp_path, monkeypatch, caplog):
+    """The build cache keeps each written wheel by its members: the same members give the stored
+    bytes (no rewrite), changed members a new wheel, and a damaged copy is rewritten, never served."""
+    import logging
+
+    from kiln.tasks.build import wheel as wheel_module
+    from kiln.tasks.build.cache import BuildCache
+
+    stamp = WheelStamp.for_commit("c" * 40, 1764450423, environ={})
+    members = [("pkg/__init__.py", b"x = 1\n"), ("pkg-1.0.dist-info/METADATA", b"Metadata-Version: 2.1\nName: pkg\n"
+               b"Version: 1.0\n"), ("pkg-1.0.dist-info/WHEEL", b"Wheel-Version: 1.0\nTag: py3-none-any\n")]
+    name, cache = "pkg-1.0-py3-none-any.whl", BuildCache(tmp_path / "cache")
+    fresh = wheel_module.write_wheel(tmp_path / "plain", name, members, stamp).read_bytes()
+    first = wheel_module.write_wheel(tmp_path / "a", name, members, stamp, cache=cache).read_bytes()
+    assert first == fresh
+
+    written = wheel_module._write_archive
+
+    def must_not_write(*args):
+        raise AssertionError("the wheel was written again although its members are unchanged")
+
+    monkeypatch.setattr(wheel_module, "_write_archive", must_not_write)
+    assert wheel_module.write_wheel(tmp_path / "b", name, members, stamp, cache=cache).read_bytes() == fresh
+    with pytest.raises(AssertionError, match="written again"):  # other bytes, other key
+        wheel_module.write_wheel(tmp_path / "c", name, [*members[:1], ("pkg/more.py", b"")], stamp, cache=cache)
+    later = WheelStamp.for_commit("c" * 40, 1764450423 + 86400, environ={})
+    with pytest.raises(AssertionError, match="written again"):  # another time stamp, other key
+        wheel_module.write_wheel(tmp_path / "c", name, members, later, cache=cache)
+
+    monkeypatch.setattr(wheel_module, "_write_archive", written)
+    for obj in (tmp_path / "cache" / "objects").rglob("*"):
+        if obj.is_file():
+            obj.write_bytes(obj.read_bytes()[:-1] + b"!")  # bit rot in the stored copy
+    with caplog.at_level(logging.WARNING, logger="kiln.cache"):
+        again = wheel_module.write_wheel(tmp_path / "d", name, members, stamp, cache=cache).read_bytes()
+    assert again == fresh and "build cache drift" in caplog.text
+    assert wheel_module.write_wheel(tmp_path / "e", name, members, stamp, cache=cache).read_bytes() == fresh
