@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import zipfile
 from pathlib import Path
 
@@ -123,3 +124,21 @@ def test_failed_unit_is_recorded_others_build_and_its_variant_gets_no_wheel(pref
     assert units["build/cu130/wheel"].state == "skipped"
     assert units["build/cu130/wheel"].message == "not built: 1 units of cu130 failed"
     assert [Path(a.path).name.split("-")[1] for a in run.artifacts_of("wheel")] == ["0.1.0.dev20261129+cpu"]
+
+
+def test_each_compile_unit_is_a_task_run_named_after_it(tiny_build):
+    """The UI's unit table: one task run per compile unit, named ``compile <unit id>`` (a name template)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    _, _, state, run = tiny_build
+    flow_run_id = state.state_details.flow_run_id
+    compiled = sorted(f"compile {unit_id}" for unit_id in _compiled(run))
+    names: list[str] = []
+    deadline = time.monotonic() + 120  # the server stores task runs from their events, after the flow returned
+    with get_client(sync_client=True) as client:
+        while names != compiled and time.monotonic() < deadline:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            names = sorted(t.name for t in runs if t.name.startswith("compile"))
+            time.sleep(0.2)
+    assert compiled and names == compiled
