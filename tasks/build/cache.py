@@ -4,7 +4,9 @@ Layout under ``root`` (a local directory or a mounted shared volume):
 
 - ``objects/<sha[:2]>/<sha256>`` — artifact bytes, named by their hash;
 - ``entries/<batch>/<key>.json`` — one entry per build unit: the files it
-  produced with their sha256 and size.
+  produced with their sha256 and size;
+- ``entries/wheels/<key>.json`` — one per written wheel, keyed by its members
+  (``kiln.tasks.build.wheel.wheel_key``), so a warm build copies it.
 
 A *batch* is one build generation: the units of one kernel built from the
 same sources and toolchain for one backend; the batch id is the key prefix
