@@ -47,7 +47,7 @@ def verify_cache_task(setup: BuildSetup) -> list[str]:
 
 
 # The run name is a template, not one ``with_options`` copy per unit: each copy re-read the task's
-# source (Prefect's task key), 1 ms a unit on a warm build.
+# source (Prefect's task key): 0.055 s for the default project's 109 units.
 @task(name="compile", task_run_name="compile {unit.id}", cache_policy=NO_CACHE, retries=UNIT_RETRIES,
       retry_delay_seconds=1, retry_condition_fn=retry_on_retryable,
       on_completion=[progress.task_hook("build")], on_failure=[progress.task_hook("build")])

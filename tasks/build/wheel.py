@@ -235,14 +235,15 @@ def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], 
 
     With ``cache``, a wheel of the same key is copied from it (verified) and a new one is stored there.
     """
-    key = wheel_key(filename, members, stamp) if cache else ""
-    if cache and (stored := _cached_wheel(cache, key, filename)) is not None:
-        final = out_dir / filename
-        atomic_write_bytes(final, stored)
-        return final
+    if cache is None:
+        return _write_archive(out_dir, filename, members, stamp)
+    key = wheel_key(filename, members, stamp)
+    stored = _cached_wheel(cache, key, filename)
+    if stored is not None:
+        atomic_write_bytes(out_dir / filename, stored)
+        return out_dir / filename
     final = _write_archive(out_dir, filename, members, stamp)
-    if cache:
-        cache.put(_WHEEL_BATCH, key, {filename: final.read_bytes()}, {"kind": "wheel"})
+    cache.put(_WHEEL_BATCH, key, {filename: final.read_bytes()}, {"kind": "wheel"})
     return final
 
 
