@@ -18,7 +18,9 @@ from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.flows import progress
-from kiln.flows.common import finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unwalked
+from kiln.flows.common import (
+    finish_stage, logger, markdown_report, open_run, record, results_of, retry_on_retryable, unwalked,
+)
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build.plan import CompileUnit
@@ -84,7 +86,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
         futures = [compile_task.submit(u, unwalked(env)) for u in units]
         wait(futures)
         events = [*verify_events, *env.events]
-    outcomes = {u.id: f.result(raise_on_failure=False) for u, f in zip(units, futures, strict=True)}
+    outcomes = dict(zip((u.id for u in units), results_of(futures), strict=True))
     written = run.record_all(build_units.unit_record(u, outcomes[u.id]) for u in units)
     records = {u.id: r for u, r in zip(units, written, strict=True)}
     built = False
