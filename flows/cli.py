@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))
+
+    p = sub.add_parser("daemon", help="Kiln's build daemons (flow commands start one and reuse it; "
+                                      "KILN_DAEMON=off turns them off)")
+    p.add_argument("action", choices=("status", "stop"))
     return parser
 
 
@@ -243,6 +247,10 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
     if cmd == "server":
         return _server_command(ns.action)
+    if cmd == "daemon":
+        from kiln.flows.daemon_server import daemon_command
+
+        return daemon_command(ns.action)
 
     from kiln.tasks.config import load_config
 

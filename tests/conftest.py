@@ -19,6 +19,8 @@ _PREFECT_HOME = tempfile.mkdtemp(prefix="kiln-test-prefect-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("PREFECT_API_KEY", None)
+# Kiln's daemon (kiln.flows.daemon) is off for the commands tests start; its own tests turn it on.
+os.environ["KILN_DAEMON"] = "off"
 
 from kiln.flows.environment import apply_defaults  # noqa: E402
 

@@ -1,0 +1,307 @@
+"""Kiln's build daemon, server side: import Prefect and Kiln's flows once, fork a child per command.
+
+Started in the background by the first flow command that finds no daemon for
+its key (:mod:`kiln.flows.daemon`)::
+
+    python -m kiln.flows.daemon_server KEY [MODULE:FUNCTION]
+
+It checks that its own key is ``KEY`` (the same interpreter, sources,
+directory and environment as the command that started it), takes the key's
+lock (a second daemon for the key exits at once), imports the flows, and
+only then binds its socket, so a command that connects always finds a warm
+process. It forks only while it has a single thread, which it checks before
+every fork; it never runs a flow itself.
+
+Each child becomes the command: its own process group, the client's stdio,
+working directory, environment and argv, Prefect's settings and logging
+rebuilt from that environment. It runs ``FUNCTION(argv)`` (the ``kiln``
+command line by default), ends as the interpreter would (Prefect's log and
+event workers drained, atexit handlers run, output flushed), and sends the
+exit status last. A thread relays the client's forwarded signals to the
+child's process group and terminates it if the client goes away.
+
+The daemon exits after ``KILN_DAEMON_IDLE_SECONDS`` without a command and
+no child running, or on SIGTERM (``kiln daemon stop``); running children
+finish their commands.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import importlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from kiln.flows import daemon
+
+Entry = Callable[[list[str]], int]
+DEFAULT_ENTRY = "kiln.flows.cli:main"
+#: What every flow command imports: loaded once, before the socket exists.
+WARM_MODULES = (
+    "kiln.flows.cli", "kiln.flows.nightly", "kiln.flows.release", "kiln.flows.build", "kiln.flows.test",
+    "kiln.flows.bench", "kiln.flows.publish",
+)
+#: What a flow run imports on first use (Prefect's engines, the server's API models, their helpers):
+#: 0.3 s of every command if each child imported them again. Any that is missing is skipped.
+WARM_LAZY_MODULES = (
+    "prefect.flow_engine", "prefect.task_engine", "prefect.engine", "prefect.utilities.visualization",
+    "prefect._internal.control_listener", "prefect._internal.attempt_control", "prefect._internal.metrics",
+    "prefect._internal.states", "prefect.concurrency.v1.context", "fastapi", "anyio._backends._asyncio",
+    "opentelemetry.metrics", "opentelemetry._logs", "pydantic.color", "rich._emoji_codes", "http.cookies",
+    "encodings.idna", "kiln.flows.server",
+)
+_POLL_S = 2.0
+
+
+def _log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kiln daemon {os.getpid()}: {message}", file=sys.stderr,
+          flush=True)
+
+
+def _load(entry: str) -> Entry:
+    module, _, name = entry.partition(":")
+    for warm in WARM_MODULES:
+        importlib.import_module(warm)
+    for lazy in WARM_LAZY_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(lazy)
+    func: Entry = getattr(importlib.import_module(module), name)
+    return func
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` gives; a message is printed the way the interpreter prints it."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _relay(conn: socket.socket, finished: threading.Event) -> None:
+    """The child's signal relay: forwarded signals go to its process group; a vanished client ends it."""
+    while True:
+        try:
+            message = daemon.receive(conn)
+        except (OSError, ValueError):
+            message = None
+        if message is None:
+            if not finished.is_set():
+                os.killpg(0, signal.SIGTERM)
+            return
+        if "signal" in message:
+            os.killpg(0, int(message["signal"]))
+
+
+def _become(request: dict[str, Any], fds: Sequence[int]) -> None:
+    """Turn this forked child into the client's process: stdio, directory, environment, settings."""
+    os.setpgid(0, 0)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = list(request["argv"])
+    encoding = sys.stdout.encoding
+    sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding=encoding, closefd=False, buffering=1 if os.isatty(1) else -1)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", buffering=1,  # noqa: SIM115
+                      closefd=False)
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.configuration import setup_logging
+
+    refresh_global_settings_context()
+    setup_logging(incremental=False)  # console handlers on the client's stderr, from its settings
+
+
+def _child(conn: socket.socket, request: dict[str, Any], fds: Sequence[int], entry: Entry) -> NoReturn:
+    status, finished = 1, threading.Event()
+    try:
+        _become(request, fds)
+        daemon.send(conn, {"pid": os.getpid()})
+        threading.Thread(target=_relay, args=(conn, finished), name="kiln-daemon-relay", daemon=True).start()
+        status = entry(list(request["argv"][1:]))
+    except SystemExit as exc:
+        status = _exit_code(exc)
+    except KeyboardInterrupt:
+        status = 128 + signal.SIGINT
+    except BaseException:  # noqa: BLE001 - the command's crash is reported as the interpreter would
+        traceback.print_exc()
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        finished.set()
+        daemon.send(conn, {"status": status})
+    finally:
+        os._exit(status)
+
+
+class Daemon:
+    def __init__(self, key: str, entry: Entry, listener: socket.socket, lock_fd: int) -> None:
+        self.key, self.entry, self.listener, self.lock_fd = key, entry, listener, lock_fd
+        self.children: set[int] = set()
+        self.idle_s = daemon.idle_seconds()
+
+    def _reap(self) -> None:
+        for pid in list(self.children):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done:
+                self.children.discard(pid)
+                _log(f"command pid {pid} ended (exit {os.waitstatus_to_exitcode(status)})")
+
+    def _refuse(self, conn: socket.socket, fds: Sequence[int], why: str) -> None:
+        for fd in fds:
+            os.close(fd)
+        _log(f"refused a command: {why}")
+        daemon.send(conn, {"error": why})
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(daemon.HANDSHAKE_TIMEOUT_S)
+        if _peer_uid(conn) != os.getuid():
+            _log("refused a connection from another user")
+            return
+        data, fds, _, _ = socket.recv_fds(conn, daemon.MAX_MESSAGE, 3)
+        request = json.loads(data) if data else {}
+        if len(fds) != 3 or request.get("key") != self.key:
+            return self._refuse(conn, fds, "not a request for this daemon's key")
+        if threading.active_count() != 1:
+            return self._refuse(conn, fds, f"{threading.active_count()} threads: not safe to fork")
+        pid = os.fork()
+        if pid == 0:
+            self.listener.close()
+            os.close(self.lock_fd)  # the lock is the daemon's alone: a child must not keep it alive
+            conn.settimeout(None)
+            _child(conn, request, fds, self.entry)
+        for fd in fds:
+            os.close(fd)
+        self.children.add(pid)
+        _log(f"command pid {pid}: {' '.join(['kiln', *request['argv'][1:]])} (in {request['cwd']})")
+
+    def serve(self) -> None:
+        last = time.monotonic()
+        self.listener.settimeout(min(_POLL_S, self.idle_s))
+        while True:
+            self._reap()
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                if not self.children and time.monotonic() - last > self.idle_s:
+                    _log(f"idle for {self.idle_s:.0f} s: exiting")
+                    return
+                continue
+            last = time.monotonic()
+            with conn:
+                try:
+                    self._handle(conn)
+                except (OSError, ValueError) as exc:
+                    _log(f"a command's handshake failed: {exc!r}")
+
+
+def _bind(sock_path: Path) -> socket.socket:
+    """Listen on ``sock_path``, replacing a dead daemon's socket; the path appears only once listening."""
+    tmp = sock_path.with_name(f"{sock_path.stem}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(tmp))
+    listener.listen(16)
+    os.replace(tmp, sock_path)
+    return listener
+
+
+def _stop(signum: int, _frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    key, entry_name = args[0], (args[1] if len(args) > 1 else DEFAULT_ENTRY)
+    directory = daemon._private_dir()
+    if directory is None or daemon.daemon_key(os.environ, os.getcwd()) != key:
+        _log(f"not starting for key {key}: this process's key is {daemon.daemon_key(os.environ, os.getcwd())}")
+        return 1
+    sock_path, lock_path, _ = daemon.paths_for(key, directory)
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another daemon has this key
+    os.ftruncate(lock_fd, 0)
+    os.write(lock_fd, f"{os.getpid()}\n".encode())
+    started = time.monotonic()
+    entry = _load(entry_name)
+    if daemon.daemon_key(os.environ, os.getcwd()) != key:  # a source file changed while importing
+        _log("Kiln's sources changed while the daemon imported them: exiting")
+        return 1
+    signal.signal(signal.SIGTERM, _stop)
+    listener = _bind(sock_path)
+    _log(f"serving {key} on {sock_path} (imports took {time.monotonic() - started:.2f} s)")
+    try:
+        Daemon(key, entry, listener, lock_fd).serve()
+    finally:  # the key's lock is still held: no other daemon can have bound this path
+        sock_path.unlink(missing_ok=True)
+        listener.close()
+    return 0
+
+
+def running(directory: Path | None = None) -> list[tuple[str, int]]:
+    """``(key, pid)`` of every live daemon of this user (their lock is held)."""
+    found = []
+    for lock in sorted((directory or daemon.state_dir()).glob("*.lock")):
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = lock.read_text().strip()
+            if text.isdigit():
+                found.append((lock.stem, int(text)))
+        finally:
+            os.close(fd)
+    return found
+
+
+def daemon_command(action: str) -> int:
+    """``kiln daemon status|stop``: list this user's daemons, or ask each to exit (SIGTERM)."""
+    found = running()
+    if not found:
+        print(f"no Kiln daemon is running (state: {daemon.state_dir()})")
+        return 0 if action == "stop" else 1
+    for key, pid in found:
+        if action == "stop":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            print(f"stopped the Kiln daemon pid {pid} (key {key})")
+        else:
+            print(f"running: pid {pid}, key {key}, log {daemon.paths_for(key)[2]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

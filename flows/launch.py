@@ -1,0 +1,30 @@
+"""The ``kiln`` console script: a flow command runs in Kiln's daemon when one is warm, else here.
+
+Only the standard library and :mod:`kiln.flows.daemon` are imported before
+that choice, so a command the daemon runs never pays for importing Prefect.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+from kiln.flows import daemon
+from kiln.flows.environment import apply_defaults
+
+
+def _command(argv: list[str]) -> str | None:
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def main() -> NoReturn:
+    apply_defaults()  # before the daemon's key: the daemon imported Prefect under these defaults
+    argv = sys.argv[1:]
+    if daemon.enabled() and _command(argv) in daemon.FLOW_COMMANDS:
+        status = daemon.run(argv)
+        if status is not None:
+            sys.exit(status)
+    from kiln.flows.cli import main as cli_main
+
+    cli_main()
+    raise AssertionError("kiln.flows.cli.main() ends the process")

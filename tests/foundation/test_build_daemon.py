@@ -1,0 +1,154 @@
+"""Kiln's daemon: a flow command runs in a child forked from a process that imported Prefect once.
+
+Real processes throughout: the daemon (`python -m kiln.flows.daemon_server`) and its clients are
+subprocesses with their own state directory (``TMPDIR``). The daemon runs a reporting command
+(tests/helpers/daemon_entry.py) where a test checks what the child sees, and ``kiln`` itself
+where a test checks a real build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiln.flows import daemon
+from kiln.flows.daemon_server import running
+from tests.build.conftest import copy_project
+from tests.helpers.waiting import until
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = "import sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); sys.exit(97 if s is None else s)"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    """An environment whose daemons live in a state directory of their own (short: it holds a socket)."""
+    tmp = tempfile.mkdtemp(prefix="kd-", dir="/tmp")
+    values = {**os.environ, "TMPDIR": tmp, "KILN_DAEMON": "auto", "KILN_DAEMON_IDLE_SECONDS": "120"}
+    yield values
+    directory = Path(tmp) / f"kiln-{os.getuid()}"
+    for _, pid in running(directory) if directory.exists() else []:
+        os.kill(pid, signal.SIGTERM)
+        until(lambda pid=pid: _alive(pid), lambda alive: not alive, 60)
+
+
+def _start(env: dict[str, str], cwd: Path, entry: str | None = None) -> tuple[int, Path]:
+    """Start a daemon for (env, cwd) and wait until it serves; its pid and log."""
+    key = subprocess.run([sys.executable, "-c", "import os; from kiln.flows import daemon; "
+                          "print(daemon.daemon_key(os.environ, os.getcwd()))"], env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    directory = Path(env["TMPDIR"]) / f"kiln-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    sock, lock, log = daemon.paths_for(key, directory)
+    with open(log, "ab") as out:
+        subprocess.Popen([sys.executable, "-m", "kiln.flows.daemon_server", key, *([entry] if entry else [])],
+                         env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    assert until(sock.exists, bool, 180), log.read_text()
+    return int(lock.read_text()), log
+
+
+def _client(env: dict[str, str], cwd: Path, *args: str, **kw) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", CLIENT, *args], env=env, cwd=cwd, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_a_command_runs_in_a_child_of_the_daemon_with_the_clients_stdio_env_and_exit_status(env):
+    env = {**env, "PYTHONPATH": str(REPO)}
+    pid, _ = _start(env, REPO, "tests.helpers.daemon_entry:main")
+    proc = _client({**env, "KILN_TEST_VALUE": "from the client"}, REPO, "echo", "3")
+    out, err = proc.communicate("a line on stdin\n", timeout=120)
+    assert proc.returncode == 3, err  # the child's status, not the client's 97 (in-process fallback)
+    seen = json.loads(out)
+    assert seen["ppid"] == pid and seen["pid"] != proc.pid
+    assert seen["value"] == "from the client"  # the client's environment, not the daemon's
+    assert seen["stdin"] == "a line on stdin" and seen["cwd"] == str(REPO)
+    assert seen["argv"][1:] == ["echo", "3"]
+    assert "to stderr" in err
+
+
+def test_ctrl_c_reaches_the_command_and_a_vanished_client_ends_it(env, tmp_path):
+    env = {**env, "PYTHONPATH": str(REPO)}
+    _start(env, REPO, "tests.helpers.daemon_entry:main")
+    for how in ("interrupt", "kill"):
+        marker = tmp_path / how
+        proc = _client(env, REPO, "sleep", str(marker))
+        child = int(until(lambda m=marker: m.read_text() if m.exists() else "", bool, 120))
+        if how == "interrupt":
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=120)
+            assert proc.returncode == 128 + signal.SIGINT  # KeyboardInterrupt in the child
+        else:
+            proc.kill()
+            proc.wait(timeout=60)
+        assert not until(lambda c=child: _alive(c), lambda alive: not alive, 120)
+
+
+def test_changed_sources_or_settings_get_another_daemon():
+    base = dict(os.environ)
+    key = daemon.daemon_key(base, str(REPO))
+    assert daemon.daemon_key(base, str(REPO)) == key
+    assert daemon.daemon_key({**base, "PREFECT_API_URL": "http://127.0.0.1:1/api"}, str(REPO)) != key
+    assert daemon.daemon_key(base, "/") != key
+    assert daemon.daemon_key({**base, "KILN_TEST_VALUE": "x"}, str(REPO)) == key  # passed on, not imported
+    source = REPO / "flows" / "daemon.py"
+    stamp = source.stat()
+    try:
+        os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+        assert daemon.daemon_key(base, str(REPO)) != key  # an edited Kiln never runs in an old daemon
+    finally:
+        os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+
+
+def test_without_a_daemon_a_command_runs_in_process_and_starts_one(env, tmp_path):
+    proc = _client(env, tmp_path, "build")
+    proc.communicate(timeout=120)
+    assert proc.returncode == 97  # run() said: run it here
+    directory = Path(env["TMPDIR"]) / f"kiln-{os.getuid()}"
+    started = until(lambda: running(directory), bool, 180)
+    assert len(started) == 1, list(directory.iterdir())
+
+
+def test_kiln_build_through_the_daemon_loses_nothing_and_reports_bad_input(env, prefect_env, tmp_path):
+    config = copy_project("tiny", tmp_path)
+    env = {**env, "PREFECT_API_URL": prefect_env["PREFECT_API_URL"]}
+    kiln = [str(Path(sys.executable).parent / "kiln")]
+    args = ["build", "--config", str(config), "--out", str(tmp_path / "out"), "--variant", "cpu",
+            "--version", "0.1.0.dev20261129"]
+    pid, log = _start(env, tmp_path)
+    started = time.time()
+    proc = subprocess.run([*kiln, *args], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Run in the Prefect UI:" in proc.stdout
+    assert f"kiln daemon {pid}: command pid" in log.read_text()  # it ran in the daemon
+    (run_dir,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir() and not p.is_symlink()]
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(run_dir.name)
+        task_runs = [t for t in client.read_task_runs() if t.flow_run_id == flow_run.id]
+    assert flow_run.state is not None and flow_run.state.is_completed()  # drained before the client returned
+    assert flow_run.created is not None and flow_run.created.timestamp() >= started - 5
+    assert task_runs and all(t.state is not None and t.state.is_completed() for t in task_runs)
+    bad = subprocess.run([*kiln, "build", "--config", str(tmp_path / "missing.toml")], env=env,
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert bad.returncode == 2 and "missing.toml" in bad.stderr
+    assert log.read_text().count("command pid") >= 2
