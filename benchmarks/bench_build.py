@@ -13,9 +13,12 @@ the cache the cold build just filled. Two timings are reported per run:
 
 ``--cli`` measures what a user times instead: ``kiln build --out DIR`` of the
 snapshot, process start to exit, with Kiln's local Prefect server already
-running (started first if it is not). Each repeat is one cold build (the
-snapshot's build cache and stored plans deleted) followed by ``--warm-runs``
-warm builds; the summary gives the medians and the cold / warm ratio. With
+running (started first if it is not) and Kiln's daemon for the directory
+(started first). Each repeat is one cold build (the snapshot's build cache
+and stored plans deleted) followed by ``--warm-runs`` warm builds in the
+daemon and as many without it (``KILN_DAEMON=off``: the baseline, measured
+in the same run), alternating; the summary gives the medians and each
+cold / warm ratio. ``--no-daemon`` runs every build without the daemon. With
 ``--quiet-server`` each build first waits until the server has stored the
 previous run's events (its CPU under 10 % over 2 s, at most 120 s; the waits
 are reported), as a build run after the server caught up.
@@ -23,7 +26,7 @@ are reported), as a build run after the server caught up.
 Usage::
 
     python benchmarks/bench_build.py [--config kiln.toml] [--repeats 3]
-    python benchmarks/bench_build.py --cli [--repeats 1] [--warm-runs 5] [--quiet-server]
+    python benchmarks/bench_build.py --cli [--repeats 1] [--warm-runs 5] [--quiet-server] [--no-daemon]
 """
 
 from __future__ import annotations
@@ -141,42 +144,70 @@ def wait_quiet(pid: int, limit_s: float = 120.0) -> float:
     return time.monotonic() - start
 
 
-def time_cli_build(config: str, out: Path) -> float:
-    """Seconds of one ``kiln build --out OUT`` process, start to exit."""
+def time_cli_build(config: str, out: Path, daemon: bool) -> float:
+    """Seconds of one ``kiln build --out OUT`` process, start to exit (in Kiln's daemon or not)."""
+    env = {**os.environ, "KILN_DAEMON": "auto" if daemon else "off"}
     start = time.perf_counter()
     proc = subprocess.run([*kiln_command(), "build", "--config", config, "--out", str(out)],
-                          capture_output=True, text=True, timeout=1800, cwd=REPO)
+                          capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"kiln build failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return elapsed
 
 
+def start_daemon(config: str) -> None:
+    """Have Kiln's daemon for this directory running (a flow command with a bad config starts one)."""
+    env = {**os.environ, "KILN_DAEMON": "auto"}
+    probe = [*kiln_command(), "build", "--config", str(Path(config).with_name("no-such.toml"))]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        subprocess.run(probe, capture_output=True, timeout=600, cwd=REPO, env=env)
+        status = subprocess.run([*kiln_command(), "daemon", "status"], capture_output=True, text=True,
+                                timeout=600, cwd=REPO, env=env)
+        if status.returncode == 0:
+            return
+        time.sleep(1.0)
+    raise SystemExit("Kiln's daemon did not start within 300 s")
+
+
 def cli_main(args: argparse.Namespace) -> None:
-    """Cold then warm ``kiln build`` processes of one snapshot, with the local Prefect server up."""
+    """Cold then warm ``kiln build`` processes of one snapshot, with the local Prefect server up.
+
+    Each repeat: one cold build (in the daemon unless ``--no-daemon``), then ``--warm-runs`` warm builds
+    in Kiln's daemon and as many with ``KILN_DAEMON=off`` (the baseline, in the same run), alternating.
+    """
     pid, load_start, rows = server_pid(), os.getloadavg(), []
     quiet = (lambda: round(wait_quiet(pid), 1)) if args.quiet_server else (lambda: 0.0)
+    use_daemon = not args.no_daemon
     with tempfile.TemporaryDirectory(prefix="kiln-bench-cli-") as tmp:
         config = snapshot(Path(args.config), Path(tmp) / "project")
+        if use_daemon:
+            start_daemon(config)
         for run in range(args.repeats):
             shutil.rmtree(Path(tmp) / "project" / ".kiln", ignore_errors=True)  # build cache and stored plans
             waited = [quiet()]
-            cold = time_cli_build(config, Path(tmp) / f"out-{run}")
-            warm = []
+            out = Path(tmp) / f"out-{run}"
+            cold = time_cli_build(config, out, use_daemon)
+            warm: dict[str, list[float]] = {"daemon": [], "off": []}
             for _ in range(args.warm_runs):
-                waited.append(quiet())
-                warm.append(time_cli_build(config, Path(tmp) / f"out-{run}"))
-            rows.append({"cold_s": round(cold, 3), "warm_s": [round(w, 3) for w in warm], "waited_s": waited})
+                for mode in ("daemon", "off") if use_daemon else ("off",):
+                    waited.append(quiet())
+                    warm[mode].append(round(time_cli_build(config, out, mode == "daemon"), 3))
+            rows.append({"cold_s": round(cold, 3), "warm_s": warm, "waited_s": waited})
             print(json.dumps(rows[-1]), file=sys.stderr)
-    warm_all = [w for r in rows for w in r["warm_s"]]
     cold_all = [r["cold_s"] for r in rows]
-    summary = {
+    summary: dict = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "load_start_end": [load_start, os.getloadavg()],
         "command": " ".join([*kiln_command(), "build", "--out", "DIR"]),
-        "cold_process_s": statistics.median(cold_all), "warm_process_s": statistics.median(warm_all),
-        "warm_vs_cold": statistics.median(cold_all) / statistics.median(warm_all), "runs": rows,
+        "cold_process_s": statistics.median(cold_all), "cold_in_daemon": use_daemon,
     }
+    for mode in ("daemon", "off") if use_daemon else ("off",):
+        warm_all = [w for r in rows for w in r["warm_s"][mode]]
+        summary[f"warm_{mode}_process_s"] = statistics.median(warm_all)
+        summary[f"warm_{mode}_vs_cold"] = statistics.median(cold_all) / statistics.median(warm_all)
+    summary["runs"] = rows
     print(json.dumps(summary, indent=2))
 
 
@@ -190,6 +221,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--cli", action="store_true", help="time whole `kiln build` processes, cold then warm")
     parser.add_argument("--warm-runs", type=int, default=5, help="with --cli: warm builds after each cold one")
+    parser.add_argument("--no-daemon", action="store_true",
+                        help="with --cli: every build with KILN_DAEMON=off (no daemon runs)")
     parser.add_argument("--quiet-server", action="store_true",
                         help="with --cli: before each build, wait until the server has digested the last one's events")
     args = parser.parse_args()

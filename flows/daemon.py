@@ -14,8 +14,8 @@ process group; if the client dies, the child is terminated.
 A daemon serves only commands that would import exactly what it imported:
 its key covers the interpreter, the site-packages (their mtimes change on
 every install), Kiln's own source files (size and mtime), the working
-directory and the environment Prefect reads at import (``PREFECT_*``,
-``HOME``, ``PYTHONPATH``), so editing Kiln or switching a profile never runs
+directory and the settings Prefect reads at import (``PREFECT_*``, ``HOME``,
+``PYTHONPATH``, the profiles file, ``.env`` and ``prefect.toml``), so editing Kiln or switching a profile never runs
 stale code: it just gets (and starts) another daemon. Anything unexpected
 before the child has started — no daemon, a refused or broken connection —
 runs the command in-process instead, so the daemon can only make a command
@@ -106,6 +106,11 @@ def _mtime(path: str | Path) -> int:
         return 0
 
 
+def _profiles(env: dict[str, str] | os._Environ[str]) -> str:
+    home = env.get("PREFECT_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".prefect")
+    return env.get("PREFECT_PROFILES_PATH") or str(Path(home) / "profiles.toml")
+
+
 def daemon_key(env: dict[str, str] | os._Environ[str], cwd: str) -> str:
     """What a daemon must share with a command to run it: 16 hex digits."""
     import site
@@ -115,6 +120,7 @@ def daemon_key(env: dict[str, str] | os._Environ[str], cwd: str) -> str:
         "site": [(p, _mtime(p)) for p in site.getsitepackages()],
         "env": sorted((k, v) for k, v in env.items() if k.startswith(_KEY_ENV_PREFIXES) or k in _KEY_ENV_NAMES),
         "cwd": [cwd, *((name, _mtime(Path(cwd) / name)) for name in _CWD_SETTINGS_FILES)],
+        "profiles": _mtime(_profiles(env)),
         "kiln": sorted(_source_files(Path(__file__).resolve().parent.parent)),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]

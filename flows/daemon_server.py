@@ -13,8 +13,8 @@ process. It forks only while it has a single thread, which it checks before
 every fork; it never runs a flow itself.
 
 Each child becomes the command: its own process group, the client's stdio,
-working directory, environment and argv, Prefect's settings and logging
-rebuilt from that environment. It runs ``FUNCTION(argv)`` (the ``kiln``
+working directory, environment and argv, Prefect's logging handlers
+rebuilt on the client's stderr. It runs ``FUNCTION(argv)`` (the ``kiln``
 command line by default), ends as the interpreter would (Prefect's log and
 event workers drained, atexit handlers run, output flushed), and sends the
 exit status last. A thread relays the client's forwarded signals to the
@@ -130,11 +130,11 @@ def _become(request: dict[str, Any], fds: Sequence[int]) -> None:
     sys.stdout = open(1, "w", encoding=encoding, closefd=False, buffering=1 if os.isatty(1) else -1)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", buffering=1,  # noqa: SIM115
                       closefd=False)
-    from prefect.context import refresh_global_settings_context
     from prefect.logging.configuration import setup_logging
 
-    refresh_global_settings_context()
-    setup_logging(incremental=False)  # console handlers on the client's stderr, from its settings
+    # Prefect's settings need no refresh: the key made sure they were read from the same
+    # PREFECT_* variables, profile and settings files. Its console handlers do: they hold a stream.
+    setup_logging(incremental=False)
 
 
 def _child(conn: socket.socket, request: dict[str, Any], fds: Sequence[int], entry: Entry) -> NoReturn:
