@@ -19,7 +19,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.flows import progress
 from kiln.flows.common import (
-    finish_stage, logger, markdown_report, open_run, record, results_of, retry_on_retryable, unwalked,
+    finish_stage, logger, markdown_report, open_run, record, results_of, retry_on_retryable, side_reports, unwalked,
 )
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import stage as build_stage
@@ -97,19 +97,25 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
                                                  unwalked({u.id: outcomes[u.id] for u in variant.units}),
                                                  str(run.view)))
                   for variant in setup.plan.variants]
-    for variant, assembled in assembling:
-        output = assembled.result()
+    outputs = [(variant, assembled.result()) for variant, assembled in assembling]
+    for _, output in outputs:
         record(run, output.unit)
-        run.add_artifacts((path, "build", kind, variant.name) for path, kind in output.files)
         built |= any(kind == "wheel" for _, kind in output.files)
-    # One writer per key: builds of other variants of the run (other workers) keep their own.
-    run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
-    if built:
-        run.mark_latest()
+    # One batch for every variant: the record's writers are busy throughout, not three times ramping up.
+    run.add_artifacts((path, "build", kind, variant.name) for variant, output in outputs for path, kind in output.files)
+    with side_reports() as report:  # sent to the server while the record is written
+        report(_build_table, units, outcomes, records, run.run_id)
+        report(markdown_report, "kiln-build-cache", build_stage.cache_report(events), "Build cache events")
+        # One writer per key: builds of other variants of the run (other workers) keep their own.
+        run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
+        if built:
+            run.mark_latest()
+        return finish_stage(run, "build", "Build", mine=lambda u: not variants or u.variant in variants)
+
+
+def _build_table(units: list[CompileUnit], outcomes: dict[str, Any], records: dict[str, Any], run_id: str) -> None:
     try:
         create_table_artifact(key="kiln-build", table=build_stage.table_rows(units, outcomes, records),
-                              description=f"Build units — run {run.run_id}")
+                              description=f"Build units — run {run_id}")
     except Exception as exc:  # a side report never fails the run
         logger.warning("could not create the build table artifact: %s", exc)
-    markdown_report("kiln-build-cache", build_stage.cache_report(events), "Build cache events")
-    return finish_stage(run, "build", "Build", mine=lambda u: not variants or u.variant in variants)

@@ -11,13 +11,16 @@ record and the UI always agree.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture
@@ -158,6 +161,18 @@ def finish_stage(run: RunRecord, stage: str, title: str,
         # called without return_state, and it must be an exception, not a dict.
         return Failed(message=message)
     return stage_summary(units)
+
+
+@contextmanager
+def side_reports() -> Iterator[Callable[..., None]]:
+    """``report(fn, *args)`` runs ``fn`` on a thread, in this run's context, while the flow goes on.
+
+    For side reports (artifacts: one request each to the server, 60-90 ms on a
+    busy local one) that nothing after them reads; each catches its own errors.
+    All have been sent when the block ends.
+    """
+    with ThreadPoolExecutor(2, thread_name_prefix="kiln-report") as pool:
+        yield lambda fn, *args: pool.submit(contextvars.copy_context().run, fn, *args)
 
 
 def markdown_report(key: str, markdown: str, description: str) -> None:
