@@ -44,23 +44,26 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` so that readers see the old file or the new one, never half.
 
     The temporary file lives in the destination directory so that the final
-    ``os.replace`` is a rename within one filesystem.
+    ``os.replace`` is a rename within one filesystem. ``durable=False`` skips
+    the fsync: still atomic for readers, but a crash of the machine may leave
+    the file empty — only for copies that can be made again (a run's local
+    view of what its record and the build cache hold).
     """
-    with staged_write(path, data) as tmp:
+    with staged_write(path, data, durable=durable) as tmp:
         os.replace(tmp, path)
 
 
 @contextmanager
-def staged_write(path: str | os.PathLike[str], data: bytes) -> Iterator[str]:
+def staged_write(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Iterator[str]:
     """A durable temporary copy of ``data`` beside ``path``, for the caller to rename (or link) into place.
 
-    Written and fsynced before the block runs, so a caller that must hold a lock
-    for the rename (a compare-and-swap) holds it only for the rename; removed
-    after the block if it is still there.
+    Written and fsynced (unless ``durable=False``) before the block runs, so a
+    caller that must hold a lock for the rename (a compare-and-swap) holds it
+    only for the rename; removed after the block if it is still there.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +75,8 @@ def staged_write(path: str | os.PathLike[str], data: bytes) -> Iterator[str]:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         yield tmp
     finally:
         try:

@@ -240,7 +240,7 @@ def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], 
     key = wheel_key(filename, members, stamp)
     stored = _cached_wheel(cache, key, filename)
     if stored is not None:
-        atomic_write_bytes(out_dir / filename, stored)
+        atomic_write_bytes(out_dir / filename, stored, durable=False)  # a copy of the cache's, as the units
         return out_dir / filename
     final = _write_archive(out_dir, filename, members, stamp)
     cache.put(_WHEEL_BATCH, key, {filename: final.read_bytes()}, {"kind": "wheel"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,18 @@ def test_list_walks_only_the_prefix_directory_and_matches_a_partial_last_part(tm
     monkeypatch.setattr(os, "walk", lambda top, *a, **k: (tops.append(str(top)), real_walk(top, *a, **k))[1])
     store.list("runs/abc/units/")
     assert tops == [str(store.root / "runs" / "abc" / "units")]
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_an_atomic_write_replaces_whole_and_fsyncs_only_when_durable(tmp_path, monkeypatch, durable):
+    from kiln.release import fsutil
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(fsutil.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])  # a spy, not a fake
+    target = tmp_path / "view" / "unit.cubin"
+    fsutil.atomic_write_bytes(target, b"old", durable=durable)
+    fsutil.atomic_write_bytes(target, b"new bytes", durable=durable)
+    assert target.read_bytes() == b"new bytes"
+    assert [p.name for p in target.parent.iterdir()] == ["unit.cubin"]  # no temporary file left behind
+    assert len(synced) == (2 if durable else 0)
