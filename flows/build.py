@@ -32,9 +32,11 @@ from kiln.release.record import Source
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.
 UNIT_RETRIES = 2
-# Unit tasks wait on the compile pool's processes, so a few threads keep every worker busy; one
-# thread per submitted unit (Prefect's default) only adds thread starts to a warm build.
-UNIT_THREADS = max(16, 2 * (os.cpu_count() or 1))
+# Unit tasks wait on the compile pool's processes (one per core), so two threads a core keep every
+# worker busy; more (Prefect's default is one per submitted unit, and this was 16) only contend for
+# the GIL in a warm build, where every unit is Prefect's own work: 4 threads here, not 16, took a
+# warm build's flow from 1.99 s to 1.89 s (medians of 5, interleaved, in one daemon-like process).
+UNIT_THREADS = max(4, 2 * (os.cpu_count() or 1))
 
 
 @task(name="plan-build", cache_policy=NO_CACHE)
