@@ -180,6 +180,7 @@ def cli_main(args: argparse.Namespace) -> None:
     pid, load_start, rows = server_pid(), os.getloadavg(), []
     quiet = (lambda: round(wait_quiet(pid), 1)) if args.quiet_server else (lambda: 0.0)
     use_daemon = not args.no_daemon
+    modes = ("daemon", "off") if use_daemon else ("off",)
     with tempfile.TemporaryDirectory(prefix="kiln-bench-cli-") as tmp:
         config = snapshot(Path(args.config), Path(tmp) / "project")
         if use_daemon:
@@ -191,7 +192,7 @@ def cli_main(args: argparse.Namespace) -> None:
             cold = time_cli_build(config, out, use_daemon)
             warm: dict[str, list[float]] = {"daemon": [], "off": []}
             for _ in range(args.warm_runs):
-                for mode in ("daemon", "off") if use_daemon else ("off",):
+                for mode in modes:
                     waited.append(quiet())
                     warm[mode].append(round(time_cli_build(config, out, mode == "daemon"), 3))
             rows.append({"cold_s": round(cold, 3), "warm_s": warm, "waited_s": waited})
@@ -203,7 +204,7 @@ def cli_main(args: argparse.Namespace) -> None:
         "command": " ".join([*kiln_command(), "build", "--out", "DIR"]),
         "cold_process_s": statistics.median(cold_all), "cold_in_daemon": use_daemon,
     }
-    for mode in ("daemon", "off") if use_daemon else ("off",):
+    for mode in modes:
         warm_all = [w for r in rows for w in r["warm_s"][mode]]
         summary[f"warm_{mode}_process_s"] = statistics.median(warm_all)
         summary[f"warm_{mode}_vs_cold"] = statistics.median(cold_all) / statistics.median(warm_all)

@@ -12,14 +12,14 @@ import os
 from typing import Any
 
 from prefect import flow, task
-from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.flows import progress
 from kiln.flows.common import (
-    finish_stage, logger, markdown_report, open_run, record, results_of, retry_on_retryable, side_reports, unwalked,
+    finish_stage, markdown_report, open_run, record, results_of, retry_on_retryable, side_reports, table_report,
+    unwalked,
 )
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import stage as build_stage
@@ -106,7 +106,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     # One batch for every variant: the record's writers are busy throughout, not three times ramping up.
     run.add_artifacts((path, "build", kind, variant.name) for variant, output in outputs for path, kind in output.files)
     with side_reports() as report:  # sent to the server while the record is written
-        report(_build_table, units, outcomes, records, run.run_id)
+        report(table_report, "kiln-build", build_stage.table_rows(units, outcomes, records),
+               f"Build units — run {run.run_id}")
         report(markdown_report, "kiln-build-cache", build_stage.cache_report(events), "Build cache events")
         # One writer per key: builds of other variants of the run (other workers) keep their own.
         run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
@@ -114,10 +115,3 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
             run.mark_latest()
         return finish_stage(run, "build", "Build", mine=lambda u: not variants or u.variant in variants)
 
-
-def _build_table(units: list[CompileUnit], outcomes: dict[str, Any], records: dict[str, Any], run_id: str) -> None:
-    try:
-        create_table_artifact(key="kiln-build", table=build_stage.table_rows(units, outcomes, records),
-                              description=f"Build units — run {run_id}")
-    except Exception as exc:  # a side report never fails the run
-        logger.warning("could not create the build table artifact: %s", exc)

@@ -164,7 +164,7 @@ def finish_stage(run: RunRecord, stage: str, title: str,
 
 
 @contextmanager
-def side_reports() -> Iterator[Callable[..., None]]:
+def side_reports() -> Iterator[Callable[..., object]]:
     """``report(fn, *args)`` runs ``fn`` on a thread, in this run's context, while the flow goes on.
 
     For side reports (artifacts: one request each to the server, 60-90 ms on a

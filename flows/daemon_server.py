@@ -290,9 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     key, entry_name = args[0], (args[1] if len(args) > 1 else DEFAULT_ENTRY)
     apply_defaults()  # as the `kiln` script does before its key: the flows' import would apply them anyway
-    directory = daemon._private_dir()
-    if directory is None or daemon.daemon_key(os.environ, os.getcwd()) != key:
-        _log(f"not starting for key {key}: this process's key is {daemon.daemon_key(os.environ, os.getcwd())}")
+    directory, mine = daemon._private_dir(), daemon.daemon_key(os.environ, os.getcwd())
+    if directory is None or mine != key:
+        _log(f"not starting for key {key}: this process's key is {mine}, its state directory "
+             f"{directory or 'not private'}")
         return 1
     sock_path, lock_path, _ = daemon.paths_for(key, directory)
     lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -339,15 +340,16 @@ def running(directory: Path | None = None) -> list[tuple[str, int]]:
 
 
 def daemon_command(action: str) -> int:
-    """``kiln daemon status|stop``: list this user's daemons, or ask each to exit (SIGTERM)."""
+    """``kiln daemon status|stop``: list this user's daemons, or stop each (SIGTERM, SIGKILL after a grace)."""
+    from kiln.flows.server import stop_pid
+
     found = running()
     if not found:
         print(f"no Kiln daemon is running (state: {daemon.state_dir()})")
         return 0 if action == "stop" else 1
     for key, pid in found:
         if action == "stop":
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+            stop_pid(pid)  # its group is the daemon alone: running commands have groups of their own
             print(f"stopped the Kiln daemon pid {pid} (key {key})")
         else:
             print(f"running: pid {pid}, key {key}, log {daemon.paths_for(key)[2]}")

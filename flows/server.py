@@ -127,7 +127,7 @@ def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
     """True when ``api_url``/health answers ``true``."""
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as response:
-            return response.status == 200 and response.read().strip() == b"true"
+            return bool(response.status == 200 and response.read().strip() == b"true")
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TextIO
 from collections.abc import Callable
 
 logger = logging.getLogger("kiln.test.deadline")
@@ -66,7 +66,7 @@ class LadderResult:
     elapsed_s: float = 0.0
 
 
-def install_stack_dump(path: str | os.PathLike[str]):
+def install_stack_dump(path: str | os.PathLike[str]) -> TextIO:
     """In a child: dump every thread's stack to ``path`` on DUMP_SIGNAL and on a fatal signal.
 
     Returns the open file; it must stay open for the life of the process.
@@ -108,7 +108,7 @@ def single_threaded() -> int | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    threads = torch.get_num_threads()
+    threads: int = torch.get_num_threads()
     torch.set_num_threads(1)
     return threads
 

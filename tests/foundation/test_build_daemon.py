@@ -22,20 +22,13 @@ import pytest
 
 from kiln.flows import daemon
 from kiln.flows.daemon_server import running
+from kiln.flows.server import alive, stop_pid
 from tests.build.conftest import copy_project
 from tests.helpers.waiting import until
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = "import sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); sys.exit(97 if s is None else s)"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
 @pytest.fixture
@@ -46,8 +39,7 @@ def env() -> Iterator[dict[str, str]]:
     yield values
     directory = Path(tmp) / f"kiln-{os.getuid()}"
     for _, pid in running(directory) if directory.exists() else []:
-        os.kill(pid, signal.SIGTERM)
-        until(lambda pid=pid: _alive(pid), lambda alive: not alive, 60)
+        stop_pid(pid)
 
 
 def _start(env: dict[str, str], cwd: Path, entry: str | None = None) -> tuple[int, Path]:
@@ -99,7 +91,7 @@ def test_ctrl_c_reaches_the_command_and_a_vanished_client_ends_it(env, tmp_path)
         else:
             proc.kill()
             proc.wait(timeout=60)
-        assert not until(lambda c=child: _alive(c), lambda alive: not alive, 120)
+        assert not until(lambda c=child: alive(c), lambda up: not up, 120)
 
 
 def test_changed_sources_or_settings_get_another_daemon():
