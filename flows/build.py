@@ -85,7 +85,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     units = setup.plan.units
     progress.expect("build", len(units))
     with build_stage.build_env(setup, run.view) as env:
-        futures = [compile_task.submit(u, unwalked(env)) for u in units]
+        started = {u.id: compile_task.submit(u, unwalked(env)) for u in setup.plan.in_start_order()}
+        futures = [started[u.id] for u in units]
         wait(futures)
         events = [*verify_events, *env.events]
     outcomes = dict(zip((u.id for u in units), results_of(futures), strict=True))

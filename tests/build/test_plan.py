@@ -81,6 +81,18 @@ def test_nvcc_unit_gets_exactly_the_filtered_archs(tiny_config):
     assert skip.id == "build/cu130/9.0/act/csrc" and "does not support cuda arch 9.0" in skip.reason
 
 
+def test_the_long_units_start_first_and_the_rest_keep_plan_order(tiny_config):
+    csrc = CudaSource("csrc", ("add.py",), ("8.0",), "libx.so")
+    kernels = [_kernel(tiny_config, name, {"cuda": ("8.0", "9.0")}, _special("s"), _special("t"), csrc=csrc)
+               for name in ("act", "norm")]
+    plan = plan_build(tiny_config, kernels, "kiln.toml", TOOLS)
+    planned, started = plan.units, plan.in_start_order()
+    assert [u.kind for u in planned].index("nvcc") > 0  # the plan lists each after its kernel's Triton units
+    assert [u.kind for u in started] == ["nvcc", "nvcc"] + ["triton"] * (len(planned) - 2)
+    assert [u.id for u in started[2:]] == [u.id for u in planned if u.kind == "triton"]
+    assert sorted(u.id for u in started) == sorted(u.id for u in planned)  # nothing lost or repeated
+
+
 def test_missing_nvcc_skips_cuda_cpp_units_with_the_reason(tiny_config):
     kernel = _kernel(tiny_config, "act", {"cuda": ("8.0",)}, _special("s"), csrc=CudaSource("csrc", ("add.py",), ("8.0",), "libx.so"))
     plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS, nvcc_missing="CUDA C++ units skipped: nvcc not found")
