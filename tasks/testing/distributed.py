@@ -36,14 +36,16 @@ from kiln.release.fsutil import atomic_write_bytes
 from kiln.tasks.testing.classify import is_infrastructure_exception
 from kiln.tasks.process import dump_stacks, install_stack_dump, signal_name, terminate
 from kiln.tasks.testing.devices import detect_gpu_count
-from kiln.tasks.testing.jobs import START_METHODS, StartMethod
+from kiln.tasks.testing.jobs import PRELOAD as TEST_PRELOAD, START_METHODS, StartMethod
 
 logger = logging.getLogger("kiln.test.distributed")
 
 Backend = Literal["gloo", "nccl"]
 GRACE_S = 2.0
 STARTUP_TIMEOUT_S = 300.0  # interpreter start, imports and rendezvous; generous for a loaded machine
-PRELOAD = ["torch", "torch.distributed"]
+# What the fork server imports for every rank: the test worker's list (the lazy imports of a custom
+# op's first call among them: torch._dynamo alone was 1.4 s of every rank) and torch.distributed.
+PRELOAD = [*TEST_PRELOAD, "torch.distributed"]
 
 
 def _raised_in_collective(exc: BaseException) -> bool:

@@ -44,6 +44,12 @@ def hang_on_rank_zero(rank: int, world_size: int, pid_dir: str) -> None:
     dist.barrier()
 
 
+def imported_before_the_call(rank: int, world_size: int, names: list[str]) -> list[str]:
+    import sys
+
+    return [name for name in names if name in sys.modules]
+
+
 def expected_sum(world_size: int, offset: float = 0.0) -> float:
     return sum(r + 1 + offset for r in range(world_size))
 
@@ -52,6 +58,13 @@ def expected_sum(world_size: int, offset: float = 0.0) -> float:
 def test_all_reduce_returns_every_rank_sum_in_rank_order(world_size):
     values = distributed.run(all_reduce_sum, world_size, timeout=60)
     assert values == [expected_sum(world_size)] * world_size
+
+
+def test_ranks_start_with_the_lazy_imports_of_a_first_custom_op_call_done():
+    # torch._dynamo is what a custom op's first call imports: 1.4 s in every rank, unless the fork
+    # server imported it once for all of them.
+    lazy = ["torch._dynamo", "triton"]
+    assert distributed.run(imported_before_the_call, 2, timeout=60, args=(lazy,)) == [lazy, lazy]
 
 
 def test_args_reach_every_rank():
