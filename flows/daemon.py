@@ -5,7 +5,8 @@ importing Prefect and Kiln's flows (1.5-2 s here) before any work: more than
 a warm build's own work. Like Gradle's daemon, the first such command starts
 one long-lived process in the background (:mod:`kiln.flows.daemon_server`)
 that imports all of that once and then forks a child per command. The
-command itself runs in-process as before; later commands connect to the
+command itself runs in-process as before (it starts the daemon as it exits,
+so the two never compete for the cores); later commands connect to the
 daemon, pass it their argv, working directory, environment and stdin,
 stdout and stderr (``SCM_RIGHTS``), and wait for the child's exit status.
 Signals the client gets (Ctrl-C, SIGTERM) are forwarded to the child's
@@ -32,6 +33,7 @@ No Prefect import here: this runs before the command's, and must be cheap.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -132,12 +134,19 @@ def paths_for(key: str, directory: Path | None = None) -> tuple[Path, Path, Path
     return base / f"{key}.sock", base / f"{key}.lock", base / f"{key}.log"
 
 
-def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
+def idle_seconds(env: dict[str, str] | os._Environ[str] = os.environ) -> tuple[float, str]:
+    """How long an idle daemon waits, and what was wrong with ``KILN_DAEMON_IDLE_SECONDS`` ("" if nothing)."""
     raw = env.get("KILN_DAEMON_IDLE_SECONDS", "")
+    if not raw:
+        return DEFAULT_IDLE_SECONDS, ""
     try:
-        return float(raw) if raw else DEFAULT_IDLE_SECONDS
+        value = float(raw)
     except ValueError:
-        return DEFAULT_IDLE_SECONDS
+        value = -1.0
+    if not value > 0:  # also NaN
+        return DEFAULT_IDLE_SECONDS, (f"KILN_DAEMON_IDLE_SECONDS={raw!r} is not a positive number of seconds; "
+                                      f"using {DEFAULT_IDLE_SECONDS:g}")
+    return value, ""
 
 
 def spawn(key: str, cwd: str) -> None:
@@ -227,13 +236,14 @@ def _serve_result(conn: socket.socket, log: Path) -> int:
 def run(argv: Sequence[str]) -> int | None:
     """Run ``kiln ARGV`` in this machine's daemon; its exit status, or None to run it in-process.
 
-    Starts a daemon for later commands when there is none for this key.
+    When there is no daemon for this key, one is started for later commands as this process
+    exits: started now, its imports would compete with this command's for the cores.
     """
     cwd = os.getcwd()
     key = daemon_key(os.environ, cwd)
     conn = _connect(key)
     if conn is None:
-        spawn(key, cwd)
+        atexit.register(spawn, key, cwd)
         return None
     with conn:
         try:

@@ -211,7 +211,9 @@ class Daemon:
     def __init__(self, key: str, entry: Entry, listener: socket.socket, lock_fd: int) -> None:
         self.key, self.entry, self.listener, self.lock_fd = key, entry, listener, lock_fd
         self.children: set[int] = set()
-        self.idle_s = daemon.idle_seconds()
+        self.idle_s, problem = daemon.idle_seconds()
+        if problem:
+            _log(problem)
 
     def _reap(self) -> None:
         for pid in list(self.children):

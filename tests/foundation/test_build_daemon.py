@@ -110,13 +110,26 @@ def test_changed_sources_or_settings_get_another_daemon():
         os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
 
 
-def test_without_a_daemon_a_command_runs_in_process_and_starts_one(env, tmp_path):
-    proc = _client(env, tmp_path, "build")
-    proc.communicate(timeout=120)
-    assert proc.returncode == 97  # run() said: run it here
+def test_without_a_daemon_a_command_runs_in_process_and_starts_one_as_it_exits(env, tmp_path):
+    # The command's own work happens here, before exit: no daemon may be starting meanwhile.
+    during = ("import json, os, sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); "
+              "d = daemon.state_dir(); print(json.dumps(sorted(os.listdir(d)) if d.exists() else [])); "
+              "sys.exit(97 if s is None else s)")
+    proc = subprocess.run([sys.executable, "-c", during, "build"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 97, proc.stderr  # run() said: run it here
+    assert not [name for name in json.loads(proc.stdout) if name.endswith(".log")]  # nothing spawned yet
     directory = Path(env["TMPDIR"]) / f"kiln-{os.getuid()}"
     started = until(lambda: running(directory), bool, 180)
     assert len(started) == 1, list(directory.iterdir())
+
+
+def test_a_bad_idle_setting_is_named_and_the_default_kept():
+    assert daemon.idle_seconds({}) == (daemon.DEFAULT_IDLE_SECONDS, "")
+    assert daemon.idle_seconds({"KILN_DAEMON_IDLE_SECONDS": "2.5"}) == (2.5, "")
+    for bad in ("soon", "0", "-3", "nan"):
+        value, problem = daemon.idle_seconds({"KILN_DAEMON_IDLE_SECONDS": bad})
+        assert value == daemon.DEFAULT_IDLE_SECONDS and f"KILN_DAEMON_IDLE_SECONDS={bad!r}" in problem
 
 
 def test_kiln_build_through_the_daemon_loses_nothing_and_reports_bad_input(env, prefect_env, tmp_path):
