@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -168,11 +168,16 @@ def side_reports() -> Iterator[Callable[..., object]]:
     """``report(fn, *args)`` runs ``fn`` on a thread, in this run's context, while the flow goes on.
 
     For side reports (artifacts: one request each to the server, 60-90 ms on a
-    busy local one) that nothing after them reads; each catches its own errors.
-    All have been sent when the block ends.
+    busy local one) that nothing after them reads; each catches its own errors,
+    and one that raises all the same is logged, never lost. All have been sent
+    when the block ends.
     """
+    sent: list[Future[object]] = []
     with ThreadPoolExecutor(2, thread_name_prefix="kiln-report") as pool:
-        yield lambda fn, *args: pool.submit(contextvars.copy_context().run, fn, *args)
+        yield lambda fn, *args: sent.append(pool.submit(contextvars.copy_context().run, fn, *args))
+    for future in sent:
+        if (exc := future.exception()) is not None:
+            logger.warning("a side report failed: %s: %s", type(exc).__name__, exc)
 
 
 def markdown_report(key: str, markdown: str, description: str) -> None:
