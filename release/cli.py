@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from kiln.release.dists import Distribution, from_records
 from kiln.release.errors import IntegrityError, InvalidInputError, KilnError
-from kiln.release.fsutil import atomic_write_bytes, sha256_file, write_new_tree
+from kiln.release import nofollow
+from kiln.release.fsutil import write_new_tree
 from kiln.release.index import generate
 
 if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln index` start
@@ -74,13 +75,14 @@ def _parse_joined(joined: str, count: int) -> list[object] | None:
 
 def read_wheel_dir(directory: Path) -> tuple[list[Distribution], dict[str, tuple[Path, bytes]]]:
     """Every ``*.whl`` in ``directory``: records, and (source, METADATA bytes) by filename."""
-    from kiln.release.wheels import read_wheel  # zip and email parsing only for a wheel directory
+    from kiln.release.wheels import check_record, read_wheel  # zip and email parsing only for a wheel directory
 
     if not directory.is_dir():
         raise InvalidInputError(f"wheel directory {directory} does not exist")
     dists, files = [], {}
     for path in sorted(directory.glob("*.whl")):
         dist, metadata = read_wheel(path)
+        check_record(path.name, path)  # a wheel whose RECORD lies is refused, not indexed
         dists.append(dist)
         files[dist.filename] = (path, metadata)
     if not dists:
@@ -94,39 +96,43 @@ def write_index(out: Path, pages: dict[str, bytes]) -> tuple[int, int]:
     A new (absent or empty) ``out`` is written as one tree renamed into place,
     so readers see no index or all of it. Otherwise each changed page is
     written atomically (fsync, then rename); a thread pool overlaps the fsyncs.
+    Below ``out`` no symbolic link is followed, for reading or writing: every
+    page is read (compared) before any is written, so a link anywhere is
+    refused (UnsafePathError naming it) before anything changes.
     """
     if write_new_tree(out, pages):
         return len(pages), 0
     from concurrent.futures import ThreadPoolExecutor  # threads only for an update in place
 
-    changed = []
-    for rel, data in pages.items():
-        try:
-            if (out / rel).read_bytes() == data:
-                continue
-        except FileNotFoundError:
-            pass
-        changed.append(rel)
+    current = nofollow.read_files(out, list(pages))
+    changed = [rel for rel, data in pages.items() if current[rel] != data]
     with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
-        list(pool.map(lambda rel: atomic_write_bytes(out / rel, pages[rel]), changed))
+        list(pool.map(lambda rel: nofollow.write_file(out, out / rel, pages[rel]), changed))
     return len(changed), len(pages) - len(changed)
 
 
 def _copy_files(out: Path, dists: list[Distribution], files: dict[str, tuple[Path, bytes]]) -> None:
-    """Put each wheel and its sidecar beside its project page; never replace other bytes under a name."""
-    for dist in dists:  # check everything before writing anything
+    """Put each wheel and its sidecar beside its project page; never replace other bytes under a name.
+
+    Nothing is written until every path is checked: no link below ``out``, no
+    other bytes under a wheel's name. Wheels are copied streaming.
+    """
+    present = set()
+    for dist in dists:
         target = out / dist.project / dist.filename
-        if target.exists() and sha256_file(target) != dist.sha256:
+        existing = nofollow.file_sha256(out, target)
+        if existing is not None and existing != dist.sha256:
             raise IntegrityError(f"{target} already holds other bytes than {files[dist.filename][0]};"
                                  " refusing to replace it")
+        if existing is not None:
+            present.add(dist.filename)
     for dist in dists:
         source, metadata = files[dist.filename]
-        target = out / dist.project / dist.filename
-        if not target.exists():
-            atomic_write_bytes(target, source.read_bytes())
+        if dist.filename not in present:
+            nofollow.copy_file(out, source, out / dist.project / dist.filename)
         sidecar = out / dist.project / f"{dist.filename}.metadata"
-        if not sidecar.exists() or sidecar.read_bytes() != metadata:
-            atomic_write_bytes(sidecar, metadata)
+        if nofollow.read_file(out, sidecar) != metadata:
+            nofollow.write_file(out, sidecar, metadata)
 
 
 def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int:
@@ -142,6 +148,8 @@ def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int
         pages = generate(dists)  # validates everything before anything is written
         out_dir = Path(out)
         if files:
+            wheels = [f"{d.project}/{d.filename}{suffix}" for d in dists for suffix in ("", ".metadata")]
+            nofollow.check_tree(out_dir, [*pages, *wheels])  # a link anywhere: refused before any write
             _copy_files(out_dir, dists, files)
         written, unchanged = write_index(out_dir, pages)
     except KilnError as exc:
@@ -157,16 +165,18 @@ def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int
 
 
 def verify_command(url: str, install: bool = True, extra_index_urls: Sequence[str] = (),
-                   settings: StoreSettings | None = None) -> int:
+                   settings: StoreSettings | None = None, hints: Sequence[str] = ()) -> int:
     """``kiln verify URL``: check every page, link, hash and sidecar, then install with pip and uv.
 
     ``extra_index_urls`` are where the dependencies resolve from; ``settings``
-    opens an ``s3://`` URL (the publish target's region, endpoint and owner).
+    opens an ``s3://`` URL (the publish target's region, endpoint and owner); ``hints`` are printed install
+    commands to run, each of which must install the published version.
     """
     from kiln.release.verify import verify_index  # http and subprocess machinery only when verifying
 
     try:
-        report = verify_index(url, install=install, extra_index_urls=extra_index_urls, settings=settings)
+        report = verify_index(url, install=install, extra_index_urls=extra_index_urls, settings=settings,
+                              hints=hints)
     except KilnError as exc:
         print(f"kiln verify: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, InvalidInputError) else EXIT_FAILED

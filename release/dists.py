@@ -13,6 +13,7 @@ produce the same bytes).
 
 from __future__ import annotations
 
+import math
 import re
 import string
 import time
@@ -34,6 +35,8 @@ from packaging.version import InvalidVersion
 from kiln.release.errors import InvalidInputError
 
 _HEX = frozenset(string.hexdigits.lower())
+MAX_SIZE = 1 << 63  # past what a 64-bit file offset can reach: a size above it is a broken list
+MAX_UPLOAD_TIME = 253402300799  # 9999-12-31T23:59:59Z, the last time PEP 700's format can write
 UPLOAD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # PEP 700
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -145,9 +148,12 @@ def check_requires_python(value: str) -> str:
     return value
 
 
-def _check_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != value:
+def _check_int(value: Any, what: str, most: int) -> int:
+    """A whole non-negative number up to ``most``: NaN, infinities and absurd values are input errors."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
         raise InvalidInputError(f"{what}: {value!r} must be a non-negative number")
+    if not math.isfinite(value) or value > most:
+        raise InvalidInputError(f"{what}: {value!r} is not a plausible value (at most {most})")
     return int(value)
 
 
@@ -172,8 +178,8 @@ def make_distribution(
         project=project,
         version=version,
         sha256=check_sha256(sha256, f"{where} sha256"),
-        size=_check_int(size, f"{where} size"),
-        upload_time=_check_int(upload_time, f"{where} upload_time"),
+        size=_check_int(size, f"{where} size", MAX_SIZE),
+        upload_time=_check_int(upload_time, f"{where} upload_time", MAX_UPLOAD_TIME),
         requires_python=None if not requires_python else check_requires_python(requires_python),
         metadata_sha256=None if metadata_sha256 is None else check_sha256(metadata_sha256, f"{where} metadata_sha256"),
         yanked=yanked,
@@ -227,7 +233,7 @@ def _plain_record(record: Any) -> Distribution | None:
         return None
     filename, sha256, size, upload_time = record["filename"], record["sha256"], record["size"], record["upload_time"]
     if (type(filename) is not str or type(sha256) is not str or type(size) is not int or type(upload_time) is not int
-            or size < 0 or upload_time < 0 or not _SHA256.fullmatch(sha256)):
+            or not 0 <= size <= MAX_SIZE or not 0 <= upload_time <= MAX_UPLOAD_TIME or not _SHA256.fullmatch(sha256)):
         return None
     name_part, _, rest = filename.partition("-")
     project, version = _plain_wheel_name(name_part), _plain_wheel_rest(rest)

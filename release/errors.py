@@ -162,3 +162,32 @@ def is_retryable(exc: BaseException) -> bool:
 
 class BenchmarkError(PermanentError):
     """A benchmark case could not run (its kernel or reference raised)."""
+
+
+# --- hostile input: bombs, links, off-index URLs (issue 33) ---------------------
+
+
+class MemberTooLargeError(InvalidInputError):
+    """A wheel member Kiln reads (METADATA, RECORD, WHEEL, a manifest) is larger than its limit.
+
+    Checked from the zip header before reading and again while inflating, so
+    a header that lies about the size cannot make Kiln inflate past the limit.
+    """
+
+
+class RecordMismatchError(IntegrityError):
+    """A wheel's RECORD does not describe its members (a hash, a size, a member missing or extra)."""
+
+
+class UnsafePathError(InvalidInputError):
+    """A path Kiln writes (or reads) goes through a symbolic link under its root, or leaves the root."""
+
+
+class LinkRefusedError(FetchError):
+    """An index links outside itself (another scheme, host or port than the index's own and the named
+    extra indexes'); the link is reported and never fetched."""
+
+
+class TooLargeError(FetchError):
+    """A download ran past its cap (the size the page declares, or the configured maximum) or its deadline;
+    reading stopped there."""

@@ -20,21 +20,42 @@ Three kinds exist, chosen by the URL's scheme (:func:`open_source`):
   uv install it through :class:`kiln.release.serve.IndexServer`.
 
 Every failure is a :class:`~kiln.release.errors.FetchError` naming the URL.
+
+A source reads only what its index may serve: an HTTP source fetches http(s)
+URLs on the index's own origin (scheme, host, port) and on the extra indexes
+the caller names, redirects included; a store source reads keys below its
+root, and a local file only while its links stay inside the directory. Any
+other link is a :class:`~kiln.release.errors.LinkRefusedError`, raised before
+anything is fetched. Every read streams under a cap — a file's declared size,
+else :attr:`FetchLimits.max_file_bytes`; a page's
+:attr:`FetchLimits.max_page_bytes` — and a per-file deadline, past which it
+stops with :class:`~kiln.release.errors.TooLargeError`.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 from urllib.request import url2pathname
 
-from kiln.release.errors import FetchError, InvalidInputError, KilnError
+from kiln.release.errors import (
+    FetchError,
+    InvalidInputError,
+    KilnError,
+    LinkRefusedError,
+    TooLargeError,
+    UnsafePathError,
+)
 from kiln.release.index import HTML_PAGE, JSON_PAGE, JSON_TYPE
 from kiln.release.store import LocalStore, Store, open_store
 
@@ -43,6 +64,7 @@ log = logging.getLogger("kiln.fetch")
 HTML_ACCEPT = "text/html"
 _JSON_TYPES = (JSON_TYPE, "application/vnd.pypi.simple.latest+json")
 _ABSENT = (403, 404, 410)  # S3 answers 403 for a missing key when listing is not allowed
+_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -65,15 +87,46 @@ class StoreSettings:
     session: Any = None
 
 
+class Sink(Protocol):
+    """Where a download's bytes go (a file, a hashing writer, a BytesIO)."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Caps on what verification reads: every download stops at its cap or its deadline, whichever comes first.
+
+    A file's cap is the size its page declares (the JSON form's ``size``), at
+    most ``max_file_bytes``; without a declared size, ``max_file_bytes``.
+    """
+
+    max_file_bytes: int = 4 << 30
+    max_page_bytes: int = 64 << 20
+    file_deadline_s: float = 600.0
+
+
 class Source(Protocol):
     root: str  # the index URL, ending in "/"
     negotiates: bool  # False once the server answered a JSON request with HTML
+    limits: FetchLimits
 
     def page(self, url: str) -> Page:
         """The page at ``url`` (ending in "/"); FetchError when its HTML form cannot be read."""
 
-    def file(self, url: str) -> bytes:
-        """The bytes at ``url``; FetchError when they cannot be read."""
+    def download(self, url: str, sink: Sink, limit: int) -> None:
+        """Stream the bytes at ``url`` into ``sink``, at most ``limit`` of them.
+
+        LinkRefusedError when ``url`` is not this index's to serve (nothing is
+        fetched); TooLargeError when the body runs past ``limit`` or the
+        per-file deadline; FetchError when it cannot be read."""
+
+
+def file_bytes(source: Source, url: str, limit: int) -> bytes:
+    """The bytes at ``url`` held in memory: only for what is small by its cap (a sidecar)."""
+    buffer = io.BytesIO()
+    source.download(url, buffer, limit)
+    return buffer.getvalue()
 
 
 def join(base: str, ref: str) -> str:
@@ -92,21 +145,73 @@ def _parse_json(data: bytes, url: str) -> Any:
         raise FetchError(f"{url}: the PEP 691 JSON page is not valid JSON: {exc}") from exc
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of an http(s) URL, the port made explicit; what "the same server" means here."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port if port is not None else default
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to an allowed origin; elsewhere the redirect is refused, not followed."""
+
+    def __init__(self, check: Callable[[str], None]) -> None:
+        super().__init__()
+        self.check = check
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        self.check(urljoin(req.full_url, newurl))
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class HttpSource:
-    """An index behind an HTTP server, with or without PEP 691 content negotiation."""
+    """An index behind an HTTP server, with or without PEP 691 content negotiation.
 
-    def __init__(self, root: str, timeout: float) -> None:
+    Reads only http(s) URLs on the index's own origin and on ``allowed`` (the
+    extra indexes' URLs): any other link of a page, a redirect included, is
+    refused with LinkRefusedError before a connection is made.
+    """
+
+    def __init__(self, root: str, timeout: float, allowed: Sequence[str] = (),
+                 limits: FetchLimits | None = None) -> None:
         self.root, self.timeout, self.negotiates = root, timeout, True
+        self.limits = limits or FetchLimits()
+        self.origins = {origin(root), *(origin(url) for url in allowed if urlsplit(url).scheme in ("http", "https"))}
+        self._opener = urllib.request.build_opener(_SameOriginRedirects(self.check))
 
-    def _get(self, url: str, accept: str | None) -> tuple[bytes, str]:
+    def check(self, url: str) -> None:
+        if urlsplit(url).scheme not in ("http", "https") or origin(url) not in self.origins:
+            scheme, host, port = origin(self.root)
+            raise LinkRefusedError(f"{url}: refused, not fetched: an index on {scheme}://{host}:{port} may link only"
+                                   " http(s) URLs on its own server (or on an extra index named by the caller)")
+
+    def _stream(self, url: str, accept: str | None, sink: Sink, limit: int) -> str:
+        """Stream ``url`` into ``sink``; its Content-Type."""
+        self.check(url)
+        deadline = time.monotonic() + self.limits.file_deadline_s
         request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) only
-                return response.read(), response.headers.get("Content-Type", "")
+            with self._opener.open(request, timeout=min(self.timeout, self.limits.file_deadline_s)) as response:
+                declared = response.headers.get("Content-Length")
+                if declared is not None and declared.isdigit() and int(declared) > limit:
+                    raise TooLargeError(f"{url}: the server announces {declared} bytes, over the cap of {limit}"
+                                        " (the size the page declares, or the configured maximum); not read")
+                _copy_capped(url, response, sink, limit, deadline)
+                return str(response.headers.get("Content-Type", ""))
         except urllib.error.HTTPError as exc:
             raise FetchError(f"{url}: HTTP {exc.code} {exc.reason}", status=exc.code) from exc
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise FetchError(f"{url}: {exc}") from exc
+
+    def _get(self, url: str, accept: str | None) -> tuple[bytes, str]:
+        buffer = io.BytesIO()
+        content_type = self._stream(url, accept, buffer, self.limits.max_page_bytes)
+        return buffer.getvalue(), content_type
 
     def _optional(self, url: str, accept: str) -> tuple[bytes, str] | None:
         try:
@@ -129,45 +234,78 @@ class HttpSource:
             return Page(url, html, None, None)
         return Page(url, html, _parse_json(static[0], json_url), json_url)
 
-    def file(self, url: str) -> bytes:
-        return self._get(url, None)[0]
+    def download(self, url: str, sink: Sink, limit: int) -> None:
+        self._stream(url, None, sink, limit)
+
+
+def _copy_capped(url: str, response: http.client.HTTPResponse, sink: Sink, limit: int, deadline: float) -> None:
+    """Copy the body into ``sink`` one receive at a time, stopping past ``limit`` bytes or the deadline."""
+    total = 0
+    while True:
+        block = response.read1(_CHUNK)
+        if not block:
+            return
+        total += len(block)
+        if total > limit:
+            raise TooLargeError(f"{url}: the body runs past the cap of {limit} bytes (the size the page declares,"
+                                " or the configured maximum); reading stopped there")
+        if time.monotonic() > deadline:
+            raise TooLargeError(f"{url}: not read within its deadline ({total} bytes so far); reading stopped")
+        sink.write(block)
 
 
 class StoreSource:
-    """An index held in a Kiln store (a local directory or an S3 prefix), read by key."""
+    """An index held in a Kiln store (a local directory or an S3 prefix), read by key.
+
+    Only keys below the index's root are read: any other URL a page links is
+    refused (LinkRefusedError), and so is a local file whose links lead out
+    of the store's directory.
+    """
 
     negotiates = True  # pages are read by name: both forms, whenever both exist
 
-    def __init__(self, store: Store, root: str) -> None:
-        self.store, self.root = store, root
+    def __init__(self, store: Store, root: str, limits: FetchLimits | None = None) -> None:
+        self.store, self.root, self.limits = store, root, limits or FetchLimits()
 
     def _key(self, url: str, page: str = "") -> str:
         path = urldefrag(url)[0]
         if not path.startswith(self.root):
-            raise FetchError(f"{url}: outside the index {self.root}; a store source reads only its own keys")
+            raise LinkRefusedError(f"{url}: refused, not read: outside the index {self.root}; a store source reads"
+                                   " only its own keys")
         return unquote(path[len(self.root):]) + page
 
-    def _get(self, url: str, page: str = "") -> bytes | None:
+    def _get(self, url: str, limit: int, page: str = "") -> bytes | None:
+        key = self._key(url, page)
         try:
-            return self.store.get(self._key(url, page))
+            info = self.store.head(key)
+            if info is not None and info.size > limit:
+                raise TooLargeError(f"{url}{page}: {info.size} bytes, over the cap of {limit}; not read")
+            data = None if info is None else self.store.get(key)
+        except UnsafePathError as exc:
+            raise LinkRefusedError(f"{url}{page}: refused, not read: {exc}") from exc
+        except FetchError:
+            raise
         except KilnError as exc:  # a bad key, a refused or failed read: a problem of this URL
             raise FetchError(f"{url}{page}: {exc}") from exc
+        if data is not None and len(data) > limit:
+            raise TooLargeError(f"{url}{page}: {len(data)} bytes, over the cap of {limit}")
+        return data
 
     def page(self, url: str) -> Page:
-        html = self._get(url, HTML_PAGE)
+        html = self._get(url, self.limits.max_page_bytes, HTML_PAGE)
         if html is None:
             raise FetchError(f"{url}: no {HTML_PAGE} in {self.store.url}")
-        data = self._get(url, JSON_PAGE)
+        data = self._get(url, self.limits.max_page_bytes, JSON_PAGE)
         json_url = url + JSON_PAGE
         return Page(
             url, html, None if data is None else _parse_json(data, json_url), None if data is None else json_url
         )
 
-    def file(self, url: str) -> bytes:
-        data = self._get(url)
+    def download(self, url: str, sink: Sink, limit: int) -> None:
+        data = self._get(url, limit)
         if data is None:
             raise FetchError(f"{url}: not found in {self.store.url}")
-        return data
+        sink.write(data)
 
 
 def local_path(url: str) -> Path:
@@ -182,21 +320,25 @@ def local_path(url: str) -> Path:
     return Path(url2pathname(unquote(parts.path)))
 
 
-def open_source(url: str, timeout: float, settings: StoreSettings | None = None) -> Source:
-    """The source for an index URL (normalised to end in "/"); InvalidInputError for other schemes."""
+def open_source(url: str, timeout: float, settings: StoreSettings | None = None, allowed: Sequence[str] = (),
+                limits: FetchLimits | None = None) -> Source:
+    """The source for an index URL (normalised to end in "/"); InvalidInputError for other schemes.
+
+    ``allowed``: the extra indexes' URLs, whose servers an http(s) index may also link.
+    """
     root = url if url.endswith("/") else url + "/"
     scheme = urlsplit(root).scheme
     if scheme in ("http", "https"):
-        return HttpSource(root, timeout)
+        return HttpSource(root, timeout, allowed, limits)
     if scheme == "file":
         directory = local_path(root)
         if not directory.is_dir():
             raise InvalidInputError(f"{url}: {directory} is not a directory")
-        return StoreSource(LocalStore(directory), root)
+        return StoreSource(LocalStore(directory), root, limits)
     if scheme == "s3":
         settings = settings or StoreSettings()
         store = open_store(root.rstrip("/"), root=Path("."), region=settings.region, endpoint=settings.endpoint,
                            expected_owner=settings.expected_owner, session=settings.session)
         log.info("reading %s through %s", root, store.url)
-        return StoreSource(store, root)
+        return StoreSource(store, root, limits)
     raise InvalidInputError(f"index URL {url!r}: scheme must be http://, https://, file:// or s3://")

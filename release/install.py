@@ -79,11 +79,12 @@ def index_options(tool: Tool, index_url: str, extra_index_urls: Sequence[str] = 
     return [*(flag for url in ranked for flag in ("--index", url)), "--default-index", extras[-1]]
 
 
-def _run(cmd: list[str], timeout: float, what: str) -> str:
-    log.info("running %s", " ".join(cmd))
+def _run(cmd: list[str], timeout: float, what: str, cwd: Path) -> str:
+    """Run ``cmd`` in ``cwd`` (a directory of Kiln's own, never the caller's: see :func:`python_command`)."""
+    log.info("running %s (in %s)", " ".join(cmd), cwd)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired:
         return f"{what}: timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -93,17 +94,25 @@ def _run(cmd: list[str], timeout: float, what: str) -> str:
     return "ok"
 
 
+def python_command(python: str | Path) -> list[str]:
+    """An interpreter in isolated mode (``-I``): neither the working directory nor the script's directory
+    is on its import path, and no ``PYTHON*`` variable changes it, so a module planted where ``kiln verify``
+    was started (named like the wheel's package, or like ``venv``) is never imported."""
+    return [str(python), "-I"]
+
+
 def uv_command() -> list[str]:
     found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-    return [found] if found else [sys.executable, "-m", "uv"]
+    return [found] if found else [*python_command(sys.executable), "-m", "uv"]
 
 
-def _inherit(python: Path, timeout: float) -> str:
+def _inherit(python: Path, timeout: float, cwd: Path) -> str:
     """Let the venv at ``python`` see this interpreter's site-packages, after its own."""
-    query = [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-    log.info("running %s", " ".join(query))
+    query = [*python_command(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    log.info("running %s (in %s)", " ".join(query), cwd)
     try:
-        purelib = subprocess.run(query, capture_output=True, text=True, timeout=timeout, check=True).stdout.strip()
+        purelib = subprocess.run(query, capture_output=True, text=True, timeout=timeout, check=True,
+                                 cwd=cwd).stdout.strip()
     except (subprocess.SubprocessError, OSError) as exc:
         return f"cannot locate the fresh venv's site-packages: {exc}"
     # after the venv's own site-packages, so the wheel installed from the index wins
@@ -118,28 +127,35 @@ def install_command(tool: Tool, python: Path, spec: InstallSpec) -> list[str]:
         flags.append("--ignore-installed")  # pip would keep an inherited copy of the same project
     options = index_options(tool, spec.index_url, spec.extra_index_urls)
     if tool == "pip":
-        return [str(python), "-m", "pip", "install", "--no-cache-dir", *options, *flags, spec.requirement]
+        return [*python_command(python), "-m", "pip", "install", "--no-cache-dir", *options, *flags, spec.requirement]
     return [*uv_command(), "pip", "install", "--no-cache", "--python", str(python), *options, *flags, spec.requirement]
 
 
 def install_and_import(tool: Tool, spec: InstallSpec, workdir: Path, timeout: float) -> str:
-    """Create a venv in ``workdir``, install ``spec`` with ``tool``, import its module: "ok" or what failed."""
-    venv = workdir / f"{tool}-venv"
-    create = ([sys.executable, "-m", "venv", str(venv)] if tool == "pip" else
+    """Create a venv in ``workdir``, install ``spec`` with ``tool``, import its module: "ok" or what failed.
+
+    Every command runs in an empty directory of its own under ``workdir``
+    and every interpreter in isolated mode, so nothing in the caller's
+    directory can be imported in place of the wheel under test.
+    """
+    venv, cwd = workdir / f"{tool}-venv", workdir / f"{tool}-cwd"
+    cwd.mkdir(exist_ok=True)
+    create = ([*python_command(sys.executable), "-m", "venv", str(venv)] if tool == "pip" else
               [*uv_command(), "venv", "--python", sys.executable, str(venv)])
-    result = _run(create, timeout, f"{tool}: create venv")
+    result = _run(create, timeout, f"{tool}: create venv", cwd)
     if result != "ok":
         return result
     python = venv / "bin" / "python"
     if not spec.resolves_dependencies:
-        result = _inherit(python, timeout)
+        result = _inherit(python, timeout, cwd)
         if result != "ok":
             return f"{tool}: {result}"
-    result = _run(install_command(tool, python, spec), timeout, f"{tool}: install {spec.requirement}")
+    result = _run(install_command(tool, python, spec), timeout, f"{tool}: install {spec.requirement}", cwd)
     if result != "ok":
         return result
     if not spec.modules:
         return "ok"
     check = (f"import importlib, sys; mods = [importlib.import_module(m) for m in {list(spec.modules)!r}]; "
              f"sys.exit(0 if all((getattr(m, '__file__', None) or '').startswith({str(venv)!r}) for m in mods) else 3)")
-    return _run([str(python), "-c", check], timeout, f"{tool}: import {', '.join(spec.modules)} from the fresh venv")
+    return _run([*python_command(python), "-c", check], timeout,
+                f"{tool}: import {', '.join(spec.modules)} from the fresh venv", cwd)

@@ -43,7 +43,7 @@ from kiln.release.index import (
 from kiln.release.manifest import RunManifest
 from kiln.release.store import Store
 from kiln.release.swap import until_swapped
-from kiln.release.wheels import describe_wheel
+from kiln.release.wheels import describe_wheel, read_wheel
 
 log = logging.getLogger("kiln.publish")
 
@@ -171,7 +171,7 @@ def collect(
     if unknown:
         log.warning("wheels of variants %s are not in kiln.toml's variants %s; not published", unknown, list(variants))
     for variant_of_file, path in [*wheels, *extra]:
-        dist, _ = describe_wheel(path.name, path.read_bytes(), now)
+        dist, _ = read_wheel(path, now)  # hashed streaming; METADATA read under its limit
         for variant in publishable:
             if variant_of_file in (None, variant):
                 uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,7 @@ _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
 _INTEGRITY = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"}
 _CONFLICT = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "OperationAborted"}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_CHUNK = 1 << 20  # what a read-back hashes at a time
 
 MAX_ATTEMPTS = 5  # botocore's own bounded retries per call
 
@@ -167,11 +169,20 @@ class S3Store:
         return ObjectInfo(key, int(response["ContentLength"]), response["ETag"], digest)
 
     def _hashed(self, key: str) -> ObjectInfo | None:
-        page = self.get_page(key)
-        if page is None:
+        """The object's size and sha256, hashed as its body streams in: a wheel read back is never held whole."""
+        try:
+            response = self._call("get_object", f"{self.url}/{key}", **self._params(key))
+        except _Missing:
             return None
-        data, etag = page
-        return ObjectInfo(key, len(data), etag, sha256_bytes(data))
+        digest, size = hashlib.sha256(), 0
+        with response["Body"] as body:
+            try:
+                for block in iter(lambda: body.read(_CHUNK), b""):
+                    digest.update(block)
+                    size += len(block)
+            except (BotoCoreError, OSError) as exc:
+                raise TransientStoreError(f"reading {self.url}/{key}: {exc}") from exc
+        return ObjectInfo(key, size, response["ETag"], digest.hexdigest())
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         digest = sha256_bytes(data)

@@ -39,15 +39,20 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from kiln.release.errors import AlreadyPublishedError, ConflictError, InvalidInputError
-from kiln.release.fsutil import sha256_bytes, sha256_file, staged_write
+from kiln.release.errors import AlreadyPublishedError, ConflictError, InvalidInputError, UnsafePathError
+from kiln.release.fsutil import sha256_bytes, sha256_file
+from kiln.release.nofollow import staged
 from kiln.release.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger("kiln.store")
 
 
 class LocalStore:
-    """A directory on a local filesystem; every write is atomic (temp file + rename/link)."""
+    """A directory on a local filesystem; every write is atomic (temp file + rename/link).
+
+    Writes never go through a symbolic link below the root (:mod:`kiln.release.nofollow`);
+    reads may follow one only while it stays inside the root.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
@@ -56,9 +61,18 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))
 
+    def _inside(self, key: str) -> Path:
+        """The file of ``key`` with every link resolved; UnsafePathError when that leaves the root."""
+        path = self._path(key)
+        resolved = path.resolve()
+        if not resolved.is_relative_to(self.root):
+            raise UnsafePathError(f"{path} leads to {resolved}, outside the store {self.root} (through a symbolic"
+                                  " link); refused: a store reads only its own files")
+        return resolved
+
     def get(self, key: str) -> bytes | None:
         try:
-            return self._path(key).read_bytes()
+            return self._inside(key).read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 
@@ -67,7 +81,7 @@ class LocalStore:
         return None if data is None else (data, sha256_bytes(data))
 
     def head(self, key: str) -> ObjectInfo | None:
-        path = self._path(key)
+        path = self._inside(key)
         if not path.is_file():
             return None
         digest = sha256_file(path)
@@ -76,21 +90,21 @@ class LocalStore:
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         path = self._path(key)
         digest = sha256_bytes(data)
-        try:
-            # link() fails if the target exists, which makes create-only atomic
-            # even against another process writing the same key.
-            with staged_write(path, data) as tmp:
-                os.link(tmp, path)
-            log.debug("created %s (%d bytes)", path, len(data))
-            created = True
-        except FileExistsError:
-            existing = sha256_file(path)
-            if existing != digest:
-                raise AlreadyPublishedError(
-                    f"{self.url}/{key} already exists with sha256 {existing}, not {digest};"
-                    " published files are immutable — bump the version instead"
-                ) from None
-            created = False
+        # link() fails if the target exists, which makes create-only atomic
+        # even against another process writing the same key.
+        with staged(self.root, path, data) as tmp:
+            try:
+                tmp.link()
+                log.debug("created %s (%d bytes)", path, len(data))
+                created = True
+            except FileExistsError:
+                existing = tmp.current_sha256()
+                if existing != digest:
+                    raise AlreadyPublishedError(
+                        f"{self.url}/{key} already exists with sha256 {existing}, not {digest};"
+                        " published files are immutable — bump the version instead"
+                    ) from None
+                created = False
         return ObjectInfo(key, len(data), digest, digest, created)
 
     def put_page(
@@ -98,14 +112,14 @@ class LocalStore:
     ) -> ObjectInfo:
         path = self._path(key)
         # Written and fsynced before the lock: writers of other keys in the directory wait only for a rename.
-        with staged_write(path, data) as tmp, _dir_lock(path.parent):
-            current = self.get_page(key)
-            current_etag = None if current is None else current[1]
+        with staged(self.root, path, data) as tmp, _dir_lock(tmp.dir_fd):
+            current = tmp.current()
+            current_etag = None if current is None else sha256_bytes(current)
             if current_etag != expected_etag:
                 raise ConflictError(
                     f"{self.url}/{key} changed since it was read (ETag {expected_etag!r} -> {current_etag!r})"
                 )
-            os.replace(tmp, path)
+            tmp.replace()
         digest = sha256_bytes(data)
         return ObjectInfo(key, len(data), digest, digest)
 
@@ -126,14 +140,13 @@ class LocalStore:
 
 
 @contextmanager
-def _dir_lock(directory: Path) -> Iterator[None]:
-    """An exclusive advisory lock on a directory (released when the process dies)."""
-    fd = os.open(directory, os.O_RDONLY)
+def _dir_lock(dir_fd: int) -> Iterator[None]:
+    """An exclusive advisory lock on an open directory (released when the block ends or the process dies)."""
+    fcntl.flock(dir_fd, fcntl.LOCK_EX)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
 
 
 def _open_local(url: str, *, root: Path, **_: Any) -> Store:

@@ -7,6 +7,11 @@ negotiation, a ``file://`` directory, or an ``s3://`` prefix. It checks that
 both forms list the same files with the same hashes and sidecars, that every
 link resolves with the advertised SHA-256 (and size, which only the JSON form
 states), and that every advertised metadata sidecar exists with its hash.
+Every wheel's RECORD is checked against its members (hash and size of each).
+Only links the index may serve are read — see :mod:`kiln.release.fetch`; a
+refused link (another scheme, host or port; past its cap or deadline) is a
+problem and is listed in :attr:`VerifyReport.refused`. Downloads stream to a
+temporary file, one at a time, so a wheel is never held in memory.
 A page without a JSON form (a static mirror of HTML only) is checked from its
 HTML alone, and the report says so.
 
@@ -15,31 +20,41 @@ fresh virtual environments from that index, and imports it
 (:mod:`kiln.release.install`): dependencies resolve from the extra indexes the
 caller names; without any, the wheel goes in with ``--no-deps`` and the report
 says that its dependencies were not resolved.
+
+Each install hint the caller passes (``kiln verify --hint "pip install …"``,
+the command a run printed) is then run as a user would
+(:mod:`kiln.release.hintrun`: a fresh venv, ``-I``, an empty working
+directory, timeouts), and must install exactly the version the index
+publishes of its project; an unpinned hint that takes a higher release from
+an extra index fails the verification, naming both versions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urldefrag, urlsplit
+from urllib.parse import quote, urlsplit
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from kiln.release.dists import parse_filename
-from kiln.release.errors import FetchError, IntegrityError, InvalidInputError
-from kiln.release.fetch import Page, Source, StoreSettings, StoreSource, join, open_source
+from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, LinkRefusedError, TooLargeError
+from kiln.release.fetch import FetchLimits, Page, Source, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.fsutil import sha256_bytes
+from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
+from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
 from kiln.release.serve import IndexServer
 from kiln.release.store import open_store
-from kiln.release.wheels import import_names
+from kiln.release.wheels import import_names, member_limit, record_problems
 
 log = logging.getLogger("kiln.verify")
 
@@ -55,6 +70,7 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was checked differently, and why
     installs: dict[str, str] = field(default_factory=dict)  # "pip kiln-kernels==0.1.0" -> "ok" | error
+    refused: list[str] = field(default_factory=list)  # links not fetched: off the index, or past their cap
 
     @property
     def ok(self) -> bool:
@@ -64,104 +80,50 @@ class VerifyReport:
         state = "OK" if self.ok else "FAILED"
         lines = [f"{state}: {self.url}: {self.pages} pages, {self.files} files, {len(self.problems)} problems"]
         lines += [f"  problem: {p}" for p in self.problems[:MAX_LISTED]]
+        lines += [f"  refused: {url}" for url in self.refused[:MAX_LISTED]]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  install {k}: {v}" for k, v in sorted(self.installs.items())]
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class FileRef:
-    """One file as one form of a page describes it."""
+class _Download:
+    """A sink that hashes what it writes to a file, so a wheel is never held in memory whole."""
 
-    form: str  # "HTML" or "JSON"
-    url: str  # absolute, without the fragment
-    sha256: str | None
-    size: int | None  # only the JSON form states it
-    metadata: str | None  # the advertised sidecar: "sha256=<hex>", "true" (no hash), or None
-    yanked: bool
+    def __init__(self, directory: Path) -> None:
+        fd, name = tempfile.mkstemp(suffix=".part", dir=directory)
+        self.path, self.digest, self.size = Path(name), hashlib.sha256(), 0
+        self._handle = os.fdopen(fd, "wb")
 
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self._handle.write(data)
 
-class _Anchors(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.anchors: list[dict[str, str | None]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.anchors.append(dict(attrs))
+    def close(self) -> None:
+        self._handle.close()
 
 
-def _anchors(page: Page) -> list[dict[str, str | None]]:
-    parser = _Anchors()
-    parser.feed(page.html.decode("utf-8", errors="replace"))
-    return parser.anchors
+def _fetch_problem(page_url: str, what: str, url: str, exc: FetchError, report: VerifyReport) -> None:
+    """A download that failed: refused links (off the index, past a cap) are listed as such."""
+    if isinstance(exc, (LinkRefusedError, TooLargeError)):
+        report.refused.append(url)
+        report.problems.append(f"{page_url}: {what} refused: {exc}")
+    else:
+        report.problems.append(f"{page_url}: {what} does not resolve: {exc}")
 
 
-def _filename(href: str) -> str:
-    return unquote(urlsplit(href).path.rsplit("/", 1)[-1])
-
-
-def _html_files(page: Page, report: VerifyReport) -> dict[str, FileRef]:
-    files = {}
-    for anchor in _anchors(page):
-        href, fragment = urldefrag(anchor.get("href") or "")
-        if "+" in href:
-            report.problems.append(f"{page.url}: link {href!r} has a raw '+' (must be %2B)")
-        name, core, dist_info = _filename(href), anchor.get("data-core-metadata"), anchor.get("data-dist-info-metadata")
-        if core and dist_info and core != dist_info:  # PEP 714: one sidecar, two names for old and new clients
-            report.problems.append(f"{page.url}: {name}: data-core-metadata {core!r} "
-                                   f"differs from data-dist-info-metadata {dist_info!r}")
-        metadata = core or dist_info
-        sha256 = fragment[len("sha256="):] if fragment.startswith("sha256=") else None
-        files[name] = FileRef("HTML", join(page.url, href), sha256, None, metadata, "data-yanked" in anchor)
-    return files
-
-
-def _json_metadata(entry: dict[str, Any]) -> str | None:
-    value = entry.get("core-metadata", entry.get("dist-info-metadata"))
-    if isinstance(value, dict):
-        return f"sha256={value.get('sha256')}"
-    return "true" if value is True else None
-
-
-def _json_files(page: Page, report: VerifyReport) -> dict[str, FileRef]:
-    files = {}
-    for entry in page.json.get("files", []) if isinstance(page.json, dict) else []:
-        try:
-            name, url = entry["filename"], entry["url"]
-            sha256 = entry["hashes"].get("sha256")
-        except (KeyError, TypeError, AttributeError) as exc:
-            report.problems.append(f"{page.json_url}: a file entry lacks {exc} (PEP 691 needs filename, url, hashes)")
-            continue
-        if "+" in urlsplit(url).path:
-            report.problems.append(f"{page.json_url}: {name}: url {url!r} has a raw '+' (must be %2B)")
-        files[name] = FileRef("JSON", join(page.json_url or page.url, urldefrag(url)[0]), sha256, entry.get("size"),
-                              _json_metadata(entry), bool(entry.get("yanked")))
-    return files
-
-
-def _compare_forms(page: Page, html: dict[str, FileRef], data: dict[str, FileRef], report: VerifyReport) -> None:
-    if sorted(html) != sorted(data):
-        report.problems.append(f"{page.url}: HTML lists {sorted(html)}, JSON ({page.json_url}) lists {sorted(data)}")
-    for name in sorted(set(html) & set(data)):
-        a, b = html[name], data[name]
-        for what, left, right in (("sha256", a.sha256, b.sha256), ("metadata sidecar", a.metadata, b.metadata),
-                                  ("yanked", a.yanked, b.yanked), ("url", a.url, b.url)):
-            if left != right:
-                report.problems.append(f"{page.url}: {name}: HTML says {what} {left}, JSON says {right}")
-
-
-def _check_bytes(page_url: str, name: str, url: str, refs: list[FileRef], data: bytes, report: VerifyReport) -> bool:
-    """Whether ``data`` is what every ref advertises; each mismatch is a problem naming both hashes."""
-    actual = sha256_bytes(data)
+def _check_bytes(page_url: str, name: str, url: str, refs: list[FileRef], body: _Download,
+                 report: VerifyReport) -> bool:
+    """Whether ``body`` is what every ref advertises; each mismatch is a problem naming both hashes."""
+    actual, size = body.digest.hexdigest(), body.size
     problems = len(report.problems)
     for ref in refs:
         if ref.sha256 is None:
             report.problems.append(f"{page_url}: {name}: the {ref.form} page gives no sha256 for it")
-        elif ref.sha256 != actual or ref.size not in (None, len(data)):
-            size = f" size={ref.size}" if ref.size is not None else ""
+        elif ref.sha256 != actual or ref.size not in (None, size):
+            declared = f" size={ref.size}" if ref.size is not None else ""
             report.problems.append(f"{page_url}: {name}: sha256 or size does not match the page: the {ref.form} page "
-                                   f"says sha256={ref.sha256}{size}, {url} has sha256={actual} size={len(data)}")
+                                   f"says sha256={ref.sha256}{declared}, {url} has sha256={actual} size={size}")
     return len(report.problems) == problems
 
 
@@ -171,9 +133,9 @@ def _check_sidecar(page_url: str, name: str, url: str, refs: list[FileRef], sour
     if not advertised:
         return
     try:
-        sidecar = source.file(url + ".metadata")
+        sidecar = file_bytes(source, url + ".metadata", member_limit("METADATA"))
     except FetchError as exc:
-        report.problems.append(f"{page_url}: {name}.metadata is advertised but does not resolve: {exc}")
+        _fetch_problem(page_url, f"{name}.metadata is advertised but", url + ".metadata", exc, report)
         return
     actual = f"sha256={sha256_bytes(sidecar)}"
     for ref in advertised:
@@ -182,21 +144,34 @@ def _check_sidecar(page_url: str, name: str, url: str, refs: list[FileRef], sour
                                    f"page says {ref.metadata}, {url}.metadata has {actual}")
 
 
-def _check_file(page_url: str, name: str, refs: list[FileRef], source: Source, report: VerifyReport) -> bytes | None:
-    """Check one file at every URL its refs name; its bytes (from the last URL that resolved)."""
+def _cap(refs: list[FileRef], source: Source) -> int:
+    """The most bytes read of a file: the size its page declares, never more than the configured maximum."""
+    declared = [r.size for r in refs if isinstance(r.size, int) and not isinstance(r.size, bool) and r.size >= 0]
+    return min([source.limits.max_file_bytes, *declared])
+
+
+def _check_file(page_url: str, name: str, refs: list[FileRef], source: Source, report: VerifyReport,
+                workdir: Path) -> Path | None:
+    """Check one file at every URL its refs name; a copy on disk of the last one that matched, if any."""
     found = None
     for url in sorted({r.url for r in refs}):
         at_url = [r for r in refs if r.url == url]
+        body = _Download(workdir)
         try:
-            data = source.file(url)
+            source.download(url, body, _cap(at_url, source))
         except FetchError as exc:
-            report.problems.append(f"{page_url}: {name} does not resolve: {exc}")
+            _fetch_problem(page_url, name, url, exc, report)
+            body.path.unlink()
             continue
+        finally:
+            body.close()
         report.files += 1
-        intact = _check_bytes(page_url, name, url, at_url, data, report)
+        intact = _check_bytes(page_url, name, url, at_url, body, report)
         _check_sidecar(page_url, name, url, at_url, source, report)
         if intact:  # bytes other than the advertised ones are reported once, not read as a wheel too
-            found = data
+            found = body.path
+        else:
+            body.path.unlink()
     return found
 
 
@@ -204,6 +179,8 @@ def _read(source: Source, url: str, report: VerifyReport, html_only: list[str]) 
     try:
         page = source.page(url)
     except FetchError as exc:
+        if isinstance(exc, (LinkRefusedError, TooLargeError)):
+            report.refused.append(url)
         report.problems.append(f"{url}: cannot fetch or parse the page: {exc}")
         return None
     report.pages += 1 if page.json is None else 2
@@ -220,36 +197,42 @@ class Newest:
     modules: tuple[str, ...]
 
 
-def _wheel_modules(page_url: str, filename: str, data: bytes | None, report: VerifyReport) -> tuple[str, ...]:
-    if data is None:
-        return ()
+def _check_wheel(page_url: str, filename: str, path: Path, report: VerifyReport) -> tuple[str, ...]:
+    """RECORD against the wheel's members (every lie is a problem); the modules the wheel makes importable."""
     try:
-        return import_names(filename, data)
+        report.problems.extend(f"{page_url}: {problem}" for problem in record_problems(filename, path))
+        return import_names(filename, path)
     except InvalidInputError as exc:
         report.problems.append(f"{page_url}: {exc}")
         return ()
 
 
-def _check_project(source: Source, name: str, report: VerifyReport, html_only: list[str]) -> Newest | None:
+def _check_project(source: Source, name: str, report: VerifyReport, html_only: list[str],
+                   workdir: Path) -> Newest | None:
     """Check one project page and its files; the newest installable version, if any, and its import names."""
     page = _read(source, join(source.root, quote(name) + "/"), report, html_only)
     if page is None:
         return None
-    html = _html_files(page, report)
-    data = _json_files(page, report) if page.json is not None else {}
+    html = html_files(page, report.problems)
+    data = json_files(page, report.problems) if page.json is not None else {}
     if page.json is not None:
-        _compare_forms(page, html, data, report)
+        compare_forms(page, html, data, report.problems)
     versions: dict[Version, tuple[str, ...]] = {}
     for filename in sorted(set(html) | set(data)):
         refs = [r for r in (html.get(filename), data.get(filename)) if r]
-        body = _check_file(page.url, filename, refs, source, report)
+        body = _check_file(page.url, filename, refs, source, report, workdir)
+        try:
+            modules = _check_wheel(page.url, filename, body, report) if body and filename.endswith(".whl") else ()
+        finally:
+            if body is not None:
+                body.unlink()
         if filename.endswith(".whl") and not any(r.yanked for r in refs):
             try:
                 version = Version(parse_filename(filename)[1])
             except InvalidInputError as exc:
                 report.problems.append(f"{page.url}: {exc}")
                 continue
-            versions[version] = versions.get(version) or _wheel_modules(page.url, filename, body, report)
+            versions[version] = versions.get(version) or modules
     if not versions:
         return None
     newest = max(versions)
@@ -260,8 +243,8 @@ def _root_projects(source: Source, report: VerifyReport, html_only: list[str]) -
     root = _read(source, source.root, report, html_only)
     if root is None:
         return []
-    hrefs = [(a.get("href") or "").rstrip("/") for a in _anchors(root)]
-    html_names: list[str] = sorted({canonicalize_name(_filename(href)) for href in hrefs if href})
+    hrefs = [(a.get("href") or "").rstrip("/") for a in anchors(root)]
+    html_names: list[str] = sorted({canonicalize_name(filename_of(href)) for href in hrefs if href})
     if root.json is None:
         return html_names
     projects = root.json.get("projects", []) if isinstance(root.json, dict) else []
@@ -284,18 +267,19 @@ def _notes(source: Source, html_only: list[str], report: VerifyReport) -> None:
 def check_source(source: Source) -> tuple[VerifyReport, dict[str, Newest]]:
     """Check every page and link of ``source``; the report and the newest installable version per project."""
     report, newest, html_only = VerifyReport(source.root), dict[str, Newest](), list[str]()
-    for name in _root_projects(source, report, html_only):
-        found = _check_project(source, name, report, html_only)
-        if found is not None:
-            newest[name] = found
+    with tempfile.TemporaryDirectory(prefix="kiln-verify-files-") as workdir:  # one downloaded file at a time
+        for name in _root_projects(source, report, html_only):
+            found = _check_project(source, name, report, html_only, Path(workdir))
+            if found is not None:
+                newest[name] = found
     _notes(source, html_only, report)
     return report, newest
 
 
-def check_links(url: str, timeout: float = DEFAULT_TIMEOUT_S,
-                settings: StoreSettings | None = None) -> tuple[VerifyReport, dict[str, Newest]]:
+def check_links(url: str, timeout: float = DEFAULT_TIMEOUT_S, settings: StoreSettings | None = None,
+                limits: FetchLimits | None = None) -> tuple[VerifyReport, dict[str, Newest]]:
     """:func:`check_source` on the source ``url`` names (http(s), file or s3)."""
-    return check_source(open_source(url, timeout, settings))
+    return check_source(open_source(url, timeout, settings, limits=limits))
 
 
 @contextmanager
@@ -328,20 +312,36 @@ def _install_all(source: Source, newest: dict[str, Newest], report: VerifyReport
                 report.installs[f"{tool} {spec.requirement}"] = install_and_import(tool, spec, workdir, timeout)
 
 
+def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyReport, timeout: float) -> None:
+    """Run each hint; it must install the newest version this index publishes of its project."""
+    for hint in hints:
+        key = f"hint {hint.text}"
+        published = newest.get(hint.project)
+        if published is None:
+            report.installs[key] = f"this index publishes no installable {hint.project}; the hint cannot install it"
+            continue
+        report.installs[key] = check_hint(hint, published.version, timeout)
+
+
 def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
                  extra_index_urls: Sequence[str] = (), tools: Sequence[Tool] = TOOLS,
-                 settings: StoreSettings | None = None) -> VerifyReport:
+                 settings: StoreSettings | None = None, limits: FetchLimits | None = None,
+                 hints: Sequence[str] = ()) -> VerifyReport:
     """Check every page, link, hash and sidecar at ``url``; then install and import (see module docs).
 
     What is imported is what each wheel says it holds (``top_level.txt`` or
     its ``RECORD``), never a guess from the project's name. ``settings`` opens
-    an ``s3://`` URL.
+    an ``s3://`` URL; ``limits`` caps every download (see :class:`~kiln.release.fetch.FetchLimits`).
+    ``hints``: install commands to run as printed (see module docs), whatever ``install`` says.
     """
     extras = tuple(check_index_url(extra) for extra in extra_index_urls)  # refused before anything is fetched
-    source = open_source(url, timeout, settings)
+    parsed = [parse_hint(hint) for hint in hints]
+    source = open_source(url, timeout, settings, allowed=extras, limits=limits)
     report, newest = check_source(source)
     if install and not report.problems:
         _install_all(source, newest, report, extras, tools, timeout)
+    if not report.problems:
+        _run_hints(parsed, newest, report, timeout)
     return report
 
 

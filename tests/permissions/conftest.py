@@ -92,7 +92,11 @@ def moto_server(tmp_path_factory) -> Iterator[MotoServer]:
 
 
 def kiln_config(endpoint: str, credentials: dict[str, dict]) -> KilnConfig:
-    """The repo's project with an S3 default target on the moto server."""
+    """The repo's project with an S3 default target on the moto server.
+
+    Each step's credentials: ``credentials[step]``, else the block ``kiln-<step>`` (as the repo's
+    kiln.toml names them): a step that talks to S3 must name a source (see test_explicit_credentials).
+    """
     data = {
         "project": {"package": "kiln_kernels", "distribution": "kiln-kernels", "version": "0.1.0",
                     "source": "kernels/kiln_kernels", "registry": "kiln_kernels.registry:registry"},
@@ -107,6 +111,6 @@ def kiln_config(endpoint: str, credentials: dict[str, dict]) -> KilnConfig:
             "publish-release": {"read": ["release/"], "write": ["release/"]},
         },
     }
-    for step, source in credentials.items():
-        data["permissions"][step]["credentials"] = source
+    for step, permission in data["permissions"].items():
+        permission["credentials"] = credentials.get(step, {"block": f"kiln-{step}"})
     return parse_config(data, REPO)

@@ -80,7 +80,7 @@ def test_publish_flow_local_target_publishes_passing_variants_and_records_units(
     assert units["publish/pages"].state == "completed"
     summary = render_text(RunManifest.load(run.view))  # what `kiln nightly` prints at the end
     index = f"{store.url}/nightly/cu130/simple/"
-    install = f"pip install --index-url {index} --extra-index-url https://pypi.org/simple demo"
+    install = f"pip install --index-url {index} --extra-index-url https://pypi.org/simple demo==1.0+cu130"  # pinned
     assert f"index: {index}\n    install: {install}\n" in summary
 
 

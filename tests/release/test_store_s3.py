@@ -310,3 +310,33 @@ def test_only_a_whole_object_checksum_becomes_a_hex_digest(value, expected) -> N
 def test_a_verifying_head_of_a_missing_key_is_none(s3_store: S3Store) -> None:
     s3_store.verifies_checksums = True  # the HEAD with ChecksumMode=ENABLED, as on AWS
     assert s3_store.head("nothing/here.whl") is None
+
+
+class _CountingBody:
+    """Instrumentation: the real response body, recording how much each read asked for (None: all of it)."""
+
+    def __init__(self, body: Any, asked: list[int | None]) -> None:
+        self.body, self.asked = body, asked
+
+    def read(self, amt: int | None = None) -> bytes:
+        self.asked.append(amt)
+        return bytes(self.body.read(amt))
+
+    def __enter__(self) -> _CountingBody:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.body.close()
+
+
+def test_a_read_back_hashes_the_object_as_it_streams_never_reading_it_whole(s3_store: S3Store) -> None:
+    data = bytes(range(256)) * (3 * 4096) + b"tail..."  # 3 MiB and 7 bytes: several chunks and a short one
+    asked: list[int | None] = []
+
+    def count(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["Body"] = _CountingBody(parsed["Body"], asked)
+
+    s3_store.client.meta.events.register("after-call.s3.GetObject", count)
+    info = s3_store.put_immutable("big.whl", data, "application/octet-stream", "immutable")
+    assert info.created and (info.size, info.sha256) == (len(data), sha256_bytes(data))
+    assert asked and None not in asked and max(a for a in asked if a is not None) <= 1 << 20

@@ -1,0 +1,42 @@
+"""``kiln verify --hint``: only the hints Kiln prints are run; anything else is refused before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiln.flows.cli import main
+from kiln.release.cli import EXIT_USAGE
+from kiln.release.errors import InvalidInputError
+from kiln.release.hintrun import parse_hint
+
+
+def test_a_printed_hint_parses_into_its_options_and_one_requirement():
+    hint = parse_hint("pip install --index-url file:///x/simple/ --extra-index-url https://pypi.org/simple "
+                      "Demo_Kernels==0.8.2.dev5+cpu")
+    assert hint.options == ("--index-url", "file:///x/simple/", "--extra-index-url", "https://pypi.org/simple")
+    assert (hint.project, str(hint.requirement.specifier)) == ("demo-kernels", "==0.8.2.dev5+cpu")
+    assert parse_hint("pip install -i=file:///x/ demo").options == ("-i", "file:///x/")
+
+
+@pytest.mark.parametrize(("hint", "why"), [
+    ("uv pip install demo", "must start with 'pip install'"),
+    ("pip install --target /tmp/x demo", "option '--target' is not one Kiln prints"),
+    ("pip install --index-url file:///x/ demo other", "names 2 requirements, not exactly one"),
+    ("pip install --index-url ftp://host/simple demo", "pip and uv read http://, https:// or file:///"),
+    ("pip install 'demo==", "No closing quotation"),
+    ("pip install demo>=>1", "Expected"),
+])
+def test_a_hint_kiln_does_not_print_is_refused_naming_it(hint, why):
+    with pytest.raises(InvalidInputError, match="^install hint ") as caught:
+        parse_hint(hint)
+    assert why in str(caught.value)
+
+
+def test_kiln_verify_refuses_a_bad_hint_before_reading_the_index(tmp_path: Path, capsys):
+    missing = (tmp_path / "no-index").as_uri() + "/"  # never read: the hint is refused first
+    assert main(["verify", missing, "--hint", "pip install --user demo"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "install hint 'pip install --user demo': option '--user' is not one Kiln prints" in err
+    assert not (tmp_path / "no-index").exists()
