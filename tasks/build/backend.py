@@ -1,29 +1,41 @@
 """``[build] backend = "pep517"``: the project's own build backend builds each variant's wheel.
 
 One unit per variant (see :func:`kiln.tasks.build.plan.plan_variant`). The
-unit copies the project's files (git's list: tracked and untracked-not-ignored
-files; the whole tree less build outputs outside git) into a private
-directory, so no variant reuses another's objects, and runs ``pip wheel
+unit builds from a private copy of the project as its own build would see it
+(:func:`kiln.tasks.build.sources.copy_project`: in git, a clone at HEAD with
+the working tree's changes laid over it, ``.git`` included, so setuptools-scm
+reads its file list and version; never Kiln's ``.kiln/``, ``--out`` or build
+cache), so no variant reuses another's objects, and runs ``pip wheel
 --no-deps --no-build-isolation`` there in a fresh virtual environment made for
-the unit. That environment sees Kiln's interpreter's packages after its own
-(as a test environment does): the installed torch, which a cpp_extension
-build compiles against and which an isolated build could not fetch offline;
-build requirements it lacks are installed into it. The variant's filtered
-arch list is exported in the forms the ecosystem reads, the toolchain
-settings through the compilers' own variables (:func:`build_environ`). The
-wheel then goes through :func:`kiln.tasks.build.devicecode.check_wheel`.
+the unit. That environment sees, after its own packages, the variant's build
+environment (``build_requires``, :mod:`kiln.tasks.build.buildenv`: e.g. a
+CUDA build of torch) or, for a variant without one, Kiln's interpreter's
+packages: the torch a cpp_extension build compiles against, which an
+isolated build could not fetch offline; build requirements it lacks are
+installed into it. The variant's filtered arch list is exported in the forms
+the ecosystem reads, the toolchain settings through the compilers' own
+variables (:func:`build_environ`), the variant's ``build_env`` as it is. The
+wheel then goes through :func:`kiln.tasks.build.devicecode.check_wheel` under
+the variant's ``arch_policy``; the archs it holds travel with the wheel as
+:data:`DEVICE_CODE`, so the build results record them on a hit too.
+
+The copy, its build directories and the unit's environment live in a
+directory named by the unit's cache key (:func:`kiln.tasks.build.stagedir.fixed_dir`),
+and the build gets path maps, ``SOURCE_DATE_EPOCH`` (the commit time) and
+``PYTHONHASHSEED`` (:mod:`kiln.tasks.build.reproducible`): the same commit
+gives the same wheel in any clone, on any worker (invariant 8).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import json
 import shlex
-import shutil
 import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +43,12 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.release.errors import CompileError
 from kiln.tasks.build.archs import parse_cuda_arch
-from kiln.tasks.build.devicecode import check_wheel
+from kiln.tasks.build import stagedir
+from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env
+from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
-from kiln.tasks.build.sources import project_files
+from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
+from kiln.tasks.build.sources import copy_project
 from kiln.tasks.config_build import Toolchain
 from kiln.tasks.testing import envs
 
@@ -46,6 +61,7 @@ _TAIL_CHARS = 4000
 _OWNED = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTORCH_ROCM_ARCH", "HIPARCHS",
           "NVCC_APPEND_FLAGS", "HIPCC_COMPILE_FLAGS_APPEND", "KILN_VARIANT", "KILN_BACKEND")
 DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0",)  # PEP 518's default for a pyproject.toml without [build-system]
+DEVICE_CODE = "kiln-device-code.json"  # beside a pep517 unit's wheel: the archs it holds (not part of the wheel)
 
 
 def cmake_arch(name: str) -> str:
@@ -91,7 +107,8 @@ def cuda_home(nvcc: str) -> str | None:
 
 
 def build_requires(project_dir: Path) -> list[str]:
-    data = tomllib.loads((project_dir / "pyproject.toml").read_text())
+    pyproject = project_dir / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text()) if pyproject.is_file() else {}
     return list(data.get("build-system", {}).get("requires", DEFAULT_BUILD_REQUIRES))
 
 
@@ -110,21 +127,23 @@ class ProjectBuilder:
     jobs: int
     cuda_home: str | None = None
     cuobjdump: str | None = None
+    exclude: tuple[Path, ...] = ()  # Kiln's state inside the project (the build cache): never copied
+    variant_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # variant -> its build_env
 
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
-        """Build the variant's wheel, check its device code; ``{wheel filename: bytes}``."""
+        """Build the variant's wheel, check its device code; ``{wheel filename: bytes, DEVICE_CODE: json}``."""
         what = f"{self.distribution} (variant {unit.variant}, {unit.backend} {list(unit.archs) or 'no archs'})"
         if unit.backend == "cuda" and self.cuobjdump is None:
             raise CompileError(f"{what}: cuobjdump not found (Triton's package or PATH), so the wheel's device code"
                                " cannot be checked; install Triton or the CUDA toolkit")
-        with tempfile.TemporaryDirectory(prefix="kiln-pep517-") as tmp:
-            source, dist = Path(tmp) / "src", Path(tmp) / "dist"
-            for name in project_files(self.project_dir):
-                (source / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(self.project_dir / name, source / name)
-            python = self._environment(Path(tmp) / "env", source, what)
-            environ = build_environ(unit.backend, unit.variant, unit.archs, self.toolchain, self.jobs,
-                                    self.cuda_home, os.environ)
+        environments = getattr(env, "environments", None)
+        made = environments.for_variant(unit.variant) if environments is not None else None  # the preflight too
+        with stagedir.fixed_dir("pep517", unit.key[:16], self.timeout_s) as tmp:
+            source = copy_project(self.project_dir, tmp / "src", self.exclude)
+            dist = tmp / "dist"
+            python = self._environment(tmp / "env", source, what, made)
+            maps = path_maps(source, tmp, made.root if made is not None else None)
+            environ = reproducible_environ(self.environ(unit, made), maps, commit_time(self.project_dir))
             _log.info("building %s with its own backend", what)
             result = run_tool([str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                                "--wheel-dir", str(dist), str(source)], self.timeout_s, cwd=source, env=environ)
@@ -132,17 +151,27 @@ class ProjectBuilder:
                 raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
                                    f" its log ends:\n{_tail(result.stdout)}")
             wheel = self._one_wheel(dist, what)
-            check_wheel(wheel, unit.backend, unit.archs, self.cuobjdump)
-            return {wheel.name: wheel.read_bytes()}
+            found = check_wheel(wheel, unit.backend, unit.archs, self.cuobjdump, policy=unit.arch_policy,
+                                variant=unit.variant)
+            return {wheel.name: wheel.read_bytes(), DEVICE_CODE: device_code_json(found, unit.arch_policy)}
 
-    def _environment(self, root: Path, source: Path, what: str) -> Path:
-        """A fresh environment for the build, every build requirement met."""
-        python = envs.make_build_env(root)
+    def environ(self, unit: CompileUnit, made: BuildEnvironment | None) -> dict[str, str]:
+        """The build's variables: the variant's archs and toolchain, its ``build_env``, its environment's tools."""
+        environ = build_environ(unit.backend, unit.variant, unit.archs, self.toolchain, self.jobs,
+                                self.cuda_home, os.environ)
+        environ |= dict(self.variant_env.get(unit.variant, {}))
+        if made is not None:  # its scripts (ninja, cmake) before anything else of that name
+            environ["PATH"] = os.pathsep.join(filter(None, [str(made.bin_dir), environ.get("PATH", "")]))
+        return environ
+
+    def _environment(self, root: Path, source: Path, what: str, made: BuildEnvironment | None = None) -> Path:
+        """A fresh environment for the build on the variant's (or Kiln's), every build requirement met."""
+        python = overlay_env(root, made) if made is not None else envs.make_build_env(root)
         missing = envs.unmet_requirements(python, build_requires(source))
         if missing:
             wanted = [m.rsplit(" (", 1)[0] for m in missing]
             _log.info("installing the build requirements %s for %s", wanted, what)
-            done = run_tool([str(python), "-m", "pip", "install", "--quiet", *wanted], self.timeout_s)
+            done = run_tool([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], self.timeout_s)
             if done.returncode != 0:
                 raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")
         return python
@@ -156,3 +185,11 @@ class ProjectBuilder:
             raise CompileError(f"the build backend of {what} built {name!r}, but kiln.toml's project.distribution"
                                f" is {self.distribution!r}; make them agree")
         return wheels[0]
+
+
+def device_code_json(found: Mapping[str, Any], policy: str) -> bytes:
+    """What the unit records of the wheel's device code: each library's archs and all of them together."""
+    total = held(dict(found))
+    data = {"policy": policy, "held": total.describe(), "sass": sorted(total.sass), "ptx": sorted(total.ptx),
+            "gfx": sorted(total.gfx), "libraries": {name: c.describe() for name, c in sorted(found.items())}}
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()

@@ -20,12 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.release.errors import CompileError
+from kiln.release.wheels import copy_member
 from kiln.tasks.build.archs import parse_rocm_arch
 from kiln.tasks.build.nvcc import embedded_archs, expected_contents
 
 _LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"
 _COMPRESSED = b"CCOB"
+# The largest shared library Kiln inflates to check its device code (a zip without zip64 holds at most 4 GiB;
+# torch's largest CUDA library is under 2 GiB).
+MAX_LIBRARY_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -85,39 +89,64 @@ def library_contents(library: Path, cuobjdump: str | None) -> Contents:
     return Contents(frozenset(sass), frozenset(ptx), rocm_targets(library.read_bytes(), library.name))
 
 
-def wheel_contents(wheel: Path, cuobjdump: str | None) -> dict[str, Contents]:
-    """Every shared library in ``wheel`` (its arcname) and the device code it embeds."""
+def wheel_contents(wheel: Path, cuobjdump: str | None, limit: int = MAX_LIBRARY_BYTES) -> dict[str, Contents]:
+    """Every shared library in ``wheel`` (its arcname) and the device code it embeds.
+
+    Each library is inflated streaming to a temporary file, at most ``limit`` bytes (checked against its zip
+    header first): a library past it is a :class:`~kiln.release.errors.MemberTooLargeError` naming the wheel."""
     with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory(prefix="kiln-devicecode-") as tmp:
         found = {}
         for index, name in enumerate(n for n in sorted(archive.namelist()) if _LIBRARY.search(n)):
             path = Path(tmp) / f"{index}-{Path(name).name}"
-            path.write_bytes(archive.read(name))
+            copy_member(archive, name, wheel.name, path, limit)
             found[name] = library_contents(path, cuobjdump)
     return found
 
 
-def _difference(got: Contents, want: Contents) -> str:
+def _difference(got: Contents, want: Contents, policy: str = "exact") -> str:
     lines = []
     for label, have, need in (("SASS", got.sass, want.sass), ("PTX", got.ptx, want.ptx), ("ROCm", got.gfx, want.gfx)):
         missing, extra = sorted(need - have), sorted(have - need)
         if missing:
             lines.append(f"missing {label} {missing}")
-        if extra:
+        if extra and policy == "exact":
             lines.append(f"extra {label} {extra}")
     return "; ".join(lines)
 
 
-def check_wheel(wheel: Path, backend: str, archs: Sequence[str], cuobjdump: str | None) -> dict[str, Contents]:
-    """Raise :class:`CompileError` unless every device-code library of ``wheel`` holds exactly ``archs``."""
+def held(found: dict[str, Contents]) -> Contents:
+    """Every arch the wheel's libraries hold together (what the build results record)."""
+    return Contents(frozenset().union(*(c.sass for c in found.values())),
+                    frozenset().union(*(c.ptx for c in found.values())),
+                    frozenset().union(*(c.gfx for c in found.values())))
+
+
+def check_wheel(wheel: Path, backend: str, archs: Sequence[str], cuobjdump: str | None, *, policy: str = "exact",
+                variant: str = "") -> dict[str, Contents]:
+    """Raise :class:`CompileError` unless the device code of ``wheel`` meets ``policy`` for ``archs``.
+
+    ``exact``: every device-code library holds exactly ``archs``; ``at_least``: every one of them, extra
+    archs allowed (a package that picks its own ``-gencode`` list); ``record``: whatever it holds. Under
+    every policy a GPU variant's wheel must hold some device code: none at all (no shared library, or only
+    host code) means the backend built nothing for the GPU.
+    """
     want = expected(backend, archs)
     found = wheel_contents(wheel, cuobjdump)
     with_code = {name: got for name, got in found.items() if not got.empty}
-    problems = [f"{name}: {diff}" for name, got in sorted(with_code.items()) if (diff := _difference(got, want))]
+    who = f"variant {variant}: " if variant else ""
+    if backend != "cpu" and not found:
+        raise CompileError(f"{who}{wheel.name} holds no shared library, so no {backend} device code at all (the"
+                           f" variant asked for {want.describe()}); did the project skip its GPU build (a switch, a"
+                           " missing toolkit), or is it a pure-Python package that has no GPU variant to build?")
+    problems = []
+    if policy != "record":
+        problems = [f"{name}: {diff}" for name, got in sorted(with_code.items())
+                    if (diff := _difference(got, want, policy))]
     if found and not with_code and not want.empty:
         problems.append(f"no shared library embeds device code ({', '.join(sorted(found))}): missing"
                         f" {want.describe()}")
     if problems:
-        raise CompileError(f"{wheel.name} does not hold the {backend} archs {list(archs)} the variant asked for"
-                           f" (exported as TORCH_CUDA_ARCH_LIST/CMAKE_CUDA_ARCHITECTURES/PYTORCH_ROCM_ARCH; does"
-                           f" the build ignore them?):\n  - " + "\n  - ".join(problems))
+        raise CompileError(f"{who}{wheel.name} does not hold the {backend} archs {list(archs)} the variant asked for"
+                           f" (arch_policy {policy!r}; exported as TORCH_CUDA_ARCH_LIST/CMAKE_CUDA_ARCHITECTURES/"
+                           f"PYTORCH_ROCM_ARCH; does the build ignore them?):\n  - " + "\n  - ".join(problems))
     return found

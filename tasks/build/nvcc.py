@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.release.errors import CompileError, ToolchainMissingError
+from kiln.tasks.build import stagedir
 from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.process import PopenChild, run_with_deadline
 from kiln.tasks.registry_types import CudaSourceRecord
@@ -152,12 +153,31 @@ class NvccSettings:
         return [*(f"-L{d}" for d in self.library_dirs), *(f"-l{lib}" for lib in self.libraries)]
 
 
-def torch_settings() -> NvccSettings:
-    """Build against the installed torch: its headers, its libraries and its C++ ABI.
+_TORCH_PATHS = ("import json, torch\nfrom torch.utils import cpp_extension as c\n"
+                "abi = int(bool(getattr(torch._C, '_GLIBCXX_USE_CXX11_ABI', True)))\n"
+                "print('KILN-TORCH ' + json.dumps([c.include_paths(), c.library_paths(), abi]))\n")
+_TORCH_TIMEOUT_S = 180
 
+
+def torch_settings(python: str | None = None) -> NvccSettings:
+    """Build against a torch: its headers, its libraries and its C++ ABI.
+
+    ``python``: the interpreter of the environment whose torch it is (a variant's build environment),
+    asked with ``python -I -c``; None: the torch installed here, imported.
     No rpath: the library is loaded by ``torch.ops.load_library`` after torch
     itself, whose ``libc10``/``libtorch_cpu`` then satisfy its dependencies.
     """
+    if python is not None:
+        done = run_tool([python, "-I", "-c", _TORCH_PATHS], _TORCH_TIMEOUT_S)
+        found = [ln for ln in done.stdout.splitlines() if ln.startswith("KILN-TORCH ")]
+        if done.returncode != 0 or not found:
+            raise ToolchainMissingError(f"cannot read torch's include and library dirs with {python}"
+                                        f" (exit {done.returncode}):\n{done.stdout[-2000:]}")
+        import json
+
+        includes, libs, abi = json.loads(found[-1].removeprefix("KILN-TORCH "))
+        return NvccSettings(tuple(includes), (f"_GLIBCXX_USE_CXX11_ABI={abi}",), ("-std=c++17",),
+                            ("c10", "torch", "torch_cpu"), tuple(libs))
     import torch
     from torch.utils import cpp_extension
 
@@ -166,22 +186,29 @@ def torch_settings() -> NvccSettings:
                         ("-std=c++17",), ("c10", "torch", "torch_cpu"), tuple(cpp_extension.library_paths()))
 
 
-def settings_for(config: Any) -> NvccSettings:
-    """The nvcc settings of ``config``'s ``[build.toolchain]`` (paths resolved against kiln.toml)."""
+def settings_for(config: Any, python: str | None = None) -> NvccSettings:
+    """The nvcc settings of ``config``'s ``[build.toolchain]`` (paths resolved against kiln.toml);
+    ``python``: the build environment whose torch a torch extension builds against (default: Kiln's)."""
     toolchain = config.build.toolchain
     own = NvccSettings(tuple(str(config.path(d)) for d in toolchain.include_dirs), toolchain.defines,
                        toolchain.nvcc_flags, toolchain.libraries, tuple(str(config.path(d)) for d in toolchain.library_dirs))
-    return torch_settings() + own if toolchain.torch else own
+    return torch_settings(python) + own if toolchain.torch else own
 
 
 def build_library(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
                   settings: NvccSettings = NvccSettings()) -> bytes:
-    """Compile ``sources`` into one shared library for ``archs``; return its bytes after the arch check."""
-    with tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp:
+    """Compile ``sources`` into one shared library for ``archs``; return its bytes after the arch check.
+
+    The sources are compiled from a directory named by their content (:mod:`kiln.tasks.build.stagedir`), so the
+    library's bytes do not depend on where the checkout lives (invariant 8).
+    """
+    with tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp, stagedir.staged(sources) as (root, staged):
         out = Path(tmp) / library
-        cmd = [nvcc.path, "-shared", "-Xcompiler", "-fPIC", "-O3", *settings.compile_args(), "-o", str(out),
-               *map(str, sources), *gencode_flags(archs), *settings.link_args()]
-        result = run_tool(cmd, timeout, cwd=Path(tmp))
+        # -s: no .symtab, whose FILE symbols name nvcc's per-process temporary files (tmpxft_<pid>_…).
+        cmd = [nvcc.path, "-shared", "-Xcompiler", "-fPIC", "-O3", "-Xcompiler", f"-ffile-prefix-map={root}=.",
+               "-Xlinker", "-s", *settings.compile_args(), "-o", str(out),
+               *map(str, staged), *gencode_flags(archs), *settings.link_args()]
+        result = run_tool(cmd, timeout, cwd=root)
         if result.returncode != 0:
             raise CompileError(f"nvcc failed for {library} ({', '.join(archs)}):\n{result.stdout[-4000:]}")
         sass, ptx = embedded_archs(out, nvcc.cuobjdump)

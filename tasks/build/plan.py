@@ -8,9 +8,13 @@ reason. Building one unit is :mod:`kiln.tasks.build.units`.
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
+from collections.abc import Sequence
+
+from packaging.requirements import Requirement
 
 from kiln.runtime.archs import at_least
 from kiln.tasks.build import archs as arch_rules
@@ -40,6 +44,7 @@ class CompileUnit:
     # Triton: what the shipped loader needs to rebuild a launchable kernel (JSON: signature,
     # constexprs, aligned), written into the manifest row of the unit's binary.
     launch: str = ""
+    arch_policy: str = "exact"  # pep517: what the wheel must hold of ``archs`` (kiln.toml's variant arch_policy)
 
 
 @dataclass(frozen=True)
@@ -121,22 +126,29 @@ def launch_info(special: SpecializationRecord) -> str:
                        "aligned": list(special.aligned)}, sort_keys=True)
 
 
-def _triton_units(variant: Variant, spec: KernelRecord, resolved: tuple, batch: str) -> tuple[list[CompileUnit], list[Skip]]:
-    units, skips = [], []
+def _triton_units(variant: Variant, spec: KernelRecord, resolved: tuple[Any, ...],
+                  batch: str) -> tuple[list[CompileUnit], list[Skip]]:
+    units: list[CompileUnit] = []
+    skips: list[Skip] = []
     for entry in spec.triton:
         for special in entry.specializations:
             for target in resolved:
                 uid = f"build/{variant.name}/{target.arch}/{spec.name}/{special.name}"
                 if variant.backend not in special.backends:
-                    skips.append(Skip(uid, variant.name, spec.name, f"specialization {special.name!r} is only for {list(special.backends)}", target.arch))
+                    skips.append(Skip(uid, variant.name, spec.name,
+                                      f"specialization {special.name!r} is only for {list(special.backends)}",
+                                      target.arch))
                     continue
                 minimum = special.min_arch.get(variant.backend)
                 if _below_min(variant.backend, target.arch, minimum):
-                    skips.append(Skip(uid, variant.name, spec.name, f"specialization {special.name!r} needs {variant.backend} arch >= {minimum}", target.arch))
+                    skips.append(Skip(uid, variant.name, spec.name,
+                                      f"specialization {special.name!r} needs {variant.backend} arch >= {minimum}",
+                                      target.arch))
                     continue
-                key = digest(batch, entry.name, repr(sorted(special.signature.items())), repr(sorted(special.constexprs.items())),
-                             repr(sorted(special.options.items())), repr(special.aligned), variant.backend, target.arch)
-                units.append(CompileUnit(uid, variant.name, variant.backend, target.arch, target.requested, spec.name,  # type: ignore[arg-type]
+                key = digest(batch, entry.name, repr(sorted(special.signature.items())),
+                             repr(sorted(special.constexprs.items())), repr(sorted(special.options.items())),
+                             repr(special.aligned), variant.backend, target.arch)
+                units.append(CompileUnit(uid, variant.name, variant.backend, target.arch, target.requested, spec.name,
                                          entry.name, special.name, "triton", batch, key, launch=launch_info(special)))
     return units, skips
 
@@ -150,7 +162,7 @@ def _nvcc_unit(variant: Variant, kernel: str, csrc: CudaSourceRecord, batch: str
     archs = tuple(r.arch for r in resolved)
     skips = unsupported_archs(variant, kernel, csrc.supported, csrc.name) if not nvcc_missing else []
     label = "+".join(arch_rules.parse_cuda_arch(a).sm for a in archs)
-    key = digest(batch, csrc.name, csrc.library, toolchain, *archs)
+    key = digest(batch, csrc.name, csrc.library, toolchain, *archs, *filter(None, [variant_env_id(variant)]))
     return [CompileUnit(f"build/{variant.name}/{label}/{kernel}/{csrc.name}", variant.name, "cuda", ",".join(archs),
                         ",".join(variant.archs), kernel, csrc.library, csrc.name, "nvcc", batch, key, archs)], skips
 
@@ -167,16 +179,37 @@ def unsupported_archs(variant: Variant, kernel: str, supported: Sequence[str], w
             for arch in missing]
 
 
+def kiln_state(config: KilnConfig) -> tuple[Path, ...]:
+    """Kiln's own state inside a project (the build cache; ``.kiln/`` and ``--out`` are found by
+    :func:`kiln.tasks.build.sources.project_files`): never hashed, never copied into a project build."""
+    return (config.path(config.build.cache_dir),)
+
+
+def variant_env_id(variant: Variant) -> str:
+    """What the variant's build environment adds to its native units' keys ("" without one: keys as before)."""
+    if not variant.build_requires and not variant.build_env:
+        return ""
+    # The requirements as kiln.tasks.build.buildenv keys its environment (sorted, canonical), and the interpreter.
+    requirements = sorted(str(Requirement(r)) for r in variant.build_requires)
+    return digest("build-env", platform.python_version(), *requirements, "",
+                  *(f"{k}={v}" for k, v in sorted(variant.build_env.items())))
+
+
 def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]) -> CompileUnit:
     """The variant's whole wheel, built by the project's own backend (``[build] backend = "pep517"``)."""
     archs = variant.archs
+    # A pure-Triton package's wheel holds no device code, and any it vendors is its own: none refused.
+    policy = "record" if config.build.kind == "triton-jit" else variant.arch_policy
     label = "+".join(arch_rules.parse_cuda_arch(a).sm if variant.backend == "cuda" else a for a in archs) or "-"
     project = config.path(config.build.project_dir)
-    batch = digest(CACHE_FORMAT, "pep517", variant.backend, project_hash(project), repr(sorted(toolchain.items())))[:32]
-    key = digest(batch, variant.name, *archs, config.build.toolchain.model_dump_json())
+    batch = digest(CACHE_FORMAT, "pep517", variant.backend, project_hash(project, kiln_state(config)),
+                   repr(sorted(toolchain.items())))[:32]
+    key = digest(batch, variant.name, *archs, config.build.toolchain.model_dump_json(),
+                 *([variant_env_id(variant), policy] if variant_env_id(variant) or policy != "exact" else []))
     name = config.project.distribution
     return CompileUnit(f"build/{variant.name}/{label}/{name}/pep517", variant.name, variant.backend,
-                       ",".join(archs) or "-", ",".join(archs), name, "pep517", "wheel", "pep517", batch, key, archs)
+                       ",".join(archs) or "-", ",".join(archs), name, "pep517", "wheel", "pep517", batch, key, archs,
+                       arch_policy=policy)
 
 
 def plan_variant(config: KilnConfig, variant: Variant, specs: Sequence[KernelRecord], toolchain: dict[str, str],

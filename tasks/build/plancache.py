@@ -43,7 +43,7 @@ from typing import Any
 from kiln.release.fsutil import atomic_write_text, sha256_file
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import NvccSettings
-from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan
+from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan, kiln_state
 from kiln.tasks.build.sources import project_hash
 from kiln.tasks.config import KilnConfig
 from kiln.tasks.registry_types import CudaSourceRecord
@@ -139,7 +139,7 @@ def _inputs(config: KilnConfig, module_files: Iterable[Path], dists: Iterable[st
     package_dir = config.path(config.project.source)
     pep517 = config.build.backend == "pep517"
     return {"tree": tree_hashes(package_dir) if package_dir.is_dir() else {},
-            "project": project_hash(config.path(config.build.project_dir)) if pep517 else "",
+            "project": project_hash(config.path(config.build.project_dir), kiln_state(config)) if pep517 else "",
             "modules": {str(p): sha256_file(p) if p.is_file() else "absent" for p in module_files},
             "dists": {d: _version(d) for d in dists}}
 

@@ -6,8 +6,11 @@ The parent owns every deadline: a call that runs past its timeout gets the
 ladder of :mod:`kiln.tasks.process` (stack dump → SIGTERM to the worker's
 process group → grace → SIGKILL → reap; the worker leads its own group, so
 compiler subprocesses such as ``ptxas`` die with it), and the worker is
-replaced. Workers use the ``spawn`` start method: no forked copy of a
-parent's threads, locks or GPU state.
+replaced. Workers are fresh interpreters (``python -P -m
+kiln.tasks.build.pool_worker``): no forked copy of a parent's threads, locks
+or GPU state, and never the working directory on their import path (a module
+planted where a kiln command runs is not imported); each leads its own
+process group and takes the parent's import path over its connection.
 
 An exception raised in a worker comes back as itself — pickled, with the
 worker's formatted traceback — and is re-raised in the parent from a
@@ -21,26 +24,33 @@ from __future__ import annotations
 
 import importlib
 import logging
-import multiprocessing
 import os
 import pickle
 import queue
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
 from kiln.release.errors import BuildWorkerError, InfrastructureError, KilnError
-from kiln.tasks.process import Escalation, LadderResult, install_stack_dump, kill_group, terminate
+from kiln.tasks.process import (Escalation, LadderResult, PopenChild, cancel_requested, check_cancelled,
+                                install_stack_dump, kill_group, register, terminate, unregister)
 
 _log = logging.getLogger("kiln.build.pool")
 
+WORKER_MODULE = "kiln.tasks.build.pool_worker"
+
 _TERM_GRACE_S = 2.0
 _START_TIMEOUT_S = 120.0  # interpreter start and the pool's own imports, on a loaded machine
+_IDLE_POLL_S = 0.25  # how often a call waiting for a busy pool looks at cancellation and free slots
 _ENDED_BY: dict[Escalation, str] = {
     "exited": "had already exited",
     "sigterm": "process group ended by SIGTERM",
@@ -111,23 +121,18 @@ def pack_error(exc: BaseException) -> tuple[bytes, str]:
 def unpack_error(data: bytes, tb: str) -> BaseException:
     """The worker's exception, with its traceback attached as ``__cause__``."""
     try:
-        exc = pickle.loads(data)
+        exc: BaseException = pickle.loads(data)
     except Exception as load_error:  # noqa: BLE001 — e.g. its class is not importable in the parent
         exc = UnpicklableRemoteError("unknown", f"could not load the worker's exception: {load_error}")
     exc.__cause__ = RemoteTraceback(tb)
     return exc
 
 
-def _serve(conn: Connection, env: dict[str, str | None], stacks: str) -> None:
-    """Worker main loop: receive ``(target, request)``, send back a result."""
-    os.setpgrp()
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def serve(conn: Connection, stacks: str) -> None:
+    """Worker main loop: take the parent's import path, then receive ``(target, request)``, send back a result."""
+    sys.path[:] = [p for p in conn.recv() if os.path.isabs(p)]  # "" or "." would be the working directory
     dump = install_stack_dump(stacks)  # noqa: F841 — must stay open for the life of the worker
-    conn.send(("ready", os.getpid()))  # only now does killpg(pid) reach the worker's whole group
+    conn.send(("ready", os.getpid()))
     while True:
         try:
             target, request = conn.recv()
@@ -141,23 +146,24 @@ def _serve(conn: Connection, env: dict[str, str | None], stacks: str) -> None:
         conn.send(result)
 
 
-class _WorkerChild:
-    """Adapts a multiprocessing.Process to kiln.tasks.process's Child protocol."""
-
-    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
-        self.process = process
-        self.pid = process.pid or 0
-
-    def wait(self, timeout: float) -> int | None:
-        self.process.join(timeout)
-        return self.process.exitcode
+def worker_environ(overrides: Mapping[str, str | None], base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``overrides`` applied: a value sets the variable, ``None`` removes it."""
+    environ = dict(base)
+    for name, value in overrides.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    return environ
 
 
 @dataclass
 class _Worker:
-    process: Any
+    process: subprocess.Popen[bytes]
     conn: Connection
     stacks: Path
+    child: PopenChild
+    busy: bool = False  # checked out by a call: only that call's thread may close its connection
 
 
 class WorkerPool:
@@ -175,40 +181,84 @@ class WorkerPool:
         self._seq = 0
 
     def _start(self) -> _Worker:
-        context = multiprocessing.get_context("spawn")
         with self._lock:
             self._seq += 1
             stacks = self._dumps / f"worker-{self._seq}.stacks"
-        parent, child = context.Pipe()
-        process = context.Process(target=_serve, args=(child, self.env, str(stacks)), daemon=True, name="kiln-worker")
-        process.start()
-        child.close()
-        worker = _Worker(process, parent, stacks)
+        ours, theirs = socket.socketpair()
         try:
+            # -P: the directory this command runs in is never on the worker's import path.
+            process = subprocess.Popen([sys.executable, "-P", "-m", WORKER_MODULE, str(theirs.fileno()), str(stacks)],
+                                       pass_fds=(theirs.fileno(),), env=worker_environ(self.env, os.environ),
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        parent = Connection(ours.detach())
+        worker = _Worker(process, parent, stacks, PopenChild(process), busy=True)
+        # It leads its group from its first instant, so a cancellation ends it even while it starts; without
+        # a stack dump until it is ready: before its handler is installed, the dump signal would kill it.
+        self._register(worker, None)
+        try:
+            parent.send(list(sys.path))
             ready = parent.poll(_START_TIMEOUT_S) and parent.recv()[0] == "ready"
         except (EOFError, OSError):
             ready = False
         if not ready:
-            # Not yet (or never) the leader of its own group: end the process itself.
-            process.kill()
-            process.join(_TERM_GRACE_S)
+            unregister(worker.child)
+            ended = terminate(worker.child, _TERM_GRACE_S, dump=False)
             parent.close()
+            check_cancelled(f"build worker pid {process.pid}")  # ended by a cancellation: not a lost worker
             raise InfrastructureError(f"build worker pid {process.pid} did not start within {_START_TIMEOUT_S:g} s"
-                                      f" (exit status {process.exitcode})")
+                                      f" (exit status {ended.returncode})")
+        self._register(worker, stacks)
         with self._lock:
-            self._all.append(worker)
+            closed = self._closed
+            if not closed:
+                self._all.append(worker)
+        if closed:  # close() did not see it: end it here
+            unregister(worker.child)
+            terminate(worker.child, _TERM_GRACE_S, dump=False)
+            parent.close()
+            raise InfrastructureError("worker pool is closed")
         _log.debug("started worker pid %s", process.pid)
         return worker
 
+    @staticmethod
+    def _register(worker: _Worker, stacks: Path | None) -> None:
+        """Track the worker's group for a cancellation (again: with its stack dump once it is ready)."""
+        try:
+            register(worker.child, stacks, _TERM_GRACE_S)
+        except BaseException:
+            worker.conn.close()  # register ended the group: the run is being cancelled
+            raise
+
     def _checkout(self) -> _Worker:
-        with self._lock:
-            if self._closed:
-                raise InfrastructureError("worker pool is closed")
-            grow = self._started < self.size
+        """An idle worker, or a new one while the pool is below its size.
+
+        Waits in short slices: a worker retired by a deadline frees its slot
+        without anyone putting a worker back, and a cancellation must stop the wait.
+        """
+        while True:
+            check_cancelled("a build worker call")
+            with self._lock:
+                if self._closed:
+                    raise InfrastructureError("worker pool is closed")
+                grow = self._started < self.size
+                if grow:
+                    self._started += 1
             if grow:
-                self._started += 1
-        if not grow:
-            return self._idle.get()
+                break
+            try:
+                worker = self._idle.get(timeout=_IDLE_POLL_S)
+            except queue.Empty:
+                continue
+            with self._lock:  # close() decides under this lock which connections it may close
+                if self._closed:
+                    raise InfrastructureError("worker pool is closed")
+                worker.busy = True
+            return worker
         try:
             return self._start()
         except BaseException:
@@ -241,12 +291,15 @@ class WorkerPool:
             status, value = worker.conn.recv()
         except (EOFError, OSError) as exc:
             self._retire(worker, dump=False)  # it is gone or going: nothing left to ask for stacks
+            if cancel_requested():  # ended by the cancellation, not lost: nothing to retry
+                check_cancelled(f"{target} (worker pid {pid} was ended)")
             crash = worker.stacks.read_text(errors="replace")[-2000:] if worker.stacks.exists() else ""
             raise InfrastructureError(f"build worker pid {pid} died during {target}: {exc}"
                                       + (f"\n{crash}" if crash else "")) from exc
         except BaseException:
             self._retire(worker)
             raise
+        worker.busy = False
         self._idle.put(worker)
         if status == "error":
             self._reraise(unpack_error(*value), pid, target)
@@ -271,28 +324,40 @@ class WorkerPool:
     def _retire(self, worker: _Worker, dump: bool = True) -> LadderResult:
         """Take ``worker`` out of the pool and end its process group through the shared ladder."""
         if not self._discard(worker):
-            return LadderResult(worker.process.exitcode, False, "exited")
-        child = _WorkerChild(worker.process)
-        if worker.process.is_alive():
+            return LadderResult(worker.process.poll(), False, "exited")
+        child = worker.child
+        unregister(child)
+        if worker.process.poll() is None:
             result = terminate(child, _TERM_GRACE_S, worker.stacks, dump=dump)
         else:
             kill_group(child.pid)  # a compiler subprocess may outlive its worker
-            result = LadderResult(worker.process.exitcode, False, "exited")
+            result = LadderResult(worker.process.returncode, False, "exited")
         worker.conn.close()
         return result
 
     def close(self) -> None:
+        """Stop every worker: an idle one by closing its connection, a busy one with the ladder.
+
+        A busy worker's connection is left to the thread of its call, which
+        sees EOF and retires it: closing it here, under that thread's poll, lets
+        the descriptor's number be reused by another file, and the poll then
+        waits on that file until the call's deadline (a cancelled build hung so).
+        """
         with self._lock:
             self._closed = True
-            workers = list(self._all)
-        for worker in workers:
+            idle = [w for w in self._all if not w.busy]
+            busy = [w for w in self._all if w.busy]
+        for worker in idle:
             worker.conn.close()  # the worker's recv() gets EOF and returns
-        for worker in workers:
-            worker.process.join(_TERM_GRACE_S)
+        for worker in busy:
+            if worker.process.poll() is None:
+                terminate(worker.child, _TERM_GRACE_S, worker.stacks, dump=False)
+        for worker in idle:
+            worker.child.wait(_TERM_GRACE_S)
             self._retire(worker, dump=False)
         shutil.rmtree(self._dumps, ignore_errors=True)
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

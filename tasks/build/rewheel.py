@@ -2,11 +2,15 @@
 
 The project's own metadata stays as its backend wrote it (summary,
 description, license, entry points, extras, the ``WHEEL`` file and tag);
-only ``Version`` and ``Requires-Dist`` are rewritten, with the standard
+only ``Version`` and ``Requires-Dist`` are rewritten (the backend's own lines
+merged with ``[project] dependencies`` by :func:`merged_requires`, the torch
+line pinned to the torch the binary was built against, :func:`pins_torch`), with the standard
 library's email parser as ``wheel`` itself does, and the wheel is written
 again with :func:`kiln.tasks.build.wheel.write_wheel` (``wheel.WheelFile``:
 ``RECORD`` recomputed). Reading goes through ``WheelFile`` too, which checks
-every member against the backend's ``RECORD``. The ``.dist-info`` and
+every member against the backend's ``RECORD``, and every member is read
+bounded (:func:`kiln.release.wheels.read_member`): the ones Kiln parses at
+their own limits, the rest (libraries) at most a library's limit. The ``.dist-info`` and
 ``.data`` directories are renamed for the new version; when Kiln adds AOT
 artifacts (a registry beside the backend) they land under ``<package>/_aot/``
 with their manifest, as in a Kiln-built wheel.
@@ -21,14 +25,20 @@ from email.generator import BytesGenerator
 from email.message import Message
 from email.parser import BytesParser
 from io import BytesIO
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import CompileError
+from kiln.release.errors import CompileError, MemberTooLargeError
+from kiln.release.wheels import MEMBER_LIMITS, member_limit, read_member
+from kiln.tasks.build.buildenv import requires
 from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
 from kiln.tasks.build.wheel import (
     WheelInput, WheelStamp, build_info, platform_tag, requirements, wheel_filename, wheel_metadata, write_wheel,
 )
@@ -58,15 +68,51 @@ def rewrite_metadata(data: bytes, version: str, requires: list[str]) -> bytes:
     return _serialise(message)
 
 
+def _limit(name: str) -> int:
+    """The most read of one member: a parsed one's own limit (METADATA, WHEEL…), else a library's."""
+    return member_limit(name) if name.rsplit("/", 1)[-1] in MEMBER_LIMITS else MAX_LIBRARY_BYTES
+
+
 def read_members(wheel: Path) -> tuple[str, dict[str, bytes]]:
-    """(dist-info directory, {arcname: bytes}) of ``wheel``, every member checked against its RECORD."""
+    """(dist-info directory, {arcname: bytes}) of ``wheel``, every member checked against its RECORD, each
+    read bounded (a member past its limit is a CompileError naming the wheel and the member)."""
     try:
         with WheelFile(wheel) as archive:
-            members = {info.filename: archive.read(info.filename) for info in archive.infolist()
-                       if not info.is_dir()}
+            members = {info.filename: read_member(archive, info.filename, wheel.name, _limit(info.filename))
+                       for info in archive.infolist() if not info.is_dir()}
             return archive.dist_info_path, members
+    except MemberTooLargeError as exc:
+        raise CompileError(f"the backend's wheel {wheel.name}: {exc}") from exc
     except Exception as exc:  # wheel's WheelError, zipfile's BadZipFile: one translation point
         raise CompileError(f"the backend's wheel {wheel.name} is not a valid wheel: {exc}") from exc
+
+
+def _key(requirement: Requirement) -> tuple[str, str, str]:
+    return canonicalize_name(requirement.name), str(requirement.marker or ""), requirement.url or ""
+
+
+def _joined(first: Requirement, second: Requirement) -> Requirement:
+    """One requirement that asks for both: the extras of each, the specifiers of both."""
+    joined = Requirement(str(first))
+    joined.extras = first.extras | second.extras
+    joined.specifier = first.specifier & second.specifier
+    return joined
+
+
+def merged_requires(own: Sequence[str], declared: Sequence[str]) -> list[str]:
+    """The backend's own ``Requires-Dist`` with ``[project] dependencies`` merged in, in that order.
+
+    A requirement of a project (canonical name) that the backend already states
+    for the same marker and URL is joined with it into one line (extras and
+    specifiers of both: ``torch>=2.4`` and ``torch<3`` give ``torch<3,>=2.4``);
+    the others are appended. Lines are spelled as :mod:`packaging` spells them.
+    """
+    merged: dict[tuple[str, str, str], Requirement] = {}
+    for text in (*own, *declared):
+        requirement = Requirement(text)
+        key = _key(requirement)
+        merged[key] = _joined(merged[key], requirement) if key in merged else requirement
+    return [str(r) for r in merged.values()]
 
 
 def _renamed(arcname: str, old: str, new: str) -> str:
@@ -77,10 +123,20 @@ def _renamed(arcname: str, old: str, new: str) -> str:
     return arcname
 
 
+def pins_torch(config: KilnConfig, variant: Variant, members: dict[str, bytes]) -> bool:
+    """Whether the wheel's torch line becomes ``torch==<the torch it was built against>``: a torch extension
+    (``[build.toolchain] torch``), or a shared library built in a variant environment that holds torch."""
+    if config.build.toolchain.torch:
+        return True
+    library = any(name.endswith(".so") or ".so." in name.rsplit("/", 1)[-1] for name in members)
+    return library and requires(variant.build_requires, "torch")
+
+
 def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Path, binaries: list[WheelInput],
-                  entries: list[dict[str, Any]], out_dir: Path, stamp: WheelStamp = WheelStamp(),
+                  entries: list[dict[str, Any]], out_dir: Path, stamp: WheelStamp | None = None,
                   cache: BuildCache | None = None) -> Path:
     """Write the variant's wheel from the backend's ``built`` wheel into ``out_dir``; return its path."""
+    stamp = stamp or WheelStamp()
     dist_info, members = read_members(built)
     tag = "-".join(built.name.removesuffix(".whl").split("-")[-3:])  # WheelFile has checked the name: PEP 427
     old = dist_info.removesuffix(".dist-info")
@@ -91,8 +147,9 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
     filename = wheel_filename(config.project.distribution, version, tag)
     new = f"{filename.split('-')[0]}-{Version(version)}"
     own = _parse(members[f"{dist_info}/METADATA"]).get_all("Requires-Dist") or []
+    base = merged_requires([str(line) for line in own], config.project.dependencies)
     requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
-                            torch_extension=config.build.toolchain.torch, base=tuple(own))
+                            torch_extension=pins_torch(config, variant, members), base=tuple(base))
     out = {_renamed(name, old, new): data for name, data in members.items()
            if name.rsplit("/", 1)[-1] not in _SIGNATURES or not name.startswith(dist_info + "/")}
     out[f"{new}.dist-info/METADATA"] = rewrite_metadata(members[f"{dist_info}/METADATA"], str(Version(version)),

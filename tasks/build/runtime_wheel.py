@@ -13,8 +13,10 @@ version is refused as a conflict (bump the version).
 
 from __future__ import annotations
 
+import email.message
 from importlib import metadata
 from pathlib import Path
+from typing import cast
 
 from kiln.release.errors import ConfigError
 from kiln.tasks.build.wheel import _CACHE_SUFFIXES, _CACHES, WheelStamp, wheel_filename, wheel_metadata, write_wheel
@@ -36,7 +38,7 @@ def _sources(root: Path) -> list[tuple[str, bytes]]:
 
 
 def _metadata(dist: metadata.Distribution) -> str:
-    meta = dist.metadata
+    meta = cast(email.message.Message, dist.metadata)  # what importlib.metadata returns, with .get
     lines = ["Metadata-Version: 2.1", f"Name: {meta['Name']}", f"Version: {meta['Version']}"]
     lines += [f"Summary: {meta['Summary']}"] if meta.get("Summary") else []
     lines += [f"Requires-Python: {meta['Requires-Python']}"] if meta.get("Requires-Python") else []

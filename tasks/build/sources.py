@@ -11,15 +11,19 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import json
+import shutil
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from pathlib import Path, PurePosixPath
 
-from kiln.release.errors import ConfigError
+from kiln.release.errors import CompileError, ConfigError
 
 _GIT_TIMEOUT_S = 60
 # Directories that are build outputs or tool state, never a project's source (used outside git only).
 _NOT_SOURCE = {".git", ".kiln", ".venv", "build", "dist", "out", "__pycache__", ".tox", ".nox"}
+_KILN_DIR = ".kiln"
+_RUN_MANIFEST = "run.json"  # kiln.release.manifest.MANIFEST_NAME: a run's local view holds one
 
 
 def module_file(package_dir: Path, package: str, module: str) -> Path | None:
@@ -100,27 +104,130 @@ def source_hash(package_dir: Path, package: str, module: str) -> str:
     return digest.hexdigest()
 
 
-def project_files(project_dir: Path) -> list[str]:
-    """The project's source files, relative to ``project_dir``, sorted: what is hashed is what is built."""
+def _git(project_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes] | None:
     try:
-        done = subprocess.run(["git", "-C", str(project_dir), "ls-files", "-z", "--cached", "--others",
-                               "--exclude-standard", "."], capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
+        return subprocess.run(["git", "-C", str(project_dir), *args], capture_output=True, timeout=_GIT_TIMEOUT_S,
+                              check=False)
     except FileNotFoundError:
-        done = None
-    if done is not None and done.returncode == 0:
-        names = done.stdout.decode().split("\0")
-        return sorted(n for n in names if n and (project_dir / n).is_file())
+        return None
+
+
+def _names(done: subprocess.CompletedProcess[bytes] | None) -> list[str] | None:
+    if done is None or done.returncode != 0:
+        return None
+    return [n for n in done.stdout.decode().split("\0") if n]
+
+
+def _run_views(project_dir: Path, names: list[str]) -> set[str]:
+    """Directories (relative) that are Kiln's ``--out``: the parents of run views (a dir holding Kiln's run.json)."""
+    found = set()
+    for name in names:
+        if PurePosixPath(name).name != _RUN_MANIFEST:
+            continue
+        try:
+            data = json.loads((project_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "run_id" in data and "units" in data:
+            view = PurePosixPath(name).parent
+            found.add(view.parent.as_posix() if view.parent != PurePosixPath(".") else view.as_posix())
+    return found
+
+
+def _kiln_state(names: list[str], project_dir: Path, exclude: Sequence[Path]) -> set[str]:
+    """Which of ``names`` (untracked files) are Kiln's own state: ``.kiln/``, ``exclude`` (the build cache),
+    and a ``--out`` directory; never a project's source, so never hashed nor copied (a rebuild of the same
+    commit then hits the cache)."""
+    outs = _run_views(project_dir, names)
+    roots = [Path(os.path.abspath(d)) for d in exclude]
+    state = set()
+    for name in names:
+        parts = PurePosixPath(name).parts
+        path = Path(os.path.abspath(project_dir / name))
+        if _KILN_DIR in parts[:-1] or any(path.is_relative_to(r) for r in roots) \
+                or any(name.startswith(f"{o}/") for o in outs):
+            state.add(name)
+    return state
+
+
+def project_files(project_dir: Path, exclude: Sequence[Path] = ()) -> list[str]:
+    """The project's source files, relative to ``project_dir``, sorted: what is hashed is what is built.
+
+    In git: the tracked files and the untracked ones git does not ignore, less Kiln's own state
+    (:func:`_kiln_state`). Outside git: the whole tree less build outputs and tool state.
+    """
+    project_dir = Path(project_dir)
+    tracked = _names(_git(project_dir, "ls-files", "-z", "--cached", "."))
+    others = _names(_git(project_dir, "ls-files", "-z", "--others", "--exclude-standard", f"--exclude={_KILN_DIR}",
+                         "."))
+    if tracked is not None and others is not None:
+        others = sorted(set(others) - _kiln_state(others, project_dir, exclude))
+        return sorted(n for n in {*tracked, *others} if (project_dir / n).is_file())
+    roots = [Path(os.path.abspath(d)) for d in exclude]
     found = []
     for dirpath, dirnames, filenames in os.walk(project_dir):
-        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_SOURCE and not d.endswith(".egg-info"))
+        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_SOURCE and not d.endswith(".egg-info")
+                             and not any(Path(os.path.abspath(Path(dirpath) / d)).is_relative_to(r) for r in roots))
         found += [(Path(dirpath) / f).relative_to(project_dir).as_posix() for f in filenames if not f.endswith(".pyc")]
     return sorted(found)
 
 
-def project_hash(project_dir: Path) -> str:
-    """Content hash of the project's files (names and bytes): the backend unit's cache input."""
-    digest = hashlib.sha256()
-    for name in project_files(project_dir):
+def head_commit(project_dir: Path) -> str:
+    """The commit the project's checkout is at ("" outside git or before the first commit)."""
+    done = _git(project_dir, "rev-parse", "--verify", "--quiet", "HEAD")
+    return done.stdout.decode().strip() if done is not None and done.returncode == 0 else ""
+
+
+def project_hash(project_dir: Path, exclude: Sequence[Path] = ()) -> str:
+    """Content hash of the project's files (names and bytes) and its commit: the backend unit's cache input.
+
+    The commit counts because git-based tooling (setuptools-scm's version and file list) reads it.
+    """
+    digest = hashlib.sha256(head_commit(project_dir).encode() + b"\0")
+    for name in project_files(project_dir, exclude):
         digest.update(name.encode() + b"\0")
         digest.update(hashlib.sha256((project_dir / name).read_bytes()).digest())
     return digest.hexdigest()
+
+
+def copy_project(project_dir: Path, dest: Path, exclude: Sequence[Path] = ()) -> Path:
+    """A private copy of the project as its own build sees it; returns the project's directory in it.
+
+    In git: a clone of the repository at HEAD (``--shared``: objects are borrowed, not copied) with the
+    working tree's changes under the project laid over it, so ``.git`` is there for the tooling that reads
+    it (setuptools-scm's file list and version). Outside git: the files of :func:`project_files`.
+    """
+    project_dir = Path(project_dir)
+    head = head_commit(project_dir)
+    where = _git(project_dir, "rev-parse", "--show-toplevel", "--show-prefix")
+    if not head or where is None or where.returncode != 0:
+        for name in project_files(project_dir, exclude):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(project_dir / name, dest / name)
+        return dest
+    top, prefix = (where.stdout.decode().splitlines() + [""])[:2]
+    _checked(["git", "clone", "--quiet", "--shared", "--no-checkout", top, str(dest)], "cloning")
+    _checked(["git", "-C", str(dest), "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", head],
+             "checking out")
+    source = dest / prefix
+    changed = _names(_git(project_dir, "diff", "--name-only", "--no-renames", "--relative", "-z", "HEAD", "--", "."))
+    others = _names(_git(project_dir, "ls-files", "-z", "--others", "--exclude-standard", f"--exclude={_KILN_DIR}",
+                         ".")) or []
+    others = sorted(set(others) - _kiln_state(others, project_dir, exclude))
+    for name in sorted({*(changed or []), *others}):
+        target = source / name
+        if (project_dir / name).is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(project_dir / name, target)
+        elif target.is_file() or target.is_symlink():
+            target.unlink()  # deleted in the working tree
+    return source
+
+
+def _checked(cmd: list[str], what: str) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_GIT_TIMEOUT_S, check=False)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        raise CompileError(f"{what} the project for its build failed: {exc}") from exc
+    if done.returncode != 0:
+        raise CompileError(f"{what} the project for its build failed ({' '.join(cmd)}):\n{done.stderr[-1500:]}")

@@ -11,15 +11,17 @@ import json
 import logging
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from kiln.release.errors import ToolchainMissingError
 from kiln.release.fsutil import atomic_write_text
-from kiln.release.manifest import Unit
+from kiln.release.manifest import ArtifactKind, Unit
 from kiln.release.record import Source
-from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, plan_build
+from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
+from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
 from kiln.tasks.build.units import BuildEnv, UnitResult
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.config import KilnConfig, Variant, load_config
@@ -50,7 +52,7 @@ class BuildSetup:
 
 
 def prepare_build(config_path: str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
-                  cache_dir: str | None = None, source: Source = Source()) -> BuildSetup:
+                  cache_dir: str | None = None, source: Source | None = None) -> BuildSetup:
     """Load config and registry, find the toolchain, plan the matrix. Changes nothing on disk but the plan cache.
 
     The registry (and torch and Triton with it) is imported only when the plan
@@ -71,6 +73,7 @@ def prepare_build(config_path: str, version: str, variants: list[str] | None, nv
         plancache.store(cache_root, key, config, stored, set(sys.modules) - before)
     else:
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
+    source = source or Source()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
     return BuildSetup(config, str(Path(config_path).resolve()), chosen, stored.plan, tools.nvcc, cache_root, stamp,
                       tools.project)
@@ -139,7 +142,29 @@ def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | 
         "include_dirs": tuple(str(config.path(d)) for d in build.toolchain.include_dirs),
         "library_dirs": tuple(str(config.path(d)) for d in build.toolchain.library_dirs)})
     return ProjectBuilder(config.path(build.project_dir), config.project.distribution, toolchain_dirs,
-                          build.backend_timeout_s, build.jobs, home, cuobjdump)
+                          build.backend_timeout_s, build.jobs, home, cuobjdump, kiln_state(config),
+                          {v.name: dict(v.build_env) for v in config.variants if v.build_env})
+
+
+def variant_environments(setup: BuildSetup) -> VariantEnvironments:
+    """The build's variant environments, under the build cache (``envs/``), made when a unit first needs one."""
+    config = setup.config
+    return VariantEnvironments(setup.cache_root / "envs", {v.name: (v.backend, v.build_requires)
+                                                          for v in config.variants}, config.build.backend_timeout_s)
+
+
+def variant_stamp(setup: BuildSetup, variant: Variant) -> WheelStamp:
+    """The stamp of ``variant``'s wheel: its toolchain names the torch of the variant's build environment,
+    which the wheel then pins where its binary needs it (a torch extension has no stable C++ ABI)."""
+    if not requires(variant.build_requires, "torch"):
+        return setup.stamp
+    torch = pinned_version(variant.build_requires, "torch")
+    if torch is None:  # a range: the environment says which torch it resolved to
+        found = variant_environments(setup).torch(variant.name)
+        torch = found.version if found is not None else None
+    if torch is None:
+        return setup.stamp
+    return replace(setup.stamp, toolchain=tuple(sorted({**dict(setup.stamp.toolchain), "torch": torch}.items())))
 
 
 @contextmanager
@@ -153,13 +178,14 @@ def build_env(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> It
         env_vars: dict[str, str | None] = {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": triton_cache}
         with WorkerPool(jobs or setup.config.build.jobs, env_vars) as pool:
             yield BuildEnv(setup.config_path, Path(out).resolve() / "build", BuildCache(setup.cache_root), pool,
-                           setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc, setup.project)
+                           setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc, setup.project,
+                           environments=variant_environments(setup), config=setup.config)
 
 
 @dataclass(frozen=True)
 class VariantOutput:
     unit: Unit
-    files: tuple[tuple[Path, str], ...]  # (path, artifact kind) to register in the run manifest
+    files: tuple[tuple[Path, ArtifactKind], ...]  # (path, artifact kind) to register in the run manifest
 
 
 def wheel_unit_id(variant: str) -> str:
@@ -183,32 +209,41 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     binaries = [WheelInput(p, p.relative_to(variant_dir).as_posix()) for p in files if p.suffix != ".whl"]
     manifest = variant_dir / "manifest.json"
     atomic_write_text(manifest, json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n")
-    version = variant_version(setup.version, variant.name)
+    # A pure-Triton package's one portable wheel keeps the plain version: there is nothing variant about it.
+    version = setup.version if setup.config.build.kind == "triton-jit" else variant_version(setup.version, variant.name)
     config, wheels = setup.config, Path(out).resolve() / "wheels"
     cache = BuildCache(setup.cache_root)  # a warm build copies wheels of unchanged members
+    stamp = variant_stamp(setup, config.variant(variant.name))
     if built:
         wheel = rewrite_wheel(config, config.variant(variant.name), version, built[0], binaries, entries, wheels,
-                              setup.stamp, cache=cache)
+                              stamp, cache=cache)
     else:
         wheel = build_wheel(config, version, binaries, entries, wheels, variant=config.variant(variant.name),
-                            stamp=setup.stamp, cache=cache)
-    kinds = tuple((f, _kind(f)) for r in results for f in r.files if _kind(f))  # type: ignore[union-attr]
-    unit = Unit(uid, "build", "completed", variant=variant.name, message=f"{wheel.name} ({len(entries)} compiled artifacts)")
+                            stamp=stamp, cache=cache)
+    kinds = tuple((f, kind) for r in results for f in r.files if (kind := _kind(f)))  # type: ignore[union-attr]
+    held = "".join(f"; {r.device_code}" for r in results if r.device_code)  # type: ignore[union-attr]
+    unit = Unit(uid, "build", "completed", variant=variant.name,
+                message=f"{wheel.name} ({len(entries)} compiled artifacts{held})")
     return VariantOutput(unit, ((wheel, "wheel"), (manifest, "build-manifest")) + kinds)
 
 
-def _kind(path: Path) -> str:
-    return {".cubin": "cubin", ".hsaco": "hsaco", ".so": "shared-library"}.get(path.suffix, "")
+_KINDS: dict[str, ArtifactKind] = {".cubin": "cubin", ".hsaco": "hsaco", ".so": "shared-library"}
 
 
-def table_rows(units: list[CompileUnit], outcomes: dict[str, UnitResult | BaseException], records: dict[str, Unit]) -> list[dict[str, Any]]:
+def _kind(path: Path) -> ArtifactKind | None:
+    return _KINDS.get(path.suffix)
+
+
+def table_rows(units: list[CompileUnit], outcomes: dict[str, UnitResult | BaseException],
+               records: dict[str, Unit]) -> list[dict[str, Any]]:
     """The build table: unit, arch, state, time, cache hit/miss, size."""
     rows = []
     for unit in units:
         outcome, record = outcomes.get(unit.id), records[unit.id]
         size = outcome.size if isinstance(outcome, UnitResult) else 0
         rows.append({"unit": unit.id, "arch": unit.arch, "state": record.state, "time_s": round(record.duration_s, 2),
-                     "cache": record.cache, "size": size})
+                     "cache": record.cache, "size": size,
+                     "device_code": outcome.device_code if isinstance(outcome, UnitResult) else ""})
     return rows
 
 
@@ -217,4 +252,5 @@ def cache_report(events: list[str]) -> str:
     if not events:
         return "# Build cache\n\nNo drift: every cache entry used matched its recorded sha256.\n"
     lines = "\n".join(f"- {e}" for e in events)
-    return f"# Build cache\n\n{len(events)} drift event(s); the affected batches were invalidated and rebuilt:\n\n{lines}\n"
+    return (f"# Build cache\n\n{len(events)} drift event(s); the affected batches were invalidated and rebuilt:"
+            f"\n\n{lines}\n")

@@ -7,6 +7,7 @@ binary's ELF arch against the plan, stores it and copies it out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -41,6 +42,9 @@ class BuildEnv:
     nvcc: Any = None  # kiln.tasks.build.nvcc.Nvcc, or None when nvcc is missing
     project: Any = None  # kiln.tasks.build.backend.ProjectBuilder, for [build] backend = "pep517"
     events: list[str] = field(default_factory=list)
+    # kiln.tasks.build.buildenv.VariantEnvironments: each variant's build_requires environment, made on first use
+    environments: Any = None
+    config: Any = None  # kiln.tasks.config.KilnConfig: a variant environment's nvcc settings come from it
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class UnitResult:
     files: tuple[Path, ...]  # written under BuildEnv.out_dir
     entries: tuple[dict[str, Any], ...]  # _aot/manifest.json rows (path relative to the variant dir)
     size: int
+    device_code: str = ""  # pep517: the archs the wheel holds ("SASS ['sm_80']"), recorded in the run
 
 
 def unit_dir(unit: CompileUnit) -> str:
@@ -85,10 +90,33 @@ def _compile(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
     if unit.kind == "pep517":
         if env.project is None:
             raise CompileError(f"{unit.id}: kiln.toml's [build] backend is not 'pep517'")
-        return env.project.build_unit(unit, env)
+        project: dict[str, bytes] = env.project.build_unit(unit, env)
+        return project
     if env.nvcc is None:
         raise CompileError(f"{unit.id}: nvcc is not available")
-    return env.nvcc.build_unit(unit, env)
+    built: dict[str, bytes] = _nvcc_builder(unit, env).build_unit(unit, env)
+    return built
+
+
+def _nvcc_builder(unit: CompileUnit, env: BuildEnv) -> Any:
+    """Kiln's nvcc builder, with the torch of the variant's own build environment when it has one."""
+    made = env.environments.for_variant(unit.variant) if env.environments is not None else None
+    if made is None or env.config is None:
+        return env.nvcc
+    from kiln.tasks.build.nvcc import settings_for
+
+    settings = env.environments.settings(unit.variant, lambda e: settings_for(env.config, str(e.python)))
+    return dataclasses.replace(env.nvcc, settings=settings)
+
+
+def _device_code(files: dict[str, bytes]) -> tuple[dict[str, bytes], str]:
+    """The unit's files less the pep517 unit's device-code record, and what that record says the wheel holds."""
+    from kiln.tasks.build.backend import DEVICE_CODE
+
+    if DEVICE_CODE not in files:
+        return files, ""
+    record = json.loads(files[DEVICE_CODE])
+    return {n: d for n, d in files.items() if n != DEVICE_CODE}, f"holds {record['held']} ({record['policy']})"
 
 
 def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path], env: BuildEnv) -> list[dict[str, Any]]:
@@ -126,6 +154,7 @@ def build_unit(unit: CompileUnit, env: BuildEnv) -> UnitResult:
     else:
         files, cache = _compile(unit, env), "miss"
         env.cache.put(unit.batch, unit.key, files, {"unit": unit.id, "toolchain": env.toolchain})
+    files, device_code = _device_code(files)
     directory = (env.out_dir / unit.variant / unit_dir(unit)).resolve()
     written = []
     for name, data in files.items():
@@ -136,15 +165,16 @@ def build_unit(unit: CompileUnit, env: BuildEnv) -> UnitResult:
     entries = _entries(unit, files, written, env)
     size = sum(len(d) for d in files.values()) if unit.kind == "pep517" else sum(e["size"] for e in entries)
     return UnitResult(unit.id, cache, time.perf_counter() - start, tuple(written), tuple(entries),  # type: ignore[arg-type]
-                      size)
+                      size, device_code)
 
 
 def unit_record(unit: CompileUnit, outcome: UnitResult | BaseException) -> Unit:
     """The run-manifest row for a unit, from its result or the error it ended with."""
     base = dict(id=unit.id, stage="build", variant=unit.variant, arch=unit.arch, kernel=unit.kernel)
     if isinstance(outcome, UnitResult):
+        held = f"; {outcome.device_code}" if outcome.device_code else ""
         return Unit(**base, state="completed", duration_s=outcome.duration_s, cache=outcome.cache,  # type: ignore[arg-type]
-                    message=f"{outcome.size} bytes")
+                    message=f"{outcome.size} bytes{held}")
     kind = type(outcome).__name__ if isinstance(outcome, KilnError) else f"unexpected {type(outcome).__name__}"
     return Unit(**base, state="failed", message=f"{kind}: {outcome}")  # type: ignore[arg-type]
 

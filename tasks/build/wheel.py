@@ -73,14 +73,14 @@ class WheelStamp:
 
     @classmethod
     def for_commit(cls, commit: str, commit_time: int, toolchain: dict[str, str] | None = None,
-                   environ: dict[str, str] | None = None) -> "WheelStamp":
+                   environ: dict[str, str] | None = None) -> WheelStamp:
         env = os.environ if environ is None else environ
         epoch = int(env["SOURCE_DATE_EPOCH"]) if env.get("SOURCE_DATE_EPOCH", "").strip().isdigit() else commit_time
         return cls(max(epoch, ZIP_EPOCH), commit, tuple(sorted((toolchain or {}).items())))
 
     @property
     def date_time(self) -> tuple[int, int, int, int, int, int]:
-        return time.gmtime(self.epoch)[:6]  # type: ignore[return-value]
+        return time.gmtime(self.epoch)[:6]
 
 
 def platform_tag() -> str:
@@ -173,7 +173,7 @@ def _info(arcname: str, stamp: WheelStamp) -> zipfile.ZipInfo:
     return info
 
 
-class _StampedWheelFile(WheelFile):
+class _StampedWheelFile(WheelFile):  # type: ignore[misc]  # the wheel package ships no type hints
     """A ``WheelFile`` for writing whose every member carries the stamp's time and mode: RECORD
     too, which ``WheelFile`` names by its path alone and would date with the clock."""
 

@@ -67,3 +67,14 @@ def hang_with_a_compiler_child(pid_file: str) -> None:
     Path(pid_file + ".tmp").write_text(str(child.pid))
     os.replace(pid_file + ".tmp", pid_file)  # the test reads it whole or not at all
     hang_in_named_frame(None)
+
+
+def imported_from(module: str) -> str:
+    """Where the worker imports ``module`` from."""
+    import importlib
+
+    return str(importlib.import_module(module).__file__)
+
+
+def environ(name: str) -> str | None:
+    return os.environ.get(name)

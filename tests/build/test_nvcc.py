@@ -80,3 +80,34 @@ def test_a_tool_past_its_deadline_goes_down_the_shared_ladder_with_its_children(
 def test_a_tool_with_more_output_than_a_pipe_holds_finishes(tmp_path):
     result = nvcc_mod.run_tool(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo; exit 3"], timeout=120)
     assert result.returncode == 3 and result.stdout.count("x") == 300000
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_the_same_sources_at_two_paths_of_different_length_give_identical_library_bytes(tmp_path):
+    # Invariant 8: scale-out workers clone into fresh directories; the torch extension (ops.cpp, which uses
+    # TORCH_CHECK's __FILE__) and the kernel (an anonymous namespace nvcc names after its file's path) both count.
+    from kiln.tasks.build.nvcc import torch_settings
+
+    nvcc = find_nvcc()
+    built = []
+    for clone in (tmp_path / "a", tmp_path / "a-much-longer-clone-directory" / "nested"):
+        shutil.copytree(SOURCE.parent, clone / "csrc")
+        sources = sorted((clone / "csrc").glob("*.c*"))
+        library = build_library(nvcc, sources, "lib.so", ("8.0",), timeout=600, settings=torch_settings())
+        assert str(clone).encode() not in library
+        built.append(library)
+    assert built[0] == built[1]
+
+
+def test_the_staging_directory_refuses_one_another_user_could_write(tmp_path):
+    from kiln.tasks.build import stagedir
+
+    base = tmp_path / "tmp"
+    base.mkdir()
+    shared = base / f"kiln-nvcc-{__import__('os').getuid()}"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(CompileError, match="not a private directory"), stagedir.staged([SOURCE], base=base):
+        pass
+    assert list(shared.iterdir()) == []

@@ -114,3 +114,19 @@ def test_the_ladder_reaches_the_workers_compiler_subprocesses(pool, tmp_path):
         pool.call(f"{TARGETS}:hang_with_a_compiler_child", str(pid_file), timeout=3)
     child = int(Path(pid_file).read_text())
     assert _wait_until_gone(child, within_s=10), f"the worker's subprocess {child} outlived it"
+
+
+def test_modules_planted_in_the_working_directory_are_never_imported_by_a_compile_worker(tmp_path, monkeypatch):
+    """A user who can write the directory a kiln build runs in plants ``socket.py`` and ``pickle.py`` (a worker's
+    connection imports both) and ``json.py``; each writes a marker when imported. The worker starts with ``-P``
+    (``multiprocessing``'s spawn ran ``python -c`` there, which imported the planted ``socket.py``)."""
+    shared, markers = tmp_path / "shared", tmp_path / "markers"
+    shared.mkdir()
+    markers.mkdir()
+    for name in ("socket", "pickle", "json"):
+        (shared / f"{name}.py").write_text(f"open({str(markers / name)!r}, 'w').close()\n")
+    monkeypatch.chdir(shared)
+    with WorkerPool(1, {"KILN_POOL_PROBE": "set"}) as pool:
+        assert pool.call(f"{TARGETS}:imported_from", "json", timeout=120) != str(shared / "json.py")
+        assert pool.call(f"{TARGETS}:environ", "KILN_POOL_PROBE", timeout=120) == "set"
+    assert sorted(p.name for p in markers.iterdir()) == []

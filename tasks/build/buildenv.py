@@ -1,0 +1,307 @@
+"""Per-variant build environments: a variant's ``build_requires`` (e.g. a CUDA build of torch), made once.
+
+A variant of ``kiln.toml`` may name what its build needs (``build_requires =
+["torch==2.14.1"]``); every native unit of the variant (its ``pep517`` project
+build, its torch-extension nvcc units) then runs with that environment instead
+of Kiln's own. A variant without ``build_requires`` keeps Kiln's environment.
+
+Layout: ``<build cache>/envs/<key>/``, a virtual environment made with
+``python -m venv`` and filled by pip from the machine's configured index
+(``pip.conf``: its find-links, indexes and constraints). ``key`` is the sha256
+of the sorted requirements and the interpreter's version, so two variants
+that need the same things share one environment, on any worker sharing the
+cache. Creation is atomic and happens once:
+
+- an ``fcntl`` lock on ``envs/<key>.lock`` makes one builder create it while
+  any other waits (polling, to its deadline, naming what it waits for);
+- the environment is made in ``envs/.tmp-<key>-…`` beside it, its scripts'
+  shebangs pointed at the final path, its ``kiln-env.json`` written last, then
+  one ``rename`` publishes it: a reader sees a whole environment or none;
+- a failed creation removes the temporary directory and raises
+  :class:`BuildEnvironmentError` naming the variant, the requirements and the
+  tail of pip's output.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from kiln.release.errors import PermanentError
+from kiln.tasks.build.cache import digest
+from kiln.tasks.build.nvcc import run_tool
+
+_log = logging.getLogger("kiln.build.env")
+T = TypeVar("T")
+ENV_FORMAT = "kiln-buildenv-1"
+# Installed with every environment: a project build with --no-build-isolation needs a current setuptools and wheel.
+SEED = ("pip", "setuptools", "wheel")
+MARKER = "kiln-env.json"
+_TAIL_CHARS = 3000
+_POLL_S = 0.5
+_PROBE_TIMEOUT_S = 180.0
+_PROBE = ("import json, sys\ntry:\n import torch\nexcept ImportError:\n print('KILN-PROBE ' + json.dumps(None)); "
+          "sys.exit(0)\nprint('KILN-PROBE ' + json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda,"
+          " 'hip': getattr(torch.version, 'hip', None)}))\n")
+
+
+class BuildEnvironmentError(PermanentError):
+    """A variant's build environment could not be made, or cannot build the variant (a CPU torch for CUDA)."""
+
+
+def interpreter_id() -> str:
+    """What an environment made by this interpreter depends on: implementation, version, machine."""
+    return f"{sys.implementation.name}-{platform.python_version()}-{platform.machine()}"
+
+
+def env_key(requirements: Sequence[str]) -> str:
+    """sha256 of the sorted requirements (spelled canonically) and the interpreter."""
+    return digest(ENV_FORMAT, interpreter_id(), *SEED, *sorted(str(Requirement(r)) for r in requirements))
+
+
+def pinned_version(requirements: Sequence[str], name: str = "torch") -> str | None:
+    """The version ``requirements`` pin ``name`` to exactly (``torch==2.14.1`` -> ``2.14.1``), else None."""
+    for text in requirements:
+        req = Requirement(text)
+        specs = list(req.specifier)
+        if canonicalize_name(req.name) == name and len(specs) == 1 and specs[0].operator in ("==", "===") \
+                and "*" not in specs[0].version:
+            return specs[0].version
+    return None
+
+
+def requires(requirements: Sequence[str], name: str) -> bool:
+    return any(canonicalize_name(Requirement(r).name) == name for r in requirements)
+
+
+@dataclass(frozen=True)
+class BuildEnvironment:
+    """One made environment: its root, what it was made from, and whether this call made it."""
+
+    root: Path
+    requirements: tuple[str, ...]
+    created: bool = False
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+
+@contextmanager
+def _locked(path: Path, deadline: float, what: str) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on ``path``, polling (never blocking past ``deadline``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        logged = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() > deadline:
+                raise BuildEnvironmentError(f"{what}: another builder held {path} past the deadline; if none runs,"
+                                            " remove the lock file and retry")
+            if not logged:
+                _log.info("%s: waiting for the builder that holds %s", what, path)
+                logged = True
+            time.sleep(_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _complete(root: Path) -> bool:
+    try:
+        return bool(json.loads((root / MARKER).read_text()).get("format") == ENV_FORMAT)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _relocate(tmp: Path, final: Path) -> None:
+    """Point the scripts pip wrote (``#!<tmp>/bin/python``) and the activate scripts at ``final``."""
+    old, new = str(tmp).encode(), str(final).encode()
+    for script in (tmp / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        data = script.read_bytes()
+        head = data[:4096]
+        if old in head and (data.startswith(b"#!") or script.name.startswith("activate")):
+            script.write_bytes(data.replace(old, new))
+
+
+def _tail(text: str) -> str:
+    return text[-_TAIL_CHARS:].strip()
+
+
+def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> None:
+    what = f"the build environment of variant {variant} ({', '.join(requirements)})"
+    made = run_tool([sys.executable, "-I", "-m", "venv", str(tmp)], min(timeout_s, 600))
+    if made.returncode != 0:
+        raise BuildEnvironmentError(f"cannot create {what}: python -m venv failed (exit {made.returncode}):\n"
+                                    f"{_tail(made.stdout)}")
+    python = tmp / "bin" / "python"
+    # -I: the caller's PYTHONPATH and cwd never leak in; pip still reads the machine's pip.conf (its index).
+    done = run_tool([str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                     "--upgrade", *SEED, *requirements], timeout_s)
+    if done.returncode != 0:
+        raise BuildEnvironmentError(
+            f"cannot create {what}: pip could not install {list(requirements)} (exit {done.returncode}); check"
+            f" the requirement and the index pip is configured with. pip's output ends:\n{_tail(done.stdout)}")
+    _relocate(tmp, final)
+    info = {"format": ENV_FORMAT, "requirements": list(requirements), "interpreter": interpreter_id(),
+            "created": time.time(), "by": f"{platform.node()}:{os.getpid()}"}
+    (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+
+
+def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> BuildEnvironment:
+    """The environment of ``requirements`` under ``envs_root``, made now unless another builder made it first."""
+    reqs = tuple(sorted(str(Requirement(r)) for r in requirements))
+    key = env_key(reqs)
+    final = envs_root / key
+    if _complete(final):
+        return BuildEnvironment(final, reqs)
+    what = f"build environment {key[:16]} of variant {variant}"
+    with _locked(envs_root / f"{key}.lock", time.monotonic() + timeout_s, what):
+        if _complete(final):
+            return BuildEnvironment(final, reqs)
+        if final.exists():  # not ours to trust: no marker (a crash before rename cannot leave one here)
+            shutil.rmtree(final)
+        tmp = envs_root / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        start = time.perf_counter()
+        _log.info("creating the %s: %s", what, ", ".join(reqs))
+        try:
+            _make(tmp, final, reqs, variant, timeout_s)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _log.info("created the %s in %.1f s", what, time.perf_counter() - start)
+        return BuildEnvironment(final, reqs, created=True)
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    version: str
+    cuda: str | None
+    hip: str | None
+
+
+def probe_torch(python: Path, timeout_s: float = _PROBE_TIMEOUT_S) -> TorchInfo | None:
+    """The torch installed in ``python``'s environment (``python -I``), or None when it has none."""
+    done = run_tool([str(python), "-I", "-c", _PROBE], timeout_s)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("KILN-PROBE ")]
+    if done.returncode != 0 or not lines:
+        raise BuildEnvironmentError(f"cannot import torch in {python} (exit {done.returncode}):\n"
+                                    f"{_tail(done.stdout)}")
+    found = json.loads(lines[-1].removeprefix("KILN-PROBE "))
+    return None if found is None else TorchInfo(str(found["version"]), found["cuda"], found["hip"])
+
+
+def check_torch_backend(variant: str, backend: str, torch: TorchInfo | None) -> None:
+    """Refuse a CUDA variant whose build environment's torch has no CUDA (it cannot build a CUDA extension)."""
+    if backend == "cuda" and torch is not None and torch.cuda is None:
+        raise BuildEnvironmentError(
+            f"variant {variant} is a CUDA variant, but the torch of its build environment ({torch.version}) is a"
+            f" build without CUDA (torch.version.cuda is None), so it cannot build CUDA extensions; add"
+            f' build_requires = ["torch==2.14.1"] (a CUDA build of torch) to variant {variant} in kiln.toml')
+
+
+class VariantEnvironments:
+    """The build environments of one build's variants: each made (or found) once, checked once, on first use.
+
+    ``variants``: name -> (backend, build_requires). A variant with no requirements has no environment of its
+    own (:meth:`for_variant` returns None: Kiln's environment). Thread-safe: units of a variant run in threads.
+    """
+
+    def __init__(self, envs_root: Path, variants: Mapping[str, tuple[str, tuple[str, ...]]], timeout_s: float) -> None:
+        self.envs_root = envs_root
+        self.variants = dict(variants)
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._done: dict[str, BuildEnvironment | None | BaseException] = {}
+        self._torch: dict[str, TorchInfo | None] = {}
+        self._settings: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+
+    def for_variant(self, variant: str) -> BuildEnvironment | None:
+        """The variant's environment, made and preflighted; the first failure is raised again for every unit."""
+        with self._lock:  # one lock per variant: a variant's creation (minutes) never holds up another's units
+            mine = self._locks.setdefault(variant, threading.Lock())
+        with mine:
+            if variant not in self._done:
+                try:
+                    self._done[variant] = self._prepare(variant)
+                except BuildEnvironmentError as exc:
+                    self._done[variant] = exc
+            outcome = self._done[variant]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def torch(self, variant: str) -> TorchInfo | None:
+        """The torch of the variant's own environment (None: no environment of its own, or no torch in it)."""
+        self.for_variant(variant)
+        return self._torch.get(variant)
+
+    def _prepare(self, variant: str) -> BuildEnvironment | None:
+        backend, reqs = self.variants[variant]
+        if not reqs:
+            return None
+        made = ensure_env(self.envs_root, reqs, variant, self.timeout_s)
+        torch = probe_torch(made.python)
+        check_torch_backend(variant, backend, torch)  # the preflight: before any unit of the variant builds
+        self._torch[variant] = torch
+        return made
+
+    def settings(self, variant: str, make: Callable[[BuildEnvironment], T]) -> T:
+        """``make(env)`` for the variant's environment, once per variant (e.g. its torch's nvcc settings)."""
+        made = self.for_variant(variant)
+        if made is None:
+            raise BuildEnvironmentError(f"variant {variant} has no build environment of its own")
+        with self._locks[variant]:
+            if variant not in self._settings:
+                self._settings[variant] = make(made)
+            return self._settings[variant]  # type: ignore[no-any-return]
+
+
+def overlay_env(root: Path, parent: BuildEnvironment, timeout_s: float = 300) -> Path:
+    """A fresh, throwaway environment at ``root`` that sees ``parent``'s packages after its own; its python.
+
+    A project build installs what it lacks into the overlay, so the shared environment is never changed.
+    """
+    made = run_tool([str(parent.python), "-I", "-m", "venv", "--without-pip", str(root)], timeout_s)
+    if made.returncode != 0:
+        raise BuildEnvironmentError(f"cannot create a build environment at {root} on {parent.root}:\n"
+                                    f"{_tail(made.stdout)}")
+    python = root / "bin" / "python"
+    where = run_tool([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     timeout_s)
+    own = Path(where.stdout.strip().splitlines()[-1])
+    inherited = run_tool([str(parent.python), "-I", "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout_s)
+    # A path line in a .pth: the parent's site-packages come after the overlay's own.
+    (own / "zz_kiln_build_env.pth").write_text(inherited.stdout.strip().splitlines()[-1] + "\n")
+    return python

@@ -1,0 +1,126 @@
+"""A build directory whose absolute path depends only on the sources it holds.
+
+nvcc's front end names every anonymous namespace after the absolute path of
+its translation unit (``_GLOBAL__N__<hash of the path>_…``), and no flag maps
+that away. A checkout's path differs on every worker (scale-out workers clone
+into fresh temporary directories), so the same commit gave different cu130
+libraries (invariant 8). Kiln copies the sources into
+``/tmp/kiln-nvcc-<uid>/<sha256 of their content>/`` and compiles there, with
+``-ffile-prefix-map`` mapping that directory to ``.`` for ``__FILE__``.
+
+``/tmp`` and not ``$TMPDIR``: the path must be the same on every worker. The
+per-user directory is created 0700 and refused, naming it, when another user
+owns it or can write it; a lock per content digest keeps two builds of the
+same sources from sharing a half-written copy.
+
+A ``pep517`` project build works the same way (:func:`fixed_dir`): its copy of
+the project, its build directories and its throwaway environment live under
+``/tmp/kiln-pep517-<uid>/<unit key>/``, a path named by what is built, so
+nvcc's anonymous-namespace names and whatever path the project's build does
+not let a prefix map reach are the same on every worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kiln.release.errors import CompileError
+
+_log = logging.getLogger(__name__)
+BASE = Path("/tmp")
+_POLL_S = 0.5
+
+
+def _private_base(base: Path, kind: str = "nvcc") -> Path:
+    root = base / f"kiln-{kind}-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise CompileError(f"{root} is not a private directory of this user (a link, another owner, or open to"
+                           " others): Kiln compiles native sources there; remove it and run the build again")
+    return root
+
+
+def content_digest(root: Path) -> str:
+    """sha256 over every file under ``root``: its path relative to ``root`` and its bytes, in sorted order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+@contextmanager
+def staged(sources: list[Path], base: Path = BASE) -> Iterator[tuple[Path, list[Path]]]:
+    """Copy the directory holding ``sources`` to a content-named directory; yield it and the sources' new paths."""
+    origin = Path(os.path.commonpath([str(s.resolve().parent) for s in sources]))
+    digest = content_digest(origin)
+    root = _private_base(base)
+    target = root / digest[:16]
+    with open(root / f"{digest[:16]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            shutil.rmtree(target, ignore_errors=True)  # a copy a killed build left half-written
+            shutil.copytree(origin, target, symlinks=False)
+            _log.info("compiling %s from %s (a path named by its content, the same on every worker)", origin, target)
+            yield target, [target / s.resolve().relative_to(origin) for s in sources]
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+@contextmanager
+def _held(path: Path, deadline: float, what: str) -> Iterator[None]:
+    """An exclusive ``fcntl`` lock on ``path``, polled until ``deadline`` (monotonic), then a clear error."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        logged = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() > deadline:
+                raise CompileError(f"{what}: another build held {path} past the deadline; if none runs, remove"
+                                   " the lock file and build again")
+            if not logged:
+                _log.info("%s: waiting for the build that holds %s", what, path)
+                logged = True
+            time.sleep(_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextmanager
+def fixed_dir(kind: str, name: str, timeout_s: float, base: Path = BASE) -> Iterator[Path]:
+    """An empty directory ``/tmp/kiln-<kind>-<uid>/<name>/``, this build's alone until the block ends, then removed.
+
+    ``name`` names what is built there (a unit's cache key), so the path is the same on every worker; a build
+    of the same thing waits (up to ``timeout_s``) for the one that holds it.
+    """
+    if not name or not name.replace("-", "").isalnum():
+        raise CompileError(f"build directory name {name!r} is not a plain name (letters, digits, '-')")
+    root = _private_base(base, kind)
+    target = root / name
+    with _held(root / f"{name}.lock", time.monotonic() + timeout_s, f"building in {target}"):
+        shutil.rmtree(target, ignore_errors=True)  # what a killed build left
+        target.mkdir()
+        try:
+            yield target
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
