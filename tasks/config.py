@@ -26,10 +26,10 @@ from kiln.release.errors import ConfigError, InvalidInputError
 from kiln.tasks.bench.results import Metric
 from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.config_build import Build, Testing, Toolchain  # noqa: F401 - Toolchain: part of the config's API
+from kiln.tasks.config_build import ArchPolicy, check_build_env
 from kiln.tasks.config_pools import Pools
-from kiln.tasks.config_fields import (
-    BlockName, Endpoint, IndexUrl, Prefix, ProjectPath, Region, RoleArn, StorePrefix, check_store_url,
-)
+from kiln.tasks.config_fields import Endpoint, IndexUrl, ProjectPath, Region, StorePrefix, check_store_url
+from kiln.tasks.config_permissions import Credentials, Permission, unchosen_credentials  # noqa: F401 (re-exported)
 
 # Closed sets, each spelled once: argparse choices and run-time checks derive from them (get_args).
 Backend = Literal["cuda", "hip", "cpu"]
@@ -129,6 +129,11 @@ class Variant(_Model):
     archs: tuple[str, ...] = ()
     # Requires-Dist of this variant's wheel beyond [project].dependencies (e.g. a CUDA runtime).
     dependencies: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
+    # The variant's own build environment (e.g. a CUDA build of torch), made once and cached; empty: Kiln's own.
+    build_requires: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
+    # Variables exported to the variant's build (a package's own switches); part of the cache key.
+    build_env: Annotated[dict[str, str], AfterValidator(check_build_env)] = Field(default_factory=dict)
+    arch_policy: ArchPolicy = "exact"
 
     @model_validator(mode="after")
     def _archs(self) -> Variant:
@@ -172,6 +177,8 @@ class Bench(_Model):
     # Decision metrics whose regressions stop a release. CUDA-graph replay on a dedicated GPU is
     # steady enough to block; CPU timings on a shared machine are advisory unless listed here.
     blocking_metrics: tuple[Metric, ...] = ("graph_replay",)
+    # false: the bench stage of every run is "not run" (a package with no benchmarks Kiln can run).
+    enabled: bool = True
 
 
 class Target(_Model):
@@ -203,33 +210,15 @@ class Publish(_Model):
     extra_index_urls: tuple[IndexUrl, ...] = ("https://pypi.org/simple",)
     # Pinned third-party wheels re-published in every index (see kiln.release.pins), relative to kiln.toml.
     pins: ProjectPath | None = None
+    # A variant no suite ran on is published marked "PUBLISHED UNTESTED"; false holds it back instead,
+    # and also every variant whose suite could not run here, whatever that suite's publish_untested says.
+    publish_untested: bool = True
 
     @model_validator(mode="after")
     def _default_exists(self) -> Publish:
         if self.default_target not in self.targets:
             raise ValueError(f"default_target {self.default_target!r} is not one of {sorted(self.targets)}")
         return self
-
-
-class Credentials(_Model):
-    """Where a step's store credentials come from; exactly one source."""
-
-    block: BlockName | None = None
-    role_arn: RoleArn | None = None
-    ambient: bool = False
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Credentials:
-        chosen = [n for n, v in (("block", self.block), ("role_arn", self.role_arn), ("ambient", self.ambient)) if v]
-        if len(chosen) != 1:
-            raise ValueError(f"give exactly one of block, role_arn, ambient = true (got {chosen or 'none'})")
-        return self
-
-
-class Permission(_Model):
-    read: tuple[Prefix, ...] = ()
-    write: tuple[Prefix, ...] = ()
-    credentials: Credentials = Credentials(ambient=True)
 
 
 class KilnConfig(_Model):
@@ -261,6 +250,29 @@ class KilnConfig(_Model):
             raise ValueError("project.registry is missing: Kiln's own wheel builder compiles the kernels a registry"
                              " names; give one, or set [build] backend = \"pep517\" to build with the project's"
                              " pyproject.toml")
+        return self
+
+    @model_validator(mode="after")
+    def _triton_jit(self) -> KilnConfig:
+        """A pure-Triton package: its own backend builds one portable wheel, in one variant of no hardware."""
+        if self.build.kind != "triton-jit":
+            return self
+        if self.build.backend != "pep517":
+            raise ValueError("build.kind = \"triton-jit\": the project's own backend builds the portable wheel;"
+                             " set [build] backend = \"pep517\"")
+        shape = [(v.name, v.backend, list(v.archs)) for v in self.variants]
+        if len(self.variants) != 1 or self.variants[0].backend != "cpu":
+            raise ValueError("build.kind = \"triton-jit\" builds one portable wheel that every suite tests: give"
+                             " exactly one [[variants]] with backend = \"cpu\" and no archs (e.g. name = \"any\"),"
+                             f" not {shape}")
+        return self
+
+    @model_validator(mode="after")
+    def _explicit_credentials(self) -> KilnConfig:
+        urls = [target.url for _, target in sorted(self.publish.targets.items())]
+        unchosen = unchosen_credentials(self.permissions, self.artifacts.url, urls)
+        if unchosen:
+            raise ValueError("\n  - ".join(unchosen))
         return self
 
     def suite_variants(self, suite: Suite) -> tuple[Variant, ...]:
@@ -326,7 +338,7 @@ def _explain(exc: ValidationError, source: str) -> ConfigError:
             lines.append(f"missing key {key!r}")
         else:
             message = str(error["msg"]).removeprefix("Value error, ")
-            lines.append(f"{key}: {message}")
+            lines.append(f"{key}: {message}" if key else message)  # a whole-file rule names its own keys
     return ConfigError(f"{source} is invalid:\n  - " + "\n  - ".join(lines))
 
 

@@ -7,9 +7,10 @@ with it, once, at the edge.
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from kiln.tasks.config_fields import LocalPath, ProjectPath
 
@@ -18,6 +19,18 @@ from kiln.tasks.config_fields import LocalPath, ProjectPath
 # Kiln exports the variant's archs, checks the device code in the wheel and adds its AOT artifacts.
 BuildBackend = Literal["kiln", "pep517"]
 BUILD_BACKENDS: tuple[str, ...] = get_args(BuildBackend)
+# native: one wheel per variant, each holding its hardware's device code (built by Kiln or by the project).
+# triton-jit: a pure-Triton package whose kernels compile at run time: one portable py3-none-any wheel built by
+# the project's own backend (pep517), with no local label, in one variant that every suite tests (CPU suites
+# through the Triton interpreter, GPU suites on their pools); no device code expected, none refused.
+PackageKind = Literal["native", "triton-jit"]
+PACKAGE_KINDS: tuple[str, ...] = get_args(PackageKind)
+# What a variant's wheel must hold of the archs it asked for: exactly them (exact), every one of them and
+# perhaps more (at_least: a package that picks its own -gencode list), or whatever it holds (record).
+ArchPolicy = Literal["exact", "at_least", "record"]
+ARCH_POLICIES: tuple[str, ...] = get_args(ArchPolicy)
+# The arch list is the variant's: build_env may not set these (the build exports them from `archs`).
+ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTORCH_ROCM_ARCH", "HIPARCHS")
 
 # Flags that choose device code: the arch list is the plan's alone (never 'native', never a second list).
 _ARCH_FLAGS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code",
@@ -58,6 +71,18 @@ def _pattern(value: str) -> str:
 Flag = Annotated[str, AfterValidator(_flag)]
 
 
+def check_build_env(env: dict[str, str]) -> dict[str, str]:
+    """A variant's ``build_env``: shell-style names, printable values, no arch variable."""
+    for name, value in env.items():
+        if not name or not (name[0].isalpha() or name[0] == "_") or not all(c.isalnum() or c == "_" for c in name):
+            raise ValueError(f"build_env name {name!r} is not an environment variable name (letters, digits, _)")
+        if name in ARCH_VARIABLES:
+            raise ValueError(f"build_env may not set {name}: the variant's archs do (kiln.toml [[variants]] archs)")
+        if "\0" in value or "\n" in value:
+            raise ValueError(f"build_env {name}: the value holds a NUL or newline")
+    return dict(sorted(env.items()))
+
+
 class Toolchain(_Model):
     """What Kiln's nvcc builds add to the fixed command, and what a project build sees.
 
@@ -81,12 +106,22 @@ class Build(_Model):
     jobs: int = Field(default=2, ge=1, le=256)
     unit_timeout_s: float = Field(default=300, gt=0)
     backend: BuildBackend = "kiln"
+    kind: PackageKind = "native"
     # pep517: the directory holding the project's pyproject.toml, and the deadline of one variant's build.
     project_dir: ProjectPath = "."
     backend_timeout_s: float = Field(default=3600, gt=0)
     # Package files (globs, relative to the package directory) left out of the wheel; each one is named in a warning.
     exclude: tuple[Annotated[str, AfterValidator(_pattern)], ...] = ()
     toolchain: Toolchain = Toolchain()
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _known_kind(cls, value: object) -> object:
+        if isinstance(value, str) and value not in PACKAGE_KINDS:
+            hint = difflib.get_close_matches(value, PACKAGE_KINDS, n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"{value!r} is not a package kind (one of {', '.join(PACKAGE_KINDS)}){suggestion}")
+        return value
 
 
 # A change to any of these may change every test: --changed-since then selects every suite.

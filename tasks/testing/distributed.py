@@ -22,9 +22,13 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
@@ -34,7 +38,7 @@ from collections.abc import Callable, Sequence
 from kiln.release.errors import DistributedTestError, InfrastructureError, InvalidInputError, TestTimeoutError
 from kiln.release.fsutil import atomic_write_bytes
 from kiln.tasks.testing.classify import is_infrastructure_exception
-from kiln.tasks.process import dump_stacks, install_stack_dump, signal_name, terminate
+from kiln.tasks.process import die_with_parent, dump_stacks, install_stack_dump, signal_name, terminate
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import PRELOAD as TEST_PRELOAD, START_METHODS, StartMethod
 
@@ -84,6 +88,7 @@ def _write_outcome(workdir: str, rank: int, outcome: dict[str, Any]) -> None:
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, backend: str, init_method: str,
                timeout: float, args: Sequence[Any], workdir: str, startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
     os.setpgid(0, 0)  # the rank's helpers die with it
+    die_with_parent()  # a killed test (its fork server, or the test itself) takes its ranks along
     stacks = install_stack_dump(Path(workdir) / f"rank{rank}.stacks")  # noqa: F841 — must stay open
     outcome: dict[str, Any]
     try:
@@ -167,33 +172,66 @@ def run(fn: Callable[..., Any], world_size: int, backend: Backend = "gloo", time
     if not startup_timeout > 0:
         raise InvalidInputError(f"startup_timeout={startup_timeout!r} must be > 0 seconds")
     workdir = Path(tempfile.mkdtemp(prefix="kiln-dist-"))
-    init_method = (workdir / "rendezvous").as_uri()
     context = _context(start)
     ranks: list[_Rank] = []
     try:
-        for rank in range(world_size):
-            process = context.Process(
-                target=_rank_main,
-                name=f"kiln-rank{rank}",
-                daemon=False,
-                args=(fn, rank, world_size, backend, init_method, timeout, tuple(args), str(workdir),
-                      startup_timeout),
-            )
-            process.start()
-            ranks.append(_Rank(process, workdir / f"rank{rank}.stacks"))
-        logger.info("started %d %s ranks, rendezvous %s", world_size, backend, init_method)
-        deadline = _Deadline(workdir, world_size, timeout, startup_timeout)
-        hung, torn_down = _supervise(ranks, deadline)
-        if hung and not deadline.started:
-            waiting = [rank for rank, marker in enumerate(deadline.markers) if not marker.exists()]
-            raise TestTimeoutError(f"distributed test did not start within {startup_timeout:g}s; ranks {waiting} "
-                                   f"had not joined the group (interpreter start-up, imports, rendezvous)")
-        return _collect(ranks, workdir, hung, torn_down, timeout)
+        with _sigterm_unwinds():
+            return _start_and_collect(fn, world_size, backend, timeout, args, startup_timeout, workdir, context, ranks)
     finally:
         for rank in ranks:  # nothing outlives the call, whatever happened above
             if rank.process.exitcode is None:
                 terminate(rank, GRACE_S, dump=False)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the test (its deadline or a cancellation): unwind, so the ranks go down the ladder."""
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While ranks run, SIGTERM raises in the test instead of killing it outright.
+
+    The ranks lead groups of their own, out of the reach of the runner's
+    ``killpg`` of the test's group; unwinding runs :func:`run`'s teardown. Only
+    where SIGTERM has its default action and this is the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum: int, frame: object) -> None:
+        raise _Terminated(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _start_and_collect(fn: Callable[..., Any], world_size: int, backend: Backend, timeout: float,
+                       args: Sequence[Any], startup_timeout: float, workdir: Path,
+                       context: Any, ranks: list[_Rank]) -> list[Any]:
+    init_method = (workdir / "rendezvous").as_uri()
+    for rank in range(world_size):
+        process = context.Process(
+            target=_rank_main,
+            name=f"kiln-rank{rank}",
+            daemon=False,
+            args=(fn, rank, world_size, backend, init_method, timeout, tuple(args), str(workdir),
+                  startup_timeout),
+        )
+        process.start()
+        ranks.append(_Rank(process, workdir / f"rank{rank}.stacks"))
+    logger.info("started %d %s ranks, rendezvous %s", world_size, backend, init_method)
+    deadline = _Deadline(workdir, world_size, timeout, startup_timeout)
+    hung, torn_down = _supervise(ranks, deadline)
+    if hung and not deadline.started:
+        waiting = [rank for rank, marker in enumerate(deadline.markers) if not marker.exists()]
+        raise TestTimeoutError(f"distributed test did not start within {startup_timeout:g}s; ranks {waiting} "
+                               f"had not joined the group (interpreter start-up, imports, rendezvous)")
+    return _collect(ranks, workdir, hung, torn_down, timeout)
 
 
 class _Deadline:
@@ -239,7 +277,8 @@ def _teardown(ranks: list[_Rank], dump: bool) -> dict[int, str]:
 
 def _read_outcome(path: Path) -> dict[str, Any] | None:
     try:
-        return pickle.loads(path.read_bytes())
+        outcome: dict[str, Any] = pickle.loads(path.read_bytes())
+        return outcome
     except (FileNotFoundError, EOFError, pickle.UnpicklingError):
         return None
 

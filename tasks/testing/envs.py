@@ -1,19 +1,42 @@
-"""A fresh environment per variant: the suite runs against the wheel that ships.
+"""A fresh, isolated environment per suite (and per bench): the suite runs against what a user installs.
 
-:func:`make_env` creates a virtual environment (``uv venv``), installs the
-variant's wheel into it from the run record, and checks that every
-requirement of the wheel and of the suite is met. The heavy third-party
-stack a kernel package needs (torch, triton, numpy, pytest) is not
-downloaded again for every run: the environment sees this interpreter's
-site-packages through a ``.pth`` file *after* its own, so the wheel installed
-into the environment is what ``import`` finds, never the project's source
-tree. Kiln's own test helpers (``kiln.tasks.testing``: the worker, the
-distributed runner) are made importable the same way Kiln is installed here
-— never by putting Kiln's checkout on a path.
+:func:`make_env` makes a ``uv venv`` that holds exactly the variant's wheel,
+the dependencies its METADATA declares (``Requires-Dist``, resolved by uv
+from the run's wheels — the wheel itself and the ``kiln-runtime`` wheel the
+run publishes beside it — and the configured indexes, PyPI by default),
+pytest, and the suite's ``requires`` (installed, not merely checked). None of
+Kiln's own site-packages is visible.
+
+Why this shape (the closest real thing to "a fresh venv per suite" that does
+not download torch for every suite):
+
+- the large shared dependencies (torch, Triton, numpy, pytest, and pydantic
+  for Kiln's bench harness) come from a base environment per variant, keyed
+  by their exact versions and the interpreter, made once by pip from the
+  machine's sources (:mod:`.baseenv`), and layered *after* the environment's
+  own site-packages (:mod:`.layers`); uv sees them as installed and keeps
+  their versions as constraints, so it installs only the rest (from its
+  cache when warm);
+- because the base holds more than the wheel declares (pytest's own
+  ``packaging``, numpy for a wheel that does not ask for it), an import guard
+  (:mod:`.importguard`) refuses, for imports made by the wheel's modules,
+  every top-level module outside the closure of the wheel's declared
+  requirements, with a ``ModuleNotFoundError`` that names it; test files
+  under the project root are held to the closure of the wheel, pytest and
+  the suite's ``requires``;
+- Kiln's harness that runs inside the environment (the test worker, the
+  bench server) imports Kiln from a directory holding only ``kiln``'s own
+  packages (:func:`.layers.expose_harness`).
+
+:func:`make_build_env` is different: a project's own build backend
+(``[build] backend = "pep517"``) still sees Kiln's packages after its own.
 """
 
 from __future__ import annotations
 
+import email.message
+import email.parser
+import functools
 import json
 import logging
 import shutil
@@ -25,11 +48,17 @@ from importlib import metadata
 from pathlib import Path
 from collections.abc import Sequence
 
-from kiln.release.errors import InfrastructureError, ToolchainMissingError
+from kiln.release.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
+from kiln.release.wheels import core_metadata
+from kiln.tasks.build.runtime_wheel import build_runtime_wheel
+from kiln.tasks.testing import layers
+from kiln.tasks.testing.baseenv import base_env, base_pins
 
 log = logging.getLogger("kiln.test.envs")
 
 TIMEOUT_S = 300.0
+INSTALL_TIMEOUT_S = 900.0  # resolving and downloading a wheel's dependencies
+DEFAULT_INDEXES = ("https://pypi.org/simple",)
 # Kiln's own distributions the test processes import (the worker, the spec types).
 KILN_DISTRIBUTIONS = ("kiln", "kiln-runtime")
 
@@ -54,6 +83,10 @@ print(json.dumps(missing))
 """
 
 
+class DependencyResolutionError(PermanentError):
+    """A wheel's declared dependencies (or a suite's ``requires``) cannot be installed into its environment."""
+
+
 @dataclass(frozen=True)
 class TestEnv:
     """A prepared environment: its interpreter and what was installed into it."""
@@ -67,7 +100,7 @@ class TestEnv:
 
 def _uv() -> list[str]:
     found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-    return [found] if found else [sys.executable, "-m", "uv"]
+    return [found] if found else [sys.executable, "-P", "-m", "uv"]  # -P: never a uv.py of the caller's cwd
 
 
 def _run(cmd: list[str], what: str, timeout: float = TIMEOUT_S) -> str:
@@ -101,7 +134,7 @@ def _editable_pth(distribution: str) -> str | None:
 
 
 def _site_packages(python: Path) -> Path:
-    out = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    out = _run([str(python), "-P", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                "locating the environment's site-packages")
     return Path(out.strip())
 
@@ -117,25 +150,54 @@ def _link_parent(site: Path) -> None:
 
 
 def unmet_requirements(python: Path, requirements: Sequence[str]) -> list[str]:
-    return json.loads(_run([str(python), "-c", _CHECK, json.dumps(list(requirements))],
+    # -P: the caller's working directory (any directory a user runs kiln in) is not on the path.
+    return json.loads(_run([str(python), "-P", "-c", _CHECK, json.dumps(list(requirements))],
                            "checking the environment's requirements").strip() or "[]")
 
 
 def wheel_requirements(wheel: Path) -> list[str]:
-    """The ``Requires-Dist`` lines of a wheel (read with the standard library's email parser)."""
-    import email.parser
-    import zipfile
+    """The ``Requires-Dist`` lines of a wheel (its METADATA read bounded, by :func:`read_member`)."""
+    return _wheel_metadata(wheel).get_all("Requires-Dist") or []
 
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-        message = email.parser.BytesParser().parsebytes(archive.read(name))
-    return message.get_all("Requires-Dist") or []
+
+def wheel_distribution(wheel: Path) -> str:
+    """The distribution name a wheel's METADATA states."""
+    return str(_wheel_metadata(wheel).get("Name", ""))
+
+
+def _wheel_metadata(wheel: Path) -> email.message.Message:
+    return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
+
+
+@functools.lru_cache(maxsize=1)
+def pip_sources() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(find-links, index URLs) of the machine's pip configuration: where the base's torch came from.
+
+    uv does not read ``pip.conf``; given these, it resolves the base's packages (a local CPU build of torch)
+    from the same sources pip installed them from, and installs nothing of them (they are installed).
+    """
+    try:
+        out = _run([sys.executable, "-I", "-m", "pip", "config", "list"], "reading pip's configuration")
+    except KilnError as exc:  # no pip beside Kiln: uv's own sources only
+        log.warning("test environments resolve without pip's configured sources: %s", exc)
+        return (), ()
+    links: list[str] = []
+    indexes: list[str] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        values = value.strip().strip("'\"").split()
+        if key.endswith(".find-links"):
+            links += [v for v in values if v not in links]
+        elif key.endswith((".index-url", ".extra-index-url")):
+            indexes += [v for v in values if v not in indexes]
+    return tuple(links), tuple(indexes)
 
 
 def make_build_env(root: Path) -> Path:
     """A fresh environment at ``root`` that sees this interpreter's packages after its own; its python.
 
-    The test environments start from it, and so does a project's own build backend (``[build] backend = "pep517"``).
+    A project's own build backend (``[build] backend = "pep517"``) builds in it; test environments do not
+    (:func:`make_env`).
     """
     if root.exists():
         shutil.rmtree(root)
@@ -145,15 +207,51 @@ def make_build_env(root: Path) -> Path:
     return python
 
 
-def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = ()) -> TestEnv:
-    """A fresh environment at ``root`` with ``wheels`` installed; every requirement met or an error naming it."""
-    python = make_build_env(root)
-    _run([*_uv(), "pip", "install", "--quiet", "--offline", "--no-deps", "--python", str(python),
-          *map(str, wheels)], f"installing {', '.join(w.name for w in wheels)} into {root}")
-    needed = [r for wheel in wheels for r in wheel_requirements(wheel)] + list(requirements)
-    missing = unmet_requirements(python, needed)
-    if missing:
-        raise ToolchainMissingError(f"the test environment for {', '.join(w.name for w in wheels)} lacks "
-                                    f"{'; '.join(missing)}; install them where Kiln runs")
-    log.info("test environment %s: %s", root, ", ".join(w.name for w in wheels))
+def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,
+             indexes: Sequence[str] = DEFAULT_INDEXES, tests_root: Path | None = None, backend: str = "cpu",
+             build_requires: Sequence[str] = ()) -> TestEnv:
+    """A fresh, isolated environment at ``root``: ``wheels``, what they declare, ``requirements``, pytest.
+
+    The base of ``backend``/``build_requires`` is layered after the environment's own site-packages, Kiln's
+    harness is exposed, and the import guard refuses, for the first wheel's modules (and for test files under
+    ``tests_root``), what they do not declare. Errors name the wheel and the requirements that failed.
+    """
+    base = base_env(base_pins(backend, build_requires), backend)
+    if root.exists():
+        shutil.rmtree(root)
+    _run([*_uv(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
+    python = root / "bin" / "python"
+    site = _site_packages(python)
+    layers.layer_base(site, base.site)
+    layers.expose_harness(site, root / "kiln-harness")
+    names = ", ".join(w.name for w in wheels)
+    _install(root, python, wheels, requirements, indexes, base.site, names)
+    if wheels:
+        layers.install_guard(site, python, wheels[0].name, wheel_distribution(wheels[0]),
+                             ["pytest", *requirements], tests_root)
+    log.info("test environment %s: %s, on base %s", root, names, base.root.name[:16])
     return TestEnv(root, python, tuple(w.name for w in wheels))
+
+
+def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Sequence[str], indexes: Sequence[str],
+             base_site: Path, names: str) -> None:
+    """uv installs the wheels, what they declare and ``requirements``; the base's versions are constraints."""
+    runtime = build_runtime_wheel(root / "links")  # Kiln's harness imports kiln.runtime; the run publishes it too
+    constraints = root / "base-constraints.txt"
+    constraints.write_text("".join(f"{pin}\n" for pin in layers.installed_pins(base_site)))
+    links, pip_indexes = pip_sources()
+    index_options = [option for url in (*indexes, *pip_indexes) for option in ("--extra-index-url", url)]
+    index_options += [option for link in links for option in ("--find-links", link)]
+    also = f" with {', '.join(requirements)}" if requirements else ""
+    what = f"installing {names} and its declared dependencies{also}"
+    log.info("%s into %s (uv, from the run's wheels, %s)", what, root, ", ".join(indexes) or "no index")
+    try:
+        _run([*_uv(), "pip", "install", "--quiet", "--python", str(python), "--constraint", str(constraints),
+              "--find-links", str(runtime.parent), *index_options, *map(str, wheels), str(runtime), *requirements],
+             what, timeout=INSTALL_TIMEOUT_S)
+    except InfrastructureError as exc:
+        raise DependencyResolutionError(
+            f"the test environment for {names} cannot be made: {exc}. Requires-Dist of {names}: "
+            f"{[r for w in wheels for r in wheel_requirements(w)] or 'none'}; suite requires: {list(requirements)};"
+            f" indexes: {list(indexes)}; fixed by the shared base: {', '.join(layers.installed_pins(base_site))}"
+        ) from exc

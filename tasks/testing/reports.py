@@ -15,6 +15,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.tasks.testing.classify import TestResult, counts, first_line, suite_state, summary_line
@@ -75,14 +76,15 @@ def junit_document(suites: Mapping[str, Sequence[TestResult]], timestamp: float 
     for name, results in suites.items():
         _testsuite(root, name, results, timestamp or time.time())
     ET.indent(root)
-    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    document: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return document
 
 
 def junit_xml(suite: str, results: Sequence[TestResult], timestamp: float | None = None) -> bytes:
     return junit_document({suite: results}, timestamp)
 
 
-def summary(suite: str, results: Sequence[TestResult], elapsed_s: float = 0.0) -> dict:
+def summary(suite: str, results: Sequence[TestResult], elapsed_s: float = 0.0) -> dict[str, Any]:
     return {
         "suite": suite,
         "state": suite_state(results),

@@ -20,7 +20,7 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from kiln.tasks.testing.classify import TestResult, classify_phases, classify_unfinished, merge_attempts, should_retry
-from kiln.tasks.process import LadderResult, signal_name, terminate, watch
+from kiln.tasks.process import LadderResult, check_cancelled, signal_name, terminate, watch
 from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
 from kiln.tasks.testing.jobs import Isolation, Item, Job, RunOptions
 from kiln.tasks.testing.workers import ForkedChild, Progress, SpawnedChild, Worker, read_records, spawn_job
@@ -76,6 +76,7 @@ class Runner:
         return out
 
     def _execute_once(self, job: Job, devices: tuple[int, ...]) -> tuple[list[TestResult], set[str], LadderResult, str]:
+        check_cancelled(f"test job {job.id}")  # a job ended by a cancellation is not run again
         with self._seq_lock:
             self._seq += 1
             stem = self.work / f"job-{self._seq:05d}"
@@ -99,6 +100,8 @@ class Runner:
         running: dict[Future[list[TestResult]], tuple[Job, tuple[int, ...]]] = {}
         with ThreadPoolExecutor(max_workers=self.options.parallel + self.devices.count) as pool:
             while pending or running:
+                if pending:
+                    check_cancelled(f"{len(pending)} test job(s)")
                 for job in list(pending):
                     if job.gpus == 0 and cpu_running >= self.options.parallel:
                         continue

@@ -5,7 +5,9 @@ entry of ``kiln.toml`` plus the command line's overrides into a run of
 :func:`kiln.tasks.testing.runner.run_tests` inside a fresh environment where
 the variant's wheel from the run record is installed (:mod:`.envs`), writes
 ``<view>/tests/<suite>.<variant>.junit.xml`` and ``.json``, and returns the
-unit that says how the suite went. A suite that cannot run here — it needs
+unit that says how the suite went. The environment holds the wheel, what it
+declares, pytest and the suite's ``requires``, and nothing of Kiln's own
+interpreter; an import the wheel does not declare fails its test. A suite that cannot run here — it needs
 GPUs this machine lacks, or every test skipped for lack of hardware — is
 ``not_run`` with the reason, never ``completed``.
 """
@@ -156,7 +158,9 @@ def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], v
     suite = target.suite
     reports_dir = Path(view).resolve() / "tests"
     start = time.monotonic()
-    env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires)
+    env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires,
+                   indexes=config.publish.extra_index_urls, tests_root=config.root, backend=target.variant.backend,
+                   build_requires=target.variant.build_requires)
     logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
                 list(suite.paths), options.isolate, options.timeout_s)
     results = run_tests(suite.paths, config.root, reports_dir / ".work" / target.name,

@@ -26,6 +26,7 @@ import os
 import selectors
 import signal
 import sys
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -109,7 +110,7 @@ class KilnPlugin:
     """Labels each failing phase with the kind of exception that caused it."""
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]):
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, None]:
         outcome = yield
         report = outcome.get_result()
         excinfo = call.excinfo

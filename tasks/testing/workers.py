@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from kiln.tasks.process import LadderResult, Mailboxes, PopenChild, run_with_deadline
+from kiln.tasks.process import (LadderResult, Mailboxes, PopenChild, cancel_requested, register, run_with_deadline,
+                                terminate, unregister)
 from kiln.tasks.testing.jobs import Job, RunOptions
 
 logger = logging.getLogger("kiln.test.isolate")
@@ -53,14 +54,16 @@ class ForkedChild:
     """A child of the worker: the worker reaps it and reports its status to us."""
 
     def __init__(self, pid: int, exits: queue.Queue[int | None]) -> None:
-        self.pid, self.lost, self._exits, self._code = pid, False, exits, None
+        self.pid, self.lost, self._exits = pid, False, exits
+        self._code: int | None = None
 
     def wait(self, timeout: float) -> int | None:
         if self._code is None and not self.lost:
             try:
                 code = self._exits.get(timeout=max(timeout, 0.0))
             except queue.Empty:
-                return None
+                # Two may wait (the runner and a cancellation's ladder): the other may have the status.
+                return -9 if self.lost else self._code
             self.lost = code is None
             self._code = code
         return -9 if self.lost else self._code
@@ -82,11 +85,13 @@ class Worker:
             self.proc = subprocess.Popen(args, cwd=root, env=process_env(root, options.env), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, pass_fds=(cmd_r, evt_w),
                                          start_new_session=True)
+        self._child = SpawnedChild(self.proc)
         os.close(cmd_r)
         os.close(evt_w)
         self._events = os.fdopen(evt_r, "r", encoding="utf-8")
         self._boxes = Mailboxes()
         threading.Thread(target=self._read, name="kiln-worker-events", daemon=True).start()
+        register(self._child, grace_s=options.grace_s)  # the fork server's group: a cancellation ends it
 
     def _read(self) -> None:
         for line in self._events:
@@ -99,7 +104,8 @@ class Worker:
     def collect(self) -> dict[str, Any] | None:
         """The collected items and collection errors, or None if the worker died or hung."""
         try:
-            return self._boxes.box("collected").get(timeout=self.options.collect_timeout_s)
+            collected: dict[str, Any] = self._boxes.box("collected").get(timeout=self.options.collect_timeout_s)
+            return collected
         except queue.Empty:
             return None
 
@@ -133,7 +139,10 @@ class Worker:
         except OSError:
             pass  # already gone
         os.close(self._cmd_w)
-        return run_with_deadline(SpawnedChild(self.proc), 30.0, self.options.grace_s)
+        unregister(self._child)
+        if cancel_requested():  # the cancellation's ladder has it, or is about to: end it now, no wait for exit
+            return terminate(self._child, self.options.grace_s, dump=False)
+        return run_with_deadline(self._child, 30.0, self.options.grace_s)
 
     def log_tail(self, limit: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-limit:] if self.log.exists() else ""

@@ -1,0 +1,119 @@
+""":class:`~kiln.tasks.onboarding.inspect.Findings` -> a commented ``kiln.toml`` (pure: text in, text out).
+
+The defaults it fills in where the package says nothing (the CUDA variant's
+name, torch and archs) are data, in ``defaults.toml`` beside this module.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from kiln.tasks.onboarding.inspect import Findings, SuitePlan
+
+_DEFAULTS = Path(__file__).with_name("defaults.toml")
+
+
+@dataclass(frozen=True)
+class Defaults:
+    cuda_variant: str
+    cuda_torch: str
+    extension_archs: tuple[str, ...]
+    registry_archs: tuple[str, ...]
+    cpu_variant: str
+    jit_variant: str
+    interpreter_requires: tuple[str, ...]
+    publish_url: str
+
+
+@cache
+def load_defaults(path: Path = _DEFAULTS) -> Defaults:
+    data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+    cuda, jit = data["cuda"], data["triton_jit"]
+    return Defaults(cuda["variant"], cuda["torch"], tuple(cuda["extension_archs"]), tuple(cuda["registry_archs"]),
+                    data["cpu"]["variant"], jit["variant"], tuple(jit["interpreter_requires"]),
+                    data["publish"]["url"])
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+
+
+def _list(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(_q(v) for v in values) + "]"
+
+
+def _header(f: Findings) -> list[str]:
+    lines = ["# Written by `kiln init`: what it inferred from this repository, and why:"]
+    lines += [f"#   - {reason}" for reason in f.reasons]
+    lines += ["# Edit freely: `kiln nightly` reads only this file. The README's `kiln.toml` section lists every key.",
+              "", "[project]", f"package = {_q(f.package)}", f"distribution = {_q(f.distribution)}",
+              f"version = {_q(f.version)}                 # nightlies are <version>.dev<commit time>",
+              f"source = {_q(f.source)}", f"requires_python = {_q(f.requires_python)}"]
+    if f.registry:
+        lines.append(f"registry = {_q(f.registry)}")
+    if f.runtime:
+        lines.append('dependencies = ["kiln-runtime"]   # the package launches through kiln.runtime\'s loader')
+    return lines
+
+
+def _variants(f: Findings, d: Defaults) -> list[str]:
+    if f.kind == "triton-jit":
+        return ["", "# A pure-Triton package: one portable py3-none-any wheel (no local label), which every suite",
+                "# tests: CPU suites through Triton's interpreter, GPU suites on their pools.", "[[variants]]",
+                f"name = {_q(d.jit_variant)}", 'backend = "cpu"                   # built on the CPU; runs anywhere']
+    lines: list[str] = []
+    if f.cuda_build:
+        archs = d.registry_archs if f.kind == "registry" else d.extension_archs
+        lines += ["", "[[variants]]", f"name = {_q(d.cuda_variant)}", 'backend = "cuda"',
+                  f"archs = {_list(archs)}             # widen for a release: every arch is a build"]
+        if f.torch_extension:
+            lines.append(f"build_requires = {_list([d.cuda_torch])}   # its CUDAExtension builds against a CUDA torch")
+        if f.own_archs:
+            lines.append('arch_policy = "at_least"          # its build picks its own archs too: recorded, not refused')
+    lines += ["", "[[variants]]", f"name = {_q(d.cpu_variant)}", 'backend = "cpu"                   # Kiln\'s own'
+              " (CPU) torch"]
+    return lines
+
+
+def _build(f: Findings) -> list[str]:
+    if f.kind == "registry":
+        return ["", "[build]", "jobs = 2"]
+    lines = ["", "[build]", 'backend = "pep517"                # the package\'s own pyproject.toml builds each wheel']
+    if f.kind == "triton-jit":
+        lines.append('kind = "triton-jit"               # kernels compile at run time: no device code expected')
+    if f.torch_extension:
+        lines += ["", "[build.toolchain]", "torch = true                       # its wheels pin the torch they built"
+                  " against"]
+    return lines
+
+
+def _suite(s: SuitePlan, d: Defaults) -> list[str]:
+    lines = ["", f"[[suites]]                          # {s.why}", f"name = {_q(s.name)}", f"paths = {_list(s.paths)}"]
+    if s.markers:
+        lines.append(f"markers = {_q(s.markers)}")
+    if s.gpus:
+        lines.append(f"gpus = {s.gpus}")
+    if s.requires:
+        lines.append(f"requires = {_list(s.requires)}            # Triton's interpreter runs the kernels on the CPU")
+    if s.publish_untested:
+        lines.append("publish_untested = true            # where no GPU runs it, the wheel is published marked"
+                     " untested")
+    return lines
+
+
+def render(f: Findings, d: Defaults | None = None) -> str:
+    """The ``kiln.toml`` text for ``f``: valid for :func:`kiln.tasks.config.parse_config` as it is."""
+    d = d or load_defaults()
+    lines = _header(f) + _variants(f, d) + _build(f)
+    for suite in f.suites:
+        lines += _suite(suite, d)
+    lines += ["", "[publish]", 'default_target = "local"', "", "[publish.targets.local]",
+              f"url = {_q(d.publish_url)}         # {{out}}: the --out directory of the run",
+              "# An s3:// target (and an s3:// [artifacts] store) needs credentials per step: add",
+              "# [permissions.<step>] credentials = { block = \"...\" } (see the README's Permissions)."]
+    return "\n".join(lines) + "\n"

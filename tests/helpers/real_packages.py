@@ -1,0 +1,84 @@
+"""Real public packages, fetched at test time as published (pins in tests/fixtures/real_packages.toml).
+
+:func:`fetch_sdist` downloads the pinned source distribution with pip (the
+machine's configured indexes), refuses it unless its sha256 is the pinned one,
+and unpacks it without links, devices or ownership; :func:`committed_checkout`
+commits it in a fresh git repository, since Kiln builds from git.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tarfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tests.helpers.gitrepo import commit_all, git
+
+PINS = Path(__file__).resolve().parents[1] / "fixtures" / "real_packages.toml"
+KINDS = ("triton-jit", "pep517")
+DOWNLOAD_TIMEOUT_S = 600
+
+
+class PinError(Exception):
+    """tests/fixtures/real_packages.toml is malformed, or a download does not match its pin."""
+
+
+@dataclass(frozen=True)
+class RealPackage:
+    name: str
+    kind: str
+    version: str
+    sdist: str
+    sha256: str
+    import_name: str
+
+
+def load_pin(name: str, path: Path = PINS) -> RealPackage:
+    """The pin of ``name``, validated: a PEP 440 version, a 64-hex sha256, an sdist named for both."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    if name not in data:
+        raise PinError(f"{path} pins no {name!r}; it pins {sorted(data)}")
+    entry = data[name]
+    fields = {"kind", "version", "sdist", "sha256", "import_name"}
+    if set(entry) != fields:
+        raise PinError(f"{path} [{name}]: keys {sorted(entry)}, expected {sorted(fields)}")
+    pin = RealPackage(name, **entry)
+    if pin.kind not in KINDS:
+        raise PinError(f"{path} [{name}]: kind {pin.kind!r} is not one of {KINDS}")
+    if len(pin.sha256) != 64 or any(c not in "0123456789abcdef" for c in pin.sha256):
+        raise PinError(f"{path} [{name}]: sha256 {pin.sha256!r} is not 64 lowercase hex digits")
+    stem = f"{canonicalize_name(name).replace('-', '_')}-{Version(pin.version)}"
+    if pin.sdist != f"{stem}.tar.gz":
+        raise PinError(f"{path} [{name}]: sdist {pin.sdist!r} is not {stem}.tar.gz")
+    return pin
+
+
+def fetch_sdist(pin: RealPackage, dest: Path) -> Path:
+    """Download the pinned sdist into ``dest``, check its sha256, unpack it; return the unpacked directory."""
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                           "--no-build-isolation", "--dest", str(dest), f"{pin.name}=={pin.version}"],
+                          capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, cwd=dest)
+    archive = dest / pin.sdist
+    if done.returncode != 0 or not archive.is_file():
+        raise PinError(f"pip could not download {pin.sdist} (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != pin.sha256:
+        raise PinError(f"{pin.sdist} has sha256 {digest}, pinned {pin.sha256}: refusing a changed package")
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest / "unpacked", filter="data")  # no links out, no devices, no ownership
+    return dest / "unpacked" / pin.sdist.removesuffix(".tar.gz")
+
+
+def committed_checkout(source: Path) -> Path:
+    """``source`` committed as it is in a fresh git repository (Kiln's nightly publishes only a clean commit)."""
+    git(source, "init", "-q", "-b", "main")
+    commit_all(source, "the package as published")
+    return source
