@@ -12,8 +12,9 @@ regressions as warnings. The comparison is recorded in the run (info
 ``bench_comparison``) for the release gate.
 
 What is timed is the wheel the run ships: each kernel is measured by its own
-process in a fresh environment where the variant's wheel from the run record
-is installed (:mod:`kiln.tasks.bench.measure`), never the source tree. The
+process (:mod:`kiln.tasks.bench.measure`) in a fresh, isolated environment
+(:mod:`kiln.tasks.testing.envs`: the variant's wheel from the run record, what
+it declares, nothing of Kiln's interpreter), never the source tree. The
 processes are forked from one measuring server that imported the wheel once
 (:mod:`kiln.tasks.bench.forking`), so a kernel costs its measurement, not an
 interpreter start.
@@ -41,11 +42,12 @@ from kiln.flows.common import (
     finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unit_from_state, unwalked,
 )
 from kiln.flows.test import gpu_slots
+from kiln.flows.runname import name_this_run, run_name
 from kiln.release.errors import BenchmarkError
 from kiln.release.record import RunRecord
 from kiln.release.store import Store
 from kiln.tasks.bench import history as benchhistory
-from kiln.tasks.bench.harness import BenchSetup, assemble, bench_variant, prepare
+from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_variant, nothing_to_bench, prepare
 from kiln.tasks.bench.forking import MeasureServer
 from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.testing.envs import make_env
@@ -66,7 +68,9 @@ def env_task(config: KilnConfig, run: RunRecord, variant: str) -> str:
     wheels = [run.fetch(a) for a in run.artifacts() if a.kind == "wheel" and a.variant == variant]
     if not wheels:
         raise BenchmarkError(f"run {run.run_id} has no {variant} wheel to benchmark (its build failed or did not run)")
-    return str(make_env(run.view / "bench" / ".env", wheels).python)
+    chosen = config.variant(variant)
+    return str(make_env(run.view / "bench" / ".env", wheels, indexes=config.publish.extra_index_urls,
+                        backend=chosen.backend, build_requires=chosen.build_requires).python)
 
 
 @task(name="bench-setup", cache_policy=NO_CACHE)
@@ -194,9 +198,19 @@ def bench_flow(
     config = load_config(config_path)
     benchhistory.check_compare(compare)
     run = open_run(config, "bench", out, run_id=run_id, step="bench")
+    skipped = bench_skip(config)
+    if skipped:  # switched off, or nothing here runs any variant: not run, with the reason
+        name_this_run(run_name("bench", run))
+        record(run, Unit("bench/-", "bench", "not_run", message=skipped))
+        return finish_stage(run, "bench", "Benchmarks")
     variant = bench_variant(config)
+    name_this_run(run_name("bench", run, variant))
     if run_id is None:
         build_flow(config_path=config_path, out=out, variants=[variant], run_id=run.run_id, return_state=True)
+    nothing = nothing_to_bench(run.run_id, variant, run.units(), run.artifacts())
+    if nothing:  # not run, with the reason: not a crash (the build's own units say why)
+        record(run, Unit(f"bench/{variant}", "bench", "not_run", variant=variant, message=nothing))
+        return finish_stage(run, "bench", "Benchmarks")
     work = run.view / "bench" / ".work"
     python = env_task(config, run, variant)
     outcomes, setup = _measure_all(config, config_path, size, metric, compare, python, work)

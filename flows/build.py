@@ -21,10 +21,12 @@ from kiln.flows.common import (
     finish_stage, markdown_report, open_run, record, results_of, retry_on_retryable, side_reports, table_report,
     unwalked,
 )
+from kiln.flows.runname import name_this_run, run_name
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build.plan import CompileUnit
 from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.config import load_config
 from kiln.release.record import Source
@@ -47,7 +49,7 @@ def plan_task(config_path: str, version: str, variants: list[str] | None, nvcc: 
 
 @task(name="verify-build-cache", cache_policy=NO_CACHE)
 def verify_cache_task(setup: BuildSetup) -> list[str]:
-    return build_units.verify_cache(setup.plan, build_units.BuildCache(setup.cache_root))
+    return build_units.verify_cache(setup.plan, BuildCache(setup.cache_root))
 
 
 # The run name is a template, not one ``with_options`` copy per unit: each copy re-read the task's
@@ -60,11 +62,12 @@ def compile_task(unit: CompileUnit, env: BuildEnv) -> UnitResult:
 
 
 @task(name="assemble-variant", cache_policy=NO_CACHE)
-def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict, out: str) -> build_stage.VariantOutput:
+def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict[str, Any], out: str) -> build_stage.VariantOutput:
     return build_stage.assemble_variant(setup, variant, outcomes, out)
 
 
-@flow(name="build", task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))
+# type-ignore: the runner's future type infers as Never, which Prefect's decorator does not accept.
+@flow(name="build", task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))  # type: ignore[arg-type]
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
                variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None,
                ref: str = "") -> Any:
@@ -78,6 +81,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     """
     config = load_config(config_path)
     run = open_run(config, "build", out, run_id=run_id, version=version, commit=ref)
+    name_this_run(run_name("build", run, variants or [v.name for v in config.variants]))
     setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:
         record(run, build_units.skip_record(skip))
@@ -89,7 +93,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
         futures = [started[u.id] for u in units]
         wait(futures)
         events = [*verify_events, *env.events]
-    outcomes = dict(zip((u.id for u in units), results_of(futures), strict=True))
+    results: list[UnitResult | BaseException] = results_of(futures)
+    outcomes = dict(zip((u.id for u in units), results, strict=True))
     written = run.record_all(build_units.unit_record(u, outcomes[u.id]) for u in units)
     records = {u.id: r for u, r in zip(units, written, strict=True)}
     built = False

@@ -7,7 +7,9 @@ A flow talks to the server ``PREFECT_API_URL`` names; without one, to Kiln's
 local server for this machine (:mod:`kiln.flows.server`, started on first
 use), and the command ends with the link to its run in the UI.
 Exit status: 0 when the flow completed, 1 when it ended Failed, 2 on bad
-input.
+input, 128 + the signal when SIGTERM (143) or Ctrl-C (130) cancelled it: the
+first signal ends the flow run Cancelled and every process the command
+started (:mod:`kiln.flows.cancel`), a second one exits at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_args
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from kiln.flows.environment import apply_defaults
 
@@ -32,6 +34,8 @@ from kiln.tasks.config import BENCH_SIZES, CHANNELS  # noqa: E402
 from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402
 
 if TYPE_CHECKING:
+    from prefect import Flow
+
     from kiln.release.fetch import StoreSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -54,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kiln", description="CI and release pipeline for GPU-kernel libraries, on Prefect."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("init", help="inspect a package's repository and write the kiln.toml that builds it")
+    p.add_argument("directory", nargs="?", default=".", help="the package's repository (default: here)")
 
     p = sub.add_parser("nightly", help="build, test, benchmark and publish the nightly")
     _add_config(p)
@@ -122,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "install uses --no-deps")
     p.add_argument("--config", default="kiln.toml",
                    help="for s3:// URLs: the publish target settings (region, endpoint, owner) of that bucket")
+    p.add_argument("--hint", action="append", dest="hints", default=[], metavar="'pip install ...'",
+                   help="an install command a run printed: run it in a fresh venv, as a user would; it must "
+                        "install the version this index publishes (repeatable)")
 
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))
@@ -147,9 +157,10 @@ def _view(out: str | None, state: Any, run_id: str | None) -> Path | None:
     return Path(out) / str(state.state_details.flow_run_id)
 
 
-def _run_flow(flow: Callable[..., Any], view_root: str | None, run_id: str | None = None, **params: Any) -> int:
+def _run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = None, **params: Any) -> int:
     """Run ``flow``; print the summary of its run; map its final state to an exit status."""
     from kiln.flows import progress
+    from kiln.flows.common import sync_state
     from kiln.flows.summary import print_summary
 
     from prefect.utilities.urls import url_for
@@ -157,7 +168,7 @@ def _run_flow(flow: Callable[..., Any], view_root: str | None, run_id: str | Non
     if run_id is not None:
         params["run_id"] = run_id
     with progress.showing(progress.reporter_for(sys.stderr)):
-        state = flow(**params, return_state=True)
+        state = sync_state(flow(**params, return_state=True))
     view = _view(view_root, state, run_id)
     if view is not None:
         print_summary(view)
@@ -186,11 +197,11 @@ def _connect() -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
     from prefect.context import refresh_global_settings_context
 
-    from kiln.flows.server import ensure_server
+    from kiln.flows.server import client_env, ensure_server
 
     info = ensure_server(Path(settings.home))
     # The environment, not a settings context: subprocesses (build workers, test envs) inherit it.
-    os.environ["PREFECT_API_URL"] = info.api_url
+    os.environ.update(client_env(Path(settings.home), info))  # PREFECT_API_URL and the server's auth string
     refresh_global_settings_context()
     if "PREFECT_FLOWS_HEARTBEAT_FREQUENCY" in os.environ:
         return contextlib.nullcontext()
@@ -201,11 +212,14 @@ def _server_command(action: str) -> int:
     from prefect.settings import get_current_settings
 
     from kiln.flows import server
+    from kiln.flows.server_watch import list_servers
 
     home = Path(get_current_settings().home)
     if action == "start":
-        info = server.ensure_server(home)
-        print(f"Prefect server running: pid {info.pid}, API {info.api_url}, UI {info.ui_url}, log {info.log}")
+        started = server.ensure_server(home)
+        print(f"Prefect server running: pid {started.pid}, API {started.api_url}, UI {started.ui_url}, "
+              f"log {started.log}")
+        print(server.ui_login(home))
         return EXIT_OK
     if action == "stop":
         stopped = server.stop_server(home)
@@ -215,9 +229,15 @@ def _server_command(action: str) -> int:
     info, word = server.server_status(home)
     if info is None:
         print(f"no Kiln Prefect server for {home} (the next command that runs a flow starts one)")
-        return EXIT_FAILED
-    print(f"{word}: pid {info.pid}, API {info.api_url}, UI {info.ui_url}, Prefect {info.prefect_version}, "
-          f"log {info.log}")
+    else:
+        print(f"{word}: pid {info.pid}, API {info.api_url}, UI {info.ui_url}, Prefect {info.prefect_version}, "
+              f"log {info.log}")
+        print(server.ui_login(home))
+    watched = list_servers()
+    print(f"Kiln Prefect servers of this user: {len(watched)}")
+    for w in watched:
+        state = "this home" if w.home == home else "home exists" if w.home.is_dir() else "home gone"
+        print(f"  watchdog pid {w.pid}  port {w.port}  home {w.home}  ({state})")
     return EXIT_OK if word == "running" else EXIT_FAILED
 
 
@@ -229,6 +249,17 @@ def _store_settings(url: str, config_path: str) -> StoreSettings | None:
     from kiln.tasks.releasing import store_settings_for
 
     return store_settings_for(load_config(config_path), url)
+
+
+def _init_command(directory: str) -> int:
+    from kiln.tasks.onboarding import init_project
+
+    result = init_project(directory)
+    print(f"kiln init: {result.findings.distribution} is a {result.findings.kind} package; inferred:")
+    for reason in result.findings.reasons:
+        print(f"  - {reason}")
+    print(f"wrote {result.path}; next: git add kiln.toml, then kiln nightly")
+    return EXIT_OK
 
 
 def _dispatch(ns: argparse.Namespace) -> int:
@@ -243,10 +274,12 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from kiln.release.cli import verify_command
 
         return verify_command(ns.url, install=not ns.no_install, extra_index_urls=ns.extra_index_urls,
-                              settings=_store_settings(ns.url, ns.config))
+                              settings=_store_settings(ns.url, ns.config), hints=ns.hints)
 
     if cmd == "server":
         return _server_command(ns.action)
+    if cmd == "init":
+        return _init_command(ns.directory)
     if cmd == "daemon":
         from kiln.flows.daemon_server import daemon_command
 
@@ -259,6 +292,14 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from kiln.flows.policies import policies_command
 
         return policies_command(ns.config, ns.out)
+    from kiln.flows import cancel
+
+    # From here one SIGTERM or Ctrl-C cancels the command: its flow run ends Cancelled, what it started ends.
+    with cancel.command_signals():
+        return cancel.cancelled_status(cmd, lambda: _connected_flow_command(ns))
+
+
+def _connected_flow_command(ns: argparse.Namespace) -> int:
     with _connect():
         return _flow_command(ns)
 

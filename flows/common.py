@@ -26,10 +26,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.settings import get_current_settings
-from prefect.states import Failed, State, get_state_result
+from prefect import State
+from prefect.states import Failed, get_state_result
 from prefect.utilities.annotations import quote
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from kiln.flows import cancel
 from kiln.release.errors import is_retryable
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
@@ -38,6 +40,10 @@ from kiln.tasks.runs import artifact_store, check_checkout, continue_run, start_
 
 logger = logging.getLogger("kiln.flows")
 T = TypeVar("T")
+
+# Every process that runs a Kiln flow imports this module before the flow starts (a deployment
+# run's too): from then on a SIGTERM ends the groups Kiln started before the run unwinds.
+cancel.arm()
 
 # The id, state and message lead: a release engineer reads those first; details follow.
 TABLE_COLUMNS = ("id", "state", "message", "variant", "arch", "kernel", "suite", "cache", "duration_s")
@@ -96,6 +102,16 @@ def results_of(futures: Iterable[PrefectFuture[T]]) -> list[T | BaseException]:
         return list(await asyncio.gather(*(get_state_result(s, raise_on_failure=False) for s in states)))
 
     return run_coro_as_sync(read_all()) or []
+
+
+def sync_state(value: object) -> State:
+    """The state a flow or task called with ``return_state=True`` from sync code returned.
+
+    Prefect types such a call as "a state or an awaitable of one"; from sync code it is always a state.
+    """
+    if not isinstance(value, State):
+        raise TypeError(f"expected the state of a sync call, got {type(value).__name__}")
+    return value
 
 
 def unit_from_state(template: Unit, state: State) -> Unit:

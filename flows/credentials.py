@@ -7,7 +7,8 @@ Sources, exactly one per step (``[permissions.<step>.credentials]``):
   least-privilege policy as the session policy, so the session can never do
   more than ``kiln policies`` says even if the role itself is broader;
 * ``ambient = true`` — the worker's own credentials, only when kiln.toml says
-  so explicitly.
+  so explicitly; a step that names no source is refused when kiln.toml is
+  loaded (:mod:`kiln.tasks.config_permissions`), never given the worker's.
 
 Secrets are never logged: only the block name, the role ARN and the step.
 """
@@ -15,7 +16,7 @@ Secrets are never logged: only the block name, the role ARN and the step.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import cast, Any
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
@@ -41,7 +42,7 @@ def _from_block(name: str, step: str) -> boto3.Session:
     from prefect_aws import AwsCredentials  # prefect-aws is only needed when a block is used
 
     try:
-        block = AwsCredentials.load(name)
+        block = cast(AwsCredentials, AwsCredentials.load(name))  # sync code: the block itself, never a coroutine
     except ValueError as exc:
         raise ConfigError(f"permissions.{step}.credentials.block: no AwsCredentials block named {name!r} "
                           f"(create it in the Prefect UI or with AwsCredentials(...).save({name!r}))") from exc
@@ -84,18 +85,26 @@ def _assume_role(config: Any, step: str, role_arn: str, region: str | None, endp
 def session_for(config: Any, step: str, *, sts_client: Any = None) -> boto3.Session:
     """The boto3 session ``step`` talks to the store with.
 
-    Raises :class:`ConfigError` when the step has no ``[permissions]`` entry,
-    the block does not exist or is empty, or the role cannot be found.
+    Raises :class:`ConfigError` when the step has no ``[permissions]`` entry or
+    names no credentials source, the block does not exist or is empty, or the
+    role cannot be found. The worker's own credentials are used only with
+    ``ambient = true``.
     """
     permission = config.permissions.get(step)
     if permission is None:
         raise ConfigError(f"kiln.toml has no [permissions.{step}]; every step that touches the store needs "
                           f"one (known: {sorted(config.permissions)})")
     source = permission.credentials
+    if source is None:
+        # Load refuses this for a step that talks to S3; a step that reaches here anyway gets no fall-back.
+        raise ConfigError(f"[permissions.{step}] names no credentials, so step {step} may not talk to S3; "
+                          f"write credentials = {{ block = ... }}, {{ role_arn = ... }} or {{ ambient = true }} there")
     region, endpoint = _target_settings(config)
     if source.block:
         return _from_block(source.block, step)
     if source.role_arn:
         return _assume_role(config, step, source.role_arn, region, endpoint, sts_client)
-    log.warning("step %s uses the worker's ambient credentials (kiln.toml: ambient = true)", step)
+    # Credentials holds exactly one source: what is left is ambient = true, written in kiln.toml.
+    log.warning("step %s uses the worker's ambient credentials, as [permissions.%s] credentials = "
+                "{ ambient = true } says", step, step)
     return boto3.Session(region_name=region)

@@ -3,17 +3,22 @@
 Started in the background by the first flow command that finds no daemon for
 its key (:mod:`kiln.flows.daemon`)::
 
-    python -m kiln.flows.daemon_server KEY [MODULE:FUNCTION]
+    python -P -m kiln.flows.daemon_server KEY [MODULE:FUNCTION]
 
-It checks that its own key is ``KEY`` (the same interpreter, sources,
+``-P`` keeps the directory it starts in off ``sys.path`` (it refuses to
+start without it). It checks that its own key is ``KEY`` (the same interpreter, sources,
 directory and environment as the command that started it), takes the key's
 lock (a second daemon for the key exits at once), imports the flows, and
 only then binds its socket, so a command that connects always finds a warm
 process. It forks only while it has a single thread, which it checks before
 every fork; it never runs a flow itself.
 
-Each child becomes the command: its own process group, the client's stdio,
-working directory, environment and argv, Prefect's logging handlers
+A request is parsed once (:mod:`kiln.flows.daemon_request`); a malformed
+one is refused and the daemon goes on serving. Each child becomes the
+command: its own process group, the client's umask, resource limits, stdio,
+working directory, environment and argv (limits or a directory it cannot
+take are refused before the client's stdio is touched, and the client runs
+the command in-process), Prefect's logging handlers
 rebuilt on the client's stderr. It runs ``FUNCTION(argv)`` (the ``kiln``
 command line by default), ends as the interpreter would (Prefect's log and
 event workers drained, atexit handlers run, output flushed), and sends the
@@ -33,9 +38,9 @@ import copy
 import fcntl
 import gc
 import importlib
-import json
 import logging
 import os
+import resource
 import signal
 import socket
 import struct
@@ -45,9 +50,10 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from kiln.flows import daemon
+from kiln.flows.daemon_request import BadRequest, Request, parse_request
 from kiln.flows.environment import apply_defaults
 
 Entry = Callable[[list[str]], int]
@@ -133,13 +139,34 @@ def _relay(conn: socket.socket, finished: threading.Event) -> None:
             if not finished.is_set():
                 os.killpg(0, signal.SIGTERM)
             return
-        if "signal" in message:
+        if message.get("signal") in daemon.FORWARDED_SIGNALS:
             os.killpg(0, int(message["signal"]))
 
 
-def _become(request: dict[str, Any], fds: Sequence[int]) -> None:
-    """Turn this forked child into the client's process: stdio, directory, environment, settings."""
-    os.setpgid(0, 0)
+class LimitsError(Exception):
+    """The child cannot take its client's umask, resource limits or directory: the client runs the command."""
+
+
+def _take_limits(request: Request) -> None:
+    """The client's umask, resource limits (soft and hard) and working directory, before anything runs."""
+    os.umask(request.umask)
+    for name, wanted in request.rlimits.items():
+        which = getattr(resource, name)
+        if resource.getrlimit(which) == wanted:
+            continue
+        try:
+            resource.setrlimit(which, wanted)
+        except (ValueError, OSError) as exc:
+            raise LimitsError(f"cannot set {name} to {wanted} (the daemon's is {resource.getrlimit(which)}): "
+                              f"{exc}") from exc
+    try:
+        os.chdir(request.cwd)
+    except OSError as exc:
+        raise LimitsError(f"cannot enter {request.cwd}: {exc.strerror}") from exc
+
+
+def _become(request: Request, fds: Sequence[int]) -> None:
+    """Turn this forked child into the client's process: stdio, environment, argv, log handlers."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -147,10 +174,9 @@ def _become(request: dict[str, Any], fds: Sequence[int]) -> None:
         os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
-    os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = list(request["argv"])
+    os.environ.update(request.env)
+    sys.argv = list(request.argv)
     encoding = sys.stdout.encoding
     sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding=encoding, closefd=False, buffering=1 if os.isatty(1) else -1)  # noqa: SIM115
@@ -183,13 +209,20 @@ def _console_to_stderr() -> None:
         setup_logging(incremental=False)
 
 
-def _child(conn: socket.socket, request: dict[str, Any], fds: Sequence[int], entry: Entry) -> NoReturn:
+def _child(conn: socket.socket, request: Request, fds: Sequence[int], entry: Entry) -> NoReturn:
     status, finished = 1, threading.Event()
+    os.setpgid(0, 0)  # before the client learns the pid: it is the group the client may have to kill
+    try:
+        _take_limits(request)
+    except LimitsError as exc:  # still on the daemon's log: nothing of the client's is in place yet
+        _log(f"command pid {os.getpid()} refused: {exc}")
+        daemon.send(conn, {"error": str(exc)})
+        os._exit(1)
     try:
         _become(request, fds)
         daemon.send(conn, {"pid": os.getpid()})
         threading.Thread(target=_relay, args=(conn, finished), name="kiln-daemon-relay", daemon=True).start()
-        status = entry(list(request["argv"][1:]))
+        status = entry(list(request.argv[1:]))
     except SystemExit as exc:
         status = _exit_code(exc)
     except KeyboardInterrupt:
@@ -225,9 +258,7 @@ class Daemon:
                 self.children.discard(pid)
                 _log(f"command pid {pid} ended (exit {os.waitstatus_to_exitcode(status)})")
 
-    def _refuse(self, conn: socket.socket, fds: Sequence[int], why: str) -> None:
-        for fd in fds:
-            os.close(fd)
+    def _refuse(self, conn: socket.socket, why: str) -> None:
         _log(f"refused a command: {why}")
         daemon.send(conn, {"error": why})
 
@@ -237,21 +268,32 @@ class Daemon:
             _log("refused a connection from another user")
             return
         data, fds, _, _ = socket.recv_fds(conn, daemon.MAX_MESSAGE, 3)
-        request = json.loads(data) if data else {}
-        if len(fds) != 3 or request.get("key") != self.key:
-            return self._refuse(conn, fds, "not a request for this daemon's key")
+        try:
+            self._start(conn, data, fds)
+        finally:  # the child has its own copies; a refused request's are closed here
+            for fd in fds:
+                os.close(fd)
+
+    def _start(self, conn: socket.socket, data: bytes, fds: Sequence[int]) -> None:
+        try:
+            request = parse_request(data)
+        except BadRequest as exc:
+            return self._refuse(conn, f"a malformed request: {exc}")
+        if len(fds) != 3 or request.key != self.key:
+            return self._refuse(conn, "not a request for this daemon's key (with stdin, stdout and stderr)")
         if threading.active_count() != 1:
-            return self._refuse(conn, fds, f"{threading.active_count()} threads: not safe to fork")
+            return self._refuse(conn, f"{threading.active_count()} threads: not safe to fork")
         pid = os.fork()
         if pid == 0:
             self.listener.close()
             os.close(self.lock_fd)  # the lock is the daemon's alone: a child must not keep it alive
             conn.settimeout(None)
-            _child(conn, request, fds, self.entry)
-        for fd in fds:
-            os.close(fd)
+            try:
+                _child(conn, request, fds, self.entry)
+            finally:  # whatever escapes the child (the daemon's SIGTERM handler before its own): never serve
+                os._exit(1)
         self.children.add(pid)
-        _log(f"command pid {pid}: {' '.join(['kiln', *request['argv'][1:]])} (in {request['cwd']})")
+        _log(f"command pid {pid}: {' '.join(['kiln', *request.argv[1:]])} (in {request.cwd})")
 
     def serve(self) -> None:
         last = time.monotonic()
@@ -291,6 +333,9 @@ def _stop(signum: int, _frame: object) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     key, entry_name = args[0], (args[1] if len(args) > 1 else DEFAULT_ENTRY)
+    if not sys.flags.safe_path:  # its directory would be on sys.path: a planted json.py would run here
+        _log(f"not starting for key {key}: started without -P (see kiln.flows.daemon.daemon_command_line)")
+        return 1
     apply_defaults()  # as the `kiln` script does before its key: the flows' import would apply them anyway
     directory, mine = daemon._private_dir(), daemon.daemon_key(os.environ, os.getcwd())
     if directory is None or mine != key:

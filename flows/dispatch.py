@@ -10,6 +10,14 @@ exchanges everything through the run record in the artifact store: no path
 is shared between workers. Without such a deployment (the embedded default,
 a laptop) the unit runs in the calling flow's process.
 
+Before a suite is dispatched, its pool is asked for a live worker (the
+workers' heartbeats): a suite that this machine could not run either (a GPU
+suite, no GPU here) and whose pool has no live worker is "not run: no live
+worker in pool 'kiln-gpu' (start one: …)" at once. Every other unit is
+dispatched and waits for a worker of its pool, saying so every minute with
+the time left (:mod:`kiln.flows.waiting`); if the flow that dispatched it
+stops, the dispatched run is cancelled.
+
 A dispatched run that is not over by its deadline is cancelled and its unit
 fails naming the pool (no worker picked it up, or it ran too long); one whose
 worker was lost (its flow run Crashed, e.g. marked so by the zombie-run
@@ -29,19 +37,23 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import task_run
-from prefect.states import Cancelled
 
 from kiln.flows.common import logger, record, retry_on_retryable
+from kiln.flows.runname import run_name
+from kiln.flows.waiting import Waiting, cancel_run, live_workers, no_live_worker, wait_for_run
 from kiln.release.errors import WorkerLostError
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.config import KilnConfig, Suite
-from kiln.tasks.testing.suite import targets
+from kiln.tasks.process import check_cancelled
+from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.suite import not_run_reason, targets
 
 DEPLOYMENT = "{flow}/{pool}"
 REF_ENV = "KILN_REF"  # read by the scale-out deployments' git_clone pull step
 LOST_INFO = "dispatch-lost/"  # run info: why the last attempt of a unit was lost
+WAITING = Waiting()  # how dispatches wait: poll every 5 s, say what they wait for every minute
 
 
 @dataclass(frozen=True)
@@ -96,11 +108,7 @@ def _pool_of(deployment: str) -> str:
 
 def _cancel(flow_run: Any, why: str) -> None:
     """A run given up on must not start later, on a worker that comes up after the deadline."""
-    try:
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run.id, Cancelled(message=why), force=True)
-    except Exception as exc:  # the unit has failed either way; say why the run could not be cancelled
-        logger.warning("could not cancel flow run %s: %s", flow_run.name, exc)
+    cancel_run(flow_run.id, flow_run.name, why)
 
 
 def _outcome(deployment: str, flow_run: Any, deadline_s: float, what: str) -> tuple[str, bool]:
@@ -124,23 +132,41 @@ def _outcome(deployment: str, flow_run: Any, deadline_s: float, what: str) -> tu
 
 
 def dispatch(deployment: str, parameters: dict[str, Any], *, deadline_s: float, what: str, ref: str,
-             run: RunRecord) -> str:
-    """Run ``deployment`` and wait for it: "" when it completed, else why not.
+             run: RunRecord, name: str | None = None, waiting: Waiting | None = None) -> str:
+    """Run ``deployment`` (its flow run named ``name``) and wait for it: "" when it completed, else why not.
 
-    A run whose worker was lost raises :class:`WorkerLostError`, which the
+    The wait logs what it waits for every ``waiting.log_every_s``. A run
+    whose worker was lost raises :class:`WorkerLostError`, which the
     dispatching task's Prefect retries (``[pools] retries``) take; every other
     ending is final (a failed build or test fails the same way twice).
     """
+    check_cancelled(f"dispatching {what} to {deployment}")  # a stopping run dispatches nothing more
     try:
         flow_run = run_deployment(deployment, parameters=parameters, job_variables=_job_variables(ref),
-                                  timeout=deadline_s, as_subflow=True)
+                                  timeout=0, as_subflow=True, flow_run_name=name)
     except Exception as exc:  # the server refused the run: this unit's failure, not the caller's crash
         return f"could not start {deployment}: {type(exc).__name__}: {exc}"
+    flow_run = wait_for_run(flow_run, _pool_of(deployment), what, deadline_s, waiting or WAITING)
     why, lost = _outcome(deployment, flow_run, deadline_s, what)
     if lost:
         run.set_info(LOST_INFO + what, why)  # the retry's unit says what happened to the attempt before
         raise WorkerLostError(why)
     return why
+
+
+def unrunnable_here(config: KilnConfig, suite: Suite, pool: str) -> str:
+    """Why ``suite`` is not run at all: its pool has no live worker and this machine lacks its hardware; or "".
+
+    Waiting for a worker only makes sense when one may come; a suite this
+    machine could run waits for its pool's worker instead (a live worker may
+    still be started within the suite's deadline).
+    """
+    gpus_here = detect_gpu_count()
+    here = [not_run_reason(target, gpus_here) for target in targets(config, [suite])]
+    if not all(here) or live_workers(pool):
+        return ""
+    why_not_here = here[0].removeprefix("not run: ")
+    return f"not run: {no_live_worker(pool)}, and this machine cannot run it either ({why_not_here})"
 
 
 def _retried(unit: Unit, run: RunRecord, what: str) -> Unit:
@@ -163,7 +189,8 @@ def dispatch_build(config: KilnConfig, variant: str, deployment: str, run: RunRe
     """Build ``variant`` on a build-pool worker, into this run's record; the variant's wheel unit."""
     what = f"building {variant}"
     why = dispatch(deployment, {"variants": [variant], "run_id": run.run_id, "ref": ref},
-                   deadline_s=config.pools.deadline_s, what=what, ref=ref, run=run)
+                   deadline_s=config.pools.deadline_s, what=what, ref=ref, run=run,
+                   name=run_name("build", run, variant))
     uid = wheel_unit_id(variant)
     recorded = {u.id: u for u in run.units()}.get(uid)
     if why or recorded is None:
@@ -184,8 +211,12 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
     """
     start = time.monotonic()
     what = f"testing {suite.name}"
+    absent = unrunnable_here(config, suite, _pool_of(deployment))
+    if absent:
+        logger.warning("suite %s: %s", suite.name, absent)
+        return [record(run, target.unit("not_run", absent, 0.0)) for target in targets(config, [suite])]
     why = dispatch(deployment, {"suites": [suite.name], "run_id": run.run_id, "ref": ref},
-                   deadline_s=suite.deadline_s, what=what, ref=ref, run=run)
+                   deadline_s=suite.deadline_s, what=what, ref=ref, run=run, name=run_name("test", run, suite.name))
     recorded = {u.id: u for u in run.units() if u.stage == "test" and u.suite == suite.name}
     units = []
     for target in targets(config, [suite]):
@@ -201,4 +232,5 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
 def dispatch_publish(config: KilnConfig, channel: str, deployment: str, run: RunRecord, ref: str) -> str:
     """Publish this run on a CPU-pool worker; "" when it completed, else why not."""
     return dispatch(deployment, {"channel": channel, "run_id": run.run_id, "ref": ref},
-                    deadline_s=config.pools.deadline_s, what=f"publishing {channel}", ref=ref, run=run)
+                    deadline_s=config.pools.deadline_s, what=f"publishing {channel}", ref=ref, run=run,
+                    name=run_name("publish", run, f"{channel} {run.header.version}"))

@@ -17,17 +17,22 @@ naming every failure.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from kiln.flows.bench import bench_flow
 from kiln.flows.dispatch import find_deployments
-from kiln.flows.common import failure_message, markdown_report, open_run, publish_unit_table
+from kiln.flows.common import failure_message, markdown_report, open_run, table_report, unit_rows
+from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown
 from kiln.flows.test import test_flow
+from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.record import RunRecord
-from kiln.tasks.config import load_config
+from kiln.tasks import install_hint
+from kiln.tasks.config import KilnConfig, load_config
 
 
 @flow(name="nightly", log_prints=True)
@@ -38,14 +43,22 @@ def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str 
     Each stage's units go to their work pool's deployment when the server has
     one (flows/dispatch.py), else run here. ``ref``: the commit this run must
     build (the checkout is refused if it is elsewhere); every dispatched unit
-    runs exactly the run's commit.
+    runs exactly the run's commit. If the nightly stops (a failure, an
+    interrupt), the runs it dispatched are cancelled first.
     """
+    with cancel_dispatched_on_exit("the nightly"):
+        return _nightly(config_path, out, version, ref)
+
+
+def _nightly(config_path: str, out: str, version: str | None, ref: str) -> State:
     logger = get_run_logger()
     config = load_config(config_path)
     run = open_run(config, "nightly", out, version=version, commit=ref)
+    name_this_run(run_name("nightly", run))
     ref = run.header.source.commit if run.header.source.clean else ""
     logger.info("nightly %s of %s (commit %s) → run %s", run.header.version, config.project.distribution,
                 run.header.source.commit[:12] or "none", run.run_id)
+    warn_below_extra_index(config, run.header.version)
     common = {"config_path": config_path, "out": out, "run_id": run.run_id}
     remote = find_deployments(config)
     stages = {"build": build_stage(config, run, remote, common, ref)}
@@ -59,11 +72,29 @@ def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str 
     return conclude(run, stages)
 
 
+def warn_below_extra_index(config: KilnConfig, version: str) -> dict[str, Any] | None:
+    """Warn now, before hours of building, when a release on an extra index outranks this run's version.
+
+    The same check the publish step records for the summary
+    (:func:`kiln.tasks.install_hint.extra_index_check`); ``None`` when it is off or there is no extra index.
+    """
+    extras = list(config.publish.extra_index_urls)
+    if not extras or not install_hint.checks_extra_indexes():
+        return None
+    check = install_hint.extra_index_check(config.project.distribution, version, extras)
+    if check["state"] == "below":
+        get_run_logger().warning(
+            "VERSION BELOW AN EXTRA INDEX: %s %s sorts below release %s on %s, which an unpinned install takes "
+            "instead; raise [project] version above %s in kiln.toml", config.project.distribution,
+            check["version"], check["newest"], check["index"], check["newest"])
+    return check
+
+
 def conclude(run: RunRecord, stages: dict[str, State]) -> State:
     """Leave the summary artifacts and choose the nightly's final state."""
     manifest = run.manifest()
-    markdown_report("kiln-nightly-summary", render_markdown(manifest), f"Nightly {manifest.version}")
-    publish_unit_table(run, manifest.units, "kiln-nightly-units", "Every unit of the nightly")
+    table = table_report("kiln-nightly-units", unit_rows(manifest.units), f"Every unit — run {run.run_id}")
+    markdown_report("kiln-nightly-summary", render_markdown(manifest, table), f"Nightly {manifest.version}")
     run.write_view()
     failed_units = manifest.failed_units()
     crashed = [name for name, state in stages.items() if not state.is_completed() and not state.is_failed()]

@@ -41,7 +41,9 @@ class PlainReporter:
     """``[test] 2/5 test/kernels/cpu: Completed`` — one line per finished unit."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream, self.totals, self.counts = stream, {}, {}
+        self.stream = stream
+        self.totals: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def expect(self, stage: str, total: int) -> None:

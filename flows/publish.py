@@ -18,12 +18,13 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from kiln.flows.common import finish_stage, markdown_report, open_run, record, retry_on_retryable, unit_from_state
+from kiln.flows.runname import name_this_run, run_name
 from kiln.release.errors import ConfigError, IntegrityError
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.publish import (PagesStep, Plan, Upload, UploadResult, UploadStep, index_prefix, publish,
-                                  publish_pages, untested, upload_file)
+                                  publish_pages, upload_file)
 from kiln.release.staging import StagingStore
 from kiln.release.store import Store
 from kiln.tasks import releasing
@@ -74,7 +75,7 @@ def publish_inputs(run: RunRecord, config: KilnConfig) -> tuple[list[tuple[str |
     extra = fetch_pins(pins, run.view / PINS_DIR)
     if config.project.ships_runtime:  # the package imports kiln.runtime: its wheel goes in every index
         extra.append((None, build_runtime_wheel(run.view / RUNTIME_DIR)))
-    return extra, [s.name for s in config.suites if s.publish_untested]
+    return extra, releasing.untested_ok(config)
 
 
 @task(name="prepare-publish", cache_policy=NO_CACHE)
@@ -152,12 +153,11 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
     """Skipped variants as units; the plan, index links and install hint in the record and as an artifact."""
     for variant, why in plan.skipped.items():
         record(run, Unit(f"publish/{variant}", "publish", "skipped", variant=variant, message=why))
-    published = sorted({u.variant for u in plan.uploads})
-    run.set_info("published_untested", {v: why for v, why in untested(run.manifest(), published).items()})
+    for key, value in releasing.publish_facts(config, run.manifest(), plan).items():
+        run.set_info(key, value)
     indexes = sorted({f"{plan.target}/{u.index}/" for u in plan.uploads})
     run.set_info("index_url" if not plan.dry_run else "dry_run_index_url", indexes)
     run.set_info("publish_plan", plan.to_markdown())
-    run.set_info("install", releasing.install_info(config))
     links = "\n".join(f"- index: <{url}>" for url in indexes) or "- no index changed"
     markdown_report("kiln-publish-plan", plan.to_markdown() + "\n" + links + "\n", f"Publish plan — run {run.run_id}")
 
@@ -171,14 +171,17 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     """
     config = load_config(config_path)
     run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}", commit=ref)
+    name_this_run(run_name("publish", run, f"{channel} {run.header.version}" + (" (dry run)" if dry_run else "")))
     why = refusal(run, dry_run)
     if why:
         record(run, Unit("publish/source", "publish", "failed", message=why))
         return finish_stage(run, "publish", "Publish")
     store, extra, allowed = prepare_publish(run, config, target, channel, dry_run)
+    variants, held = releasing.variants_to_publish(config, run.manifest())  # [publish] publish_untested
     plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
-                   variants=[v.name for v in config.variants], extra=extra, untested_ok=allowed, dry_run=dry_run,
+                   variants=variants, extra=extra, untested_ok=allowed, dry_run=dry_run,
                    upload=upload_tasks(run, channel), pages=pages_task(run))
+    plan.skipped.update(held)
     report_plan(run, config, plan)
     return finish_stage(run, "publish", "Publish")
 

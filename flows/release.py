@@ -30,15 +30,18 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
-from prefect.states import Completed, Failed, State
+from prefect import State
+from prefect.states import Completed, Failed
 
 from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.dispatch import find_deployments
-from kiln.flows.common import markdown_report, open_run
+from kiln.flows.common import markdown_report, open_run, sync_state
 from kiln.flows.credentials import session_for
 from kiln.flows.publish import open_publish_target, publish_flow, publish_inputs
+from kiln.flows.runname import current_release_name
 from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.test import test_flow
+from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.publish import publish
 from kiln.release.record import RunRecord
 from kiln.release.verify import verify_published
@@ -116,8 +119,10 @@ def plan_publish(config_path: str, run: RunRecord, channel: str, dry_run: bool) 
     config = load_config(config_path)
     staging = open_publish_target(run, config, None, channel, dry_run=True)  # the target is only read
     extra, allowed = publish_inputs(run, config)
+    variants, held = releasing.variants_to_publish(config, run.manifest())  # as publish_flow holds them back
     plan = publish(run.manifest(), staging, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
-                   variants=[v.name for v in config.variants], extra=extra, untested_ok=allowed, dry_run=True)
+                   variants=variants, extra=extra, untested_ok=allowed, dry_run=True)
+    plan.skipped.update(held)
     plan.dry_run, plan.preview = dry_run, not dry_run  # a real release's plan is a preview, not a dry run
     markdown = plan.to_markdown()
     markdown_report("kiln-release-plan", markdown, f"What the release would publish — run {run.run_id}")
@@ -195,11 +200,11 @@ def _stages(release: Release, run: RunRecord) -> dict[str, State]:
     remote = find_deployments(config)  # builds and suites go to their pools when deployed, as in the nightly
     stages = {"build": build_stage(config, run, remote, common, ref)}
     suites = start_suites(config, run, remote, ref)
-    stages["test"] = test_flow(**common, exclude=list(remote.suites), return_state=True)
+    stages["test"] = sync_state(test_flow(**common, exclude=list(remote.suites), return_state=True))
     # Dry runs and failed releases never become a baseline: only a verified release is kept (below).
-    stages["bench"] = bench_flow(**common, compare=f"published:{release.channel}", store_history=False,
+    stages["bench"] = sync_state(bench_flow(**common, compare=f"published:{release.channel}", store_history=False,
                                  fail_on_regression=not release.allow_regressions,
-                                 blocking_metrics=list(config.bench.blocking_metrics), return_state=True)
+                                 blocking_metrics=list(config.bench.blocking_metrics), return_state=True))
     wait_suites(config, run, remote, suites)
     return stages
 
@@ -208,12 +213,13 @@ def _publish_and_verify(release: Release, run: RunRecord) -> State:
     """Publish (or the dry run of it), verify, and roll the pages back if either failed."""
     common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
     snapshot_pages(release.config_path, release.out, release.channel, str(run.view))
-    published = publish_flow(**common, channel=release.channel, dry_run=release.dry_run, return_state=True)
+    published = sync_state(publish_flow(**common, channel=release.channel, dry_run=release.dry_run,
+                                        return_state=True))
     if release.dry_run:
         release.lines += [f"publish (dry run, staging copy): {_state_of(published)[0]}",
                           "verify: skipped (dry run: nothing was published)"]
         return published
-    verified = (verify_channel(release.config_path, release.out, release.channel, return_state=True)
+    verified = (sync_state(verify_channel(release.config_path, release.out, release.channel, return_state=True))
                 if published.is_completed() else published)
     release.lines += [f"publish: {_state_of(published)[0]}", f"verify: {_state_of(verified)[0]}"]
     if not verified.is_completed():
@@ -221,7 +227,7 @@ def _publish_and_verify(release: Release, run: RunRecord) -> State:
         release.lines.append(f"rolled back {len(rolled['restored'])} index pages")
         reason = _state_of(verified)[1] or "publish/verify failed"
         return Failed(message=f"{reason.splitlines()[0]}; index pages rolled back")
-    kept = store_release_baseline(release.config_path, run, release.channel, return_state=True)
+    kept = sync_state(store_release_baseline(release.config_path, run, release.channel, return_state=True))
     release.lines.append(kept.result() if kept.is_completed() else
                          f"benchmark baseline NOT kept: {_state_of(kept)[1]} (the release itself is published)")
     return verified
@@ -232,13 +238,14 @@ def _release(release: Release, approved_on_cli: bool) -> State:
     run = open_run(load_config(release.config_path), "release", release.out, version=release.version, ref=release.ref)
     get_run_logger().info("%s as run %s", release.title, run.run_id)
     release.lines.append(f"run `{run.run_id}`")
-    stages = _stages(release, run)
-    gate = release_gate(run, {name: _state_of(s) for name, s in stages.items()}, release.allow_regressions,
-                        return_state=True)
-    release.lines += (gate.result() if gate.is_completed() else _state_of(gate)[1]).splitlines()
+    with cancel_dispatched_on_exit(f"release {release.version}"):
+        stages = _stages(release, run)
+    gate = sync_state(release_gate(run, {name: _state_of(s) for name, s in stages.items()}, release.allow_regressions,
+                                   return_state=True))
+    release.lines += (cast(str, gate.result()) if gate.is_completed() else _state_of(gate)[1]).splitlines()
     if not gate.is_completed():
         return _stop(release, run, "stopped by the release gate before publishing (see the summary)")
-    planned = plan_publish(release.config_path, run, release.channel, release.dry_run, return_state=True)
+    planned = sync_state(plan_publish(release.config_path, run, release.channel, release.dry_run, return_state=True))
     if not planned.is_completed():
         return _stop(release, run, f"the publish plan failed: {_state_of(planned)[1]}")
     release.plan = planned.result()
@@ -253,7 +260,7 @@ def _release(release: Release, approved_on_cli: bool) -> State:
                                               + (" (dry run)" if release.dry_run else "")))
 
 
-@flow(name="release")
+@flow(name="release", flow_run_name=current_release_name)
 def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", dry_run: bool = False,
                  allow_regressions: str | None = None, config_path: str = "kiln.toml",
                  out: str = "out/release") -> State:
@@ -261,7 +268,7 @@ def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", 
     return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out), False)
 
 
-@flow(name="release")
+@flow(name="release", flow_run_name=current_release_name)
 def approved_release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", dry_run: bool = False,
                           allow_regressions: str | None = None, config_path: str = "kiln.toml",
                           out: str = "out/release") -> State:

@@ -8,11 +8,15 @@ own flow runs in this process, as on a laptop.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prefect.futures import PrefectFuture, wait
-from prefect.states import Completed, Failed, State
+from prefect import State
+from prefect.states import Completed, Failed
 
 from kiln.flows.build import build_flow
-from kiln.flows.common import record, unit_from_state
+from kiln.flows.common import record, sync_state, unit_from_state
 from kiln.flows.dispatch import Remote, dispatch_build, dispatch_publish, dispatch_suite, dispatching
 from kiln.flows.publish import publish_flow
 from kiln.release.manifest import Unit
@@ -22,10 +26,10 @@ from kiln.tasks.config import KilnConfig
 from kiln.tasks.testing.suite import targets
 
 
-def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: dict, ref: str) -> State:
+def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], ref: str) -> State:
     """Every variant's build: one dispatched run per variant on the build pool, or the build flow here."""
     if remote.build is None:
-        return build_flow(**common, return_state=True)
+        return sync_state(build_flow(**common, return_state=True))
     futures = {v.name: dispatching(dispatch_build, config).submit(config, v.name, remote.build, run, ref)
                for v in config.variants}
     wait(list(futures.values()))
@@ -36,13 +40,13 @@ def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: dict
     return Completed(message=f"build: {len(futures)} variants dispatched to {remote.build}")
 
 
-def start_suites(config: KilnConfig, run: RunRecord, remote: Remote, ref: str) -> list[PrefectFuture]:
+def start_suites(config: KilnConfig, run: RunRecord, remote: Remote, ref: str) -> list[PrefectFuture[object]]:
     """Dispatch every suite that has a deployment for its pool; they run while the caller goes on."""
     return [dispatching(dispatch_suite, config).submit(config, config.suites_by_name[name], deployment, run, ref)
             for name, deployment in remote.suites.items()]
 
 
-def wait_suites(config: KilnConfig, run: RunRecord, remote: Remote, futures: list[PrefectFuture]) -> None:
+def wait_suites(config: KilnConfig, run: RunRecord, remote: Remote, futures: list[PrefectFuture[object]]) -> None:
     """Wait for the dispatched suites; a suite whose dispatch itself failed gets failed units."""
     for name, future in zip(remote.suites, futures, strict=True):
         future.wait()
@@ -51,10 +55,10 @@ def wait_suites(config: KilnConfig, run: RunRecord, remote: Remote, futures: lis
                 record(run, unit_from_state(target.unit("failed", ""), future.state))
 
 
-def publish_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: dict, ref: str) -> State:
+def publish_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], ref: str) -> State:
     """Publish the nightly channel: on a CPU-pool worker when deployed, else here."""
     if remote.publish is None:
-        return publish_flow(**common, channel="nightly", return_state=True)
+        return sync_state(publish_flow(**common, channel="nightly", return_state=True))
     future = dispatching(dispatch_publish, config).submit(config, "nightly", remote.publish, run, ref)
     future.wait()
     why = future.state.result(raise_on_failure=False) if future.state.is_completed() else future.state.message

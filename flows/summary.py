@@ -1,23 +1,35 @@
 """The end-of-run summary: a terminal table and the run's markdown artifact.
 
 Both are rendered from ``run.json`` alone, so what the terminal, the Prefect
-UI and the manifest say about a run can never disagree.
+UI and the manifest say about a run can never disagree. What a person must act
+on comes first: variants published untested, a version an extra index
+outranks, then failures (with the end of their log), suites that did not run
+and untested publications; skips the arch filter made on purpose are one line
+per reason, the full table behind a link. The install hints state what each
+index holds and what the published wheel requires (:mod:`kiln.tasks.install_hint`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-from packaging.requirements import InvalidRequirement, Requirement
-
-from kiln.release.install import index_options
+from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.release.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
 # What a release engineer must read first; every UnitState, in that order (tests/foundation/test_summary.py).
 STATE_ORDER: tuple[UnitState, ...] = ("failed", "not_run", "flaky", "skipped", "completed")
 STAGE_ORDER: tuple[Stage, ...] = get_args(Stage)  # the order stages run in
+TAIL_LINES = 6  # of a failure's log, under its line
+MAX_LISTED = 40
+_QUOTED = re.compile(r"'[^']*'")
+
+__all__ = ["STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO", "install_command", "install_reason", "print_summary",
+           "render_markdown", "render_text", "skip_reasons"]
 
 
 def _counts(units: list[Unit]) -> str:
@@ -29,15 +41,57 @@ def _counts(units: list[Unit]) -> str:
     return ", ".join(parts) or "no units"
 
 
-def _interesting(units: list[Unit]) -> list[Unit]:
-    """Failed, flaky and skipped units: what a release engineer must read."""
-    return sorted((u for u in units if u.state != "completed"), key=lambda u: (STATE_ORDER.index(u.state), u.id))
+@dataclass(frozen=True)
+class Attention:
+    """One row of "Needs attention": a unit that failed, did not run or was flaky, or a publication untested."""
+
+    label: str
+    id: str
+    message: str
+    tail: tuple[str, ...] = ()  # the last lines of a failure's log
 
 
-def _untested(run: RunManifest) -> list[str]:
-    """First lines of every summary: variants published without their hardware's tests."""
-    untested = run.info.get("published_untested") or {}
-    return [f"PUBLISHED UNTESTED on its hardware: {variant} ({why})" for variant, why in sorted(dict(untested).items())]
+def _tail(message: str) -> tuple[str, ...]:
+    rest = [line.rstrip() for line in message.splitlines()[1:] if line.strip()]
+    return tuple(rest[-TAIL_LINES:])
+
+
+def attention(run: RunManifest) -> list[Attention]:
+    """Failures (with their log's last lines), suites not run, flaky units, then untested publications."""
+    units = sorted((u for u in run.units if u.state in ("failed", "not_run", "flaky")),
+                   key=lambda u: (STATE_ORDER.index(u.state), u.id))
+    rows = [Attention(u.state, u.id, _first(u.message), _tail(u.message) if u.state == "failed" else ())
+            for u in units]
+    for key in ("published_untested", "published_without_suite"):
+        recorded = run.info.get(key)
+        for variant, why in sorted(recorded.items() if isinstance(recorded, dict) else []):
+            rows.append(Attention("untested", f"publish/{variant}", f"published untested: {why}"))
+    return rows
+
+
+def _first(message: str) -> str:
+    return message.splitlines()[0] if message else ""
+
+
+def skip_reasons(units: Iterable[Unit]) -> list[str]:
+    """Skipped units, one line per reason (quoted names left out of the reason, listed after it), most first."""
+    groups: dict[str, list[Unit]] = {}
+    for unit in units:
+        if unit.state == "skipped":
+            groups.setdefault(_QUOTED.sub("'…'", _first(unit.message)), []).append(unit)
+    lines = []
+    for reason, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        names = sorted({n.strip("'") for u in members for n in _QUOTED.findall(_first(u.message))})
+        where = sorted({f"{u.variant} {u.arch}" if u.arch else str(u.variant) for u in members if u.variant})
+        detail = "; ".join(part for part in (_some(names), _some(where)) if part)
+        n = len(members)
+        lines.append(f"{n} unit{'s' if n != 1 else ''} skipped: {reason or 'no reason given'}"
+                     + (f" ({detail})" if detail else ""))
+    return lines
+
+
+def _some(items: list[str], shown: int = 3) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def _heading(run: RunManifest) -> str:
@@ -46,74 +100,79 @@ def _heading(run: RunManifest) -> str:
             f"{', commit ' + commit[:12] if commit else ''})")
 
 
-def install_command(index_url: str, install: dict[str, Any]) -> str:
-    """The pip command that installs the project from ``index_url`` (options as ``kiln verify`` passes them)."""
-    options = index_options("pip", index_url, install.get("extra_index_urls") or [])
-    return " ".join(["pip", "install", *options, str(install.get("distribution", ""))])
+def _urls(run: RunManifest, key: str) -> list[str]:
+    urls = run.info.get(key) or []
+    return [urls] if isinstance(urls, str) else [str(u) for u in urls] if isinstance(urls, list) else []
 
 
-def install_reason(install: dict[str, Any]) -> str:
-    """Why the command names an extra index: a Kiln index holds only the project's own wheels."""
-    names = ", ".join(_dependency_names(install.get("dependencies") or []))
-    extras = install.get("extra_index_urls") or []
-    if not names:
-        return f"(the index holds {install.get('distribution')}, which has no dependencies)"
-    if not extras:
-        return (f"(the index holds only {install.get('distribution')}; its dependencies {names} must already be "
-                "installed, or name an index for them in kiln.toml [publish] extra_index_urls)")
-    return (f"(--extra-index-url: the index holds only {install.get('distribution')}; its dependencies {names} "
-            f"are not on it and resolve from {', '.join(extras)})")
+def _text_attention(run: RunManifest) -> list[str]:
+    rows, skips = attention(run), skip_reasons(run.units)
+    lines = [""] if rows or skips else []
+    for row in rows[:MAX_LISTED]:
+        lines.append(f"  {row.label.upper():<9} {row.id}  {row.message}")
+        lines.extend(f"  {'':<9}   | {line}" for line in row.tail)
+    if len(rows) > MAX_LISTED:
+        lines.append(f"  … and {len(rows) - MAX_LISTED} more in {run.root / MANIFEST_NAME}")
+    lines += [f"  {'SKIPPED':<9} {line}" for line in skips]
+    return lines
 
 
-def _dependency_names(requirements: list[str]) -> list[str]:
-    names = []
-    for text in requirements:
-        try:
-            names.append(Requirement(text).name)
-        except InvalidRequirement:  # kiln.toml validated it; a hand-edited run.json must not break the summary
-            names.append(text)
-    return names
+def _text_indexes(run: RunManifest) -> list[str]:
+    install = run.info.get("install")
+    lines = []
+    for key, label in (("index_url", "index"), ("dry_run_index_url", "index (dry-run staging copy)")):
+        for url in _urls(run, key):
+            lines.append(f"  {label}: {url}")
+            if isinstance(install, dict):
+                lines += [f"    install: {install_command(url, install)}", f"    {install_reason(url, install)}"]
+    return lines
 
 
 def render_text(run: RunManifest) -> str:
     stages = [stage for stage in STAGE_ORDER if any(u.stage == stage for u in run.units)]
-    lines = [_heading(run), *_untested(run), ""]
+    lines = [_heading(run), *first_lines(run.info), ""]
     width = max((len(s) for s in stages), default=5)
     for stage in stages:
         units = [u for u in run.units if u.stage == stage]
         lines.append(f"  {stage:<{width}}  {len(units):>4} units: {_counts(units)}")
-    notable = _interesting(run.units)
-    if notable:
-        lines.append("")
-        for unit in notable[:40]:
-            first = unit.message.splitlines()[0] if unit.message else ""
-            lines.append(f"  {unit.state.upper():<9} {unit.id}  {first}")
-        if len(notable) > 40:
-            lines.append(f"  … and {len(notable) - 40} more in {run.root / MANIFEST_NAME}")
+    lines += _text_attention(run)
     wheels = run.artifacts_of("wheel")
     if wheels:
         lines.append("")
         lines.extend(f"  wheel  {w.path}  sha256={w.sha256[:16]}…" for w in wheels)
     if run.info.get("publish_plan"):
         lines += ["", *("  " + line for line in str(run.info["publish_plan"]).splitlines())]
-    install = run.info.get("install")
-    shown = False
-    for key, label in (("index_url", "index"), ("dry_run_index_url", "index (dry-run staging copy)")):
-        urls = run.info.get(key) or []
-        for url in [urls] if isinstance(urls, str) else urls:
-            lines.append(f"  {label}: {url}")
-            if isinstance(install, dict):
-                lines.append(f"    install: {install_command(url, install)}")
-                shown = True
-    if shown:
-        lines.append(f"    {install_reason(install)}")
+    lines += _text_indexes(run)
     lines.append(f"\n  manifest: {run.root / MANIFEST_NAME}")
     return "\n".join(lines)
 
 
-def render_markdown(run: RunManifest) -> str:
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _markdown_attention(run: RunManifest, units_table: str) -> list[str]:
+    rows, skips = attention(run), skip_reasons(run.units)
+    if not rows and not skips:
+        return []
+    lines = ["", "## Needs attention", ""]
+    if rows:
+        lines += ["| unit | state | message |", "|---|---|---|"]
+        lines += [f"| `{row.id}` | {row.label} | {_cell(row.message)} |" for row in rows]
+    if skips:
+        where = f"[the table of every unit]({units_table})" if units_table else f"`{MANIFEST_NAME}` of the run"
+        lines += ["", f"Skipped on purpose (every unit and its reason: {where}):", ""]
+        lines += [f"- {line}" for line in skips]
+    for row in (r for r in rows if r.tail):
+        body = "\n".join(row.tail).replace("```", "'''")
+        lines += ["", f"`{row.id}` — {row.message} — its log ends:", "", "```text", body, "```"]
+    return lines
+
+
+def render_markdown(run: RunManifest, units_table: str = "") -> str:
+    """The run's markdown summary; ``units_table``: the address of the table artifact of every unit."""
     lines = [f"# Kiln {run.flow} run `{run.run_id}`", ""]
-    lines += [f"**{line}**\n" for line in _untested(run)]
+    lines += [f"**{line}**\n" for line in first_lines(run.info)]
     if run.version:
         commit = str(run.info.get("commit") or "")
         lines.append(f"Version: `{run.version}`" + (f", commit `{commit}`" if commit else "") + "\n")
@@ -122,30 +181,28 @@ def render_markdown(run: RunManifest) -> str:
         units = [u for u in run.units if u.stage == stage]
         if units:
             lines.append(f"| {stage} | {len(units)} | {_counts(units)} |")
-    notable = _interesting(run.units)
-    if notable:
-        lines += ["", "## Needs attention", "", "| unit | state | message |", "|---|---|---|"]
-        for unit in notable:
-            message = (unit.message.splitlines()[0] if unit.message else "").replace("|", "\\|")
-            lines.append(f"| `{unit.id}` | {unit.state} | {message} |")
+    lines += _markdown_attention(run, units_table)
     lines += _test_tables(run)
-    urls = run.info.get("index_url") or []
-    install = run.info.get("install")
-    if urls:
-        lines += ["", "## Published indexes", ""]
-        for url in [urls] if isinstance(urls, str) else urls:
-            lines.append(f"- <{url}>")
-            if isinstance(install, dict):
-                lines.append(f"  - `{install_command(url, install)}`")
-        if isinstance(install, dict):
-            lines += ["", install_reason(install)]
+    lines += _markdown_indexes(run)
     return "\n".join(lines) + "\n"
+
+
+def _markdown_indexes(run: RunManifest) -> list[str]:
+    urls, install = _urls(run, "index_url"), run.info.get("install")
+    if not urls:
+        return []
+    lines = ["", "## Published indexes", ""]
+    for url in urls:
+        lines.append(f"- <{url}>")
+        if isinstance(install, dict):
+            lines += [f"  - `{install_command(url, install)}`", f"  - {install_reason(url, install)}"]
+    return lines
 
 
 def _test_tables(run: RunManifest) -> list[str]:
     """Links to each suite's table of failed, errored, timed-out and flaky tests (its test task's artifact)."""
-    tables = {key[len(TEST_TABLE_INFO):]: value for key, value in run.info.items()
-              if key.startswith(TEST_TABLE_INFO) and isinstance(value, dict)}
+    tables: dict[str, Any] = {key[len(TEST_TABLE_INFO):]: value for key, value in run.info.items()
+                              if key.startswith(TEST_TABLE_INFO) and isinstance(value, dict)}
     if not tables:
         return []
     lines = ["", "## Test results", "", "| suite | result | failed, errored, timed-out, flaky |", "|---|---|---|"]
@@ -153,7 +210,7 @@ def _test_tables(run: RunManifest) -> list[str]:
         count = int(table.get("problems") or 0)
         link = f"[{count} test{'s' if count != 1 else ''}]({table['url']})" if table.get("url") else str(count)
         summary = str(table.get("summary") or "").splitlines()[0:1]
-        lines.append(f"| `{unit_id}` | {(summary[0] if summary else '').replace('|', chr(92) + '|')} | {link} |")
+        lines.append(f"| `{unit_id}` | {_cell(summary[0] if summary else '')} | {link} |")
     return lines
 
 

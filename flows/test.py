@@ -17,21 +17,24 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import cast
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect.states import Failed, State
+from prefect import State
+from prefect.states import Failed
 
 from kiln.flows.build import build_flow
 from kiln.flows import progress
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
+from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.summary import TEST_TABLE_INFO
 from kiln.release.record import RunRecord
 from kiln.tasks.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing.changes import suites_to_run
 from kiln.tasks.testing.devices import detect_gpu_count
-from kiln.tasks.testing.jobs import RunOptions
+from kiln.tasks.testing.jobs import Isolation, RunOptions
 from kiln.tasks.testing.reports import problem_rows
 from kiln.tasks.testing.suite import (
     SuiteRun, SuiteTarget, adhoc_suite, check_overrides, not_run_reason, run_suite, suite_options, targets,
@@ -93,7 +96,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
               isolate: str = "test", timeout: float | None = None, retries: int = 1, junit: str | None = None,
               json_path: str | None = None, changed_since: str | None = None,
               pytest_args: list[str] | None = None, exclude: list[str] | None = None, run_id: str | None = None,
-              paths: list[str] | None = None, ref: str = ""):
+              paths: list[str] | None = None, ref: str = "") -> dict[str, int] | State:
     """Run the config's test suites against the run's wheels; Failed if any suite failed.
 
     ``run_id`` tests the wheels of that run (the nightly's, or ``kiln test --run``);
@@ -107,6 +110,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
     selected = plan_task(config, config_path, suites, changed_since, exclude, paths)
     run = open_run(config, "test", out, run_id=run_id, step="test", commit=ref)
+    name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
     chosen = targets(config, selected)
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
@@ -123,8 +127,8 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
         if target.variant.name not in wheels:  # its build failed: that unit already fails the run
             record(run, target.unit("skipped", f"no {target.variant.name} wheel in run {run.run_id} to test"))
             continue
-        options = suite_options(config, target.suite, isolate=isolate, timeout=timeout, retries=retries,
-                                pytest_args=pytest_args or ())
+        options = suite_options(config, target.suite, isolate=cast(Isolation, isolate), timeout=timeout,
+                                retries=retries, pytest_args=pytest_args or ())
         futures[target.unit_id] = (target, suite_task.submit(config, target, wheels[target.variant.name],
                                                              str(run.view), options, run))
     progress.expect("test", len(futures))

@@ -7,6 +7,13 @@ parent waits only with bounds: the child's deadline, a short window for the
 stack dump, the grace period, and a last bounded wait after SIGKILL. After
 the child is gone its group gets one more SIGKILL, because a test can exit
 normally and leave a grandchild behind.
+
+Cancellation (invariant 11): every group Kiln starts is in a process-wide
+registry while it lives (:func:`register`; :func:`watch` registers what it
+waits for), so one SIGTERM or Ctrl-C can end them all with the same ladder
+(:func:`end_all`). :func:`request_cancel` marks the process as stopping: pools
+and runners check it (:func:`check_cancelled`) before they start anything, and
+a group registered after it is ended at once.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 from collections.abc import Callable
+
+from kiln.release.errors import PermanentError
 
 logger = logging.getLogger("kiln.test.deadline")
 
@@ -262,8 +271,18 @@ def watch(
     as the child reports progress); past it, climb the ladder.
 
     Whatever happens, the child's process group is SIGKILLed at the end so no
-    grandchild outlives the test.
+    grandchild outlives the test. While it is waited for, the group is
+    registered (a cancellation ends it through :func:`end_all`).
     """
+    register(child, stack_path, grace_s)
+    try:
+        return _watch(child, deadline, grace_s, stack_path, clock, poll_s)
+    finally:
+        unregister(child)
+
+
+def _watch(child: Child, deadline: Callable[[], float], grace_s: float, stack_path: Path | None,
+           clock: Callable[[], float], poll_s: float) -> LadderResult:
     start = clock()
     while True:
         remaining = deadline() - clock()
@@ -276,6 +295,104 @@ def watch(
     logger.warning("pid %d: deadline passed after %.1fs; dumping stacks", child.pid, clock() - start)
     result = terminate(child, grace_s, stack_path)
     return LadderResult(result.returncode, True, result.escalation, result.stacks, clock() - start)
+
+
+class RunCancelledError(PermanentError):
+    """The run is being cancelled (SIGTERM, Ctrl-C, a cancel from the UI): Kiln starts nothing more."""
+
+
+@dataclass(frozen=True)
+class _Group:
+    child: Child
+    stack_path: Path | None
+    grace_s: float
+
+
+_live: dict[int, _Group] = {}
+_live_lock = threading.Lock()
+_cancel = threading.Event()
+_cancel_why: list[str] = []
+
+
+def request_cancel(why: str) -> bool:
+    """Mark this process as stopping (waits that check it stop); True the first time."""
+    with _live_lock:
+        first = not _cancel.is_set()
+        if first:
+            _cancel_why[:] = [why]
+            _cancel.set()
+    if first:
+        logging.getLogger("kiln.cancel").warning("cancelling: %s; ending every process group Kiln started", why)
+    return first
+
+
+def cancel_requested() -> bool:
+    return _cancel.is_set()
+
+
+def reset_cancel() -> None:
+    """For a process that runs one command after another (the CLI called in-process): a fresh start."""
+    with _live_lock:
+        _cancel.clear()
+        _cancel_why.clear()
+
+
+def check_cancelled(what: str) -> None:
+    """Raise :class:`RunCancelledError` instead of starting ``what`` once the run is being cancelled."""
+    if _cancel.is_set():
+        raise RunCancelledError(f"{what} was not started: the run is being cancelled ({_why()})")
+
+
+def _why() -> str:
+    return _cancel_why[0] if _cancel_why else "cancelled"
+
+
+def register(child: Child, stack_path: Path | None = None, grace_s: float = 2.0) -> None:
+    """Track ``child``'s process group until :func:`unregister`, so a cancellation can end it.
+
+    Registered after cancellation began, the group is ended at once and
+    :class:`RunCancelledError` is raised: whatever raced the signal dies with the rest.
+    """
+    with _live_lock:
+        if not _cancel.is_set():
+            _live[child.pid] = _Group(child, stack_path, grace_s)
+            return
+    terminate(child, grace_s, stack_path, dump=False)
+    raise RunCancelledError(f"process group {child.pid} was ended as it started: the run is being cancelled "
+                            f"({_why()})")
+
+
+def unregister(child: Child) -> None:
+    with _live_lock:
+        entry = _live.get(child.pid)
+        if entry is not None and entry.child is child:
+            del _live[child.pid]
+
+
+def live_groups() -> list[int]:
+    """The leaders of the process groups registered now."""
+    with _live_lock:
+        return sorted(_live)
+
+
+def end_all() -> dict[int, LadderResult]:
+    """Every registered group down the ladder at once (a thread each); returns when all are gone."""
+    with _live_lock:
+        groups = list(_live.values())
+    results: dict[int, LadderResult] = {}
+
+    def end(group: _Group) -> None:
+        dump = group.stack_path is not None
+        results[group.child.pid] = terminate(group.child, group.grace_s, group.stack_path, dump=dump)
+
+    threads = [threading.Thread(target=end, args=(g,), name=f"kiln-end-{g.child.pid}", daemon=True) for g in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for group in groups:
+        unregister(group.child)
+    return results
 
 
 def signal_name(returncode: int | None) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,12 @@ from kiln.release.errors import ConfigError, InvalidInputError
 from kiln.release.fetch import StoreSettings
 from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
-from kiln.release.publish import PAGE_CACHE
+from kiln.release.manifest import RunManifest
+from kiln.release.publish import PAGE_CACHE, Plan, untested
+from kiln.release.remote import newest_release
 from kiln.release.store import Store, open_store
 from kiln.release.swap import put_until_swapped
+from kiln.tasks import install_hint
 
 log = logging.getLogger("kiln.release")
 
@@ -32,6 +36,7 @@ PAGE_NAMES = (HTML_PAGE, JSON_PAGE)
 StateName = Literal["SCHEDULED", "PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "CRASHED", "PAUSED",
                     "CANCELLING"]
 COMPLETED: StateName = "COMPLETED"
+RAN = ("completed", "flaky", "failed")  # the unit states of a suite that ran on its variant's wheel
 
 
 
@@ -40,7 +45,7 @@ def channel_prefix(config: Any, channel: str) -> str:
     channels = dict(config.publish.channels)
     if channel not in channels:
         raise ConfigError(f"unknown channel {channel!r}; kiln.toml [publish] channels are {sorted(channels)}")
-    return channels[channel].strip("/")
+    return str(channels[channel]).strip("/")
 
 
 def open_target(config: Any, out: str, session: Any = None, target: str | None = None) -> Store:
@@ -68,10 +73,63 @@ def store_settings_for(config: Any, url: str, session: Any = None) -> StoreSetti
     return StoreSettings(session=session)
 
 
-def install_info(config: Any) -> dict[str, Any]:
-    """What a run records for its install hint (:mod:`kiln.flows.summary` renders it from run.json alone)."""
-    return {"distribution": config.project.distribution, "dependencies": list(config.project.dependencies),
-            "extra_index_urls": list(config.publish.extra_index_urls)}
+def install_info(config: Any, plan: Plan, env: Mapping[str, str] = os.environ,
+                 lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
+    """What a run records for its install hint, read from what ``plan`` published (never from kiln.toml).
+
+    :mod:`kiln.flows.summary` renders it from run.json alone. ``env`` says whether
+    the extra indexes are looked up (:data:`kiln.tasks.install_hint.CHECK_ENV`), ``lookup`` how.
+    """
+    return install_hint.install_facts(config.project.distribution, list(config.publish.extra_index_urls), plan,
+                                      check=install_hint.checks_extra_indexes(env), lookup=lookup)
+
+
+def without_suite(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
+    """Variants no test suite ran on (none covers them, or every one that does was not run), with the reason.
+
+    A test unit without a variant tested every variant. Required suites that were
+    not run are :func:`kiln.release.publish.untested`'s; they are named there.
+    """
+    tests = [u for u in run.units if u.stage == "test"]
+    found: dict[str, str] = {}
+    for variant in variants:
+        mine = [u for u in tests if u.variant in (None, variant)]
+        if any(u.state in RAN for u in mine):
+            continue
+        why = "; ".join(sorted({f"{u.suite or u.id}: {u.message.splitlines()[0] if u.message else u.state}"
+                                for u in mine}))
+        found[variant] = f"no suite ran on {variant} ({why})" if mine else f"no suite covers {variant}"
+    return found
+
+
+def held_untested(config: Any, run: RunManifest) -> dict[str, str]:
+    """Variants held back because no suite ran on them and kiln.toml [publish] publish_untested = false."""
+    if config.publish.publish_untested:
+        return {}
+    built = sorted({str(a.variant) for a in run.artifacts_of("wheel") if a.state == "ok" and a.variant})
+    return {v: f"not published: {why}, and kiln.toml [publish] publish_untested = false holds it back"
+            for v, why in without_suite(run, built).items()}
+
+
+def variants_to_publish(config: Any, run: RunManifest) -> tuple[list[str], dict[str, str]]:
+    """kiln.toml's variants less those :func:`held_untested` holds back, and why each of those is held."""
+    held = held_untested(config, run)
+    return [v.name for v in config.variants if v.name not in held], held
+
+
+def untested_ok(config: Any) -> list[str]:
+    """The suites whose variants may go out when they could not run: none when the project says so."""
+    return [s.name for s in config.suites if s.publish_untested and config.publish.publish_untested]
+
+
+def publish_facts(config: Any, run: RunManifest, plan: Plan, env: Mapping[str, str] = os.environ,
+                  lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
+    """What a publish records for the summary: untested variants, variants no suite ran on, the install hint."""
+    published = sorted({u.variant for u in plan.uploads})
+    not_run = untested(run, published)
+    return {"published_untested": not_run,
+            "published_without_suite": without_suite(run, [v for v in published if v not in not_run]),
+            "install": install_info(config, plan, env, lookup)}
 
 
 def _project_pages(store: Store, prefix: str, distribution: str) -> list[str]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from collections.abc import Collection, Sequence
 
-from kiln.release.manifest import Unit
+from kiln.release.manifest import Unit, UnitState
 from kiln.tasks.bench.results import BenchResults, CaseResult, Stats
 from kiln.tasks.bench.stats import Summary, Verdict, judge, paired_ratios, summarize
 
@@ -175,7 +175,7 @@ def blocks(case: CaseComparison, fail_on_regression: bool, blocking: Collection[
 
 
 def _regression_label(regressions: Sequence[CaseComparison], fail_on_regression: bool,
-                      blocking: Collection[str] | None) -> tuple[str, str]:
+                      blocking: Collection[str] | None) -> tuple[UnitState, str]:
     if any(blocks(r, fail_on_regression, blocking) for r in regressions):
         return "failed", "regression"
     if not fail_on_regression:
@@ -193,6 +193,7 @@ def kernel_unit(outcome: KernelOutcome, comparison: Comparison, fail_on_regressi
         return Unit(id=unit_id, stage="bench", state="failed", kernel=outcome.kernel,
                     message=outcome.error, duration_s=outcome.duration_s)
     regressions = comparison.regressions(outcome.kernel)
+    state: UnitState
     if regressions:
         lines = "; ".join(r.describe() for r in regressions)
         state, label = _regression_label(regressions, fail_on_regression, blocking)

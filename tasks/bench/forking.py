@@ -12,6 +12,10 @@ hung kernel is one child: the next request forks from the same clean parent.
 Forking is refused (``{"refused": why}``) once CUDA is initialised in the
 server (a fork after the GPU was touched hangs or corrupts the child's
 context); :class:`MeasureServer` then measures in a fresh process instead.
+
+The server's process group is registered with the cancellation registry of
+:mod:`kiln.tasks.process` from its start, so one SIGTERM to the command ends it
+(its forked children die with it), and a cancelled run starts no new server.
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiln.tasks.process import Mailboxes, PopenChild, die_with_parent, gpu_initialised, run_with_deadline
+from kiln.tasks.process import (Mailboxes, PopenChild, cancel_requested, check_cancelled, die_with_parent,
+                                gpu_initialised, register, run_with_deadline, terminate, unregister)
 from kiln.tasks.testing.workers import ForkedChild
 
 logger = logging.getLogger("kiln.bench")
 
 START_TIMEOUT_S = 300.0  # the first answer waits for the server's imports; a fork answers in milliseconds
 CLOSE_TIMEOUT_S = 10.0
+GRACE_S = 1.0
 
 
 def _child(request: dict, measure: Any, threads: int | None) -> None:
@@ -86,6 +92,7 @@ class _Session:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc, self.replies, self.exits = proc, queue.Queue[dict | None](), Mailboxes()
+        self.child = PopenChild(proc)
         threading.Thread(target=self._read, name="kiln-measure-server", daemon=True).start()
 
     def _read(self) -> None:
@@ -111,12 +118,16 @@ class MeasureServer:
     def _current(self) -> _Session:
         with self._lock:
             if self._session is None or self._session.proc.poll() is not None:
+                if self._session is not None:
+                    unregister(self._session.child)
+                check_cancelled("the measuring server")
                 logger.info("starting the measuring server: %s", " ".join(self.command))
                 self.log.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.log, "ab") as log:
                     proc = subprocess.Popen(self.command, cwd=self.cwd, stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
                 self._session = _Session(proc)
+                register(self._session.child, grace_s=GRACE_S)  # a cancellation ends the server's group
             return self._session
 
     def fork(self, kernel: str | None, out: Path, log: Path) -> ForkedChild | None:
@@ -148,11 +159,15 @@ class MeasureServer:
             session, self._session = self._session, None
         if session is None:
             return
+        unregister(session.child)
+        if cancel_requested():  # the cancellation's ladder has it, or is about to: end it now, no wait for EOF
+            terminate(session.child, GRACE_S, dump=False)
+            return
         try:
             assert session.proc.stdin is not None
             session.proc.stdin.close()
         except OSError:
             pass
-        ladder = run_with_deadline(PopenChild(session.proc), CLOSE_TIMEOUT_S, grace_s=1.0)
+        ladder = run_with_deadline(session.child, CLOSE_TIMEOUT_S, grace_s=GRACE_S)
         if ladder.timed_out:
             logger.warning("the measuring server did not exit on EOF; ended by %s", ladder.escalation)

@@ -96,7 +96,7 @@ def device_cache(device: str) -> DeviceCache:
     return DeviceCache(l2_bytes=l2, free_bytes=int(free))
 
 
-def plan_pool(make_inputs: Callable[[str], tuple], device: str) -> list[tuple]:
+def plan_pool(make_inputs: Callable[[str], tuple[Any, ...]], device: str) -> list[tuple[Any, ...]]:
     """Build the rotation pool for one case on ``device``."""
     first = make_inputs(device)
     cache = device_cache(device)
@@ -105,7 +105,7 @@ def plan_pool(make_inputs: Callable[[str], tuple], device: str) -> list[tuple]:
     return [first] + [make_inputs(device) for _ in range(size - 1)]
 
 
-def _warm_up(fn: Callable[..., Any], pool: Sequence[tuple], calls: int) -> None:
+def _warm_up(fn: Callable[..., Any], pool: Sequence[tuple[Any, ...]], calls: int) -> None:
     """Compile/autotune outside the capture, on a side stream as graph capture requires."""
     import torch
 
@@ -118,7 +118,7 @@ def _warm_up(fn: Callable[..., Any], pool: Sequence[tuple], calls: int) -> None:
     torch.cuda.synchronize()
 
 
-def _capture(fn: Callable[..., Any], pool: Sequence[tuple], order: list[int]) -> Any:
+def _capture(fn: Callable[..., Any], pool: Sequence[tuple[Any, ...]], order: list[int]) -> Any:
     import torch
 
     graph = torch.cuda.CUDAGraph()
@@ -138,7 +138,7 @@ def _timed_replay(graph: Any) -> float:
     graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1e3
+    return float(start.elapsed_time(end)) / 1e3
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class GraphReplayTimer:
     warmup: int = 3
 
     def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any],
-                 pool: Sequence[tuple]) -> tuple[list[float], list[float]]:
+                 pool: Sequence[tuple[Any, ...]]) -> tuple[list[float], list[float]]:
         order = rotation_order(len(pool), calls_per_graph(len(pool)))
         graphs = []
         for op in (fn, reference):
@@ -175,12 +175,12 @@ class EagerTimer:
     warmup: int = 3
 
     def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any],
-                 pool: Sequence[tuple]) -> tuple[list[float], list[float]]:
+                 pool: Sequence[tuple[Any, ...]]) -> tuple[list[float], list[float]]:
         import torch
 
         for op in (fn, reference):
             _warm_up(op, pool, max(self.warmup, len(pool)))
-        events: tuple[list, list] = ([], [])
+        events: tuple[list[Any], list[Any]] = ([], [])
         for index in rotation_order(len(pool), self.calls):
             for op, recorded in zip((fn, reference), events, strict=True):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
 from kiln.release.errors import BenchmarkError, ConfigError, InfrastructureError, KilnError
+from kiln.release.manifest import Artifact, Unit
 from kiln.tasks.bench import gpu as benchgpu
 from kiln.tasks.bench.results import (
     BenchResults, CaseResult, Metric, MetricChoice, Stats, git_commit, hardware, library_versions, utc_now,
@@ -30,8 +31,8 @@ from kiln.tasks.registry_types import BenchCaseRecord, KernelRecord
 
 _log = logging.getLogger("kiln.bench")
 
-Timer = Callable[[Callable[..., Any], Callable[..., Any], Sequence[tuple]], tuple[list[float], list[float]]]
-PoolFactory = Callable[[BenchCaseRecord, str], list[tuple]]
+Timer = Callable[[Callable[..., Any], Callable[..., Any], Sequence[tuple[Any, ...]]], tuple[list[float], list[float]]]
+PoolFactory = Callable[[BenchCaseRecord, str], list[tuple[Any, ...]]]
 METRICS: tuple[MetricChoice, ...] = get_args(MetricChoice)
 
 
@@ -76,7 +77,7 @@ class CpuTimer:
     clock: Callable[[], float] = time.thread_time
 
     def __call__(self, fn: Callable[..., Any], reference: Callable[..., Any],
-                 pool: Sequence[tuple]) -> tuple[list[float], list[float]]:
+                 pool: Sequence[tuple[Any, ...]]) -> tuple[list[float], list[float]]:
         from torch.utils import benchmark
 
         inputs = pool[0]
@@ -97,14 +98,14 @@ def _calls_per_block(timer: Any, block_time: float) -> int:
     return max(1, min(int(block_time / once), 1_000_000))
 
 
-def default_timers(plan: MetricPlan) -> dict[Metric, Timer]:
+def default_timers(plan: MetricPlan) -> Mapping[str, Timer]:
     available: dict[Metric, Timer] = {
         "cpu": CpuTimer(), "graph_replay": benchgpu.GraphReplayTimer(), "eager": benchgpu.EagerTimer(),
     }
     return {metric: available[metric] for metric in plan.measured}
 
 
-def make_pool(case: BenchCaseRecord, device: str) -> list[tuple]:
+def make_pool(case: BenchCaseRecord, device: str) -> list[tuple[Any, ...]]:
     if device == "cpu":
         return [tuple(case.make_inputs("cpu"))]
     return [tuple(inputs) for inputs in benchgpu.plan_pool(case.make_inputs, device)]
@@ -171,11 +172,11 @@ def bench_kernel(
     pool_factory: PoolFactory = make_pool,
 ) -> list[CaseResult]:
     """Every case of one kernel; a failure names the case and keeps the cause."""
-    timers = timers if timers is not None else default_timers(plan)
+    chosen: Mapping[str, Timer] = timers if timers is not None else default_timers(plan)
     results: list[CaseResult] = []
     for case in kernel_cases(spec, size):
         try:
-            results.extend(measure_case(case, plan, timers, pool_factory))
+            results.extend(measure_case(case, plan, chosen, pool_factory))
         except KilnError:
             raise
         except Exception as exc:
@@ -189,16 +190,53 @@ def _translate(exc: Exception, where: str) -> KilnError:
     return BenchmarkError(f"benchmark {where} failed: {type(exc).__name__}: {exc}")
 
 
-def bench_variant(config: KilnConfig) -> str:
-    """The variant whose wheel this machine benchmarks: a GPU variant of the device's kind, else a CPU one."""
+def _machine_backend() -> str:
     import torch
 
-    backend = "cpu" if not torch.cuda.is_available() else ("hip" if torch.version.hip else "cuda")
+    return "cpu" if not torch.cuda.is_available() else ("hip" if torch.version.hip else "cuda")
+
+
+def bench_skip(config: KilnConfig) -> str:
+    """Why this machine's bench stage is "not run" ("" when it benchmarks a variant).
+
+    Switched off in ``kiln.toml``, or no variant runs here (a GPU-only package on a
+    machine without its GPU): the reason, never a failure of the run.
+    """
+    if not config.bench.enabled:
+        return "not run: the bench stage is switched off ([bench] enabled = false in kiln.toml)"
+    backend = _machine_backend()
+    if any(v.backend in (backend, "cpu") for v in config.variants):
+        return ""
+    have = ", ".join(f"{v.name} ({v.backend})" for v in config.variants)
+    return (f"not run: no variant of kiln.toml runs on this machine ({backend}); its variants are {have}:"
+            " a machine with their hardware benchmarks them ([bench] enabled = false switches the stage off)")
+
+
+def bench_variant(config: KilnConfig) -> str:
+    """The variant whose wheel this machine benchmarks: a GPU variant of the device's kind, else a CPU one."""
+    backend = _machine_backend()
     chosen = next((v for v in config.variants if v.backend == backend), None)
     chosen = chosen or next((v for v in config.variants if v.backend == "cpu"), None)
     if chosen is None:
         raise ConfigError(f"no variant of kiln.toml runs on this machine ({backend}); the bench stage needs one")
     return chosen.name
+
+
+def nothing_to_bench(run_id: str, variant: str, units: Iterable[Unit], artifacts: Iterable[Artifact]) -> str:
+    """Why ``variant`` has nothing to benchmark in run ``run_id`` ("" when its wheel is there).
+
+    No wheel is "not run" with this reason, never a crash: the build stage's
+    own units say why it is missing, and a failed build is already a failure there.
+    """
+    if any(a.kind == "wheel" and a.variant == variant and a.state == "ok" for a in artifacts):
+        return ""
+    failed = sorted(u.id for u in units if u.stage == "build" and u.variant == variant and u.state == "failed")
+    if failed:
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        return (f"not run: run {run_id} has no {variant} wheel to benchmark: its build failed "
+                f"({', '.join(failed[:3])}{more})")
+    return (f"not run: run {run_id} has no {variant} wheel to benchmark: the run built no {variant} wheel "
+            f"(its build did not run, or built nothing for it)")
 
 
 def result_variant(config: KilnConfig, plan: MetricPlan) -> str:

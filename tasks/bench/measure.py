@@ -19,16 +19,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from kiln.release.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.release.fsutil import atomic_write_text
 from kiln.tasks.bench.forking import MeasureServer, serve
-from kiln.tasks.process import PopenChild, run_with_deadline, single_threaded
+from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
 from kiln.tasks.config import load_config
 
 
-def _measure(ns: argparse.Namespace) -> dict:
+def _measure(ns: argparse.Namespace) -> dict[str, Any]:
     config = load_config(ns.config)
     if ns.kernel is None:  # kernels without cases are named: measuring one costs a process start
         setup = prepare(config, ns.size, ns.metric, installed=True)
@@ -108,7 +109,7 @@ def _spawn(cmd: list[str], cwd: Path, log_path: Path) -> PopenChild:
 
 
 def run_measure(python: str, config_path: str, work: Path, *, size: str, metric: str, kernel: str | None,
-                timeout_s: float, server: MeasureServer | None = None) -> dict:
+                timeout_s: float, server: MeasureServer | None = None) -> dict[str, Any]:
     """Run the harness in ``python``'s environment; its answer, or a typed error naming what went wrong.
 
     With ``server`` the measuring process is forked from it; else (or when it
@@ -117,8 +118,11 @@ def run_measure(python: str, config_path: str, work: Path, *, size: str, metric:
     work.mkdir(parents=True, exist_ok=True)
     out, log = work / f"{kernel or 'kernels'}.json", work / f"{kernel or 'kernels'}.log"
     out.unlink(missing_ok=True)
-    child = server.fork(kernel, out, log) if server is not None else None
-    if child is None:
+    forked = server.fork(kernel, out, log) if server is not None else None
+    child: Child
+    if forked is not None:
+        child = forked
+    else:
         extra = ["--out", str(out), *(["--kernel", kernel] if kernel else [])]
         child = _spawn(_command(python, config_path, size, metric) + extra, Path(config_path).resolve().parent, log)
     ladder = run_with_deadline(child, timeout_s, stack_path=None)
@@ -128,7 +132,7 @@ def run_measure(python: str, config_path: str, work: Path, *, size: str, metric:
     if not out.exists():
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise InfrastructureError(f"{what} exited {ladder.returncode} without an answer:\n{tail}")
-    answer = json.loads(out.read_text())
+    answer: dict[str, Any] = json.loads(out.read_text())
     if "error" in answer:
         error = InfrastructureError if answer.get("retryable") else BenchmarkError
         raise error(f"{what}: {answer['error']}: {answer['message']}")

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from kiln.release.fsutil import atomic_write_bytes
-from kiln.tasks.bench.results import BenchResults
+from kiln.tasks.bench.results import BenchResults, CaseResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _log = logging.getLogger("kiln.bench")
 
 EMBED_LIMIT = 400_000  # bytes; larger PNGs are linked rather than inlined into a markdown artifact
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg", force=True)  # headless: workers have no display
@@ -28,7 +33,7 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=100)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     import io
 
     buffer = io.BytesIO()
@@ -37,8 +42,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _decision_cases(results: BenchResults):
+def _decision_cases(results: BenchResults) -> list[CaseResult]:
     return [c for c in results.cases if c.metric == results.decision_metric and c.speedup is not None]
+
+
+def _speedup(case: CaseResult) -> float:
+    """The case's speed-up; NaN (a gap in the plot) where it has none."""
+    return math.nan if case.speedup is None else case.speedup
 
 
 def plot_speedups(results: BenchResults, path: Path) -> Path:
@@ -51,7 +61,7 @@ def plot_speedups(results: BenchResults, path: Path) -> Path:
     labels = [f"{c.kernel}\n{c.name}" for c in cases]
     kernels = sorted({c.kernel for c in cases})
     colours = {k: f"C{i % 10}" for i, k in enumerate(kernels)}
-    ax.bar(range(len(cases)), [c.speedup for c in cases], color=[colours[c.kernel] for c in cases])
+    ax.bar(range(len(cases)), [_speedup(c) for c in cases], color=[colours[c.kernel] for c in cases])
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(cases)), labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("speed-up vs reference (×)")
@@ -67,10 +77,10 @@ def plot_trend(history: Sequence[BenchResults], path: Path) -> Path:
     top, bottom = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2, sharex=None)
     keys = sorted({c.key for r in history for c in _decision_cases(r)})
     for key in keys:
-        points = [(i, r.case(key)) for i, r in enumerate(history) if r.case(key) is not None]
+        points = [(i, case) for i, r in enumerate(history) if (case := r.case(key)) is not None]
         xs = [i for i, _ in points]
         top.plot(xs, [c.stats.median * 1e6 for _, c in points], marker="o", label=f"{key[0]}/{key[1]}")
-        bottom.plot(xs, [c.speedup for _, c in points], marker="o")
+        bottom.plot(xs, [_speedup(c) for _, c in points], marker="o")
     ticks = [f"{r.created[:10]}\n{r.commit[:7]}" for r in history]
     for ax in (top, bottom):
         ax.set_xticks(range(len(history)), ticks, fontsize=6, rotation=45, ha="right")
@@ -82,7 +92,7 @@ def plot_trend(history: Sequence[BenchResults], path: Path) -> Path:
     return _save(fig, path)
 
 
-def try_plot(kind: str, plot, *args) -> Path | None:
+def try_plot(kind: str, plot: Callable[..., Path], *args: Any) -> Path | None:
     """Run a plot function; a failure is a logged warning, never a failed run."""
     try:
         return plot(*args)

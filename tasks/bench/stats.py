@@ -89,7 +89,7 @@ def summarize(samples: Sequence[float], *, what: str = "samples", seed: int = DE
     """Median, IQR and the bootstrap CI of the median of per-call times."""
     values = _checked(samples, what)
     q25, median, q75 = np.quantile(values, [0.25, 0.5, 0.75])
-    low, high = bootstrap_median_ci(values, seed=seed)
+    low, high = bootstrap_median_ci(values.tolist(), seed=seed)
     return Summary(n=int(values.size), median=float(median), spread=float(q75 - q25), ci_low=low, ci_high=high)
 
 

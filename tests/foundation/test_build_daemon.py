@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,45 +21,20 @@ import pytest
 
 from kiln.flows import daemon
 from kiln.flows.daemon_server import running
-from kiln.flows.server import alive, stop_pid
+from kiln.flows.server import alive
 from tests.build.conftest import copy_project
+from tests.helpers.daemons import REPO, daemon_env
+from tests.helpers.daemons import client as _client
+from tests.helpers.daemons import start_daemon as _start
 from tests.helpers.waiting import until
 
-REPO = Path(__file__).resolve().parents[2]
-CLIENT = "import sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); sys.exit(97 if s is None else s)"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture
 def env() -> Iterator[dict[str, str]]:
-    """An environment whose daemons live in a state directory of their own (short: it holds a socket)."""
-    tmp = tempfile.mkdtemp(prefix="kd-", dir="/tmp")
-    values = {**os.environ, "TMPDIR": tmp, "KILN_DAEMON": "auto", "KILN_DAEMON_IDLE_SECONDS": "120"}
-    yield values
-    directory = Path(tmp) / f"kiln-{os.getuid()}"
-    for _, pid in running(directory) if directory.exists() else []:
-        stop_pid(pid)
-
-
-def _start(env: dict[str, str], cwd: Path, entry: str | None = None) -> tuple[int, Path]:
-    """Start a daemon for (env, cwd) and wait until it serves; its pid and log."""
-    key = subprocess.run([sys.executable, "-c", "import os; from kiln.flows import daemon; "
-                          "print(daemon.daemon_key(os.environ, os.getcwd()))"], env=env, cwd=cwd,
-                         capture_output=True, text=True, timeout=120, check=True).stdout.strip()
-    directory = Path(env["TMPDIR"]) / f"kiln-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    sock, lock, log = daemon.paths_for(key, directory)
-    with open(log, "ab") as out:
-        subprocess.Popen([sys.executable, "-m", "kiln.flows.daemon_server", key, *([entry] if entry else [])],
-                         env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    assert until(sock.exists, bool, 180), log.read_text()
-    return int(lock.read_text()), log
-
-
-def _client(env: dict[str, str], cwd: Path, *args: str, **kw) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", CLIENT, *args], env=env, cwd=cwd, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    with daemon_env() as values:
+        yield values
 
 
 def test_a_command_runs_in_a_child_of_the_daemon_with_the_clients_stdio_env_and_exit_status(env):
@@ -94,20 +68,20 @@ def test_ctrl_c_reaches_the_command_and_a_vanished_client_ends_it(env, tmp_path)
         assert not until(lambda c=child: alive(c), lambda up: not up, 120)
 
 
-def test_changed_sources_or_settings_get_another_daemon():
+def test_changed_sources_or_settings_get_another_daemon(tmp_path):
     base = dict(os.environ)
     key = daemon.daemon_key(base, str(REPO))
     assert daemon.daemon_key(base, str(REPO)) == key
     assert daemon.daemon_key({**base, "PREFECT_API_URL": "http://127.0.0.1:1/api"}, str(REPO)) != key
     assert daemon.daemon_key(base, "/") != key
     assert daemon.daemon_key({**base, "KILN_TEST_VALUE": "x"}, str(REPO)) == key  # passed on, not imported
-    source = REPO / "flows" / "daemon.py"
+    source = tmp_path / "flows" / "cli.py"  # a copy of Kiln's layout: the checkout's files stay untouched
+    source.parent.mkdir()
+    source.write_text("print('old')\n")
+    key = daemon.daemon_key(base, str(REPO), root=tmp_path)
     stamp = source.stat()
-    try:
-        os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
-        assert daemon.daemon_key(base, str(REPO)) != key  # an edited Kiln never runs in an old daemon
-    finally:
-        os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+    assert daemon.daemon_key(base, str(REPO), root=tmp_path) != key  # an edited Kiln never runs in an old daemon
 
 
 def test_without_a_daemon_a_command_runs_in_process_and_starts_one_as_it_exits(env, tmp_path):
@@ -115,7 +89,7 @@ def test_without_a_daemon_a_command_runs_in_process_and_starts_one_as_it_exits(e
     during = ("import json, os, sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); "
               "d = daemon.state_dir(); print(json.dumps(sorted(os.listdir(d)) if d.exists() else [])); "
               "sys.exit(97 if s is None else s)")
-    proc = subprocess.run([sys.executable, "-c", during, "build"], env=env, cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([sys.executable, "-P", "-c", during, "build"], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 97, proc.stderr  # run() said: run it here
     assert not [name for name in json.loads(proc.stdout) if name.endswith(".log")]  # nothing spawned yet

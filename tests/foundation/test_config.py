@@ -130,6 +130,8 @@ BAD_CONFIGS = [
      ["permissions.build.credentials.block"]),
     ("bad role arn", _mutate("permissions.build.credentials", {"role_arn": "publisher"}),
      ["permissions.build.credentials.role_arn"]),
+    ("publisher without credentials", _mutate("permissions.publish-nightly.credentials", KeyError),
+     ["permissions.publish-nightly: no credentials chosen", "s3://kiln-wheels/simple", "ambient = true"]),
 ]
 
 

@@ -51,17 +51,28 @@ def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stag
     assert "kernels-gpu" not in [s.name for s in local] and "kernels" in [s.name for s in local]
 
 
-@pytest.mark.slow
-def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(prefect_server, tmp_path):
+def _record(tmp_path):
     from kiln.release.record import RunHeader, create_record
     from kiln.release.store import LocalStore
 
+    return create_record(LocalStore(tmp_path / "artifacts"), RunHeader(run_id=uuid.uuid4().hex, flow="nightly",
+                                                                       version="0.1.0.dev1"), tmp_path / "out")
+
+
+def _dispatched_runs(run_id: str, suite: str):
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs()
+    return [r for r in runs if r.parameters.get("suites") == [suite] and r.parameters.get("run_id") == run_id]
+
+
+@pytest.mark.slow
+def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(prefect_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_GPU_COUNT", "1")  # this machine could run the suite: it waits for the pool's worker
     pool = f"gpu-{uuid.uuid4().hex[:8]}"
     deploy_gpu_tests(pool)
     config = config_with_pool(pool, deadline_s=2)
     suite = config.suites_by_name["kernels-gpu"]
-    run = create_record(LocalStore(tmp_path / "artifacts"), RunHeader(run_id=uuid.uuid4().hex, flow="nightly",
-                                                                      version="0.1.0.dev1"), tmp_path / "out")
+    run = _record(tmp_path)
 
     @flow
     def parent():
@@ -75,12 +86,57 @@ def test_dispatched_suite_with_no_worker_fails_at_its_deadline_naming_the_run(pr
         assert f"no worker of pool '{pool}' started testing kernels-gpu within 2s" in unit.message
         assert f"prefect worker start --pool {pool}" in unit.message
     assert {u.id: u.state for u in run.units()} == {u.id: "failed" for u in units}  # recorded in the run
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs()
-    dispatched = [r for r in runs if r.parameters.get("suites") == ["kernels-gpu"]
-                  and r.parameters.get("run_id") == run.run_id]
+    dispatched = _dispatched_runs(run.run_id, "kernels-gpu")
     assert len(dispatched) == 1, "exactly one run of the GPU deployment, on this run's record"
     assert dispatched[0].state.is_cancelled(), "a run given up on is cancelled: a late worker must not start it"
+    assert dispatched[0].name == "test kernels-gpu", "named for what it tests (a record outside git: no commit)"
+
+
+def test_a_gpu_suite_whose_pool_has_no_live_worker_is_not_run_at_once_without_a_gpu(prefect_server, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("KILN_GPU_COUNT", "0")
+    pool = f"gpu-{uuid.uuid4().hex[:8]}"
+    deploy_gpu_tests(pool)
+    config = config_with_pool(pool)  # an hour's deadline: nothing may wait for it
+    run = _record(tmp_path)
+
+    @flow
+    def parent():
+        return dispatch_suite(config, config.suites_by_name["kernels-gpu"], DEPLOYMENT.format(flow="test", pool=pool),
+                              run)
+
+    units = parent()
+
+    assert {u.id: u.state for u in units} == {"test/kernels-gpu/cu130": "not_run", "test/kernels-gpu/rocm": "not_run"}
+    for unit in units:
+        assert unit.message.startswith(f"not run: no live worker in pool '{pool}' "
+                                       f"(start one: prefect worker start --pool {pool})")
+        assert "needs 1 GPU, 0 on this machine" in unit.message
+    assert {u.id: u.state for u in run.units()} == {u.id: "not_run" for u in units}
+    assert _dispatched_runs(run.run_id, "kernels-gpu") == [], "nothing dispatched that no worker will take"
+
+
+@pytest.mark.slow
+def test_a_gpu_suite_is_dispatched_without_a_gpu_here_when_its_pool_has_a_live_worker(prefect_server, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("KILN_GPU_COUNT", "0")
+    pool = f"gpu-{uuid.uuid4().hex[:8]}"
+    deploy_gpu_tests(pool)
+    with get_client(sync_client=True) as client:  # a worker that heartbeats (and never polls for runs)
+        client.send_worker_heartbeat(pool, "gpu-node-1", heartbeat_interval_seconds=30)
+    config = config_with_pool(pool, deadline_s=2)
+    run = _record(tmp_path)
+
+    @flow
+    def parent():
+        return dispatch_suite(config, config.suites_by_name["kernels-gpu"], DEPLOYMENT.format(flow="test", pool=pool),
+                              run)
+
+    units = parent()
+
+    assert {u.state for u in units} == {"failed"}, "dispatched and waited for: the live worker never started it"
+    assert all(f"no worker of pool '{pool}' started testing kernels-gpu within 2s" in u.message for u in units)
+    assert len(_dispatched_runs(run.run_id, "kernels-gpu")) == 1
 
 
 def _deploy(flow_name: str, name: str, pool: str, entrypoint: str) -> None:
@@ -193,6 +249,7 @@ def test_a_lost_worker_raises_the_retryable_error_and_leaves_its_reason_for_the_
     run = create_record(LocalStore(tmp_path / "a"), RunHeader(run_id="r", flow="nightly", version="0.1.0"), tmp_path / "o")
     crashed = SimpleNamespace(id=uuid.uuid4(), name="r1", state=states.Crashed(message="heartbeats stopped"))
     monkeypatch.setattr(dispatching, "run_deployment", lambda *a, **k: crashed)
+    monkeypatch.setattr(dispatching, "wait_for_run", lambda run, *a, **k: run)  # no server: the run is over already
     with pytest.raises(WorkerLostError) as lost:
         dispatching.dispatch("build/kiln-build", {}, deadline_s=5, what="building cu130", ref="abc", run=run)
     assert is_retryable(lost.value) and "heartbeats stopped" in str(lost.value)

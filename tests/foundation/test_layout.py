@@ -2,7 +2,7 @@
 
 Every ``import`` statement counts — at module level, inside functions, and
 under ``if TYPE_CHECKING:`` — because a lazy import only hides a cycle until
-the day someone moves it to the top. The layer rule is DESIGN.md's table:
+the day someone moves it to the top. The layer rule is docs/architecture.md's table:
 release/ is below tasks/, tasks/ is below flows/, and kiln.runtime (a
 separate, dependency-free distribution) sees nothing of kiln but itself.
 """
@@ -16,9 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "release" / "runtime" / "kiln" / "runtime"
+KERNELS = ROOT / "kernels" / "kiln_kernels"
 # folder -> the import name it is installed as (pyproject.toml's package-dir).
 PACKAGES = {ROOT / "flows": "kiln.flows", ROOT / "tasks": "kiln.tasks", ROOT / "release": "kiln.release",
-            RUNTIME: "kiln.runtime"}
+            RUNTIME: "kiln.runtime", KERNELS: "kiln_kernels"}
 
 
 def _module_name(path: Path, folder: Path, package: str) -> str:
@@ -43,9 +44,10 @@ def _is_package(path: Path) -> bool:
     return path.name == "__init__.py"
 
 
-def _imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+def _imported_names(tree: ast.AST, module: str, is_package: bool, modules: dict[str, Path] | None = None) -> set[str]:
     """Every dotted name an import statement anywhere in ``tree`` may load."""
     names: set[str] = set()
+    modules = modules or {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
@@ -56,8 +58,11 @@ def _imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
                 prefix = ".".join(base + ([node.module] if node.module else []))
             else:
                 prefix = node.module or ""
-            names.add(prefix)
-            names.update(f"{prefix}.{alias.name}" for alias in node.names)  # ``from pkg import submodule``
+            submodules = [f"{prefix}.{alias.name}" for alias in node.names]  # ``from pkg import submodule``
+            names.update(submodules)
+            # ``from pkg import sub`` is ``import pkg.sub``: it needs pkg's __init__ no more than that does.
+            if not all(sub in modules for sub in submodules):
+                names.add(prefix)
     return names
 
 
@@ -67,7 +72,7 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         targets = set()
-        for imported in _imported_names(tree, name, _is_package(path)):
+        for imported in _imported_names(tree, name, _is_package(path), modules):
             parts = imported.split(".")
             for cut in range(len(parts), 0, -1):
                 candidate = ".".join(parts[:cut])
@@ -177,7 +182,7 @@ KILN_IMPORTS = external_kiln_imports(MODULES)
 
 def test_every_package_is_scanned():
     for expected in ("kiln.flows.cli", "kiln.tasks.process", "kiln.tasks.build.pool", "kiln.release.errors",
-                     "kiln.runtime.spec"):
+                     "kiln.runtime.spec", "kiln_kernels.registry", "kiln_kernels.aot"):
         assert expected in MODULES
     assert not any(name.startswith("kiln.release.runtime") for name in MODULES)
 
@@ -204,5 +209,13 @@ def test_a_layer_imports_nothing_from_the_layers_above_it(package, forbidden):
 def test_kiln_runtime_imports_nothing_of_kiln_but_itself():
     outside = sorted(f"{module} imports {name}" for module, names in KILN_IMPORTS.items()
                      if module.startswith("kiln.runtime") for name in names
+                     if name != "kiln.runtime" and not name.startswith("kiln.runtime."))
+    assert outside == []
+
+
+def test_the_bundled_kernel_library_sees_only_kiln_runtime():
+    # kernels/ is the project Kiln builds: it may use the runtime's spec types, never the pipeline.
+    outside = sorted(f"{module} imports {name}" for module, names in KILN_IMPORTS.items()
+                     if module.startswith("kiln_kernels") for name in names
                      if name != "kiln.runtime" and not name.startswith("kiln.runtime."))
     assert outside == []

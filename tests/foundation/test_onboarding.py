@@ -112,7 +112,12 @@ def test_a_torch_cpp_extension_package_built_by_its_own_backend_goes_through_the
     from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
 
+    from tests.build.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
+    from kiln.tasks.build.buildenv import ensure_env
+
     config = git_project("ember", tmp_path)
+    envs = shared_cuda_torch_envs()  # cu130 builds against the CUDA torch (build_requires), made once per machine
+    link_shared_envs(config.parent, envs)
     out = tmp_path / "out"
     state = nightly_flow(config_path=str(config), out=str(out), return_state=True)
     assert state.is_completed(), state.message
@@ -140,16 +145,28 @@ def test_a_torch_cpp_extension_package_built_by_its_own_backend_goes_through_the
         install = run_in_venv([str(python), "-m", "pip", "install", "--no-deps", "--index-url", simple.as_uri(),
                                "ember-ops"], cwd=tmp_path)
         assert install.returncode == 0, install.stdout + install.stderr
-        probe = run_in_venv([str(python), "-c", _EMBER_PROBE], cwd=tmp_path)
+        assert (python.parent / "ember-info").is_file()  # the project's entry point, kept
+        if cuda:
+            # The cu130 binary links the torch it was built against (2.14.1, CUDA): import it beside that torch.
+            site = tmp_path / "cu130-site"
+            target = run_in_venv([str(python), "-m", "pip", "install", "--no-deps", "--target", str(site),
+                                  "--index-url", simple.as_uri(), "ember-ops"], cwd=tmp_path)
+            assert target.returncode == 0, target.stdout + target.stderr
+            python = ensure_env(envs, [CUDA_TORCH], "cu130", 3600).python
+            probe = run_in_venv([str(python), "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n" + _EMBER_PROBE],
+                                cwd=tmp_path)
+        else:
+            probe = run_in_venv([str(python), "-c", _EMBER_PROBE], cwd=tmp_path)
         assert probe.returncode == 0, probe.stderr
         found = json.loads(probe.stdout.strip().splitlines()[-1])
-        assert found == {"in_venv": True, "cuda": cuda, "ok": True}, variant
-        assert (python.parent / "ember-info").is_file()  # the project's entry point, kept
+        installed_in = site if cuda else python.parent.parent
+        assert found.pop("file").startswith(str(installed_in)), variant  # the wheel's copy, not the checkout's
+        assert found == {"cuda": cuda, "ok": True}, variant
 
 
 _EMBER_PROBE = """
-import json, sys, torch, ember
+import json, torch, ember
 x = torch.arange(6, dtype=torch.float32)
 ok = bool(torch.equal(torch.ops.ember.scale(x, 2.0), 2.0 * x))
-print(json.dumps({"in_venv": ember.__file__.startswith(sys.prefix), "cuda": ember.cuda_built(), "ok": ok}))
+print(json.dumps({"file": ember.__file__, "cuda": ember.cuda_built(), "ok": ok}))
 """

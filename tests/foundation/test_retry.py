@@ -25,6 +25,8 @@ PERMANENT = [
     errors.AlreadyPublishedError, errors.AccessDeniedError, errors.FetchError, errors.BuildWorkerError,
     errors.CompileError, errors.ToolchainMissingError, errors.DistributedTestError,
     errors.TestTimeoutError, errors.RegressionError, errors.BenchmarkError,
+    errors.MemberTooLargeError, errors.RecordMismatchError, errors.UnsafePathError,
+    errors.LinkRefusedError, errors.TooLargeError,
 ]
 TRANSIENT = [
     errors.RetryableError, errors.ThrottledError, errors.TransientStoreError, errors.ConflictError,

@@ -1,0 +1,62 @@
+"""Flow runs named for what they build: ``nightly 0.1.0.dev20261202205655 @ b832b1d2bcb6``.
+
+Prefect names a run by random words (``offbeat-myna``) unless told otherwise;
+a release engineer scanning the UI's run list needs the version and the
+commit. Both are known once the run's identity is computed (its record's
+header, :func:`kiln.flows.common.open_run`), so a flow renames its own run
+right after opening its record, and a dispatched run is created under the
+name its flow will give itself. A release is named by its parameters alone
+(``flow_run_name``), before anything runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
+
+from kiln.release.record import RunRecord, Source
+
+logger = logging.getLogger("kiln.flows")
+COMMIT_CHARS = 12
+
+
+def at_commit(source: Source) -> str:
+    """`` @ b832b1d2bcb6`` (`` (modified)`` when tracked files differ); "" outside git."""
+    if not source.in_git or not source.commit:
+        return ""
+    return f" @ {source.commit[:COMMIT_CHARS]}" + (" (modified)" if source.modified else "")
+
+
+def run_name(flow: str, run: RunRecord, subject: str | Iterable[str] = "") -> str:
+    """``<flow> <subject> @ <commit>``; the run's version is the subject when none is given."""
+    what = subject if isinstance(subject, str) else ", ".join(subject)
+    return f"{flow} {what or run.header.version}{at_commit(run.header.source)}"
+
+
+def release_name(parameters: Mapping[str, Any]) -> str:
+    """``release 0.2.0`` (``→ nightly`` for another channel, ``(dry run)`` for a dry run)."""
+    channel = parameters.get("channel", "release")
+    return (f"release {parameters.get('version', '?')}" + (f" → {channel}" if channel != "release" else "")
+            + (" (dry run)" if parameters.get("dry_run") else ""))
+
+
+def current_release_name() -> str:
+    """The release flows' ``flow_run_name``: Prefect calls it with the run's parameters in context."""
+    return release_name(flow_run.parameters)
+
+
+def name_this_run(name: str) -> None:
+    """Rename the running flow run (its random name was given before its identity was known)."""
+    run_id = flow_run.get_id()
+    if not run_id:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(uuid.UUID(run_id), name=name)
+    except Exception as exc:  # a name is a label: the run goes on without it, saying why
+        logger.warning("could not name flow run %s %r: %s", run_id, name, exc)
