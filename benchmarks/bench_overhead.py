@@ -140,12 +140,12 @@ def main() -> None:
     if args.api_url:
         print(json.dumps(run(args, {**os.environ, "PREFECT_API_URL": args.api_url}), indent=2))
         return
-    from kiln.flows.server import ensure_server, stop_pid
+    from kiln.flows.server import client_env, ensure_server, stop_pid
 
     with tempfile.TemporaryDirectory(prefix="kiln-bench-overhead-") as home:
         info = ensure_server(Path(home))
         try:
-            env = {**os.environ, "PREFECT_HOME": home, "PREFECT_API_URL": info.api_url}
+            env = {**os.environ, "PREFECT_HOME": home, **client_env(Path(home), info)}  # URL and auth string
             print(json.dumps(run(args, env), indent=2))
         finally:
             stop_pid(info.pid)

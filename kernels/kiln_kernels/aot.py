@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from kiln.runtime.archs import cuda_arch_key
-from kiln_kernels.registry import Specialization
+from kiln.runtime.spec import Specialization
 
 _log = logging.getLogger("kiln.kernels.aot")
 

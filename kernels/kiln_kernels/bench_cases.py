@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kiln.runtime.spec import BenchCase
 from kiln_kernels import activation, decode, quant, router
-from kiln_kernels.registry import BenchCase
 
 _SIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 

@@ -1,6 +1,6 @@
 """Errors the kernel library raises on purpose.
 
-``kernels`` may import only torch and triton (DESIGN.md), so it cannot derive
+``kernels`` may import only torch and triton (docs/architecture.md), so it cannot derive
 from ``kiln.release.errors``; the pipeline translates these where it calls us.
 """
 

@@ -19,6 +19,7 @@ import pytest
 from kiln.release.errors import BenchmarkError, InfrastructureError
 from kiln.tasks.bench.forking import MeasureServer
 from kiln.tasks.bench.measure import run_measure
+from kiln.tasks import process
 
 SERVER = textwrap.dedent("""
     import json, os, signal, sys, time
@@ -78,3 +79,20 @@ def test_a_lost_server_is_started_again_for_the_next_kernel(server: MeasureServe
     again = _measure(server, tmp_path, "b")
     assert again["parent"] != first["parent"]
     assert json.loads((tmp_path / "work" / "b.json").read_text())["pid"] == again["pid"]
+
+
+def test_a_cancellation_ends_the_server_and_the_run_starts_no_other(server: MeasureServer, tmp_path: Path):
+    """The server is registered from its start, so the handler of a kiln command's SIGTERM
+    (kiln.flows.cancel: request_cancel, then end_all) ends it; the next kernel starts nothing."""
+    process.reset_cancel()
+    try:
+        leader = _measure(server, tmp_path, "a")["parent"]
+        assert leader in process.live_groups()
+        assert process.request_cancel("SIGTERM received (test)")
+        ended = process.end_all()
+        assert leader in ended and not process.group_alive(leader)
+        with pytest.raises(process.RunCancelledError, match="the measuring server was not started"):
+            _measure(server, tmp_path, "b")
+        assert not (tmp_path / "work" / "b.json").exists()
+    finally:
+        process.reset_cancel()

@@ -1,28 +1,34 @@
 """A real browser on a real run: the Prefect UI shows what Kiln says it shows.
 
-Starts ``prefect server start`` (UI included) on loopback, runs a small
-nightly against it as a ``kiln`` process — the torch-only bench project with
-one suite that has a planted failing test — and opens the run's pages in
-headless Chromium (Debian's ``/usr/bin/chromium`` driven by Playwright; no
-browser is downloaded): the run's page, its summary artifact (stages, what
-needs attention, the link to the failed tests), the units table, the failed
-tests table, the benchmark plot and a retried task's page. Every check waits
-for the content it checks. The screenshots are saved under the test's
-temporary directory.
+Starts Kiln's own local server (``kiln server start`` in a fresh
+``PREFECT_HOME``: Prefect's ``prefect server start`` with the UI, behind the
+home's auth string), runs a small nightly on it as a ``kiln`` process — the
+torch-only bench project with one suite that has a planted failing test — and
+opens the run's pages in headless Chromium (Debian's ``/usr/bin/chromium``
+driven by Playwright; no browser is downloaded), logged in as a person would:
+the UI asks for a password, the contents of ``kiln-server.auth``. Then the
+run's page, its summary artifact (stages, what needs attention, the link to
+the failed tests), the units table, the failed tests table, the benchmark plot
+and a retried task's page. Every check waits for the content it checks. The
+screenshots are saved under the test's temporary directory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from kiln.flows import server
+from kiln.flows.server_home import AUTH_FILE
 from tests.helpers.gitrepo import init_repo
-from tests.release_flow.conftest import PrefectServer, prefect_server_process
 
 # The module's first test also waits for the whole nightly (build, tests, bench) on a busy 2-core machine.
 pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -43,16 +49,45 @@ def test_planted_failure():
 '''
 
 
+@dataclass(frozen=True)
+class LocalServer:
+    """Kiln's local server of one Prefect home, as its owner sees it."""
+
+    home: Path
+    api_url: str
+    env: dict[str, str]  # a kiln command's: the home, and no PREFECT_API_URL (Kiln connects itself)
+
+    @property
+    def password(self) -> str:
+        return (self.home / AUTH_FILE).read_text().strip()
+
+    def client(self):
+        from prefect.client.orchestration import SyncPrefectClient
+
+        return SyncPrefectClient(api=self.api_url, auth_string=self.password)
+
+
 @pytest.fixture(scope="module")
-def ui_server(tmp_path_factory) -> PrefectServer:
+def ui_server(tmp_path_factory) -> Iterator[LocalServer]:
     if not Path(CHROMIUM).is_file():
         pytest.skip(f"no chromium binary ({CHROMIUM} missing): apt-get install chromium (.ci/run installs it)")
-    with prefect_server_process(tmp_path_factory.mktemp("prefect-ui-home"), ui=True) as server:
-        yield server
+    home = tmp_path_factory.mktemp("prefect-ui-home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update({"PREFECT_HOME": str(home), "KILN_DAEMON": "off"})
+    start = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "server", "start"], env=env,
+                           capture_output=True, text=True, timeout=server.START_TIMEOUT_S + 120)
+    assert start.returncode == 0, f"{start.stdout}\n{start.stderr}"
+    assert str(home / AUTH_FILE) in start.stdout  # where the UI's password is, said where the server is
+    info = server.read_state(home)
+    assert info is not None
+    try:
+        yield LocalServer(home, info.api_url, env)
+    finally:
+        server.stop_server(home)
 
 
 @pytest.fixture(scope="module")
-def nightly(ui_server: PrefectServer, tmp_path_factory) -> dict[str, str]:
+def nightly(ui_server: LocalServer, tmp_path_factory) -> dict[str, str]:
     """A nightly of the bench project (with a planted failing test), run by `kiln` against the UI's server."""
     base = tmp_path_factory.mktemp("ui-nightly")
     root = base / "benchproj"
@@ -91,13 +126,41 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, ui_server):
+def anonymous(browser, ui_server):
+    """A browser page that has not logged in."""
     context = browser.new_context(viewport={"width": 1600, "height": 1000},
                                   base_url=ui_server.api_url.removesuffix("/api"))
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     yield page
     context.close()
+
+
+def _log_in(page, password: str) -> None:
+    page.locator("input[type=password]").fill(password)
+    page.get_by_role("button", name="Login").click()
+
+
+@pytest.fixture
+def page(anonymous, ui_server):
+    """A page logged in as the owner: the UI's password prompt, answered with kiln-server.auth."""
+    anonymous.goto("/runs")
+    _log_in(anonymous, ui_server.password)
+    anonymous.wait_for_url("**/runs")
+    return anonymous
+
+
+def test_the_ui_asks_for_the_password_and_refuses_a_wrong_one(anonymous, ui_server, tmp_path):
+    anonymous.goto("/runs")
+    anonymous.wait_for_url("**/login**")
+    _log_in(anonymous, "not-" + ui_server.password)
+    anonymous.get_by_text("Authentication failed").first.wait_for()
+    _shot(anonymous, tmp_path, "login-refused")
+    assert "/login" in anonymous.url
+    _log_in(anonymous, ui_server.password)
+    anonymous.wait_for_url("**/runs")
+    anonymous.get_by_text("Work Pools", exact=True).first.wait_for()  # the app's navigation, shown once logged in
+    _shot(anonymous, tmp_path, "logged-in")
 
 
 def _shot(page, tmp_path: Path, name: str) -> Path:
