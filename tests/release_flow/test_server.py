@@ -181,7 +181,10 @@ def test_the_readme_release_publishes_and_verifies_once_approved(deployed, trigg
     assert run.state.message == "release 0.2.0 published to release"
     assert "verify: COMPLETED" in _summary(deployed, run)
     wheels = sorted(p.name for p in (out / "index" / "release").rglob("*.whl"))
-    assert wheels and all("0.2.0+" in w for w in wheels)
+    ours = [w for w in wheels if w.startswith("tiny_kernels-")]
+    assert ours and all("0.2.0+" in w for w in ours)
+    # tinyk imports kiln.runtime: its wheel sits beside the kernels' in every variant's index
+    assert set(wheels) - set(ours) == {"kiln_runtime-0.1.0-py3-none-any.whl"}
 
 
 class _Hook(BaseHTTPRequestHandler):

@@ -207,11 +207,15 @@ def test_a_required_gpu_suite_without_gpus_is_not_run_and_the_gate_follows_the_s
 def test_a_cpu_wheel_installs_from_the_runs_index_with_only_the_indexes_it_needs(prefect_server, tmp_path):
     """``pip install`` with no configuration of its own: the run's index, plus one for third-party wheels."""
     numpy = sorted(Path("/opt/pypi/files").glob("numpy-*-cp311-cp311-manylinux*_x86_64.whl"))
-    if not numpy:
-        pytest.skip("no local numpy wheel to serve as the third-party index (this machine's /opt/pypi)")
+    triton = sorted(Path("/opt/pypi/files").glob("triton-*-cp311-cp311-manylinux*_x86_64.whl"))
+    if not numpy or not triton:
+        pytest.skip("no local numpy and triton wheels to serve as the third-party index (this machine's /opt/pypi)")
 
     def with_numpy(repo: Path) -> None:
-        text = (repo / "kiln.toml").read_text().replace("dependencies = []", 'dependencies = ["numpy"]')
+        text = (repo / "kiln.toml").read_text()
+        declared = 'dependencies = ["kiln-runtime", "triton"]'
+        assert declared in text, "the tiny fixture's dependencies changed: update this test's edit"
+        text = text.replace(declared, 'dependencies = ["kiln-runtime", "triton", "numpy"]')
         head, _, rest = text.partition("[[variants]]")
         (repo / "kiln.toml").write_text(head + '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
                                         + rest[rest.index("[build]"):])
@@ -223,6 +227,7 @@ def test_a_cpu_wheel_installs_from_the_runs_index_with_only_the_indexes_it_needs
     third_party = tmp_path / "third-party"
     third_party.mkdir()
     shutil.copy(numpy[-1], third_party)
+    shutil.copy(triton[-1], third_party)  # the cpu wheel's declared triton, unpinned
     from kiln.flows.cli import main
 
     assert main(["index", str(third_party), "--out", str(tmp_path / "deps")]) == 0
