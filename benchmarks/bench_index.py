@@ -167,13 +167,14 @@ def bench_s3_requests(work: Path, existing: int) -> dict:
     from moto.server import ThreadedMotoServer
 
     sys.path.insert(0, str(REPO / "tests" / "release"))
+    from faults import echo_checksums  # the tests' simulation of AWS's checksum echo
+    from wheelkit import make_wheel  # the tests' tiny-wheel builder
+
     from kiln.release.dists import make_distribution
     from kiln.release.index import HTML_TYPE, JSON_TYPE, generate
     from kiln.release.manifest import RunManifest
     from kiln.release.publish import PAGE_CACHE, publish
     from kiln.release.s3 import S3Store, make_client
-    from faults import echo_checksums  # the tests' simulation of AWS's checksum echo
-    from wheelkit import make_wheel  # the tests' tiny-wheel builder
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.helpers.cluster import ARTIFACTS, INDEX, team_cluster, trigger  # noqa: E402
-from tests.helpers.s3 import moto_s3_server  # noqa: E402
+from tests.helpers.cluster import ARTIFACTS, INDEX, team_cluster, trigger
+from tests.helpers.s3 import moto_s3_server
 
 CONFIGS = {
     # the project's [pools], workers per pool, the commit time (each configuration's own nightly version)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.release.wheelkit, for the fixture wheel
 
-from kiln.tasks.testing import envs  # noqa: E402
-from kiln.tasks.testing.baseenv import base_env, base_pins  # noqa: E402
-from tests.release.wheelkit import make_wheel  # noqa: E402
+from kiln.tasks.testing import envs
+from kiln.tasks.testing.baseenv import base_env, base_pins
+from tests.release.wheelkit import make_wheel
 
 
 def _baseline(root: Path, wheel: Path) -> None:

@@ -30,32 +30,41 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from prefect import flow, task
+from prefect import State, flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed, State
+from prefect.states import Failed
 
 from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import (
-    finish_stage, logger, markdown_report, open_run, record, retry_on_retryable, unit_from_state, unwalked,
+    finish_stage,
+    logger,
+    markdown_report,
+    open_run,
+    record,
+    retry_on_retryable,
+    store_session,
+    unit_from_state,
+    unwalked,
 )
-from kiln.flows.test import gpu_slots
 from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.test import gpu_slots
 from kiln.release.errors import BenchmarkError
+from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.release.store import Store
 from kiln.tasks.bench import history as benchhistory
-from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_variant, nothing_to_bench, prepare
-from kiln.tasks.bench.forking import MeasureServer
-from kiln.tasks.bench.measure import measure_server, run_measure
-from kiln.tasks.testing.envs import make_env
-from kiln.release.manifest import Unit
 from kiln.tasks.bench.compare import Comparison, KernelOutcome, compare_results, comparison_record, kernel_unit
+from kiln.tasks.bench.forking import MeasureServer
+from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_variant, nothing_to_bench, prepare
+from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.bench.report import build_report
 from kiln.tasks.bench.results import BenchResults, CaseResult, load_results, save_results
 from kiln.tasks.config import KilnConfig, load_config
+from kiln.tasks.testing.envs import make_env
 
 RESULTS = Path("bench") / "results.json"
 LIST_TIMEOUT_S = 300.0     # start an interpreter, import the package and its registry
@@ -169,7 +178,7 @@ def report_task(config: KilnConfig, run: RunRecord, results: BenchResults, compa
     markdown_report("kiln-bench-summary", report.markdown, f"Benchmarks — run {run.run_id}")
 
 
-def _table(key: str, rows: list[dict], description: str) -> None:
+def _table(key: str, rows: list[dict[str, Any]], description: str) -> None:
     try:
         create_table_artifact(key=key, table=rows, description=description)
     except Exception as exc:  # side report only: never fails the run
@@ -188,7 +197,7 @@ def bench_flow(
     results_path: str | None = None,
     run_id: str | None = None,
     blocking_metrics: list[str] | None = None,
-) -> dict | State:
+) -> dict[str, Any] | State:
     """Benchmark every kernel of the run's wheel; compare with ``compare``.
 
     ``compare``: a results file, ``"last"`` (the previous nightly) or ``"published:<channel>"``
@@ -215,7 +224,7 @@ def bench_flow(
     python = env_task(config, run, variant)
     outcomes, setup = _measure_all(config, config_path, size, metric, compare, python, work)
     results = results_task(config, setup, outcomes, run, results_path)
-    store = benchhistory.open_history(config, session_factory=lambda: _bench_session(config))
+    store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "bench"))
     comparison = compare_task(config, compare, results, store, run, fail_on_regression, blocking_metrics)
     for outcome in outcomes:
         record(run, _kernel_unit(outcome, comparison, fail_on_regression, blocking_metrics))
@@ -247,14 +256,10 @@ def store_release_baseline(config_path: str, run: RunRecord, channel: str) -> st
     if not recorded:
         return "no benchmark results in this run to keep as the next release's baseline"
     results = load_results(run.fetch(recorded[0]))
-    store = benchhistory.open_history(config, session_factory=lambda: _bench_session(config))
+    store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "bench"))
     if store is None:
         raise BenchmarkError("the artifact store could not be opened to keep this release's benchmark baseline")
     key = benchhistory.store_results(store, config, results, channel=channel)
     return f"benchmark results kept as the {channel} channel's next baseline ({key})"
 
 
-def _bench_session(config: KilnConfig):
-    from kiln.flows.credentials import session_for  # boto3 sessions only when the store is S3
-
-    return session_for(config, "bench")

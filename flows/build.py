@@ -18,18 +18,25 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.flows import progress
 from kiln.flows.common import (
-    finish_stage, markdown_report, open_run, record, results_of, retry_on_retryable, side_reports, table_report,
+    finish_stage,
+    markdown_report,
+    open_run,
+    record,
+    results_of,
+    retry_on_retryable,
+    side_reports,
+    table_report,
     unwalked,
 )
 from kiln.flows.runname import name_this_run, run_name
-from kiln.tasks.build import units as build_units
-from kiln.tasks.build import stage as build_stage
-from kiln.tasks.build.plan import CompileUnit
-from kiln.tasks.build.units import BuildEnv, UnitResult
-from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.stage import BuildSetup
-from kiln.tasks.config import load_config
 from kiln.release.record import Source
+from kiln.tasks.build import stage as build_stage
+from kiln.tasks.build import units as build_units
+from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.plan import CompileUnit
+from kiln.tasks.build.stage import BuildSetup
+from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.config import load_config
 
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.

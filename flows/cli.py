@@ -20,9 +20,9 @@ import contextlib
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_args
-from collections.abc import Sequence
 
 from kiln.flows.environment import apply_defaults
 
@@ -159,11 +159,11 @@ def _view(out: str | None, state: Any, run_id: str | None) -> Path | None:
 
 def _run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = None, **params: Any) -> int:
     """Run ``flow``; print the summary of its run; map its final state to an exit status."""
+    from prefect.utilities.urls import url_for
+
     from kiln.flows import progress
     from kiln.flows.common import sync_state
     from kiln.flows.summary import print_summary
-
-    from prefect.utilities.urls import url_for
 
     if run_id is not None:
         params["run_id"] = run_id

@@ -15,18 +15,18 @@ import contextvars
 import logging
 import re
 import uuid
-from dataclasses import replace
-from pathlib import Path
-from typing import Any, TypeVar, cast
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
+from prefect import State
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.settings import get_current_settings
-from prefect import State
 from prefect.states import Failed, get_state_result
 from prefect.utilities.annotations import quote
 from prefect.utilities.asyncutils import run_coro_as_sync
@@ -49,10 +49,12 @@ cancel.arm()
 TABLE_COLUMNS = ("id", "state", "message", "variant", "arch", "kernel", "suite", "cache", "duration_s")
 
 
-def _store_session(config: KilnConfig, step: str) -> Any:
-    if config.artifacts.kind != "s3":
+def store_session(config: KilnConfig, step: str, kind: str = "s3") -> Any:
+    """The boto3 session ``step`` reaches a store of ``kind`` with (its own ``[permissions]`` credentials);
+    None for a local store. The one place a flow opens credentials: boto3 is imported only for S3."""
+    if kind != "s3":
         return None
-    from kiln.flows.credentials import session_for  # boto3 sessions only for an S3 artifact store
+    from kiln.flows.credentials import session_for
 
     return session_for(config, step)
 
@@ -65,7 +67,7 @@ def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str
     commit the run names, which this checkout must be at (a dispatched unit's worker).
     """
     check_checkout(config, commit)
-    store = artifact_store(config, _store_session(config, step))
+    store = artifact_store(config, store_session(config, step, config.artifacts.kind))
     if run_id:
         return continue_run(store, run_id, out)
     new_id = str(flow_run.get_id() or uuid.uuid4())

@@ -16,7 +16,7 @@ Secrets are never logged: only the block name, the role ARN and the step.
 from __future__ import annotations
 
 import logging
-from typing import cast, Any
+from typing import Any, cast
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError

@@ -213,7 +213,7 @@ def spawn(key: str, cwd: str, env: Mapping[str, str]) -> None:
     _, _, log = paths_for(key, directory)
     with open(log, "ab") as out:
         # A service, not a step: it ends itself after KILN_DAEMON_IDLE_SECONDS without a command.
-        subprocess.Popen(  # noqa: S603
+        subprocess.Popen(
             daemon_command_line(key), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
         )

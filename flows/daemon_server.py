@@ -178,9 +178,9 @@ def _become(request: Request, fds: Sequence[int]) -> None:
     os.environ.update(request.env)
     sys.argv = list(request.argv)
     encoding = sys.stdout.encoding
-    sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding=encoding, closefd=False, buffering=1 if os.isatty(1) else -1)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", buffering=1,  # noqa: SIM115
+    sys.stdin = open(0, encoding=encoding, closefd=False)
+    sys.stdout = open(1, "w", encoding=encoding, closefd=False, buffering=1 if os.isatty(1) else -1)
+    sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", buffering=1,
                       closefd=False)
     # Prefect's settings need no refresh: the key made sure they were read from the same
     # PREFECT_* variables, profile and settings files. Its console handlers do: they hold a stream.
@@ -227,7 +227,7 @@ def _child(conn: socket.socket, request: Request, fds: Sequence[int], entry: Ent
         status = _exit_code(exc)
     except KeyboardInterrupt:
         status = 128 + signal.SIGINT
-    except BaseException:  # noqa: BLE001 - the command's crash is reported as the interpreter would
+    except BaseException:
         traceback.print_exc()
     try:
         threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first

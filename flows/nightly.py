@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.states import Completed, Failed, State
+from prefect import State, flow, get_run_logger
+from prefect.states import Completed, Failed
 
 from kiln.flows.bench import bench_flow
-from kiln.flows.dispatch import find_deployments
 from kiln.flows.common import failure_message, markdown_report, open_run, table_report, unit_rows
+from kiln.flows.dispatch import find_deployments
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, TextIO
-from collections.abc import Callable, Iterator
 
 
 class Reporter(Protocol):

@@ -10,21 +10,38 @@ the plan and the index link as an artifact.
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from kiln.flows.common import finish_stage, markdown_report, open_run, record, retry_on_retryable, unit_from_state
+from kiln.flows.common import (
+    finish_stage,
+    markdown_report,
+    open_run,
+    record,
+    retry_on_retryable,
+    store_session,
+    unit_from_state,
+)
 from kiln.flows.runname import name_this_run, run_name
 from kiln.release.errors import ConfigError, IntegrityError
 from kiln.release.manifest import Unit
-from kiln.release.record import RunRecord
 from kiln.release.pins import fetch_pins, load_pins
-from kiln.release.publish import (PagesStep, Plan, Upload, UploadResult, UploadStep, index_prefix, publish,
-                                  publish_pages, upload_file)
+from kiln.release.publish import (
+    PagesStep,
+    Plan,
+    Upload,
+    UploadResult,
+    UploadStep,
+    index_prefix,
+    publish,
+    publish_pages,
+    upload_file,
+)
+from kiln.release.record import RunRecord
 from kiln.release.staging import StagingStore
 from kiln.release.store import Store
 from kiln.tasks import releasing
@@ -37,15 +54,6 @@ RETRY_JITTER = 1.0  # delays spread over about 0-10 s (mean 5 s), so retrying pu
 STAGING_DIR = "publish-staging"
 PINS_DIR = "pins"
 RUNTIME_DIR = "runtime"
-
-
-def _session(config: Any, channel: str, target: str) -> Any:
-    """Credentials of the publish step for this channel (one line to swap per credential source)."""
-    if config.publish.targets[target].kind != "s3":
-        return None
-    from kiln.flows.credentials import session_for
-
-    return session_for(config, f"publish-{channel}")
 
 
 def refusal(run: RunRecord, dry_run: bool) -> str:
@@ -61,7 +69,8 @@ def open_publish_target(run: RunRecord, config: KilnConfig, target: str | None, 
     if name not in config.publish.targets:
         raise ConfigError(f"unknown publish target {name!r}; kiln.toml defines {sorted(config.publish.targets)}")
     # {out} in a file:// target is the --out directory (every run's view lives under it).
-    store = releasing.open_target(config, str(run.view.parent), _session(config, channel, name), name)
+    session = store_session(config, f"publish-{channel}", config.publish.targets[name].kind)
+    store = releasing.open_target(config, str(run.view.parent), session, name)
     if not dry_run:
         return store
     staging = run.view / STAGING_DIR

@@ -25,18 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from prefect import flow, get_run_logger, task
+from prefect import State, flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
-from prefect import State
 from prefect.states import Completed, Failed
 
 from kiln.flows.bench import bench_flow, store_release_baseline
+from kiln.flows.common import markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
-from kiln.flows.common import markdown_report, open_run, sync_state
-from kiln.flows.credentials import session_for
 from kiln.flows.publish import open_publish_target, publish_flow, publish_inputs
 from kiln.flows.runname import current_release_name
 from kiln.flows.stages import build_stage, start_suites, wait_suites
@@ -46,7 +44,7 @@ from kiln.release.publish import publish
 from kiln.release.record import RunRecord
 from kiln.release.verify import verify_published
 from kiln.tasks import releasing
-from kiln.tasks.config import Channel, load_config
+from kiln.tasks.config import Channel, KilnConfig, load_config
 
 APPROVAL_TIMEOUT_S = 24 * 3600
 APPROVAL_POLL_S = 5  # how soon an approval in the UI resumes the run
@@ -80,11 +78,9 @@ class Release:
         return f"release {self.version} (ref {self.ref}) → {self.channel}" + (" (dry run)" if self.dry_run else "")
 
 
-def _session(config: Any, channel: str) -> Any:
+def _session(config: KilnConfig, channel: str) -> Any:
     """The channel publisher's own credentials; a local target needs none."""
-    if config.publish.targets[config.publish.default_target].kind != "s3":
-        return None
-    return session_for(config, f"publish-{channel}")
+    return store_session(config, f"publish-{channel}", config.publish.targets[config.publish.default_target].kind)
 
 
 def _store(config_path: str, out: str, channel: str) -> tuple[Any, str]:

@@ -56,7 +56,7 @@ from pathlib import Path
 from kiln.flows import server_watch
 from kiln.flows.server_home import AUTH_FILE, auth_string, existing_auth_string, mark_used, open_private, private_home
 from kiln.flows.server_identity import HEALTH_TIMEOUT_S, answers_only_us, owns_port
-from kiln.flows.server_identity import healthy as healthy  # noqa: F401 (callers use server.healthy)
+from kiln.flows.server_identity import healthy as healthy
 from kiln.release.errors import InfrastructureError
 from kiln.tasks.process import terminate
 

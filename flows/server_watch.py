@@ -100,7 +100,7 @@ def _spawn(command: Sequence[str]) -> subprocess.Popen[bytes]:
     parent = os.getpid()
     _log.info("starting %s", " ".join(command))
     return subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                            preexec_fn=lambda: _die_with_parent(libc, parent))  # noqa: PLW1509 (single thread)
+                            preexec_fn=lambda: _die_with_parent(libc, parent))
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:

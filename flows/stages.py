@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefect.futures import PrefectFuture, wait
 from prefect import State
+from prefect.futures import PrefectFuture, wait
 from prefect.states import Completed, Failed
 
 from kiln.flows.build import build_flow

@@ -19,14 +19,13 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import cast
 
-from prefect import flow, task
+from prefect import State, flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect import State
 from prefect.states import Failed
 
-from kiln.flows.build import build_flow
 from kiln.flows import progress
+from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.summary import TEST_TABLE_INFO
@@ -37,7 +36,14 @@ from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import Isolation, RunOptions
 from kiln.tasks.testing.reports import problem_rows
 from kiln.tasks.testing.suite import (
-    SuiteRun, SuiteTarget, adhoc_suite, check_overrides, not_run_reason, run_suite, suite_options, targets,
+    SuiteRun,
+    SuiteTarget,
+    adhoc_suite,
+    check_overrides,
+    not_run_reason,
+    run_suite,
+    suite_options,
+    targets,
     write_combined,
 )
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kiln.release import nofollow
 from kiln.release.dists import Distribution, from_records
 from kiln.release.errors import IntegrityError, InvalidInputError, KilnError
-from kiln.release import nofollow
 from kiln.release.fsutil import write_new_tree
 from kiln.release.index import generate
 

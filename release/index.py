@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from html import escape
-from operator import attrgetter
 from json.encoder import encode_basestring_ascii as _js  # the string encoder json.dumps uses
+from operator import attrgetter
 from typing import Any
 from urllib.parse import quote
 

@@ -93,7 +93,7 @@ def fetch_pin(pin: Pin, directory: Path, timeout: float = DOWNLOAD_TIMEOUT_S) ->
     """Download ``pin`` into ``directory`` after checking its hash; refuse on mismatch, writing nothing."""
     log.info("downloading pinned %s from %s", pin.filename, pin.url)
     try:
-        with urllib.request.urlopen(pin.url, timeout=timeout) as response:  # noqa: S310 - scheme checked in _pin
+        with urllib.request.urlopen(pin.url, timeout=timeout) as response:
             data = response.read()
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise TransientStoreError(f"downloading pinned {pin.filename} from {pin.url}: {exc}") from exc

@@ -38,7 +38,15 @@ from kiln.release.dists import Distribution
 from kiln.release.errors import AlreadyPublishedError, IntegrityError
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.index import (
-    HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, group, parse_project_json, parse_root_json, project_pages, root_pages,
+    HTML_PAGE,
+    HTML_TYPE,
+    JSON_PAGE,
+    JSON_TYPE,
+    group,
+    parse_project_json,
+    parse_root_json,
+    project_pages,
+    root_pages,
 )
 from kiln.release.manifest import RunManifest
 from kiln.release.store import Store

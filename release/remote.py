@@ -29,7 +29,11 @@ from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
 from packaging.utils import (
-    InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename,
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
 )
 from packaging.version import Version
 
@@ -66,7 +70,7 @@ def _read_http(url: str, timeout: float, max_bytes: int) -> tuple[bytes, str] | 
     deadline = time.monotonic() + timeout
     request = urllib.request.Request(url, headers={"Accept": ACCEPT})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) only, checked
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body = bytearray()
             while chunk := response.read(_CHUNK):
                 body += chunk

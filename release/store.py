@@ -33,11 +33,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 from kiln.release.errors import AlreadyPublishedError, ConflictError, InvalidInputError, UnsafePathError
 from kiln.release.fsutil import sha256_bytes, sha256_file

@@ -8,9 +8,9 @@ names the key. Kept apart from the models so the rules read as one table.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Annotated
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator

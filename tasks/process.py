@@ -26,10 +26,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
-from collections.abc import Callable
 
 from kiln.release.errors import PermanentError
 
@@ -82,7 +82,7 @@ def install_stack_dump(path: str | os.PathLike[str]) -> TextIO:
     """
     import faulthandler
 
-    handle = open(path, "w", buffering=1)  # noqa: SIM115 — faulthandler writes to the fd until exit
+    handle = open(path, "w", buffering=1)
     faulthandler.enable(file=handle, all_threads=True)
     faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
     return handle

@@ -29,7 +29,13 @@ from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.build.sources import module_file
 from kiln.tasks.config import KilnConfig
 from kiln.tasks.registry_types import (
-    BenchCaseRecord, CudaSourceRecord, FrozenMap, GpuBackend, KernelRecord, SpecializationRecord, TritonRecord,
+    BenchCaseRecord,
+    CudaSourceRecord,
+    FrozenMap,
+    GpuBackend,
+    KernelRecord,
+    SpecializationRecord,
+    TritonRecord,
 )
 
 _log = logging.getLogger("kiln.registry")

@@ -21,14 +21,13 @@ shared machine are advisory unless kiln.toml says otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-from collections.abc import Collection, Sequence
 
 from kiln.release.manifest import Unit, UnitState
 from kiln.tasks.bench.results import BenchResults, CaseResult, Stats
 from kiln.tasks.bench.stats import Summary, Verdict, judge, paired_ratios, summarize
-
 
 Basis = Literal["kernel/reference", "kernel time"]
 REFERENCE_VERSIONS = ("torch", "cuda", "hip")  # what the torch reference's speed depends on

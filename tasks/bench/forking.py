@@ -31,8 +31,18 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiln.tasks.process import (Mailboxes, PopenChild, cancel_requested, check_cancelled, die_with_parent,
-                                gpu_initialised, register, run_with_deadline, terminate, unregister)
+from kiln.tasks.process import (
+    Mailboxes,
+    PopenChild,
+    cancel_requested,
+    check_cancelled,
+    die_with_parent,
+    gpu_initialised,
+    register,
+    run_with_deadline,
+    terminate,
+    unregister,
+)
 from kiln.tasks.testing.workers import ForkedChild
 
 logger = logging.getLogger("kiln.bench")
@@ -42,7 +52,7 @@ CLOSE_TIMEOUT_S = 10.0
 GRACE_S = 1.0
 
 
-def _child(request: dict, measure: Any, threads: int | None) -> None:
+def _child(request: dict[str, Any], measure: Any, threads: int | None) -> None:
     """In the fork: its own session, its own log, the answer file; never returns."""
     code = 1
     try:
@@ -69,7 +79,7 @@ def serve(requests: TextIO, replies: TextIO, measure: Any, threads: int | None =
 
     ``threads``: the intra-op thread count each child restores (:func:`kiln.tasks.process.single_threaded`).
     """
-    def reply(message: dict) -> None:
+    def reply(message: dict[str, Any]) -> None:
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
@@ -91,7 +101,7 @@ class _Session:
     """One started server: its replies, and a mailbox per forked child for that child's exit status."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc, self.replies, self.exits = proc, queue.Queue[dict | None](), Mailboxes()
+        self.proc, self.replies, self.exits = proc, queue.Queue[dict[str, Any] | None](), Mailboxes()
         self.child = PopenChild(proc)
         threading.Thread(target=self._read, name="kiln-measure-server", daemon=True).start()
 

@@ -22,7 +22,15 @@ from kiln.release.errors import BenchmarkError, ConfigError, InfrastructureError
 from kiln.release.manifest import Artifact, Unit
 from kiln.tasks.bench import gpu as benchgpu
 from kiln.tasks.bench.results import (
-    BenchResults, CaseResult, Metric, MetricChoice, Stats, git_commit, hardware, library_versions, utc_now,
+    BenchResults,
+    CaseResult,
+    Metric,
+    MetricChoice,
+    Stats,
+    git_commit,
+    hardware,
+    library_versions,
+    utc_now,
 )
 from kiln.tasks.bench.stats import summarize
 from kiln.tasks.config import BENCH_SIZES, KilnConfig

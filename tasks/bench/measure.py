@@ -24,9 +24,9 @@ from typing import Any
 from kiln.release.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.release.fsutil import atomic_write_text
 from kiln.tasks.bench.forking import MeasureServer, serve
-from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
 from kiln.tasks.config import load_config
+from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
 
 
 def _measure(ns: argparse.Namespace) -> dict[str, Any]:

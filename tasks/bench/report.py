@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 from kiln.tasks.bench.compare import Comparison, KernelOutcome
 from kiln.tasks.bench.plots import plot_speedups, plot_trend, png_markdown, try_plot

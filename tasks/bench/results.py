@@ -12,11 +12,11 @@ import json
 import logging
 import platform
 import subprocess
-from datetime import datetime, UTC
+from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Literal
-from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 

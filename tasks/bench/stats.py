@@ -17,8 +17,8 @@ so a comparison can be re-derived from the stored results file.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -88,7 +88,8 @@ def elf_arch(data: bytes) -> str:
     if machine == _EM_AMDGPU:
         mach = flags & 0xFF
         return amdgpu_target(data) or _AMDGPU_MACH.get(mach, f"amdgpu-mach-0x{mach:02x}")
-    raise CompileError(f"compiler output has ELF machine {machine}, neither CUDA ({_EM_CUDA}) nor AMDGPU ({_EM_AMDGPU})")
+    raise CompileError(f"compiler output has ELF machine {machine}, "
+                       f"neither CUDA ({_EM_CUDA}) nor AMDGPU ({_EM_AMDGPU})")
 
 
 def expected_elf_arch(backend: str, arch: str) -> str:

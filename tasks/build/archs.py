@@ -26,7 +26,7 @@ class CudaArch:
     ptx: bool = False
 
     @property
-    def base(self) -> "CudaArch":
+    def base(self) -> CudaArch:
         return CudaArch(self.major, self.minor)
 
     @property

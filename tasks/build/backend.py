@@ -28,9 +28,9 @@ gives the same wheel in any clone, on any worker (invariant 8).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import json
 import shlex
 import tempfile
 import tomllib
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.release.errors import CompileError
-from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.build import stagedir
+from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool

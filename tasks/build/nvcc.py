@@ -140,8 +140,8 @@ class NvccSettings:
     libraries: tuple[str, ...] = ()
     library_dirs: tuple[str, ...] = ()
 
-    def __add__(self, other: "NvccSettings") -> "NvccSettings":
-        return NvccSettings(*(a + b for a, b in zip(self.fields(), other.fields())))
+    def __add__(self, other: NvccSettings) -> NvccSettings:
+        return NvccSettings(*(a + b for a, b in zip(self.fields(), other.fields(), strict=True)))
 
     def fields(self) -> tuple[tuple[str, ...], ...]:
         return self.include_dirs, self.defines, self.flags, self.libraries, self.library_dirs
@@ -191,7 +191,8 @@ def settings_for(config: Any, python: str | None = None) -> NvccSettings:
     ``python``: the build environment whose torch a torch extension builds against (default: Kiln's)."""
     toolchain = config.build.toolchain
     own = NvccSettings(tuple(str(config.path(d)) for d in toolchain.include_dirs), toolchain.defines,
-                       toolchain.nvcc_flags, toolchain.libraries, tuple(str(config.path(d)) for d in toolchain.library_dirs))
+                       toolchain.nvcc_flags, toolchain.libraries,
+                       tuple(str(config.path(d)) for d in toolchain.library_dirs))
     return torch_settings(python) + own if toolchain.torch else own
 
 

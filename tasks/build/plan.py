@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from collections.abc import Sequence
 
 from packaging.requirements import Requirement
 

@@ -187,7 +187,8 @@ def _stored_from(entry: dict[str, Any]) -> StoredPlan:
     """The entry's JSON back into the planner's frozen types (tuples where they hold tuples)."""
     plan = entry["plan"]
     variants = tuple(
-        VariantPlan(v["name"], v["backend"], tuple(CompileUnit(**{**u, "archs": tuple(u["archs"])}) for u in v["units"]),
+        VariantPlan(v["name"], v["backend"],
+                    tuple(CompileUnit(**{**u, "archs": tuple(u["archs"])}) for u in v["units"]),
                     tuple(Skip(**s) for s in v["skips"]))
         for v in plan["variants"])
     csrc = {k: CudaSourceRecord(v["name"], tuple(v["sources"]), tuple(v["supported"]), v["library"])

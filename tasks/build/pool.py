@@ -41,8 +41,18 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kiln.release.errors import BuildWorkerError, InfrastructureError, KilnError
-from kiln.tasks.process import (Escalation, LadderResult, PopenChild, cancel_requested, check_cancelled,
-                                install_stack_dump, kill_group, register, terminate, unregister)
+from kiln.tasks.process import (
+    Escalation,
+    LadderResult,
+    PopenChild,
+    cancel_requested,
+    check_cancelled,
+    install_stack_dump,
+    kill_group,
+    register,
+    terminate,
+    unregister,
+)
 
 _log = logging.getLogger("kiln.build.pool")
 
@@ -113,7 +123,7 @@ def pack_error(exc: BaseException) -> tuple[bytes, str]:
     try:
         data = pickle.dumps(exc)
         pickle.loads(data)  # an exception whose __init__ wants more than its args pickles but cannot load
-    except Exception:  # noqa: BLE001 — any failure to pickle means: send the stand-in instead
+    except Exception:
         data = pickle.dumps(UnpicklableRemoteError(_qualname(exc), str(exc)))
     return data, tb
 
@@ -122,7 +132,7 @@ def unpack_error(data: bytes, tb: str) -> BaseException:
     """The worker's exception, with its traceback attached as ``__cause__``."""
     try:
         exc: BaseException = pickle.loads(data)
-    except Exception as load_error:  # noqa: BLE001 — e.g. its class is not importable in the parent
+    except Exception as load_error:
         exc = UnpicklableRemoteError("unknown", f"could not load the worker's exception: {load_error}")
     exc.__cause__ = RemoteTraceback(tb)
     return exc

@@ -21,11 +21,11 @@ from __future__ import annotations
 import email.policy
 import json
 import logging
+from collections.abc import Sequence
 from email.generator import BytesGenerator
 from email.message import Message
 from email.parser import BytesParser
 from io import BytesIO
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,14 @@ from kiln.tasks.build.buildenv import requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
 from kiln.tasks.build.wheel import (
-    WheelInput, WheelStamp, build_info, platform_tag, requirements, wheel_filename, wheel_metadata, write_wheel,
+    WheelInput,
+    WheelStamp,
+    build_info,
+    platform_tag,
+    requirements,
+    wheel_filename,
+    wheel_metadata,
+    write_wheel,
 )
 from kiln.tasks.config import KilnConfig, Variant
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence

@@ -10,31 +10,31 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from kiln.release.errors import ToolchainMissingError
 from kiln.release.fsutil import atomic_write_text
 from kiln.release.manifest import ArtifactKind, Unit
 from kiln.release.record import Source
-from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
-from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
-from kiln.tasks.build.units import BuildEnv, UnitResult
-from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.config import KilnConfig, Variant, load_config
-from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build import plancache
+from kiln.tasks.build.aot import toolchain_versions
+from kiln.tasks.build.backend import ProjectBuilder, cuda_home
+from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
+from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
+from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
+from kiln.tasks.build.pool import WorkerPool
 from kiln.tasks.build.rewheel import rewrite_wheel
+from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
+from kiln.tasks.config import KilnConfig, Variant, load_config
 from kiln.tasks.registry import load_registry
 from kiln.tasks.registry_types import CudaSourceRecord
-from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.versioning import check_version, variant_version
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
-from kiln.tasks.build.pool import WorkerPool
 
 _log = logging.getLogger("kiln.build")
 

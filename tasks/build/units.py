@@ -69,7 +69,8 @@ def unit_dir(unit: CompileUnit) -> str:
 def _compile_triton(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
     request = {"config": env.config_path, "kernel": unit.kernel, "entry": unit.entry,
                "specialization": unit.specialization, "backend": unit.backend, "arch": unit.arch}
-    what = f"kernel {unit.kernel!r} specialization {unit.specialization!r} for {unit.backend} {unit.arch} (variant {unit.variant})"
+    what = (f"kernel {unit.kernel!r} specialization {unit.specialization!r} for {unit.backend} {unit.arch} "
+            f"(variant {unit.variant})")
     _log.info("compiling %s", what)
     try:
         # CompileError (Triton's failure, named by the worker), BuildWorkerError and
@@ -123,7 +124,7 @@ def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path], en
     kind = {"cubin": "cubin", "hsaco": "hsaco", "so": "shared-library"}
     variant_dir = (env.out_dir / unit.variant).resolve()
     rows = []
-    for (name, data), path in zip(files.items(), written):
+    for (name, data), path in zip(files.items(), written, strict=True):
         suffix = name.rsplit(".", 1)[-1]
         if suffix not in kind:
             continue  # Triton's metadata JSON travels beside its binary, unlisted

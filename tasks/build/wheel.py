@@ -29,8 +29,8 @@ import logging
 import os
 import platform
 import shutil
-import time
 import tempfile
+import time
 import zipfile
 import zlib
 from dataclasses import dataclass

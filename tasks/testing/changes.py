@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from pathlib import Path, PurePosixPath
 from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
 
 from kiln.release.errors import InvalidInputError, ToolchainMissingError
 from kiln.tasks.config import KilnConfig, Suite

@@ -13,9 +13,9 @@ these functions decide the outcome from those records alone.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
-from collections.abc import Mapping, Sequence
 
 from kiln.release.errors import InfrastructureError, is_retryable
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 
 from kiln.release.errors import InvalidInputError
 

@@ -27,20 +27,20 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 from typing import Any, Literal
-from collections.abc import Callable, Sequence
 
 from kiln.release.errors import DistributedTestError, InfrastructureError, InvalidInputError, TestTimeoutError
 from kiln.release.fsutil import atomic_write_bytes
-from kiln.tasks.testing.classify import is_infrastructure_exception
 from kiln.tasks.process import die_with_parent, dump_stacks, install_stack_dump, signal_name, terminate
+from kiln.tasks.testing.classify import is_infrastructure_exception
 from kiln.tasks.testing.devices import detect_gpu_count
-from kiln.tasks.testing.jobs import PRELOAD as TEST_PRELOAD, START_METHODS, StartMethod
+from kiln.tasks.testing.jobs import PRELOAD as TEST_PRELOAD
+from kiln.tasks.testing.jobs import START_METHODS, StartMethod
 
 logger = logging.getLogger("kiln.test.distributed")
 

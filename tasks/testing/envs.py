@@ -43,10 +43,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from collections.abc import Sequence
 
 from kiln.release.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
 from kiln.release.wheels import core_metadata
@@ -151,8 +151,9 @@ def _link_parent(site: Path) -> None:
 
 def unmet_requirements(python: Path, requirements: Sequence[str]) -> list[str]:
     # -P: the caller's working directory (any directory a user runs kiln in) is not on the path.
-    return json.loads(_run([str(python), "-P", "-c", _CHECK, json.dumps(list(requirements))],
-                           "checking the environment's requirements").strip() or "[]")
+    unmet: list[str] = json.loads(_run([str(python), "-P", "-c", _CHECK, json.dumps(list(requirements))],
+                                       "checking the environment's requirements").strip() or "[]")
+    return unmet
 
 
 def wheel_requirements(wheel: Path) -> list[str]:

@@ -8,9 +8,9 @@ runner imports the workers: shared types below both keep the import graph acycli
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
-from collections.abc import Mapping
 
 from kiln.release.errors import InvalidInputError
 

@@ -13,8 +13,8 @@ import json
 import re
 import time
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kiln.release.fsutil import atomic_write_bytes, atomic_write_text

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Sequence
 
-from kiln.tasks.testing.classify import TestResult, classify_phases, classify_unfinished, merge_attempts, should_retry
 from kiln.tasks.process import LadderResult, check_cancelled, signal_name, terminate, watch
+from kiln.tasks.testing.classify import TestResult, classify_phases, classify_unfinished, merge_attempts, should_retry
 from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
 from kiln.tasks.testing.jobs import Isolation, Item, Job, RunOptions
 from kiln.tasks.testing.workers import ForkedChild, Progress, SpawnedChild, Worker, read_records, spawn_job

@@ -17,22 +17,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
 from kiln.release.errors import InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.release.manifest import Unit
-from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.config import KilnConfig, Suite, Variant
-from kiln.tasks.testing.envs import make_env
+from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.envs import make_env
 from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
-from kiln.tasks.testing.runner import run_tests
 from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
+from kiln.tasks.testing.runner import run_tests
 
 logger = logging.getLogger("kiln.test.suite")
 

@@ -18,13 +18,21 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping, Sequence
 
-from kiln.tasks.process import (LadderResult, Mailboxes, PopenChild, cancel_requested, register, run_with_deadline,
-                                terminate, unregister)
+from kiln.tasks.process import (
+    LadderResult,
+    Mailboxes,
+    PopenChild,
+    cancel_requested,
+    register,
+    run_with_deadline,
+    terminate,
+    unregister,
+)
 from kiln.tasks.testing.jobs import Job, RunOptions
 
 logger = logging.getLogger("kiln.test.isolate")
@@ -161,7 +169,7 @@ def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stack
     args = [options.python, *WORKER, "run", "--results", str(results), "--stacks", str(stacks),
             "--", *pytest_argv([i.nodeid for i in job.items], replace(options, markers=""))]
     logger.info("spawning %s", " ".join(args))
-    log = open(results.with_suffix(".log"), "wb")  # noqa: SIM115 — handed to the child, closed below
+    log = open(results.with_suffix(".log"), "wb")
     try:
         proc = subprocess.Popen(args, cwd=root, env=process_env(root, {**options.env, **env}),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

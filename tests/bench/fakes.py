@@ -7,10 +7,10 @@ test states the true slowdown and the noise, and the verdict is reproducible.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
-from collections.abc import Callable
 
 import numpy as np
 

@@ -17,7 +17,6 @@ from kiln.tasks.bench.harness import stats_of
 from kiln.tasks.bench.history import history_store, store_results
 from kiln.tasks.bench.results import load_results, save_results
 from kiln.tasks.config import load_config
-
 from tests.bench.conftest import FIXTURE
 from tests.helpers.waiting import until
 

@@ -10,7 +10,6 @@ import pytest
 from kiln.release.errors import BenchmarkError, ConfigError, InfrastructureError
 from kiln.tasks.bench.harness import MetricPlan, bench_kernel, bench_specs, prepare, resolve_metric
 from kiln.tasks.config import load_config
-
 from tests.bench.fakes import CPU_PLAN
 
 

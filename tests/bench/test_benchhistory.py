@@ -10,12 +10,19 @@ import pytest
 
 from kiln.release.errors import IntegrityError, InvalidInputError
 from kiln.tasks.bench.history import (
-    check_compare, history_key, history_store, history_with, last_nightly, load_history, open_history, resolve_baseline,
-    store_if, store_results,
+    check_compare,
+    history_key,
+    history_store,
+    history_with,
+    last_nightly,
+    load_history,
+    open_history,
+    resolve_baseline,
+    store_if,
+    store_results,
 )
 from kiln.tasks.bench.results import save_results
 from kiln.tasks.config import load_config
-
 from tests.bench.fakes import FakeTimer, fake_run
 
 

@@ -6,8 +6,7 @@ import base64
 import logging
 from pathlib import Path
 
-from kiln.tasks.bench.plots import png_markdown, plot_speedups, plot_trend, try_plot
-
+from kiln.tasks.bench.plots import plot_speedups, plot_trend, png_markdown, try_plot
 from tests.bench.fakes import FakeTimer, fake_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from kiln.tasks.bench.compare import KernelOutcome, compare_results
 from kiln.tasks.bench.report import artifact_key, build_report
-
 from tests.bench.fakes import FakeTimer, fake_run
 
 

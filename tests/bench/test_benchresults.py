@@ -10,7 +10,6 @@ import pytest
 
 from kiln.release.errors import InvalidInputError
 from kiln.tasks.bench.results import git_commit, hardware, load_results, save_results
-
 from tests.bench.fakes import FakeTimer, fake_run
 
 

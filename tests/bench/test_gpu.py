@@ -10,10 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln.tasks.bench.harness import bench_kernel, bench_specs, resolve_metric
 from kiln.tasks.bench.gpu import (
-    L2_FACTOR, MAX_POOL, EagerTimer, GraphReplayTimer, calls_per_graph, device_cache, plan_pool, tensor_bytes,
+    L2_FACTOR,
+    MAX_POOL,
+    EagerTimer,
+    GraphReplayTimer,
+    calls_per_graph,
+    device_cache,
+    plan_pool,
+    tensor_bytes,
 )
+from kiln.tasks.bench.harness import bench_kernel, bench_specs, resolve_metric
 from kiln.tasks.config import load_config
 
 pytestmark = pytest.mark.gpu

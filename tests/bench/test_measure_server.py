@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from kiln.release.errors import BenchmarkError, InfrastructureError
+from kiln.tasks import process
 from kiln.tasks.bench.forking import MeasureServer
 from kiln.tasks.bench.measure import run_measure
-from kiln.tasks import process
 
 SERVER = textwrap.dedent("""
     import json, os, signal, sys, time

@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from kiln_kernels.platform import Platform
-from kiln_kernels.registry import Specialization, targets_for
 
 from kiln.release.errors import InvalidInputError
 from kiln.runtime.archs import arch_key, at_least, cuda_arch_key, gfx_version
 from kiln.tasks.build.plan import _below_min
+from kiln_kernels.platform import Platform
+from kiln_kernels.registry import Specialization, targets_for
 
 
 @pytest.mark.parametrize(("arch", "version"), [

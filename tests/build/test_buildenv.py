@@ -14,7 +14,12 @@ import pytest
 
 from kiln.release.manifest import RunManifest
 from kiln.tasks.build.buildenv import (
-    BuildEnvironmentError, VariantEnvironments, ensure_env, env_key, pinned_version, probe_torch,
+    BuildEnvironmentError,
+    VariantEnvironments,
+    ensure_env,
+    env_key,
+    pinned_version,
+    probe_torch,
 )
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from tests.build.conftest import copy_project

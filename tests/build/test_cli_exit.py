@@ -32,6 +32,6 @@ def test_kiln_build_process_exits_with_every_log_and_state_on_the_server(prefect
     messages = [log.message for log in logs]
     # The last lines the run logged, sent by Prefect's log worker as the process ended.
     assert any(m.startswith("Finished in state Completed") and log.task_run_id is None
-               for m, log in zip(messages, logs))
+               for m, log in zip(messages, logs, strict=True))
     mine = [t for t in task_runs if t.flow_run_id == flow_run.id]
     assert mine and all(t.state is not None and t.state.is_completed() for t in mine)

@@ -8,11 +8,11 @@ import pytest
 
 from kiln.release.errors import CompileError, InfrastructureError
 from kiln.release.fsutil import sha256_file
-from kiln.tasks.build.units import BuildEnv, build_unit, unit_record
-from kiln.tasks.build.stage import prepare_build
-from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.aot import check_elf_arch, elf_arch
+from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
+from kiln.tasks.build.stage import prepare_build
+from kiln.tasks.build.units import BuildEnv, build_unit, unit_record
 from tests.build.conftest import copy_project
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.tasks.build import plancache
-from kiln.tasks.build import stage
+from kiln.tasks.build import plancache, stage
 from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build
 from kiln.tasks.config import load_config

@@ -20,8 +20,8 @@ from packaging.utils import parse_wheel_filename
 
 import kiln.runtime
 from kiln.release.errors import InvalidInputError
+from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, platform_tag, wheel_filename
 from kiln.tasks.config import load_config
-from kiln.tasks.build.wheel import WheelStamp, platform_tag, WheelInput, build_wheel, wheel_filename
 from tests.build.conftest import copy_project
 
 

@@ -143,7 +143,7 @@ def _deploy(flow_name: str, name: str, pool: str, entrypoint: str) -> None:
     with get_client(sync_client=True) as client:
         try:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-        except Exception:  # noqa: BLE001 - the pool exists already (a second deployment on it)
+        except Exception:
             pass
         flow_id = client.create_flow_from_name(flow_name)
         client.create_deployment(flow_id=flow_id, name=name, work_pool_name=pool, entrypoint=entrypoint)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from collections.abc import Iterator
 
 import pytest
 

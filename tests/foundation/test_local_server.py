@@ -333,7 +333,7 @@ class _Squatter(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = _answer  # noqa: N815 (http.server's naming)
+    do_GET = do_POST = _answer
 
     def log_message(self, *args):  # keep the test output quiet
         pass

@@ -24,7 +24,7 @@ def _wait_in_group(marker: str, ignore: bool) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
     # A process of the command's group that is not the command: it must end with the group.
-    helper = subprocess.Popen(["sleep", "600"])  # noqa: S607 - coreutils' sleep, as a stand-in
+    helper = subprocess.Popen(["sleep", "600"])
     Path(marker).write_text(str(os.getpid()))
     try:
         time.sleep(600)

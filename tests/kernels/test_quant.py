@@ -4,9 +4,9 @@ interpreter on a CPU (or the GPU when there is one)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
 import kiln_kernels
 from kiln_kernels import quant

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Sequence
 
 from kiln.release.manifest import RunManifest, Unit
 from kiln.release.record import RunHeader, RunRecord, Source, create_record

@@ -11,7 +11,6 @@ from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
 from kiln.release.fsutil import sha256_bytes, sha256_file
 from kiln.release.serve import IndexServer
 from kiln.release.store import LocalStore
-
 from tests.helpers.indexcheck import check_local_index
 
 from .wheelkit import make_wheel

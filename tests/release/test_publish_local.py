@@ -15,8 +15,8 @@ from kiln.release.fsutil import sha256_bytes
 from kiln.release.manifest import RunManifest, Unit
 from kiln.release.publish import UploadResult, gate, publish, raise_for_conflict, update_pages
 from kiln.release.staging import StagingStore
-from kiln.release.swap import CAS_ATTEMPTS
 from kiln.release.store import LocalStore
+from kiln.release.swap import CAS_ATTEMPTS
 
 from .faults import CorruptingStore
 from .pageparse import parse_html, parse_json

@@ -83,7 +83,7 @@ class _Hostile(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Hostile
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def _send(self, body: bytes, content_type: str) -> None:
@@ -115,7 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.finished.add(self.path)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         files = self.server.files
         if self.path == "/simple/":
             self._page('<a href="evil/">evil</a>', {"meta": {"api-version": "1.0"}, "projects": [{"name": "evil"}]})

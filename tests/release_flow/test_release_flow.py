@@ -24,7 +24,6 @@ from kiln.release.errors import IntegrityError
 from kiln.release.index import generate
 from kiln.release.store import LocalStore
 from kiln.tasks.bench.harness import stats_of
-
 from tests.helpers.gitrepo import init_repo
 
 from ..permissions.conftest import BUCKET, moto_server  # noqa: F401 (fixture)

@@ -16,7 +16,6 @@ from kiln.release.store import LocalStore
 from kiln.tasks import releasing
 from kiln.tasks.bench.compare import compare_results, comparison_record
 from kiln.tasks.config import load_config
-
 from tests.bench.fakes import FakeTimer, fake_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -190,7 +190,7 @@ def test_the_readme_release_publishes_and_verifies_once_approved(deployed, trigg
 class _Hook(BaseHTTPRequestHandler):
     received: list[dict] = []
 
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         type(self).received.append(json.loads(body or b"{}"))
         self.send_response(200)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kiln.release.errors import InvalidInputError
-from kiln.tasks.testing.changes import changed_files, select_suites, suites_to_run
 from kiln.tasks.config import load_config
+from kiln.tasks.testing.changes import changed_files, select_suites, suites_to_run
 
 KILN_TOML = """
 [project]

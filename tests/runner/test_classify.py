@@ -6,8 +6,15 @@ import pytest
 
 from kiln.release.errors import CompileError, InfrastructureError, ThrottledError
 from kiln.tasks.testing.classify import (
-    TestResult, classify_phases, classify_unfinished, is_assertion_exception, is_infrastructure_exception,
-    merge_attempts, should_retry, suite_state, summary_line,
+    TestResult,
+    classify_phases,
+    classify_unfinished,
+    is_assertion_exception,
+    is_infrastructure_exception,
+    merge_attempts,
+    should_retry,
+    suite_state,
+    summary_line,
 )
 
 

@@ -11,8 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kiln.tasks import process
-from kiln.tasks.process import (PopenChild, dump_stacks, group_alive, run_with_deadline, signal_group, signal_name,
-                                terminate, watch)
+from kiln.tasks.process import (
+    PopenChild,
+    dump_stacks,
+    group_alive,
+    run_with_deadline,
+    signal_group,
+    signal_name,
+    terminate,
+    watch,
+)
 from tests.runner._procs import running
 
 # A child that leads its group, installs the stack dump, maybe starts a

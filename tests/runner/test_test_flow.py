@@ -115,7 +115,12 @@ def _check_ui(flow_run_id, run: RunManifest) -> None:
     """What the Prefect UI shows: the failed suite's task run is red and carries its problem tests."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
-        ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName,
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterName,
     )
 
     expected = {"test/good/cpu": "COMPLETED", "test/mixed/cpu": "FAILED"}

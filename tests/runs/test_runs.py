@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from kiln.release.manifest import RunManifest
-from tests.helpers.indexcheck import check_local_index
 from tests.helpers.gitrepo import commit_all, git, git_project
+from tests.helpers.indexcheck import check_local_index
 from tests.helpers.waiting import until
 
 # Each test runs whole nightlies; on a loaded 2-core machine one takes minutes.

@@ -35,10 +35,10 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
-from collections.abc import Mapping, Sequence
 
 from kiln.runtime.archs import cuda_arch_key
 

@@ -17,9 +17,9 @@ cases) name build units and files: letters, digits, ``_``, ``.`` and ``-``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from collections.abc import Callable, Sequence
 
 Backend = Literal["cuda", "hip", "cpu"]
 
