@@ -45,7 +45,7 @@ from prefect.exceptions import TerminationSignal
 from kiln.tasks.descendants import end_descendants, now_ticks
 from kiln.tasks.process import end_all, live_groups, request_cancel, reset_cancel, signal_group
 
-logger = logging.getLogger("kiln.cancel")
+logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: How long the command waits, after its flow unwound, for the ladder to finish with every group.

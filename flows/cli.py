@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build", help="build kernels and wheels for every variant")
     _add_config(p)
-    p.add_argument("--version", help="version to build (default: nightly version of today)")
+    p.add_argument("--version", help="version to build (default: the commit's nightly version, "
+                                     "<base>.dev<commit time as YYYYMMDDHHMMSS>)")
     p.add_argument("--variant", action="append", dest="variants", help="only this variant (repeatable)")
 
     p = sub.add_parser("test", help="run the test suites in isolated processes")

@@ -38,7 +38,7 @@ from kiln.release.record import RunRecord
 from kiln.tasks.config import KilnConfig
 from kiln.tasks.runs import artifact_store, check_checkout, continue_run, start_run
 
-logger = logging.getLogger("kiln.flows")
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Every process that runs a Kiln flow imports this module before the flow starts (a deployment

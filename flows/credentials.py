@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from kiln.release.errors import AccessDeniedError, ConfigError, TransientStoreError
 from kiln.release.policies import policies_from_config, session_policy
 
-log = logging.getLogger("kiln.credentials")
+log = logging.getLogger(__name__)
 
 SESSION_SECONDS = 3600
 

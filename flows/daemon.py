@@ -65,7 +65,7 @@ from typing import Any
 
 from kiln.flows.daemon_request import Request, caller_limits
 
-_log = logging.getLogger("kiln.daemon")
+_log = logging.getLogger(__name__)
 
 #: Commands that run a Prefect flow: the ones worth a warm process.
 FLOW_COMMANDS = frozenset({"nightly", "release", "build", "test", "bench", "publish"})

@@ -9,7 +9,7 @@ from kiln.release.fsutil import atomic_write_text
 from kiln.release.policies import policies_from_config, render
 from kiln.tasks.config import load_config
 
-log = logging.getLogger("kiln.policies")
+log = logging.getLogger(__name__)
 
 
 def policies_command(config_path: str, out: str, target: str | None = None) -> int:

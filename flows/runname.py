@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 
 from kiln.release.record import RunRecord, Source
 
-logger = logging.getLogger("kiln.flows")
+logger = logging.getLogger(__name__)
 COMMIT_CHARS = 12
 
 

@@ -60,7 +60,7 @@ from kiln.flows.server_identity import healthy as healthy
 from kiln.release.errors import InfrastructureError
 from kiln.tasks.process import terminate
 
-_log = logging.getLogger("kiln.server")
+_log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 PREFERRED_PORT = 4200  # Prefect's own default: the UI at the address its docs give

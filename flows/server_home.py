@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kiln.release.errors import InfrastructureError
 
-_log = logging.getLogger("kiln.server")
+_log = logging.getLogger(__name__)
 
 AUTH_FILE, USED_FILE = "kiln-server.auth", "kiln-server.used"
 HOME_MODE, FILE_MODE = 0o700, 0o600

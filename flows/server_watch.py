@@ -39,7 +39,7 @@ from types import FrameType
 from kiln.flows.server_home import USED_FILE, in_use, last_used
 from kiln.tasks.process import PopenChild, terminate
 
-_log = logging.getLogger("kiln.server")
+_log = logging.getLogger(__name__)
 
 MODULE = "kiln.flows.server_watch"
 DEFAULT_IDLE_S = 86400.0  # a day: a release waiting for its approval overnight keeps its server

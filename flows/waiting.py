@@ -39,7 +39,7 @@ from prefect.states import Cancelled
 
 from kiln.tasks.process import RunCancelledError, cancel_requested
 
-logger = logging.getLogger("kiln.flows.dispatch")
+logger = logging.getLogger(__name__)
 
 # A worker is live while its last heartbeat is at most this many of its intervals old (Prefect's
 # foreman uses the same multiple and fallback interval to mark workers offline).

@@ -23,7 +23,7 @@ from kiln.release.index import generate
 if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln index` start
     from kiln.release.fetch import StoreSettings
 
-log = logging.getLogger("kiln.cli")
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 WRITE_THREADS = 32

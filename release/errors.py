@@ -55,7 +55,16 @@ class AlreadyPublishedError(IntegrityError):
 
     Its own type because the publisher reports it as a conflict of one file
     (the rest is still published), while other integrity errors stop a publish.
+    Its message is written here only, by :meth:`held`, so every store says it once.
     """
+
+    @classmethod
+    def held(cls, location: str, existing: str, wanted: str) -> AlreadyPublishedError:
+        return cls(f"{location} already holds sha256 {existing}, not {wanted}; "
+                   f"{IMMUTABLE_HINT}")
+
+
+IMMUTABLE_HINT = "published files are immutable — bump the version instead"
 
 
 class AccessDeniedError(PermanentError):

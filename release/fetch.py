@@ -59,7 +59,7 @@ from kiln.release.errors import (
 from kiln.release.index import HTML_PAGE, JSON_PAGE, JSON_TYPE
 from kiln.release.store import LocalStore, Store, open_store
 
-log = logging.getLogger("kiln.fetch")
+log = logging.getLogger(__name__)
 
 HTML_ACCEPT = "text/html"
 _JSON_TYPES = (JSON_TYPE, "application/vnd.pypi.simple.latest+json")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kiln.release.errors import InvalidInputError
 
-log = logging.getLogger("kiln.fsutil")
+log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from kiln.release.errors import InvalidInputError
 
-log = logging.getLogger("kiln.install")
+log = logging.getLogger(__name__)
 
 Tool = Literal["pip", "uv"]
 TOOLS: tuple[Tool, ...] = get_args(Tool)

@@ -30,7 +30,7 @@ from kiln.release.dists import check_sha256, parse_filename
 from kiln.release.errors import IntegrityError, InvalidInputError, TransientStoreError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 
-log = logging.getLogger("kiln.pins")
+log = logging.getLogger(__name__)
 
 DEFAULT_PINS = Path(__file__).with_name("pins.json")
 SCHEMA_VERSION = 1

@@ -53,7 +53,7 @@ from kiln.release.store import Store
 from kiln.release.swap import until_swapped
 from kiln.release.wheels import describe_wheel, read_wheel
 
-log = logging.getLogger("kiln.publish")
+log = logging.getLogger(__name__)
 
 WHEEL_TYPE = "application/octet-stream"
 SIDECAR_TYPE = "text/plain; charset=utf-8"
@@ -317,8 +317,9 @@ def publish_pages(store: Store, results: Iterable[UploadResult | BaseException])
 
 
 def raise_for_conflict(result: UploadResult) -> UploadResult:
+    """The conflict as the unit's error; its message is the store's, which says why already."""
     if result.outcome == "conflict":
-        raise IntegrityError(f"{result.message}; published files are immutable — bump the version instead")
+        raise IntegrityError(result.message)
     return result
 
 

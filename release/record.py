@@ -40,7 +40,7 @@ from kiln.release.manifest import MANIFEST_NAME, Artifact, ArtifactKind, RunMani
 from kiln.release.store import Store, check_key
 from kiln.release.swap import put_until_swapped
 
-log = logging.getLogger("kiln.record")
+log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
 FILE_TYPE = "application/octet-stream"

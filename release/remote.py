@@ -39,7 +39,7 @@ from packaging.version import Version
 
 from kiln.release.errors import FetchError
 
-log = logging.getLogger("kiln.remote")
+log = logging.getLogger(__name__)
 
 TIMEOUT_S = 10.0  # the whole read of one page, not each socket operation
 MAX_PAGE_BYTES = 8 << 20  # a project page of PyPI's largest projects is a few MiB

@@ -55,7 +55,7 @@ from kiln.release.errors import (
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.objects import ObjectInfo, Store, check_key
 
-log = logging.getLogger("kiln.s3")
+log = logging.getLogger(__name__)
 
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests", "503"}
 _TRANSIENT = {"InternalError", "RequestTimeout", "ServiceUnavailable", "500", "502", "504"}
@@ -210,10 +210,7 @@ class S3Store:
         if info is None:  # a 409 of a concurrent write that then failed, or a 412 racing nothing we can see
             raise TransientStoreError(f"{self.url}/{key} was refused as existing but is not there; retry")
         if info.sha256 != digest:
-            raise AlreadyPublishedError(
-                f"{self.url}/{key} holds sha256 {info.sha256}, not {digest}; published files are immutable"
-                " — bump the version instead of re-uploading"
-            )
+            raise AlreadyPublishedError.held(f"{self.url}/{key}", info.sha256, digest)
         return info
 
     def _read_back(self, key: str, digest: str) -> ObjectInfo:

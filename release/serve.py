@@ -22,7 +22,7 @@ from kiln.release.errors import InvalidInputError, KilnError
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE
 from kiln.release.store import Store, check_key
 
-log = logging.getLogger("kiln.serve")
+log = logging.getLogger(__name__)
 
 _HTML_TYPES = ("text/html", "application/vnd.pypi.simple.v1+html", "application/vnd.pypi.simple.latest+html")
 _JSON_TYPES = (JSON_TYPE, "application/vnd.pypi.simple.latest+json")

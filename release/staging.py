@@ -43,10 +43,7 @@ class StagingStore:
         if existing is not None:
             digest = sha256_bytes(data)
             if existing.sha256 != digest:
-                raise AlreadyPublishedError(
-                    f"{self.url}/{key} already exists with sha256 {existing.sha256}, not {digest};"
-                    " published files are immutable — bump the version instead"
-                )
+                raise AlreadyPublishedError.held(f"{self.url}/{key}", existing.sha256, digest)
             return existing  # created=False: the target holds it already
         return self.staging.put_immutable(key, data, content_type, cache_control)
 

@@ -43,7 +43,7 @@ from kiln.release.fsutil import sha256_bytes, sha256_file
 from kiln.release.nofollow import staged
 from kiln.release.objects import ObjectInfo, Store, check_key
 
-log = logging.getLogger("kiln.store")
+log = logging.getLogger(__name__)
 
 
 class LocalStore:
@@ -99,10 +99,7 @@ class LocalStore:
             except FileExistsError:
                 existing = tmp.current_sha256()
                 if existing != digest:
-                    raise AlreadyPublishedError(
-                        f"{self.url}/{key} already exists with sha256 {existing}, not {digest};"
-                        " published files are immutable — bump the version instead"
-                    ) from None
+                    raise AlreadyPublishedError.held(f"{self.url}/{key}", existing, digest) from None
                 created = False
         return ObjectInfo(key, len(data), digest, digest, created)
 

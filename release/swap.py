@@ -17,7 +17,7 @@ from typing import TypeVar
 from kiln.release.errors import ConflictError
 from kiln.release.objects import Store
 
-log = logging.getLogger("kiln.swap")
+log = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 8  # a publish races at most a handful of concurrent publishers
 BACKOFF_BASE = (0.01, 0.05)  # seconds of jitter before the first retry; doubles each time

@@ -56,7 +56,7 @@ from kiln.release.serve import IndexServer
 from kiln.release.store import open_store
 from kiln.release.wheels import import_names, member_limit, record_problems
 
-log = logging.getLogger("kiln.verify")
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_LISTED = 50

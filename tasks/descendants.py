@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-logger = logging.getLogger("kiln.cancel")
+logger = logging.getLogger(__name__)
 
 PROC = Path("/proc")
 POLL_S = 0.05

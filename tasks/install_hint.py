@@ -31,7 +31,7 @@ from kiln.release.publish import Plan, Upload
 from kiln.release.remote import Lookup, newest_release
 from kiln.release.wheels import core_metadata
 
-log = logging.getLogger("kiln.release")
+log = logging.getLogger(__name__)
 
 # "off" in Kiln's own test suite (tests/conftest.py): its runs publish with PyPI as the extra index
 # and must never query it. Read once, at the edge (the publish step), like KILN_DAEMON.

@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol, TextIO
 
 from kiln.release.errors import PermanentError
 
-logger = logging.getLogger("kiln.test.deadline")
+logger = logging.getLogger(__name__)
 
 # Children register faulthandler on this signal (see ``install_stack_dump``).
 DUMP_SIGNAL = signal.SIGUSR1
@@ -322,7 +322,7 @@ def request_cancel(why: str) -> bool:
             _cancel_why[:] = [why]
             _cancel.set()
     if first:
-        logging.getLogger("kiln.cancel").warning("cancelling: %s; ending every process group Kiln started", why)
+        logger.warning("cancelling: %s; ending every process group Kiln started", why)
     return first
 
 

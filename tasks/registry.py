@@ -38,7 +38,7 @@ from kiln.tasks.registry_types import (
     TritonRecord,
 )
 
-_log = logging.getLogger("kiln.registry")
+_log = logging.getLogger(__name__)
 
 
 def _ensure_on_path(root: str) -> None:

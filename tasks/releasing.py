@@ -29,7 +29,7 @@ from kiln.release.store import Store, open_store
 from kiln.release.swap import put_until_swapped
 from kiln.tasks import install_hint
 
-log = logging.getLogger("kiln.release")
+log = logging.getLogger(__name__)
 
 PAGE_NAMES = (HTML_PAGE, JSON_PAGE)
 # Prefect's state types, the words a stage's final state is given in (tests check it against prefect's StateType).

@@ -20,7 +20,7 @@ from kiln.tasks.config import KilnConfig
 from kiln.tasks.source import describe
 from kiln.tasks.versioning import check_version, nightly_version
 
-log = logging.getLogger("kiln.runs")
+log = logging.getLogger(__name__)
 
 
 def artifact_store(config: KilnConfig, session: Any = None) -> Store:

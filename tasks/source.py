@@ -16,7 +16,7 @@ from pathlib import Path
 from kiln.release.errors import ToolchainMissingError
 from kiln.release.record import Source
 
-log = logging.getLogger("kiln.source")
+log = logging.getLogger(__name__)
 
 GIT_TIMEOUT_S = 60.0
 Runner = Callable[..., subprocess.CompletedProcess[str]]

@@ -32,7 +32,7 @@ SEARCH = (_PKG / "_aot" / LIBRARY, _PKG / "csrc" / LIBRARY)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 ActivationPath = Literal["csrc", "reference"]
-_log = logging.getLogger("kiln.kernels.activation")
+_log = logging.getLogger(__name__)
 
 
 def activation_path(platform: Platform, settings: Settings, library_loads: bool) -> ActivationPath:

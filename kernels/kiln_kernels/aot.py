@@ -23,7 +23,7 @@ from triton.runtime.jit import JITFunction
 from kiln.runtime.archs import cuda_arch_key
 from kiln.runtime.spec import Specialization
 
-_log = logging.getLogger("kiln.kernels.aot")
+_log = logging.getLogger(__name__)
 
 
 def target_for(backend: str, arch: str) -> GPUTarget:

@@ -18,7 +18,7 @@ from pathlib import Path
 from kiln_kernels import aot
 from kiln_kernels.registry import registry, targets_for
 
-_log = logging.getLogger("kiln.kernels.compile_all")
+_log = logging.getLogger(__name__)
 
 
 def compile_all(targets: list[tuple[str, str]], out: Path | None = None) -> list[tuple[str, str, float]]:

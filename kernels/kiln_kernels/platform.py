@@ -26,7 +26,7 @@ from kiln.runtime.loader import triton_version
 
 Backend = Literal["cuda", "hip", "cpu"]
 
-_log = logging.getLogger("kiln.kernels.platform")
+_log = logging.getLogger(__name__)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 # CDNA archs in capability order; RDNA parts are not supported targets.

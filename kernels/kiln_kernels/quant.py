@@ -20,7 +20,7 @@ IN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCKS = (512, 2048)  # the registry compiles exactly these ahead of time
 
 QuantPath = Literal["triton", "reference"]
-_log = logging.getLogger("kiln.kernels.quant")
+_log = logging.getLogger(__name__)
 
 
 def quant_path(platform: Platform, settings: Settings, out_dtype: torch.dtype) -> QuantPath:

@@ -45,7 +45,7 @@ from kiln.tasks.process import (
 )
 from kiln.tasks.testing.workers import ForkedChild
 
-logger = logging.getLogger("kiln.bench")
+logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # the first answer waits for the server's imports; a fork answers in milliseconds
 CLOSE_TIMEOUT_S = 10.0

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_log = logging.getLogger("kiln.bench")
+_log = logging.getLogger(__name__)
 
 L2_FACTOR = 3  # pool bytes ≥ 3 × L2: a set is cold by the time it comes round again
 MAX_POOL = 256  # bounds capture time and graph size for tiny inputs

@@ -37,7 +37,7 @@ from kiln.tasks.config import BENCH_SIZES, KilnConfig
 from kiln.tasks.registry import bench_case_record, load_registry
 from kiln.tasks.registry_types import BenchCaseRecord, KernelRecord
 
-_log = logging.getLogger("kiln.bench")
+_log = logging.getLogger(__name__)
 
 Timer = Callable[[Callable[..., Any], Callable[..., Any], Sequence[tuple[Any, ...]]], tuple[list[float], list[float]]]
 PoolFactory = Callable[[BenchCaseRecord, str], list[tuple[Any, ...]]]

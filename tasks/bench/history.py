@@ -30,7 +30,7 @@ from kiln.release.store import Store, open_store
 from kiln.tasks.bench.results import BenchResults, load_results, parse_results
 from kiln.tasks.config import KilnConfig
 
-_log = logging.getLogger("kiln.bench")
+_log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/json"
 CACHE_CONTROL = "public, max-age=31536000, immutable"

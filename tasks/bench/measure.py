@@ -28,6 +28,8 @@ from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, pr
 from kiln.tasks.config import load_config
 from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
 
+_log = logging.getLogger(__name__)
+
 
 def _measure(ns: argparse.Namespace) -> dict[str, Any]:
     config = load_config(ns.config)
@@ -64,7 +66,7 @@ def _serve(ns: argparse.Namespace) -> int:
         threads = single_threaded()
         bench_specs(load_config(ns.config), installed=True)
     except Exception as exc:
-        logging.getLogger("kiln.bench").warning("measuring server warm-up failed: %s", exc)
+        _log.warning("measuring server warm-up failed: %s", exc)
     return serve(sys.stdin, replies, lambda kernel, out: _answer(ns.config, ns.size, ns.metric, kernel, out),
                  threads)
 
@@ -102,7 +104,7 @@ def measure_server(python: str, config_path: str, work: Path, *, size: str, metr
 
 
 def _spawn(cmd: list[str], cwd: Path, log_path: Path) -> PopenChild:
-    logging.getLogger("kiln.bench").info("running %s", " ".join(cmd))
+    _log.info("running %s", " ".join(cmd))
     with open(log_path, "wb") as log:
         return PopenChild(subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True))

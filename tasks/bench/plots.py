@@ -19,7 +19,7 @@ from kiln.tasks.bench.results import BenchResults, CaseResult
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-_log = logging.getLogger("kiln.bench")
+_log = logging.getLogger(__name__)
 
 EMBED_LIMIT = 400_000  # bytes; larger PNGs are linked rather than inlined into a markdown artifact
 

@@ -27,7 +27,7 @@ SCHEMA_VERSION: Literal[1] = 1
 Metric = Literal["graph_replay", "eager", "cpu"]
 # What ``--metric`` accepts: a measured metric, or auto (graph replay on a GPU, else cpu).
 MetricChoice = Literal["auto", "graph_replay", "eager", "cpu"]
-_log = logging.getLogger("kiln.bench")
+_log = logging.getLogger(__name__)
 
 
 class _Model(BaseModel):

@@ -55,7 +55,7 @@ from kiln.tasks.testing import envs
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit
 
-_log = logging.getLogger("kiln.build.backend")
+_log = logging.getLogger(__name__)
 _TAIL_CHARS = 4000
 # Inherited variables that choose archs or flags: the variant's values replace them, never mix with them.
 _OWNED = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTORCH_ROCM_ARCH", "HIPARCHS",

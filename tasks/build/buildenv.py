@@ -48,7 +48,7 @@ from kiln.release.errors import PermanentError
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
 
-_log = logging.getLogger("kiln.build.env")
+_log = logging.getLogger(__name__)
 T = TypeVar("T")
 ENV_FORMAT = "kiln-buildenv-1"
 # Installed with every environment: a project build with --no-build-isolation needs a current setuptools and wheel.

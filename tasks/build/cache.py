@@ -32,7 +32,7 @@ from pathlib import Path
 from kiln.release.errors import CacheDriftError
 from kiln.release.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
 
-_log = logging.getLogger("kiln.cache")
+_log = logging.getLogger(__name__)
 
 
 def digest(*parts: str) -> str:

@@ -33,7 +33,7 @@ from kiln.tasks.registry_types import CudaSourceRecord
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit
 
-_log = logging.getLogger("kiln.nvcc")
+_log = logging.getLogger(__name__)
 _VERSION_TIMEOUT_S = 30
 _LIST_TIMEOUT_S = 60
 _GRACE_S = 5.0

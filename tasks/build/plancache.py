@@ -48,7 +48,7 @@ from kiln.tasks.build.sources import project_hash
 from kiln.tasks.config import KilnConfig
 from kiln.tasks.registry_types import CudaSourceRecord
 
-_log = logging.getLogger("kiln.build.plancache")
+_log = logging.getLogger(__name__)
 
 # Bump when the entry's layout or the meaning of a plan changes: old entries then miss.
 PLAN_FORMAT = "kiln-plan-1"

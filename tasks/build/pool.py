@@ -54,7 +54,7 @@ from kiln.tasks.process import (
     unregister,
 )
 
-_log = logging.getLogger("kiln.build.pool")
+_log = logging.getLogger(__name__)
 
 WORKER_MODULE = "kiln.tasks.build.pool_worker"
 

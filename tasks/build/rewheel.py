@@ -51,7 +51,7 @@ from kiln.tasks.build.wheel import (
 )
 from kiln.tasks.config import KilnConfig, Variant
 
-_log = logging.getLogger("kiln.wheel")
+_log = logging.getLogger(__name__)
 _SIGNATURES = ("RECORD", "RECORD.jws", "RECORD.p7s")
 
 

@@ -36,7 +36,7 @@ from kiln.tasks.registry import load_registry
 from kiln.tasks.registry_types import CudaSourceRecord
 from kiln.tasks.versioning import check_version, variant_version
 
-_log = logging.getLogger("kiln.build")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

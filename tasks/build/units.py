@@ -23,7 +23,7 @@ from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
 
-_log = logging.getLogger("kiln.build")
+_log = logging.getLogger(__name__)
 
 BINARY_KIND = {"cuda": "cubin", "hip": "hsaco"}
 

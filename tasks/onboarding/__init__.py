@@ -17,7 +17,7 @@ from kiln.tasks.onboarding.inspect import Findings, OnboardingError, inspect_pro
 from kiln.tasks.onboarding.render import render
 
 __all__ = ["InitResult", "OnboardingError", "init_project", "inspect_project", "render"]
-_log = logging.getLogger("kiln.onboarding")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from kiln.release.errors import InvalidInputError, ToolchainMissingError
 from kiln.tasks.config import KilnConfig, Suite
 
-logger = logging.getLogger("kiln.test.changes")
+logger = logging.getLogger(__name__)
 
 GIT_TIMEOUT_S = 60.0
 

@@ -42,7 +42,7 @@ from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import PRELOAD as TEST_PRELOAD
 from kiln.tasks.testing.jobs import START_METHODS, StartMethod
 
-logger = logging.getLogger("kiln.test.distributed")
+logger = logging.getLogger(__name__)
 
 Backend = Literal["gloo", "nccl"]
 GRACE_S = 2.0

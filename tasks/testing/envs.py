@@ -54,7 +54,7 @@ from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
 from kiln.tasks.testing.baseenv import base_env, base_pins
 
-log = logging.getLogger("kiln.test.envs")
+log = logging.getLogger(__name__)
 
 TIMEOUT_S = 300.0
 INSTALL_TIMEOUT_S = 900.0  # resolving and downloading a wheel's dependencies

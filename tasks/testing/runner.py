@@ -25,7 +25,7 @@ from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, sk
 from kiln.tasks.testing.jobs import Isolation, Item, Job, RunOptions
 from kiln.tasks.testing.workers import ForkedChild, Progress, SpawnedChild, Worker, read_records, spawn_job
 
-logger = logging.getLogger("kiln.test.isolate")
+logger = logging.getLogger(__name__)
 
 
 def job_results(job: Job, results: Path, stacks: Path, ladder: LadderResult, lost: bool,

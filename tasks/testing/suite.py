@@ -34,7 +34,7 @@ from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
 from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
 from kiln.tasks.testing.runner import run_tests
 
-logger = logging.getLogger("kiln.test.suite")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import pytest
 from kiln.tasks.process import die_with_parent, gpu_initialised, install_stack_dump, signal_group, single_threaded
 from kiln.tasks.testing.classify import is_assertion_exception, is_infrastructure_exception
 
-logger = logging.getLogger("kiln.test.worker")
+logger = logging.getLogger(__name__)
 
 
 def preload(modules: list[str]) -> None:

@@ -35,7 +35,7 @@ from kiln.tasks.process import (
 )
 from kiln.tasks.testing.jobs import Job, RunOptions
 
-logger = logging.getLogger("kiln.test.isolate")
+logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
 # -P: ``python -m`` must not put the working directory (the project root) on

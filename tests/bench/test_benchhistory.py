@@ -76,7 +76,7 @@ def test_a_corrupt_history_entry_is_skipped_with_a_warning(config, caplog):
     store = history_store(config)
     store_results(store, config, _run("good", "2026-11-27T03:00:00Z"))
     store.put_immutable("bench-history/20261128T030000Z-bad.json", b"{broken", "application/json", "no-cache")
-    with caplog.at_level(logging.WARNING, logger="kiln.bench"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.bench.history"):
         found = last_nightly(store, config, variant="cpu", metric="cpu")
     assert found is not None and found.run_id == "good"
     assert "20261128T030000Z-bad.json" in caplog.text

@@ -25,7 +25,7 @@ def test_trend_plot_draws_the_history(tmp_path: Path):
 
 
 def test_a_failed_plot_is_a_logged_warning_and_no_file(tmp_path: Path, caplog):
-    with caplog.at_level(logging.WARNING, logger="kiln.bench"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.bench.plots"):
         result = try_plot("trend", plot_trend, [fake_run(FakeTimer(seed=1))], tmp_path / "trend.png")
     assert result is None and not (tmp_path / "trend.png").exists()
     assert "could not draw the trend plot" in caplog.text and "at least two runs" in caplog.text

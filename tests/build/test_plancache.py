@@ -146,7 +146,7 @@ def test_a_corrupt_entry_is_a_warning_and_a_replan(project, caplog, damage):
     first = _prepare(config, cache)
     entry = _entry(cache)
     entry.write_text(damage(entry.read_text()))
-    with caplog.at_level(logging.WARNING, logger="kiln.build.plancache"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.build.plancache"):
         again = _prepare(config, cache)
     assert counting.calls == 2
     assert again.plan == first.plan
@@ -171,6 +171,6 @@ def test_a_read_only_cache_still_builds(project, monkeypatch, caplog):
         raise PermissionError("read-only file system")
 
     monkeypatch.setattr(plancache, "atomic_write_text", refuse)
-    with caplog.at_level(logging.WARNING, logger="kiln.build.plancache"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.build.plancache"):
         setup = _prepare(config, cache)
     assert setup.plan.units and "could not store the build plan" in caplog.text

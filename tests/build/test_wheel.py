@@ -163,7 +163,7 @@ def test_vendored_libraries_and_data_are_kept_and_exclusions_warned(tmp_path, ca
     config_path.write_text(config_path.read_text().replace('unit_timeout_s = 120', 'unit_timeout_s = 120\nexclude = ["*.tmp"]'))
     config = load_config(config_path)
     stamp = WheelStamp.for_commit("c" * 40, 1764450423, environ={})
-    with caplog.at_level(logging.WARNING, logger="kiln.wheel"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.build.wheel"):
         cpu = build_wheel(config, "0.1.0+cpu", [], [], tmp_path / "wheels", variant=config.variant("cpu"), stamp=stamp)
     with zipfile.ZipFile(cpu) as archive:
         names = set(_record_ok(archive))
@@ -207,7 +207,7 @@ def test_a_stored_wheel_is_copied_when_its_members_are_unchanged(tmp_path, monke
     for obj in (tmp_path / "cache" / "objects").rglob("*"):
         if obj.is_file():
             obj.write_bytes(obj.read_bytes()[:-1] + b"!")  # bit rot in the stored copy
-    with caplog.at_level(logging.WARNING, logger="kiln.cache"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.build.cache"):
         again = wheel_module.write_wheel(tmp_path / "d", name, members, stamp, cache=cache).read_bytes()
     assert again == fresh and "build cache drift" in caplog.text
     assert wheel_module.write_wheel(tmp_path / "e", name, members, stamp, cache=cache).read_bytes() == fresh

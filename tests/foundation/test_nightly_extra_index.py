@@ -76,7 +76,7 @@ def nightly(prefect_server, tmp_path_factory):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    watched = [logging.getLogger(name) for name in ("prefect.flow_runs", "kiln.release")]
+    watched = [logging.getLogger(name) for name in ("prefect.flow_runs", "kiln.tasks.install_hint")]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CHECK_ENV, "on")  # a file:// extra index only
         for logger in watched:

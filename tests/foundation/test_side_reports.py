@@ -27,7 +27,7 @@ def test_a_report_that_raises_is_logged_and_the_others_still_go(caplog):
     def broken() -> None:
         raise RuntimeError("the server went away mid-report")
 
-    with caplog.at_level(logging.WARNING, logger="kiln.flows"), side_reports() as report:
+    with caplog.at_level(logging.WARNING, logger="kiln.flows.common"), side_reports() as report:
         report(broken)
         report(sent.append, 1)
     assert sent == [1]

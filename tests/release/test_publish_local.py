@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kiln.release.dists import make_distribution
-from kiln.release.errors import ConflictError, IntegrityError, InvalidInputError
+from kiln.release.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.manifest import RunManifest, Unit
 from kiln.release.publish import UploadResult, gate, publish, raise_for_conflict, update_pages
@@ -159,13 +159,13 @@ def test_wheels_of_a_variant_kiln_toml_does_not_name_are_not_published_and_are_n
 ) -> None:
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "rocm": [("k", "1.0+rocm")]})
     store = LocalStore(tmp_path / "target")
-    with caplog.at_level(logging.WARNING, logger="kiln.publish"):
+    with caplog.at_level(logging.WARNING, logger="kiln.release.publish"):
         plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=CLOCK)
     assert plan.keys("added") == ["nightly/cu130/simple/k/k-1.0+cu130-py3-none-any.whl"]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "wheels of variants ['rocm'] are not in kiln.toml's variants ['cu130']; not published"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="kiln.publish"):
+    with caplog.at_level(logging.WARNING, logger="kiln.release.publish"):
         publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "rocm"], clock=CLOCK)
     assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 
@@ -193,8 +193,11 @@ def test_a_conflict_fails_its_upload_unit_and_other_outcomes_pass_through(tmp_pa
     for outcome in ("added", "present"):
         result = UploadResult(upload, outcome)
         assert raise_for_conflict(result) is result
-    with pytest.raises(IntegrityError, match="holds sha256 x; published files are immutable"):
-        raise_for_conflict(UploadResult(upload, "conflict", "k-1.0 holds sha256 x"))
+    message = str(AlreadyPublishedError.held("k-1.0", "x", "y"))
+    with pytest.raises(IntegrityError) as raised:
+        raise_for_conflict(UploadResult(upload, "conflict", message))
+    assert str(raised.value) == message  # the store's reason, its last clause said once
+    assert message.count("published files are immutable") == 1 and message.endswith("bump the version instead")
 
 
 def test_manifest_hash_mismatch_refuses_and_writes_nothing(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ MANIFEST = "manifest.json"
 KINDS = {"cuda": "cubin", "hip": "hsaco"}
 _KEYS = ("kernel", "entry", "specialization", "arch", "kind", "path", "sha256")
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_log = logging.getLogger("kiln.runtime.loader")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
