@@ -69,7 +69,7 @@ def one(config: str, cache: str, out: str, jobs: int) -> dict:
 def snapshot(config_path: Path, dest: Path) -> str:
     """Copy the project (kiln.toml, its package, empty suite dirs) so edits made
     to the working tree while the benchmark runs cannot turn warm runs cold."""
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     config = load_config(config_path)
     dest.mkdir(parents=True)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from kiln.tasks.bench.compare import compare_results  # noqa: E402
 from kiln.tasks.bench.harness import CpuTimer, assemble, bench_kernel, bench_specs, resolve_metric  # noqa: E402
-from kiln.tasks.config import load_config  # noqa: E402
+from kiln.tasks.project.config import load_config  # noqa: E402
 
 
 @dataclass(frozen=True)

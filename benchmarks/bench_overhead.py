@@ -1,9 +1,9 @@
 """Prefect's cost per task run: a flow of N no-op units vs the same work without Prefect.
 
 Each measurement is a fresh Python process (``--one``) so it sees exactly the
-environment Kiln gives a command (``kiln.flows.environment`` defaults), and
+environment Kiln gives a command (``kiln.flows.local.environment`` defaults), and
 talks to a real Prefect server on loopback: Kiln's local server
-(:mod:`kiln.flows.server`) in a temporary ``PREFECT_HOME`` started for the
+(:mod:`kiln.flows.local.server`) in a temporary ``PREFECT_HOME`` started for the
 benchmark (or ``--api-url``). Three timings, in-process with
 ``time.perf_counter``, per repeat:
 
@@ -84,7 +84,7 @@ def with_prefect(n: int) -> float:
 
 
 def one(kind: str, n: int) -> dict:
-    from kiln.flows.environment import apply_defaults
+    from kiln.flows.local.environment import apply_defaults
 
     apply_defaults()
     import_start = time.perf_counter()
@@ -140,7 +140,7 @@ def main() -> None:
     if args.api_url:
         print(json.dumps(run(args, {**os.environ, "PREFECT_API_URL": args.api_url}), indent=2))
         return
-    from kiln.flows.server import client_env, ensure_server, stop_pid
+    from kiln.flows.local.server import client_env, ensure_server, stop_pid
 
     with tempfile.TemporaryDirectory(prefix="kiln-bench-overhead-") as home:
         info = ensure_server(Path(home))

@@ -63,7 +63,7 @@ from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_var
 from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.bench.report import build_report
 from kiln.tasks.bench.results import BenchResults, CaseResult, load_results, save_results
-from kiln.tasks.config import KilnConfig, load_config
+from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.testing.envs import make_env
 
 RESULTS = Path("bench") / "results.json"

@@ -36,7 +36,7 @@ from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import CompileUnit
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import BuildEnv, UnitResult
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.

@@ -4,7 +4,7 @@ Each stage command runs its own Prefect flow; ``kiln index``, ``kiln verify``
 and ``kiln policies`` need no Prefect server. Configuration is loaded and
 validated before any flow starts, so a bad ``kiln.toml`` starts nothing.
 A flow talks to the server ``PREFECT_API_URL`` names; without one, to Kiln's
-local server for this machine (:mod:`kiln.flows.server`, started on first
+local server for this machine (:mod:`kiln.flows.local.server`, started on first
 use), and the command ends with the link to its run in the UI.
 Exit status: 0 when the flow completed, 1 when it ended Failed, 2 on bad
 input, 128 + the signal when SIGTERM (143) or Ctrl-C (130) cancelled it: the
@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_args
 
-from kiln.flows.environment import apply_defaults
+from kiln.flows.local.environment import apply_defaults
 
 apply_defaults()  # before anything imports prefect
 
 from kiln.release.errors import InvalidInputError, KilnError  # noqa: E402
 from kiln.tasks.bench.results import MetricChoice  # noqa: E402
-from kiln.tasks.config import BENCH_SIZES, CHANNELS  # noqa: E402
+from kiln.tasks.project.config import BENCH_SIZES, CHANNELS  # noqa: E402
 from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def _connect() -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
     from prefect.context import refresh_global_settings_context
 
-    from kiln.flows.server import client_env, ensure_server
+    from kiln.flows.local.server import client_env, ensure_server
 
     info = ensure_server(Path(settings.home))
     # The environment, not a settings context: subprocesses (build workers, test envs) inherit it.
@@ -212,8 +212,8 @@ def _connect() -> contextlib.AbstractContextManager[Any]:
 def _server_command(action: str) -> int:
     from prefect.settings import get_current_settings
 
-    from kiln.flows import server
-    from kiln.flows.server_watch import list_servers
+    from kiln.flows.local import server
+    from kiln.flows.local.server_watch import list_servers
 
     home = Path(get_current_settings().home)
     if action == "start":
@@ -246,7 +246,7 @@ def _store_settings(url: str, config_path: str) -> StoreSettings | None:
     """The publish target's settings for an ``s3://`` URL (None for other URLs, or without a kiln.toml)."""
     if not url.startswith("s3://") or not Path(config_path).exists():
         return None
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
     from kiln.tasks.releasing import store_settings_for
 
     return store_settings_for(load_config(config_path), url)
@@ -282,11 +282,11 @@ def _dispatch(ns: argparse.Namespace) -> int:
     if cmd == "init":
         return _init_command(ns.directory)
     if cmd == "daemon":
-        from kiln.flows.daemon_server import daemon_command
+        from kiln.flows.local.daemon_server import daemon_command
 
         return daemon_command(ns.action)
 
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     load_config(ns.config)  # validate before any flow starts: a bad config starts nothing
     if cmd == "policies":
@@ -307,7 +307,7 @@ def _connected_flow_command(ns: argparse.Namespace) -> int:
 
 def _flow_command(ns: argparse.Namespace) -> int:
     """The commands that run a flow (connected to a server)."""
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     cmd = ns.command
     if cmd == "nightly":

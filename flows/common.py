@@ -35,8 +35,8 @@ from kiln.flows import cancel
 from kiln.release.errors import is_retryable
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
-from kiln.tasks.config import KilnConfig
-from kiln.tasks.runs import artifact_store, check_checkout, continue_run, start_run
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.run.runs import artifact_store, check_checkout, continue_run, start_run
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -8,7 +8,7 @@ Sources, exactly one per step (``[permissions.<step>.credentials]``):
   more than ``kiln policies`` says even if the role itself is broader;
 * ``ambient = true`` — the worker's own credentials, only when kiln.toml says
   so explicitly; a step that names no source is refused when kiln.toml is
-  loaded (:mod:`kiln.tasks.config_permissions`), never given the worker's.
+  loaded (:mod:`kiln.tasks.project.config_permissions`), never given the worker's.
 
 Secrets are never logged: only the block name, the role ARN and the step.
 """

@@ -45,8 +45,8 @@ from kiln.release.errors import WorkerLostError
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.tasks.build.stage import wheel_unit_id
-from kiln.tasks.config import KilnConfig, Suite
 from kiln.tasks.process import check_cancelled
+from kiln.tasks.project.config import KilnConfig, Suite
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.suite import not_run_reason, targets
 

@@ -32,7 +32,7 @@ from kiln.flows.test import test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.record import RunRecord
 from kiln.tasks import install_hint
-from kiln.tasks.config import KilnConfig, load_config
+from kiln.tasks.project.config import KilnConfig, load_config
 
 
 @flow(name="nightly", log_prints=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kiln.release.fsutil import atomic_write_text
 from kiln.release.policies import policies_from_config, render
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from kiln.release.staging import StagingStore
 from kiln.release.store import Store
 from kiln.tasks import releasing
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
-from kiln.tasks.config import KilnConfig, load_config
+from kiln.tasks.project.config import KilnConfig, load_config
 
 UPLOAD_RETRIES = 3
 RETRY_DELAY_S = 5

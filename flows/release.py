@@ -44,7 +44,7 @@ from kiln.release.publish import publish
 from kiln.release.record import RunRecord
 from kiln.release.verify import verify_published
 from kiln.tasks import releasing
-from kiln.tasks.config import Channel, KilnConfig, load_config
+from kiln.tasks.project.config import Channel, KilnConfig, load_config
 
 APPROVAL_TIMEOUT_S = 24 * 3600
 APPROVAL_POLL_S = 5  # how soon an approval in the UI resumes the run

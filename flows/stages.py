@@ -22,7 +22,7 @@ from kiln.flows.publish import publish_flow
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.tasks.build.stage import wheel_unit_id
-from kiln.tasks.config import KilnConfig
+from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing.suite import targets
 
 

@@ -30,7 +30,7 @@ from kiln.flows.common import artifact_key, finish_stage, logger, open_run, reco
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.summary import TEST_TABLE_INFO
 from kiln.release.record import RunRecord
-from kiln.tasks.config import KilnConfig, Suite, load_config
+from kiln.tasks.project.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing.changes import suites_to_run
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import Isolation, RunOptions

@@ -59,7 +59,7 @@ class AlreadyPublishedError(IntegrityError):
     """
 
     @classmethod
-    def held(cls, location: str, existing: str, wanted: str) -> AlreadyPublishedError:
+    def held(cls, location: str, existing: str | None, wanted: str) -> AlreadyPublishedError:
         return cls(f"{location} already holds sha256 {existing}, not {wanted}; "
                    f"{IMMUTABLE_HINT}")
 

@@ -19,7 +19,7 @@ _PREFECT_HOME = tempfile.mkdtemp(prefix="kiln-test-prefect-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("PREFECT_API_KEY", None)
-# Kiln's daemon (kiln.flows.daemon) is off for the commands tests start; its own tests turn it on.
+# Kiln's daemon (kiln.flows.local.daemon) is off for the commands tests start; its own tests turn it on.
 os.environ["KILN_DAEMON"] = "off"
 # Runs publish with PyPI as their extra index; tests never query it (kiln.tasks.install_hint, issue 32).
 os.environ["KILN_CHECK_EXTRA_INDEXES"] = "off"
@@ -27,7 +27,7 @@ os.environ["KILN_CHECK_EXTRA_INDEXES"] = "off"
 # shared by every test and session (kiln.tasks.testing.baseenv), as tests/build/cuda_torch.py shares build envs.
 os.environ.setdefault("KILN_TEST_ENV_CACHE", str(Path(tempfile.gettempdir()) / f"kiln-test-baseenvs-{os.getuid()}"))
 
-from kiln.flows.environment import apply_defaults  # noqa: E402
+from kiln.flows.local.environment import apply_defaults  # noqa: E402
 
 apply_defaults()
 

@@ -33,9 +33,9 @@ from kiln.tasks.bench.results import (
     utc_now,
 )
 from kiln.tasks.bench.stats import summarize
-from kiln.tasks.config import BENCH_SIZES, KilnConfig
-from kiln.tasks.registry import bench_case_record, load_registry
-from kiln.tasks.registry_types import BenchCaseRecord, KernelRecord
+from kiln.tasks.project.config import BENCH_SIZES, KilnConfig
+from kiln.tasks.project.registry import bench_case_record, load_registry
+from kiln.tasks.project.registry_types import BenchCaseRecord, KernelRecord
 
 _log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from kiln.release.errors import InvalidInputError, KilnError
 from kiln.release.store import Store, open_store
 from kiln.tasks.bench.results import BenchResults, load_results, parse_results
-from kiln.tasks.config import KilnConfig
+from kiln.tasks.project.config import KilnConfig
 
 _log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from kiln.release.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.release.fsutil import atomic_write_text
 from kiln.tasks.bench.forking import MeasureServer, serve
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
-from kiln.tasks.config import load_config
 from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
+from kiln.tasks.project.config import load_config
 
 _log = logging.getLogger(__name__)
 

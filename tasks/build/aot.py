@@ -25,7 +25,7 @@ from typing import Any
 
 from kiln.release.errors import CompileError
 from kiln.tasks.build.archs import parse_cuda_arch
-from kiln.tasks.registry_types import TritonRecord
+from kiln.tasks.project.registry_types import TritonRecord
 
 _EM_CUDA = 190
 _EM_AMDGPU = 224
@@ -108,8 +108,8 @@ def check_elf_arch(data: bytes, backend: str, arch: str, what: str) -> None:
 
 @functools.cache
 def _registry(config_path: str) -> dict[tuple[str, str], TritonRecord]:
-    from kiln.tasks.config import load_config
-    from kiln.tasks.registry import load_registry
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.project.registry import load_registry
 
     config = load_config(config_path)
     entries = {}
@@ -151,7 +151,7 @@ def _relative(jit: Any, root: Path) -> None:
 
 
 def _import_root(config_path: str) -> Path:
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     return load_config(config_path).import_root
 

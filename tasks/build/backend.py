@@ -49,7 +49,7 @@ from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
-from kiln.tasks.config_build import Toolchain
+from kiln.tasks.project.config_build import Toolchain
 from kiln.tasks.testing import envs
 
 if TYPE_CHECKING:

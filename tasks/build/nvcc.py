@@ -28,7 +28,7 @@ from kiln.release.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.process import PopenChild, run_with_deadline
-from kiln.tasks.registry_types import CudaSourceRecord
+from kiln.tasks.project.registry_types import CudaSourceRecord
 
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit

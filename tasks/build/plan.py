@@ -20,8 +20,8 @@ from kiln.runtime.archs import at_least
 from kiln.tasks.build import archs as arch_rules
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.sources import project_hash, source_closure
-from kiln.tasks.config import KilnConfig, Variant
-from kiln.tasks.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
+from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.project.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
 
 # Bump when the layout of cached artifacts changes: old entries then miss.
 CACHE_FORMAT = "kiln-build-1"
@@ -244,7 +244,7 @@ def plan_build(config: KilnConfig, specs: Sequence[KernelRecord], config_path: s
                variants: list[str] | None = None, nvcc_missing: str = "") -> BuildPlan:
     """The full matrix for ``variants`` (all of kiln.toml's when ``None``); pure.
 
-    ``specs``: the records :func:`kiln.tasks.registry.load_registry` returns.
+    ``specs``: the records :func:`kiln.tasks.project.registry.load_registry` returns.
 
     ``nvcc_missing``: why CUDA C++ units cannot build (they become skips), or "".
     """

@@ -45,8 +45,8 @@ from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import NvccSettings
 from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan, kiln_state
 from kiln.tasks.build.sources import project_hash
-from kiln.tasks.config import KilnConfig
-from kiln.tasks.registry_types import CudaSourceRecord
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.project.registry_types import CudaSourceRecord
 
 _log = logging.getLogger(__name__)
 

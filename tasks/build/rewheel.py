@@ -49,7 +49,7 @@ from kiln.tasks.build.wheel import (
     wheel_metadata,
     write_wheel,
 )
-from kiln.tasks.config import KilnConfig, Variant
+from kiln.tasks.project.config import KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
 _SIGNATURES = ("RECORD", "RECORD.jws", "RECORD.p7s")

@@ -52,7 +52,7 @@ def build_runtime_wheel(out_dir: Path) -> Path:
         dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError as exc:
         raise ConfigError(f"{DISTRIBUTION} is not installed beside Kiln, so its wheel cannot be published "
-                          f"(install it: pip install -e ./release/runtime), or set [project] runtime = false "
+                          f"(install it: pip install -e ./runtime), or set [project] runtime = false "
                           f"in kiln.toml if the package does not import kiln.runtime") from exc
     version = dist.metadata["Version"]
     filename = wheel_filename(DISTRIBUTION, version, "py3-none-any")

@@ -31,10 +31,10 @@ from kiln.tasks.build.pool import WorkerPool
 from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.units import BuildEnv, UnitResult
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
-from kiln.tasks.config import KilnConfig, Variant, load_config
-from kiln.tasks.registry import load_registry
-from kiln.tasks.registry_types import CudaSourceRecord
-from kiln.tasks.versioning import check_version, variant_version
+from kiln.tasks.project.config import KilnConfig, Variant, load_config
+from kiln.tasks.project.registry import load_registry
+from kiln.tasks.project.registry_types import CudaSourceRecord
+from kiln.tasks.run.versioning import check_version, variant_version
 
 _log = logging.getLogger(__name__)
 

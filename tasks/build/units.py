@@ -44,7 +44,7 @@ class BuildEnv:
     events: list[str] = field(default_factory=list)
     # kiln.tasks.build.buildenv.VariantEnvironments: each variant's build_requires environment, made on first use
     environments: Any = None
-    config: Any = None  # kiln.tasks.config.KilnConfig: a variant environment's nvcc settings come from it
+    config: Any = None  # kiln.tasks.project.config.KilnConfig: a variant environment's nvcc settings come from it
 
 
 @dataclass(frozen=True)

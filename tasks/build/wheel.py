@@ -45,7 +45,7 @@ from wheel.wheelfile import WheelFile
 from kiln.release.errors import CacheDriftError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
-from kiln.tasks.config import KilnConfig, Variant
+from kiln.tasks.project.config import KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
 ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time a zip member can carry

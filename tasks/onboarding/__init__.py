@@ -30,7 +30,7 @@ class InitResult:
 def _check(text: str, root: Path) -> None:
     import tomllib
 
-    from kiln.tasks.config import parse_config
+    from kiln.tasks.project.config import parse_config
 
     try:
         parse_config(tomllib.loads(text), root, "the kiln.toml kiln init wrote")

@@ -107,7 +107,7 @@ def _suite(s: SuitePlan, d: Defaults) -> list[str]:
 
 
 def render(f: Findings, d: Defaults | None = None) -> str:
-    """The ``kiln.toml`` text for ``f``: valid for :func:`kiln.tasks.config.parse_config` as it is."""
+    """The ``kiln.toml`` text for ``f``: valid for :func:`kiln.tasks.project.config.parse_config` as it is."""
     d = d or load_defaults()
     lines = _header(f) + _variants(f, d) + _build(f)
     for suite in f.suites:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 from kiln.release.errors import InvalidInputError, ToolchainMissingError
-from kiln.tasks.config import KilnConfig, Suite
+from kiln.tasks.project.config import KilnConfig, Suite
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from kiln.release.manifest import RunManifest
 from kiln.tasks.bench.harness import stats_of
 from kiln.tasks.bench.history import history_store, store_results
 from kiln.tasks.bench.results import load_results, save_results
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 from tests.bench.conftest import FIXTURE
 from tests.helpers.waiting import until
 

@@ -22,7 +22,7 @@ from kiln.tasks.bench.history import (
     store_results,
 )
 from kiln.tasks.bench.results import save_results
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 from tests.bench.fakes import FakeTimer, fake_run
 
 

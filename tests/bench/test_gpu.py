@@ -21,7 +21,7 @@ from kiln.tasks.bench.gpu import (
     tensor_bytes,
 )
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, resolve_metric
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 
 pytestmark = pytest.mark.gpu
 

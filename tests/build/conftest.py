@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.tasks.config import KilnConfig, load_config
+from kiln.tasks.project.config import KilnConfig, load_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
 

@@ -16,8 +16,8 @@ from kiln.tasks.build.backend import build_environ, cmake_arch
 from kiln.tasks.build.devicecode import check_wheel, rocm_targets
 from kiln.tasks.build.rewheel import rewrite_metadata, rewrite_wheel
 from kiln.tasks.build.wheel import WheelInput, write_wheel
-from kiln.tasks.config import load_config
-from kiln.tasks.config_build import Toolchain
+from kiln.tasks.project.config import load_config
+from kiln.tasks.project.config_build import Toolchain
 from tests.build.conftest import copy_project
 
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"

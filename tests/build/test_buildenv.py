@@ -156,7 +156,7 @@ def test_build_env_is_exported_to_the_variants_build_and_part_of_its_cache_key(t
     from kiln.tasks.build.buildenv import BuildEnvironment
     from kiln.tasks.build.plan import backend_unit
     from kiln.tasks.build.stage import project_builder
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     config_path = copy_project("plaincuda", tmp_path)
     text = config_path.read_text()

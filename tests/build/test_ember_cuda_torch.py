@@ -95,8 +95,8 @@ def test_an_nvcc_torch_unit_of_a_variant_with_build_requires_compiles_against_th
     from kiln.tasks.build.nvcc import NvccBuilder, embedded_archs, find_nvcc
     from kiln.tasks.build.plan import CompileUnit
     from kiln.tasks.build.units import BuildEnv, _compile
-    from kiln.tasks.config import load_config
-    from kiln.tasks.registry_types import CudaSourceRecord
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.project.registry_types import CudaSourceRecord
     from tests.build.conftest import copy_project
 
     config_path = copy_project("tiny", tmp_path)

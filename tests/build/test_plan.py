@@ -7,7 +7,7 @@ import pytest
 from kiln.release.errors import ConfigError
 from kiln.runtime.spec import CudaSource, KernelSpec, Specialization, TritonEntry
 from kiln.tasks.build.plan import plan_build
-from kiln.tasks.registry import load_registry, read_registry
+from kiln.tasks.project.registry import load_registry, read_registry
 
 TOOLS = {"triton": "3.9.0", "torch": "2.13.0"}
 

@@ -11,8 +11,8 @@ import pytest
 from kiln.tasks.build import plancache, stage
 from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build
-from kiln.tasks.config import load_config
-from kiln.tasks.registry import load_registry
+from kiln.tasks.project.config import load_config
+from kiln.tasks.project.registry import load_registry
 from tests.build.conftest import copy_project
 
 

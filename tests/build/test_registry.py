@@ -12,8 +12,8 @@ from kiln.release.errors import ConfigError
 from kiln.runtime.spec import KernelSpec, Specialization, TritonEntry
 from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build
-from kiln.tasks.config import load_config
-from kiln.tasks.registry import load_registry, read_registry
+from kiln.tasks.project.config import load_config
+from kiln.tasks.project.registry import load_registry, read_registry
 from tests.build.conftest import FIXTURES, copy_project
 
 _counter = itertools.count()

@@ -8,7 +8,7 @@ import pytest
 from packaging.version import Version
 
 from kiln.release.errors import InvalidInputError
-from kiln.tasks.versioning import check_version, nightly_version, variant_version
+from kiln.tasks.run.versioning import check_version, nightly_version, variant_version
 
 
 def _utc(*when: int) -> int:

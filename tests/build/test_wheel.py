@@ -21,7 +21,7 @@ from packaging.utils import parse_wheel_filename
 import kiln.runtime
 from kiln.release.errors import InvalidInputError
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, platform_tag, wheel_filename
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 from tests.build.conftest import copy_project
 
 
@@ -117,7 +117,7 @@ def test_bad_names_are_refused():
     with pytest.raises(InvalidInputError, match="'py3-none'"):
         wheel_filename("tiny", "1.0", "py3-none")
     with pytest.raises(InvalidInputError):
-        from kiln.tasks.versioning import variant_version
+        from kiln.tasks.run.versioning import variant_version
 
         variant_version("0.1.0", "Bad-Name")
 

@@ -1,6 +1,6 @@
 """Kiln's daemon: a flow command runs in a child forked from a process that imported Prefect once.
 
-Real processes throughout: the daemon (`python -m kiln.flows.daemon_server`) and its clients are
+Real processes throughout: the daemon (`python -m kiln.flows.local.daemon_server`) and its clients are
 subprocesses with their own state directory (``TMPDIR``). The daemon runs a reporting command
 (tests/helpers/daemon_entry.py) where a test checks what the child sees, and ``kiln`` itself
 where a test checks a real build.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.flows import daemon
-from kiln.flows.daemon_server import running
-from kiln.flows.server import alive
+from kiln.flows.local import daemon
+from kiln.flows.local.daemon_server import running
+from kiln.flows.local.server import alive
 from tests.build.conftest import copy_project
 from tests.helpers.daemons import REPO, daemon_env
 from tests.helpers.daemons import client as _client

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from kiln.flows.cli import main
 from kiln.release.errors import ConfigError
-from kiln.tasks.config import load_config, parse_config
+from kiln.tasks.project.config import load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -236,7 +236,7 @@ def test_command_line_choices_are_the_closed_sets():
 
     from kiln.flows.cli import build_parser
     from kiln.tasks.bench.results import MetricChoice
-    from kiln.tasks.config import BenchSize, Channel
+    from kiln.tasks.project.config import BenchSize, Channel
     from kiln.tasks.testing.jobs import Isolation
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices

@@ -13,7 +13,7 @@ from prefect.client.schemas.actions import WorkPoolCreate
 
 from kiln.flows.dispatch import DEPLOYMENT, Remote, dispatch_suite, find_deployments
 from kiln.flows.test import plan_task
-from kiln.tasks.config import parse_config
+from kiln.tasks.project.config import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -166,8 +166,8 @@ def test_builds_cpu_suites_and_publishing_go_to_the_deployments_named_after_thei
 
 def test_a_checkout_at_another_commit_than_the_runs_is_refused_naming_both(tmp_path):
     from kiln.release.errors import InvalidInputError
-    from kiln.tasks.config import load_config
-    from kiln.tasks.runs import check_checkout
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.run.runs import check_checkout
     from tests.helpers.gitrepo import commit_all, git, git_project
 
     config = load_config(git_project("tiny", tmp_path))

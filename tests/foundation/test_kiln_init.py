@@ -12,9 +12,9 @@ import pytest
 from kiln.flows.cli import main
 from kiln.release.errors import ConfigError
 from kiln.tasks.bench.harness import bench_skip
-from kiln.tasks.config import load_config, parse_config
 from kiln.tasks.onboarding import OnboardingError, init_project
 from kiln.tasks.onboarding.render import load_defaults
+from kiln.tasks.project.config import load_config, parse_config
 from tests.helpers.gitrepo import FIXTURES
 
 

@@ -1,4 +1,4 @@
-"""The import graph of flows/, tasks/, release/ and release/runtime/: no cycles, layers respected.
+"""The import graph of flows/, tasks/, release/ and runtime/: no cycles, layers respected.
 
 Every ``import`` statement counts — at module level, inside functions, and
 under ``if TYPE_CHECKING:`` — because a lazy import only hides a cycle until
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME = ROOT / "release" / "runtime" / "kiln" / "runtime"
+RUNTIME = ROOT / "runtime" / "kiln" / "runtime"
 KERNELS = ROOT / "kernels" / "kiln_kernels"
 # folder -> the import name it is installed as (pyproject.toml's package-dir).
 PACKAGES = {ROOT / "flows": "kiln.flows", ROOT / "tasks": "kiln.tasks", ROOT / "release": "kiln.release",
@@ -219,3 +219,17 @@ def test_the_bundled_kernel_library_sees_only_kiln_runtime():
                      if module.startswith("kiln_kernels") for name in names
                      if name != "kiln.runtime" and not name.startswith("kiln.runtime."))
     assert outside == []
+
+
+def test_the_rooms_hold_what_their_names_say():
+    """flows/ holds flows and the command line, its local plumbing in flows/local/; tasks/ keeps at most six
+    loose modules (shared utilities) beside its packages; kiln-runtime is a top-level folder of its own."""
+    loose = sorted(p.name for p in (ROOT / "tasks").glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 6, loose
+    plumbing = {"server", "server_home", "server_identity", "server_watch", "daemon", "daemon_server",
+                "daemon_request", "launch", "environment"}
+    assert plumbing <= {p.stem for p in (ROOT / "flows" / "local").glob("*.py")}
+    assert not plumbing & {p.stem for p in (ROOT / "flows").glob("*.py")}
+    assert (ROOT / "runtime" / "pyproject.toml").is_file() and not (ROOT / "release" / "runtime").exists()
+    table = (ROOT / "flows" / "local" / "README.md").read_text()
+    assert all(f"`{name}.py`" in table for name in plumbing), "flows/local/README.md names every module"

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.flows import server, server_watch
-from kiln.flows.server_home import AUTH_FILE, USED_FILE
+from kiln.flows.local import server, server_watch
+from kiln.flows.local.server_home import AUTH_FILE, USED_FILE
 from tests.build.conftest import copy_project
 from tests.helpers.waiting import until
 

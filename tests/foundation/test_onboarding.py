@@ -13,7 +13,7 @@ import pytest
 
 from kiln.release.manifest import RunManifest
 from kiln.release.wheels import import_names
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import git_project, vendor_acme_library
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv

@@ -81,7 +81,7 @@ def test_the_publish_flow_holds_back_an_untested_variant_and_pins_the_hint_below
 def test_a_bench_stage_with_no_wheel_for_its_variant_is_not_run_with_the_reason(prefect_server, tmp_path: Path) -> None:
     from kiln.flows.bench import bench_flow
     from kiln.tasks.bench.harness import bench_variant
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     (tmp_path / "src").mkdir()
     config_path = tmp_path / "kiln.toml"

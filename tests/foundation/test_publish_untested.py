@@ -12,7 +12,7 @@ from kiln.release.manifest import RunManifest, Unit
 from kiln.release.publish import Plan, publish
 from kiln.release.store import LocalStore
 from kiln.tasks.bench.harness import nothing_to_bench
-from kiln.tasks.config import Publish
+from kiln.tasks.project.config import Publish
 from kiln.tasks.releasing import held_untested, publish_facts, untested_ok, variants_to_publish, without_suite
 from tests.release.wheelkit import make_wheel
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.flows import server
+from kiln.flows.local import server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kiln.flows import server_home, server_watch
+from kiln.flows.local import server_home, server_watch
 
 
 def test_a_new_home_is_created_private(tmp_path):
@@ -21,7 +21,7 @@ def test_an_existing_home_open_to_others_is_named_in_a_warning(tmp_path, caplog)
     home = tmp_path / "shared-home"
     home.mkdir()
     home.chmod(0o755)
-    with caplog.at_level(logging.WARNING, logger="kiln.flows.server_home"):
+    with caplog.at_level(logging.WARNING, logger="kiln.flows.local.server_home"):
         server_home.private_home(home)
     (record,) = [r for r in caplog.records if str(home) in r.getMessage()]
     assert "chmod 700" in record.getMessage() and "755" in record.getMessage()
@@ -31,7 +31,7 @@ def test_an_existing_home_open_to_others_is_named_in_a_warning(tmp_path, caplog)
 def test_a_private_home_gets_no_warning(tmp_path, caplog):
     home = tmp_path / "own-home"
     home.mkdir(mode=0o700)
-    with caplog.at_level(logging.WARNING, logger="kiln.flows.server_home"):
+    with caplog.at_level(logging.WARNING, logger="kiln.flows.local.server_home"):
         server_home.private_home(home)
     assert not caplog.records
 

@@ -1,8 +1,8 @@
 """Kiln's daemon in tests: a private state directory, a daemon started and waited for, a client process.
 
 Real processes throughout: the daemon is started the way ``kiln`` starts it
-(:func:`kiln.flows.daemon.daemon_command_line`), and a client is a Python process that calls
-:func:`kiln.flows.daemon.run` (exit 97 when the daemon did not run the command).
+(:func:`kiln.flows.local.daemon.daemon_command_line`), and a client is a Python process that calls
+:func:`kiln.flows.local.daemon.run` (exit 97 when the daemon did not run the command).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln.flows import daemon
-from kiln.flows.daemon_server import running
-from kiln.flows.server import stop_pid
+from kiln.flows.local import daemon
+from kiln.flows.local.daemon_server import running
+from kiln.flows.local.server import stop_pid
 from tests.helpers.waiting import until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -159,8 +159,8 @@ def _qualified(fn):
 def test_kilns_loader_accepts_the_registry_and_copies_every_specialization(specs):
     """What the pipeline reads is exactly this registry, through Kiln's validation."""
     from kiln.tasks.bench.harness import kernel_cases
-    from kiln.tasks.config import load_config
-    from kiln.tasks.registry import load_registry
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.project.registry import load_registry
 
     # The project's kiln.toml beside these tests: the package under test may be an installed wheel.
     records = {r.name: r for r in load_registry(load_config(Path(__file__).resolve().parents[2] / "kiln.toml"))}

@@ -21,7 +21,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from kiln.tasks.config import KilnConfig, parse_config
+from kiln.tasks.project.config import KilnConfig, parse_config
 from tests.helpers.processes import free_port
 
 log = logging.getLogger("kiln.tests.moto")

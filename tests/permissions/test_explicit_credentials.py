@@ -13,7 +13,7 @@ import pytest
 
 from kiln.flows.credentials import session_for
 from kiln.release.errors import ConfigError
-from kiln.tasks.config import load_config
+from kiln.tasks.project.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -34,7 +34,7 @@ CLEAN = Source(commit="0" * 40, commit_time=1764536823, in_git=True)
 def make_record(config_path: str | Path, out: Path, wheels: dict[str, list[tuple[str, str]]],
                 units: Sequence[Unit] = (), payload: str = "", source: Source = CLEAN) -> RunRecord:
     """A run record in the config's artifact store, as a build would leave it (a clean commit by default)."""
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     config = load_config(config_path)
     store = open_store(config.artifacts.url, root=config.root)

@@ -101,7 +101,7 @@ def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) 
 def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path) -> None:
     from kiln.release.errors import IntegrityError
     from kiln.release.verify import verify_published
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     (tmp_path / "src").mkdir()
     (tmp_path / "kiln.toml").write_text(

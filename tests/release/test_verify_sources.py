@@ -203,7 +203,7 @@ def test_an_s3_url_is_verified_through_the_store_with_the_target_settings(
 
 
 def test_s3_settings_come_from_the_publish_target_in_that_bucket(tmp_path: Path) -> None:
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
     from kiln.tasks.releasing import store_settings_for
 
     config = load_config(_s3_config(tmp_path, "kiln-wheels", "http://127.0.0.1:5000"))

@@ -214,7 +214,7 @@ def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_base
                                                                                     tmp_path):
     from kiln.tasks.bench.history import history_store, last_published, store_results
     from kiln.tasks.bench.results import load_results
-    from kiln.tasks.config import load_config
+    from kiln.tasks.project.config import load_config
 
     out = tmp_path / "out"
     first = approved_release_flow(version="0.1.0", config_path=str(benchproj), out=str(out), return_state=True)

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.flows import server
-from kiln.flows.server_home import AUTH_FILE
+from kiln.flows.local import server
+from kiln.flows.local.server_home import AUTH_FILE
 from tests.helpers.gitrepo import init_repo
 
 # The module's first test also waits for the whole nightly (build, tests, bench) on a busy 2-core machine.

@@ -1,7 +1,7 @@
 """The ``[build]`` and ``[testing]`` sections of ``kiln.toml``: who builds the wheel, with which toolchain settings.
 
-Kept apart from :mod:`kiln.tasks.config` so each module has one subject;
-the models are part of :class:`kiln.tasks.config.KilnConfig` and validated
+Kept apart from :mod:`kiln.tasks.project.config` so each module has one subject;
+the models are part of :class:`kiln.tasks.project.config.KilnConfig` and validated
 with it, once, at the edge.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from kiln.tasks.config_fields import LocalPath, ProjectPath
+from kiln.tasks.project.config_fields import LocalPath, ProjectPath
 
 # kiln: Kiln writes the wheel from the package's files and its compiled artifacts.
 # pep517: the project's own build backend (pyproject.toml) builds each variant's wheel;

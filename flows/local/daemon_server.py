@@ -1,9 +1,9 @@
 """Kiln's build daemon, server side: import Prefect and Kiln's flows once, fork a child per command.
 
 Started in the background by the first flow command that finds no daemon for
-its key (:mod:`kiln.flows.daemon`)::
+its key (:mod:`kiln.flows.local.daemon`)::
 
-    python -P -m kiln.flows.daemon_server KEY [MODULE:FUNCTION]
+    python -P -m kiln.flows.local.daemon_server KEY [MODULE:FUNCTION]
 
 ``-P`` keeps the directory it starts in off ``sys.path`` (it refuses to
 start without it). It checks that its own key is ``KEY`` (the same interpreter, sources,
@@ -13,7 +13,7 @@ only then binds its socket, so a command that connects always finds a warm
 process. It forks only while it has a single thread, which it checks before
 every fork; it never runs a flow itself.
 
-A request is parsed once (:mod:`kiln.flows.daemon_request`); a malformed
+A request is parsed once (:mod:`kiln.flows.local.daemon_request`); a malformed
 one is refused and the daemon goes on serving. Each child becomes the
 command: its own process group, the client's umask, resource limits, stdio,
 working directory, environment and argv (limits or a directory it cannot
@@ -52,9 +52,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from kiln.flows import daemon
-from kiln.flows.daemon_request import BadRequest, Request, parse_request
-from kiln.flows.environment import apply_defaults
+from kiln.flows.local import daemon
+from kiln.flows.local.daemon_request import BadRequest, Request, parse_request
+from kiln.flows.local.environment import apply_defaults
 
 Entry = Callable[[list[str]], int]
 DEFAULT_ENTRY = "kiln.flows.cli:main"
@@ -70,7 +70,7 @@ WARM_LAZY_MODULES = (
     "prefect._internal.control_listener", "prefect._internal.attempt_control", "prefect._internal.metrics",
     "prefect._internal.states", "prefect.concurrency.v1.context", "fastapi", "anyio._backends._asyncio",
     "opentelemetry.metrics", "opentelemetry._logs", "pydantic.color", "rich._emoji_codes", "http.cookies",
-    "encodings.idna", "kiln.flows.server",
+    "encodings.idna", "kiln.flows.local.server",
 )
 _POLL_S = 2.0
 
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     key, entry_name = args[0], (args[1] if len(args) > 1 else DEFAULT_ENTRY)
     if not sys.flags.safe_path:  # its directory would be on sys.path: a planted json.py would run here
-        _log(f"not starting for key {key}: started without -P (see kiln.flows.daemon.daemon_command_line)")
+        _log(f"not starting for key {key}: started without -P (see kiln.flows.local.daemon.daemon_command_line)")
         return 1
     apply_defaults()  # as the `kiln` script does before its key: the flows' import would apply them anyway
     directory, mine = daemon._private_dir(), daemon.daemon_key(os.environ, os.getcwd())
@@ -388,7 +388,7 @@ def running(directory: Path | None = None) -> list[tuple[str, int]]:
 
 def daemon_command(action: str) -> int:
     """``kiln daemon status|stop``: list this user's daemons, or stop each (SIGTERM, SIGKILL after a grace)."""
-    from kiln.flows.server import stop_pid
+    from kiln.flows.local.server import stop_pid
 
     found = running()
     if not found:

@@ -3,7 +3,7 @@
 Every ``kiln`` command that runs a flow used to pay for starting Python and
 importing Prefect and Kiln's flows (1.5-2 s here) before any work: more than
 a warm build's own work. Like Gradle's daemon, the first such command starts
-one long-lived process in the background (:mod:`kiln.flows.daemon_server`)
+one long-lived process in the background (:mod:`kiln.flows.local.daemon_server`)
 that imports all of that once and then forks a child per command. The
 command itself runs in-process as before (it starts the daemon as it exits,
 so the two never compete for the cores); later commands connect to the
@@ -63,7 +63,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kiln.flows.daemon_request import Request, caller_limits
+from kiln.flows.local.daemon_request import Request, caller_limits
 
 _log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ _KEY_ENV_NAMES = ("HOME", "PYTHONPATH", "PYTHONHOME", "TMPDIR")
 _CWD_SETTINGS_FILES = (".env", "prefect.toml", "pyproject.toml")
 _SOURCE_DIRS = ("flows", "tasks", "release", "runtime")
 #: Where Kiln's sources are: the _SOURCE_DIRS below it.
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # flows/local/daemon.py -> the checkout
 #: The signals a client forwards to its command's process group.
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 DEFAULT_IDLE_SECONDS = 900.0
@@ -199,7 +199,7 @@ def idle_seconds(env: Mapping[str, str] = os.environ) -> tuple[float, str]:
 
 def daemon_command_line(key: str, entry: str | None = None) -> list[str]:
     """How a daemon is started: ``-P`` keeps the working directory off its import path."""
-    return [sys.executable, "-P", "-m", "kiln.flows.daemon_server", key, *([entry] if entry else [])]
+    return [sys.executable, "-P", "-m", "kiln.flows.local.daemon_server", key, *([entry] if entry else [])]
 
 
 def spawn(key: str, cwd: str, env: Mapping[str, str]) -> None:

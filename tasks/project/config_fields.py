@@ -1,7 +1,7 @@
 """Field types of ``kiln.toml`` that need more than a Python type: paths, prefixes, URLs, names.
 
 Each is an ``Annotated`` string whose validator raises ``ValueError`` with the
-reason; :mod:`kiln.tasks.config` turns that into a :class:`ConfigError` that
+reason; :mod:`kiln.tasks.project.config` turns that into a :class:`ConfigError` that
 names the key. Kept apart from the models so the rules read as one table.
 """
 

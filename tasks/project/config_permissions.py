@@ -7,8 +7,8 @@ block, a role to assume, or ``ambient = true`` for the worker's own. Leaving
 it out is a configuration error at load, never a silent fall-back to whatever
 credentials the worker happens to hold. A step that touches only ``file://``
 locations uses no credentials, so it needs no choice. Kept apart from
-:mod:`kiln.tasks.config` so each module has one subject; the models are part
-of :class:`kiln.tasks.config.KilnConfig`.
+:mod:`kiln.tasks.project.config` so each module has one subject; the models are part
+of :class:`kiln.tasks.project.config.KilnConfig`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from kiln.release.policies import CHANNEL_OF_STEP, STEPS, Step
-from kiln.tasks.config_fields import BlockName, Prefix, RoleArn
+from kiln.tasks.project.config_fields import BlockName, Prefix, RoleArn
 
 _CHOICES = ('credentials = { block = "<AwsCredentials block>" }, '
             'credentials = { role_arn = "arn:aws:iam::<account>:role/<name>" }, '

@@ -1,4 +1,4 @@
-"""What a ``kiln`` client asks Kiln's daemon to run (:mod:`kiln.flows.daemon`), checked at the daemon's edge.
+"""What a ``kiln`` client asks Kiln's daemon to run (:mod:`kiln.flows.local.daemon`), checked at the daemon's edge.
 
 A request is one JSON object (``SCM_RIGHTS`` carries its stdin, stdout and
 stderr beside it): the daemon's key, argv, working directory, environment,

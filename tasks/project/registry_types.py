@@ -1,6 +1,6 @@
 """Kiln's own frozen records of a project's kernel registry.
 
-:func:`kiln.tasks.registry.load_registry` validates what the project's
+:func:`kiln.tasks.project.registry.load_registry` validates what the project's
 registry returns (``kiln.runtime.spec`` objects, or duck-typed objects of the
 same shape) and copies every field the planner, the compile workers and the
 benchmark harness read into these records. Nothing downstream touches the

@@ -3,8 +3,8 @@
 A unit goes to ``<flow>/<pool>`` (``build/kiln-build``, ``test/kiln-process``,
 ``publish/kiln-process``; a GPU suite's own ``pool``) when the Prefect server
 has that deployment, and runs in the calling flow's process otherwise (the
-embedded default, a laptop). Kept apart from :mod:`kiln.tasks.config` so each
-module has one subject; the model is part of :class:`kiln.tasks.config.KilnConfig`.
+embedded default, a laptop). Kept apart from :mod:`kiln.tasks.project.config` so each
+module has one subject; the model is part of :class:`kiln.tasks.project.config.KilnConfig`.
 """
 
 from __future__ import annotations

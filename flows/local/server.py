@@ -7,12 +7,12 @@ the background instead — on loopback, with its SQLite database under
 ``PREFECT_HOME`` — and every later command finds it and connects.
 
 Only its owner can use it: the server is started with the home's random auth
-string (``PREFECT_SERVER_API_AUTH_STRING``, :mod:`kiln.flows.server_home`),
+string (``PREFECT_SERVER_API_AUTH_STRING``, :mod:`kiln.flows.local.server_home`),
 which Kiln's clients send (``PREFECT_API_AUTH_STRING``), CORS allows only the
 server's own origin and CSRF protection is on. A team server
 (``PREFECT_API_URL`` set) is never touched.
 
-It starts under a watchdog (:mod:`kiln.flows.server_watch`) that ends it when
+It starts under a watchdog (:mod:`kiln.flows.local.server_watch`) that ends it when
 its home is gone or after ``KILN_SERVER_IDLE_SECONDS`` (default a day) without
 a ``kiln`` command; ``KILN_SERVER_CHECK_SECONDS`` is how often it looks.
 
@@ -25,7 +25,7 @@ files in it 0600):
 - ``kiln-server.lock`` — ``fcntl`` lock held while a command finds or
   starts the server, so two commands starting at once end up with one;
 - ``kiln-server.log`` — the watchdog's and the server's output;
-- ``kiln-server.auth``, ``kiln-server.used`` — see :mod:`kiln.flows.server_home`.
+- ``kiln-server.auth``, ``kiln-server.used`` — see :mod:`kiln.flows.local.server_home`.
 
 A state file is trusted only if its pid is alive and is a ``prefect server
 start`` on the recorded port, the port's listening socket belongs to that
@@ -53,10 +53,17 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
-from kiln.flows import server_watch
-from kiln.flows.server_home import AUTH_FILE, auth_string, existing_auth_string, mark_used, open_private, private_home
-from kiln.flows.server_identity import HEALTH_TIMEOUT_S, answers_only_us, owns_port
-from kiln.flows.server_identity import healthy as healthy
+from kiln.flows.local import server_watch
+from kiln.flows.local.server_home import (
+    AUTH_FILE,
+    auth_string,
+    existing_auth_string,
+    mark_used,
+    open_private,
+    private_home,
+)
+from kiln.flows.local.server_identity import HEALTH_TIMEOUT_S, answers_only_us, owns_port
+from kiln.flows.local.server_identity import healthy as healthy
 from kiln.release.errors import InfrastructureError
 from kiln.tasks.process import terminate
 
@@ -67,7 +74,7 @@ PREFERRED_PORT = 4200  # Prefect's own default: the UI at the address its docs g
 STATE_FILE, LOCK_FILE, LOG_FILE = "kiln-server.json", "kiln-server.lock", "kiln-server.log"
 # A fresh SQLite database is migrated on first start; on a loaded 2-core machine
 # that alone took minutes, so the deadline is generous (Prefect's own ephemeral
-# start-up timeout is raised to the same value in kiln.flows.environment).
+# start-up timeout is raised to the same value in kiln.flows.local.environment).
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 15.0
 START_ATTEMPTS = 3  # a port taken between choosing it and the server binding it
@@ -82,7 +89,7 @@ class ServerInfo:
     prefect_version: str
     log: str
     started_at: float
-    watch_pid: int = 0  # its watchdog (kiln.flows.server_watch); 0 in records of older Kiln versions
+    watch_pid: int = 0  # its watchdog (kiln.flows.local.server_watch); 0 in records of older Kiln versions
     idle_s: float = 0.0
     check_s: float = 0.0
 

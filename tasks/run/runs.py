@@ -16,9 +16,9 @@ from typing import Any
 from kiln.release.errors import InvalidInputError
 from kiln.release.record import RunHeader, RunRecord, create_record, open_record
 from kiln.release.store import Store, open_store
-from kiln.tasks.config import KilnConfig
-from kiln.tasks.source import describe
-from kiln.tasks.versioning import check_version, nightly_version
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.run.source import describe
+from kiln.tasks.run.versioning import check_version, nightly_version
 
 log = logging.getLogger(__name__)
 

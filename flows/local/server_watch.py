@@ -5,7 +5,7 @@ a test or a script that deletes its ``PREFECT_HOME`` left its server polling a
 database nobody can reach. Kiln starts the server through this small process
 instead::
 
-    python -P -m kiln.flows.server_watch --home HOME --idle-s S --check-s C -- COMMAND...
+    python -P -m kiln.flows.local.server_watch --home HOME --idle-s S --check-s C -- COMMAND...
 
 It starts COMMAND (the server) in a process group of its own, which gets
 SIGTERM if the watchdog itself dies, and every ``--check-s`` seconds ends that
@@ -36,15 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kiln.flows.server_home import USED_FILE, in_use, last_used
+from kiln.flows.local.server_home import USED_FILE, in_use, last_used
 from kiln.tasks.process import PopenChild, terminate
 
 _log = logging.getLogger(__name__)
 
-MODULE = "kiln.flows.server_watch"
+MODULE = "kiln.flows.local.server_watch"
 DEFAULT_IDLE_S = 86400.0  # a day: a release waiting for its approval overnight keeps its server
 DEFAULT_CHECK_S = 30.0
-STOP_GRACE_S = 10.0  # below kiln.flows.server.STOP_GRACE_S: `kiln server stop` waits for the whole ladder
+STOP_GRACE_S = 10.0  # below kiln.flows.local.server.STOP_GRACE_S: `kiln server stop` waits for the whole ladder
 _PR_SET_PDEATHSIG = 1
 
 

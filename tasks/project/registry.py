@@ -5,7 +5,7 @@ The pipeline never imports the kernel package by name: it imports the
 it, and validates every field of what comes back — ``kiln.runtime.spec``
 objects, or duck-typed objects with every field of those types — before
 anything compiles. What it read is copied into Kiln's frozen records
-(:mod:`kiln.tasks.registry_types`); the planner, the compile workers and the
+(:mod:`kiln.tasks.project.registry_types`); the planner, the compile workers and the
 benchmark harness read only those. Every problem becomes a
 :class:`ConfigError` naming the entry point, the kernel, the specialization
 (when there is one) and the field.
@@ -27,8 +27,8 @@ from kiln.release.errors import ConfigError, InvalidInputError
 from kiln.runtime import spec
 from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.build.sources import module_file
-from kiln.tasks.config import KilnConfig
-from kiln.tasks.registry_types import (
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.project.registry_types import (
     BenchCaseRecord,
     CudaSourceRecord,
     FrozenMap,

@@ -1,6 +1,6 @@
 """The ``kiln`` console script: a flow command runs in Kiln's daemon when one is warm, else here.
 
-Only the standard library and :mod:`kiln.flows.daemon` are imported before
+Only the standard library and :mod:`kiln.flows.local.daemon` are imported before
 that choice, so a command the daemon runs never pays for importing Prefect.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from kiln.flows import daemon
-from kiln.flows.environment import apply_defaults
+from kiln.flows.local import daemon
+from kiln.flows.local.environment import apply_defaults
 
 
 def _command(argv: list[str]) -> str | None:

@@ -11,7 +11,7 @@ home other users can read or write in a warning (once per process).
   (``PREFECT_API_AUTH_STRING``) and the UI asks for it as its password;
 - ``kiln-server.used`` — touched by every command that uses the server, and
   held with a shared ``flock`` for the command's life: the server's watchdog
-  (:mod:`kiln.flows.server_watch`) ends an idle server from it.
+  (:mod:`kiln.flows.local.server_watch`) ends an idle server from it.
 
 No Prefect import here.
 """

@@ -25,10 +25,10 @@ from kiln.release.errors import ConfigError, InvalidInputError
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
 from kiln.tasks.bench.results import Metric
 from kiln.tasks.build.archs import validate_arch
-from kiln.tasks.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env  # noqa: F401 - Toolchain: part of the config's API
-from kiln.tasks.config_fields import Endpoint, IndexUrl, ProjectPath, Region, StorePrefix, check_store_url
-from kiln.tasks.config_permissions import Credentials, Permission, unchosen_credentials  # noqa: F401 (re-exported)
-from kiln.tasks.config_pools import Pools
+from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env  # noqa: F401 - Toolchain: part of the config's API
+from kiln.tasks.project.config_fields import Endpoint, IndexUrl, ProjectPath, Region, StorePrefix, check_store_url
+from kiln.tasks.project.config_permissions import Credentials, Permission, unchosen_credentials  # noqa: F401 (re-exported)
+from kiln.tasks.project.config_pools import Pools
 
 # Closed sets, each spelled once: argparse choices and run-time checks derive from them (get_args).
 Backend = Literal["cuda", "hip", "cpu"]

@@ -1,0 +1,1 @@
+"""Kiln's local process plumbing: the Prefect server, the build daemon, the console launcher."""

@@ -1,0 +1,1 @@
+"""The project description: kiln.toml and the kernel registry."""

@@ -1,0 +1,1 @@
+"""A run's identity: its record, its version, its source."""
