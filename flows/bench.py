@@ -249,9 +249,8 @@ def _measure_all(config: KilnConfig, config_path: str, size: str | None, metric:
 
 @task(name="keep-release-baseline", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5,
       retry_condition_fn=retry_on_retryable)
-def store_release_baseline(config_path: str, run: RunRecord, channel: str) -> str:
+def store_release_baseline(config: KilnConfig, run: RunRecord, channel: str) -> str:
     """Keep a published release's benchmark results as the baseline of ``channel``'s next release."""
-    config = load_config(config_path)
     recorded = [a for a in run.artifacts() if a.kind == "bench" and a.path == RESULTS.as_posix()]
     if not recorded:
         return "no benchmark results in this run to keep as the next release's baseline"

@@ -68,8 +68,9 @@ class Release:
     channel: str
     dry_run: bool
     allow_regressions: str | None
-    config_path: str
+    config_path: str  # as the flow was given it: the subflows take JSON parameters
     out: str
+    config: KilnConfig  # loaded once, at the flow's entry; every task below takes it
     lines: list[str] = field(default_factory=list)
     plan: str = ""
 
@@ -83,17 +84,15 @@ def _session(config: KilnConfig, channel: str) -> Any:
     return store_session(config, f"publish-{channel}", config.publish.targets[config.publish.default_target].kind)
 
 
-def _store(config_path: str, out: str, channel: str) -> tuple[Any, str]:
-    config = load_config(config_path)
+def _store(config: KilnConfig, out: str, channel: str) -> tuple[Any, str]:
     prefix = releasing.channel_prefix(config, channel)
     return releasing.open_target(config, out, _session(config, channel)), prefix
 
 
-@task(name="validate-release")
-def validate_release(config_path: str, out: str, version: str, channel: str) -> str:
+@task(name="validate-release", cache_policy=NO_CACHE)
+def validate_release(config: KilnConfig, out: str, version: str, channel: str) -> str:
     """PEP 440, unknown channel, already published, lower than the last: all refused here."""
-    config = load_config(config_path)
-    store, prefix = _store(config_path, out, channel)
+    store, prefix = _store(config, out, channel)
     published = releasing.published_versions(store, prefix, config.project.distribution)
     return releasing.check_version(version, channel, published)
 
@@ -110,9 +109,8 @@ def release_gate(
 
 
 @task(name="publish-plan", cache_policy=NO_CACHE)
-def plan_publish(config_path: str, run: RunRecord, channel: str, dry_run: bool) -> str:
+def plan_publish(config: KilnConfig, run: RunRecord, channel: str, dry_run: bool) -> str:
     """What publishing would add and change, from the publish protocol run against a staging copy."""
-    config = load_config(config_path)
     staging = open_publish_target(run, config, None, channel, dry_run=True)  # the target is only read
     extra, allowed = publish_inputs(run, config)
     variants, held = releasing.variants_to_publish(config, run.manifest())  # as publish_flow holds them back
@@ -125,22 +123,21 @@ def plan_publish(config_path: str, run: RunRecord, channel: str, dry_run: bool) 
     return markdown
 
 
-@task(name="snapshot-pages")
-def snapshot_pages(config_path: str, out: str, channel: str, view: str) -> list[str]:
-    store, prefix = _store(config_path, out, channel)
+@task(name="snapshot-pages", cache_policy=NO_CACHE)
+def snapshot_pages(config: KilnConfig, out: str, channel: str, view: str) -> list[str]:
+    store, prefix = _store(config, out, channel)
     return releasing.snapshot_pages(store, prefix, Path(view) / SNAPSHOT_DIR)
 
 
-@task(name="verify-channel")
-def verify_channel(config_path: str, out: str, channel: str) -> int:
+@task(name="verify-channel", cache_policy=NO_CACHE)
+def verify_channel(config: KilnConfig, out: str, channel: str) -> int:
     """Links, hashes, sidecars, then pip and uv installs from the served channel."""
-    config = load_config(config_path)
     return len(verify_published(config, out, channel, session=_session(config, channel)))
 
 
-@task(name="rollback-pages")
-def rollback_pages(config_path: str, out: str, channel: str, view: str) -> dict[str, list[str]]:
-    store, _ = _store(config_path, out, channel)
+@task(name="rollback-pages", cache_policy=NO_CACHE)
+def rollback_pages(config: KilnConfig, out: str, channel: str, view: str) -> dict[str, list[str]]:
+    store, _ = _store(config, out, channel)
     return releasing.restore_pages(store, Path(view) / SNAPSHOT_DIR)
 
 
@@ -191,7 +188,7 @@ def _stop(release: Release, run: RunRecord, why: str) -> State:
 
 def _stages(release: Release, run: RunRecord) -> dict[str, State]:
     common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
-    config = load_config(release.config_path)
+    config = release.config
     ref = run.header.source.commit if run.header.source.clean else ""
     remote = find_deployments(config)  # builds and suites go to their pools when deployed, as in the nightly
     stages = {"build": build_stage(config, run, remote, common, ref)}
@@ -208,30 +205,30 @@ def _stages(release: Release, run: RunRecord) -> dict[str, State]:
 def _publish_and_verify(release: Release, run: RunRecord) -> State:
     """Publish (or the dry run of it), verify, and roll the pages back if either failed."""
     common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
-    snapshot_pages(release.config_path, release.out, release.channel, str(run.view))
+    snapshot_pages(release.config, release.out, release.channel, str(run.view))
     published = sync_state(publish_flow(**common, channel=release.channel, dry_run=release.dry_run,
                                         return_state=True))
     if release.dry_run:
         release.lines += [f"publish (dry run, staging copy): {_state_of(published)[0]}",
                           "verify: skipped (dry run: nothing was published)"]
         return published
-    verified = (sync_state(verify_channel(release.config_path, release.out, release.channel, return_state=True))
+    verified = (sync_state(verify_channel(release.config, release.out, release.channel, return_state=True))
                 if published.is_completed() else published)
     release.lines += [f"publish: {_state_of(published)[0]}", f"verify: {_state_of(verified)[0]}"]
     if not verified.is_completed():
-        rolled = rollback_pages(release.config_path, release.out, release.channel, str(run.view))
+        rolled = rollback_pages(release.config, release.out, release.channel, str(run.view))
         release.lines.append(f"rolled back {len(rolled['restored'])} index pages")
         reason = _state_of(verified)[1] or "publish/verify failed"
         return Failed(message=f"{reason.splitlines()[0]}; index pages rolled back")
-    kept = sync_state(store_release_baseline(release.config_path, run, release.channel, return_state=True))
+    kept = sync_state(store_release_baseline(release.config, run, release.channel, return_state=True))
     release.lines.append(kept.result() if kept.is_completed() else
                          f"benchmark baseline NOT kept: {_state_of(kept)[1]} (the release itself is published)")
     return verified
 
 
 def _release(release: Release, approved_on_cli: bool) -> State:
-    release.version = validate_release(release.config_path, release.out, release.version, release.channel)
-    run = open_run(load_config(release.config_path), "release", release.out, version=release.version, ref=release.ref)
+    release.version = validate_release(release.config, release.out, release.version, release.channel)
+    run = open_run(release.config, "release", release.out, version=release.version, ref=release.ref)
     get_run_logger().info("%s as run %s", release.title, run.run_id)
     release.lines.append(f"run `{run.run_id}`")
     with cancel_dispatched_on_exit(f"release {release.version}"):
@@ -241,7 +238,7 @@ def _release(release: Release, approved_on_cli: bool) -> State:
     release.lines += (cast(str, gate.result()) if gate.is_completed() else _state_of(gate)[1]).splitlines()
     if not gate.is_completed():
         return _stop(release, run, "stopped by the release gate before publishing (see the summary)")
-    planned = sync_state(plan_publish(release.config_path, run, release.channel, release.dry_run, return_state=True))
+    planned = sync_state(plan_publish(release.config, run, release.channel, release.dry_run, return_state=True))
     if not planned.is_completed():
         return _stop(release, run, f"the publish plan failed: {_state_of(planned)[1]}")
     release.plan = planned.result()
@@ -261,7 +258,8 @@ def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", 
                  allow_regressions: str | None = None, config_path: str = "kiln.toml",
                  out: str = "out/release") -> State:
     """Release ``version``: pauses for approval in the Prefect UI before anything is published."""
-    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out), False)
+    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out,
+                            load_config(config_path)), False)
 
 
 @flow(name="release", flow_run_name=current_release_name)
@@ -269,4 +267,5 @@ def approved_release_flow(version: str, ref: str = "HEAD", channel: Channel = "r
                           allow_regressions: str | None = None, config_path: str = "kiln.toml",
                           out: str = "out/release") -> State:
     """``kiln release --yes``: the same release, approved on the command line (no deployment runs this)."""
-    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out), True)
+    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out,
+                            load_config(config_path)), True)

@@ -232,6 +232,9 @@ class KilnConfig(_Model):
     publish: Publish
     permissions: dict[Step, Permission] = {}
     root: Path = Field(default=Path("."), exclude=True)
+    # The file this config was read from (absolute; root is its directory): a run records it, and code
+    # below a flow's entry takes the config object, never the path again.
+    config_file: Path = Field(default=Path("kiln.toml"), exclude=True)
 
     @model_validator(mode="after")
     def _unique_names(self) -> KilnConfig:
@@ -361,9 +364,15 @@ def _check_paths(config: KilnConfig, source: str) -> None:
                           + "\n  - ".join(missing))
 
 
-def parse_config(data: dict[str, Any], root: Path, source: str = "kiln.toml") -> KilnConfig:
+def parse_config(data: dict[str, Any], root: Path, source: str = "kiln.toml",
+                 config_file: Path | None = None) -> KilnConfig:
+    """``data`` as a :class:`KilnConfig` rooted at ``root``; ``config_file`` is where it was read from."""
+    for internal in ("root", "config_file"):
+        if internal in data:
+            raise ConfigError(f"{source}: {internal!r} is not a key of kiln.toml (Kiln sets it from the file's place)")
+    file = root.resolve() / (config_file.name if config_file else "kiln.toml")  # not resolved: a link stays in root
     try:
-        config = KilnConfig.model_validate({**data, "root": root.resolve()})
+        config = KilnConfig.model_validate({**data, "root": root.resolve(), "config_file": file})
     except ValidationError as exc:
         raise _explain(exc, source) from None
     _check_paths(config, source)
@@ -410,4 +419,4 @@ def _parse_bytes(raw: bytes, path: Path) -> KilnConfig:
         raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    return parse_config(data, path.parent, str(path))
+    return parse_config(data, path.parent, str(path), config_file=path)

@@ -38,10 +38,7 @@ def start_run(config: KilnConfig, store: Store, *, run_id: str, flow: str, out: 
     if version is None:
         version = nightly_version(config.project.version, source.commit_time if source.in_git else None)
     check_version(version)
-    try:
-        config_rel = (config.root / "kiln.toml").relative_to(config.root).as_posix()
-    except ValueError:  # pragma: no cover - root is the config's own directory
-        config_rel = "kiln.toml"
+    config_rel = config.config_file.relative_to(config.root).as_posix()  # root is the file's own directory
     header = RunHeader(run_id=run_id, flow=flow, version=version, source=source, created=time.time(),
                        ref=ref or source.commit, config=config_rel)
     if source.unpublishable():

@@ -260,3 +260,24 @@ def test_the_kiln_runtime_wheel_is_published_when_the_wheels_require_it(dependen
     if runtime is not None:
         data["project"]["runtime"] = runtime
     assert parse_config(data, REPO).project.ships_runtime is ships
+
+
+def test_a_config_knows_the_file_it_was_read_from_and_a_run_records_it(tmp_path):
+    from kiln.release.store import LocalStore
+    from kiln.tasks.run.runs import start_run
+
+    shutil.copytree(REPO / "tests" / "fixtures" / "projects" / "tiny", tmp_path, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    (tmp_path / "kiln.toml").rename(tmp_path / "ci.toml")
+    config = load_config(tmp_path / "ci.toml")
+    assert config.config_file == tmp_path.resolve() / "ci.toml" and config.root == tmp_path.resolve()
+    run = start_run(config, LocalStore(tmp_path / "store"), run_id="r1", flow="build", out=tmp_path / "out",
+                    version="0.1.0")
+    assert run.header.config == "ci.toml"  # was "kiln.toml" whatever --config named
+
+
+@pytest.mark.parametrize("key", ["root", "config_file"])
+def test_kiln_sets_where_a_config_lives_never_the_file(key):
+    data = tomllib.loads((REPO / "kiln.toml").read_text())
+    with pytest.raises(ConfigError, match=f"'{key}' is not a key of kiln.toml"):
+        parse_config({**data, key: "/elsewhere"}, REPO)
