@@ -86,7 +86,7 @@ def test_changed_sources_or_settings_get_another_daemon(tmp_path):
 
 def test_without_a_daemon_a_command_runs_in_process_and_starts_one_as_it_exits(env, tmp_path):
     # The command's own work happens here, before exit: no daemon may be starting meanwhile.
-    during = ("import json, os, sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); "
+    during = ("import json, os, sys; from kiln.flows.local import daemon; s = daemon.run(sys.argv[1:]); "
               "d = daemon.state_dir(); print(json.dumps(sorted(os.listdir(d)) if d.exists() else [])); "
               "sys.exit(97 if s is None else s)")
     proc = subprocess.run([sys.executable, "-P", "-c", during, "build"], env=env, cwd=tmp_path, capture_output=True,

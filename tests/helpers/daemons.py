@@ -23,7 +23,7 @@ from tests.helpers.waiting import until
 
 REPO = Path(__file__).resolve().parents[2]
 #: A client: runs its argv through the daemon; 97 when it would run the command in-process.
-CLIENT = "import sys; from kiln.flows import daemon; s = daemon.run(sys.argv[1:]); sys.exit(97 if s is None else s)"
+CLIENT = "import sys; from kiln.flows.local import daemon; s = daemon.run(sys.argv[1:]); sys.exit(97 if s is None else s)"
 NOT_SERVED = 97
 
 
@@ -49,7 +49,7 @@ def daemon_env() -> Iterator[dict[str, str]]:
 
 def key_of(env: dict[str, str], cwd: Path) -> str:
     """The key a client in ``cwd`` computes (a process of its own: its environment is ``env``)."""
-    return subprocess.run([sys.executable, "-P", "-c", "import os; from kiln.flows import daemon; "
+    return subprocess.run([sys.executable, "-P", "-c", "import os; from kiln.flows.local import daemon; "
                            "print(daemon.daemon_key(os.environ, os.getcwd()))"], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=120, check=True).stdout.strip()
 
