@@ -145,7 +145,8 @@ class ProjectBuilder:
             maps = path_maps(source, tmp, made.root if made is not None else None)
             environ = reproducible_environ(self.environ(unit, made), maps, commit_time(self.project_dir))
             _log.info("building %s with its own backend", what)
-            result = run_tool([str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+            # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
+            result = run_tool([str(python), "-P", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                                "--wheel-dir", str(dist), str(source)], self.timeout_s, cwd=source, env=environ)
             if result.returncode != 0:
                 raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
