@@ -132,7 +132,8 @@ def snapshot_pages(config: KilnConfig, out: str, channel: str, view: str) -> lis
 @task(name="verify-channel", cache_policy=NO_CACHE)
 def verify_channel(config: KilnConfig, out: str, channel: str) -> int:
     """Links, hashes, sidecars, then pip and uv installs from the served channel."""
-    return len(verify_published(config, out, channel, session=_session(config, channel)))
+    store, prefix = _store(config, out, channel)
+    return len(verify_published(store, prefix, [v.name for v in config.variants]))
 
 
 @task(name="rollback-pages", cache_policy=NO_CACHE)

@@ -39,7 +39,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 from packaging.utils import canonicalize_name
@@ -51,9 +50,9 @@ from kiln.release.fetch import FetchLimits, Page, Source, StoreSettings, StoreSo
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
+from kiln.release.objects import Store
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
 from kiln.release.serve import IndexServer
-from kiln.release.store import open_store
 from kiln.release.wheels import import_names, member_limit, record_problems
 
 log = logging.getLogger(__name__)
@@ -346,19 +345,18 @@ def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOU
 
 
 def verify_published(
-    config: Any, out: str, channel: str, session: Any = None, install: bool = True
+    store: Store, prefix: str, variants: Sequence[str], install: bool = True
 ) -> list[VerifyReport]:
-    """Verify every variant index of ``channel`` on the default target; IntegrityError if any check fails."""
-    spec = config.publish.targets[config.publish.default_target]
-    store = open_store(spec.url.replace("{out}", str(Path(out).resolve())), root=config.root, region=spec.region,
-                       endpoint=spec.endpoint, expected_owner=spec.expected_owner, session=session)
-    prefix = dict(config.publish.channels)[channel].strip("/")
+    """Verify every variant index under ``prefix`` (a channel's) in ``store``; IntegrityError if any check fails.
+
+    The caller opens the target (``kiln.tasks.releasing.open_target``, the one place a publish target is
+    opened) and names the channel's prefix (``kiln.tasks.releasing.channel_prefix``)."""
     reports = []
     with IndexServer(store, prefix) as server:
-        for variant in config.variants:
-            if store.get(f"{prefix}/{variant.name}/simple/index.json") is None:
+        for variant in variants:
+            if store.get(f"{prefix}/{variant}/simple/index.json") is None:
                 continue
-            reports.append(verify_index(f"{server.url}{variant.name}/simple/", install=install))
+            reports.append(verify_index(f"{server.url}{variant}/simple/", install=install))
     failed = [r for r in reports if not r.ok]
     if failed:
         raise IntegrityError("index verification failed:\n" + "\n".join(r.summary() for r in failed))

@@ -102,6 +102,7 @@ def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path
     from kiln.release.errors import IntegrityError
     from kiln.release.verify import verify_published
     from kiln.tasks.project.config import load_config
+    from kiln.tasks.releasing import channel_prefix, open_target
 
     (tmp_path / "src").mkdir()
     (tmp_path / "kiln.toml").write_text(
@@ -115,8 +116,10 @@ def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path
     out = tmp_path / "out"
     run = make_run(out, {"cu130": [("demo-pkg", "1.0+cu130")], "cpu": [("demo-pkg", "1.0+cpu")]})
     publish(run, LocalStore(out / "index"), channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"])
-    reports = verify_published(config, str(out), "nightly", install=False)
+    store, prefix = open_target(config, str(out)), channel_prefix(config, "nightly")  # as the release flow opens it
+    variants = [v.name for v in config.variants]
+    reports = verify_published(store, prefix, variants, install=False)
     assert [r.files for r in reports] == [1, 1] and all(r.ok for r in reports)
     (out / "index/nightly/cpu/simple/demo-pkg/demo_pkg-1.0+cpu-py3-none-any.whl").write_bytes(b"x")
     with pytest.raises(IntegrityError, match="sha256 or size"):
-        verify_published(config, str(out), "nightly", install=False)
+        verify_published(store, prefix, variants, install=False)
