@@ -23,6 +23,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from kiln.release.errors import AccessDeniedError, ConfigError, TransientStoreError
 from kiln.release.policies import policies_from_config, session_policy
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.project.config_permissions import Permission
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ def _from_block(name: str, step: str) -> boto3.Session:
     return session
 
 
-def _assume_role(config: Any, step: str, role_arn: str, region: str | None, endpoint: str | None,
+def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | None, endpoint: str | None,
                  sts_client: Any = None) -> boto3.Session:
     policy = session_policy(policies_from_config(config)[step])
     # MinIO and moto serve STS on the store's endpoint; AWS ignores endpoint=None.
@@ -82,7 +84,7 @@ def _assume_role(config: Any, step: str, role_arn: str, region: str | None, endp
                          aws_session_token=creds["SessionToken"], region_name=region)
 
 
-def session_for(config: Any, step: str, *, sts_client: Any = None) -> boto3.Session:
+def session_for(config: KilnConfig, step: str, *, sts_client: Any = None) -> boto3.Session:
     """The boto3 session ``step`` talks to the store with.
 
     Raises :class:`ConfigError` when the step has no ``[permissions]`` entry or
@@ -90,7 +92,8 @@ def session_for(config: Any, step: str, *, sts_client: Any = None) -> boto3.Sess
     role cannot be found. The worker's own credentials are used only with
     ``ambient = true``.
     """
-    permission = config.permissions.get(step)
+    by_name: dict[str, Permission] = {str(k): v for k, v in config.permissions.items()}  # any name may be asked
+    permission = by_name.get(step)
     if permission is None:
         raise ConfigError(f"kiln.toml has no [permissions.{step}]; every step that touches the store needs "
                           f"one (known: {sorted(config.permissions)})")

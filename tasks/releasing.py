@@ -28,6 +28,7 @@ from kiln.release.remote import newest_release
 from kiln.release.store import Store, open_store
 from kiln.release.swap import put_until_swapped
 from kiln.tasks import install_hint
+from kiln.tasks.project.config import KilnConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ RAN = ("completed", "flaky", "failed")  # the unit states of a suite that ran on
 
 
 
-def channel_prefix(config: Any, channel: str) -> str:
+def channel_prefix(config: KilnConfig, channel: str) -> str:
     """The store prefix of ``channel``; an unknown channel is a clear error."""
     channels = dict(config.publish.channels)
     if channel not in channels:
@@ -48,7 +49,7 @@ def channel_prefix(config: Any, channel: str) -> str:
     return str(channels[channel]).strip("/")
 
 
-def open_target(config: Any, out: str, session: Any = None, target: str | None = None) -> Store:
+def open_target(config: KilnConfig, out: str, session: Any = None, target: str | None = None) -> Store:
     """The publish target's store (``{out}`` in a ``file://`` URL is the ``--out`` directory)."""
     name = target or config.publish.default_target
     spec = config.publish.targets[name]
@@ -58,7 +59,7 @@ def open_target(config: Any, out: str, session: Any = None, target: str | None =
                       verifies_checksums=spec.verifies_checksums)
 
 
-def store_settings_for(config: Any, url: str, session: Any = None) -> StoreSettings:
+def store_settings_for(config: KilnConfig, url: str, session: Any = None) -> StoreSettings:
     """How to open an ``s3://`` index URL: the settings of the publish target in that bucket.
 
     The default target wins when several share the bucket; a bucket no target
@@ -73,7 +74,7 @@ def store_settings_for(config: Any, url: str, session: Any = None) -> StoreSetti
     return StoreSettings(session=session)
 
 
-def install_info(config: Any, plan: Plan, env: Mapping[str, str] = os.environ,
+def install_info(config: KilnConfig, plan: Plan, env: Mapping[str, str] = os.environ,
                  lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
     """What a run records for its install hint, read from what ``plan`` published (never from kiln.toml).
 
@@ -102,7 +103,7 @@ def without_suite(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def held_untested(config: Any, run: RunManifest) -> dict[str, str]:
+def held_untested(config: KilnConfig, run: RunManifest) -> dict[str, str]:
     """Variants held back because no suite ran on them and kiln.toml [publish] publish_untested = false."""
     if config.publish.publish_untested:
         return {}
@@ -111,7 +112,7 @@ def held_untested(config: Any, run: RunManifest) -> dict[str, str]:
             for v, why in without_suite(run, built).items()}
 
 
-def variants_to_publish(config: Any, run: RunManifest) -> tuple[list[str], dict[str, str]]:
+def variants_to_publish(config: KilnConfig, run: RunManifest) -> tuple[list[str], dict[str, str]]:
     """kiln.toml's variants less those :func:`held_untested` holds back, and why each of those is held."""
     held = held_untested(config, run)
     return [v.name for v in config.variants if v.name not in held], held
@@ -122,7 +123,7 @@ def untested_ok(config: Any) -> list[str]:
     return [s.name for s in config.suites if s.publish_untested and config.publish.publish_untested]
 
 
-def publish_facts(config: Any, run: RunManifest, plan: Plan, env: Mapping[str, str] = os.environ,
+def publish_facts(config: KilnConfig, run: RunManifest, plan: Plan, env: Mapping[str, str] = os.environ,
                   lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
     """What a publish records for the summary: untested variants, variants no suite ran on, the install hint."""
     published = sorted({u.variant for u in plan.uploads})

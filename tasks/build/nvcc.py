@@ -32,6 +32,7 @@ from kiln.tasks.project.registry_types import CudaSourceRecord
 
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit
+    from kiln.tasks.project.config import KilnConfig
 
 _log = logging.getLogger(__name__)
 _VERSION_TIMEOUT_S = 30
@@ -186,7 +187,7 @@ def torch_settings(python: str | None = None) -> NvccSettings:
                         ("-std=c++17",), ("c10", "torch", "torch_cpu"), tuple(cpp_extension.library_paths()))
 
 
-def settings_for(config: Any, python: str | None = None) -> NvccSettings:
+def settings_for(config: KilnConfig, python: str | None = None) -> NvccSettings:
     """The nvcc settings of ``config``'s ``[build.toolchain]`` (paths resolved against kiln.toml);
     ``python``: the build environment whose torch a torch extension builds against (default: Kiln's)."""
     toolchain = config.build.toolchain

@@ -22,6 +22,7 @@ from kiln.tasks.build.aot import check_elf_arch
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
+from kiln.tasks.project.config import KilnConfig
 
 _log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class BuildEnv:
     events: list[str] = field(default_factory=list)
     # kiln.tasks.build.buildenv.VariantEnvironments: each variant's build_requires environment, made on first use
     environments: Any = None
-    config: Any = None  # kiln.tasks.project.config.KilnConfig: a variant environment's nvcc settings come from it
+    config: KilnConfig | None = None  # a variant environment's nvcc settings come from it
 
 
 @dataclass(frozen=True)
