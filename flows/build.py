@@ -29,7 +29,7 @@ from kiln.flows.common import (
     unwalked,
 )
 from kiln.flows.runname import name_this_run, run_name
-from kiln.release.record import Source
+from kiln.release.record import Checkout
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build.cache import BuildCache
@@ -50,7 +50,7 @@ UNIT_THREADS = max(4, 2 * (os.cpu_count() or 1))
 
 @task(name="plan-build", cache_policy=NO_CACHE)
 def plan_task(config_path: str, version: str, variants: list[str] | None, nvcc: str | None,
-              source: Source) -> BuildSetup:
+              source: Checkout) -> BuildSetup:
     return build_stage.prepare_build(config_path, version, variants, nvcc, source=source)
 
 

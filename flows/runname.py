@@ -19,13 +19,13 @@ from typing import Any
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from kiln.release.record import RunRecord, Source
+from kiln.release.record import Checkout, RunRecord
 
 logger = logging.getLogger(__name__)
 COMMIT_CHARS = 12
 
 
-def at_commit(source: Source) -> str:
+def at_commit(source: Checkout) -> str:
     """`` @ b832b1d2bcb6`` (`` (modified)`` when tracked files differ); "" outside git."""
     if not source.in_git or not source.commit:
         return ""

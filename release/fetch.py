@@ -106,7 +106,7 @@ class FetchLimits:
     file_deadline_s: float = 600.0
 
 
-class Source(Protocol):
+class IndexSource(Protocol):
     root: str  # the index URL, ending in "/"
     negotiates: bool  # False once the server answered a JSON request with HTML
     limits: FetchLimits
@@ -122,7 +122,7 @@ class Source(Protocol):
         per-file deadline; FetchError when it cannot be read."""
 
 
-def file_bytes(source: Source, url: str, limit: int) -> bytes:
+def file_bytes(source: IndexSource, url: str, limit: int) -> bytes:
     """The bytes at ``url`` held in memory: only for what is small by its cap (a sidecar)."""
     buffer = io.BytesIO()
     source.download(url, buffer, limit)
@@ -321,7 +321,7 @@ def local_path(url: str) -> Path:
 
 
 def open_source(url: str, timeout: float, settings: StoreSettings | None = None, allowed: Sequence[str] = (),
-                limits: FetchLimits | None = None) -> Source:
+                limits: FetchLimits | None = None) -> IndexSource:
     """The source for an index URL (normalised to end in "/"); InvalidInputError for other schemes.
 
     ``allowed``: the extra indexes' URLs, whose servers an http(s) index may also link.

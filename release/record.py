@@ -53,7 +53,7 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Source:
+class Checkout:
     """The tree a run was made from: its commit and whether tracked files differ from it."""
 
     commit: str = ""          # full sha; "" outside a git checkout
@@ -81,7 +81,7 @@ class RunHeader:
     run_id: str
     flow: str
     version: str
-    source: Source = Source()
+    source: Checkout = Checkout()
     created: float = 0.0
     ref: str = ""
     config: str = "kiln.toml"  # the config's path relative to the repository root
@@ -95,7 +95,7 @@ class RunHeader:
             raw = json.loads(data)
             source = dict(raw.pop("source", {}))
             source["modified"] = tuple(source.get("modified", ()))
-            return cls(**raw, source=Source(**source))
+            return cls(**raw, source=Checkout(**source))
         except (ValueError, TypeError) as exc:
             raise InvalidInputError(f"{where} is not a Kiln run header: {exc}") from exc
 
@@ -282,4 +282,4 @@ def load_header(store: Store, run_id: str) -> RunHeader | None:
     return None if data is None else RunHeader.from_json(data, f"{store.url}/runs/{run_id}/run.json")
 
 
-__all__ = ["RunHeader", "RunRecord", "Source", "create_record", "load_header", "open_record", "resolve_run_id"]
+__all__ = ["RunHeader", "RunRecord", "Checkout", "create_record", "load_header", "open_record", "resolve_run_id"]

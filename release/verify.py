@@ -46,7 +46,7 @@ from packaging.version import Version
 
 from kiln.release.dists import parse_filename
 from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, LinkRefusedError, TooLargeError
-from kiln.release.fetch import FetchLimits, Page, Source, StoreSettings, StoreSource, file_bytes, join, open_source
+from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
@@ -126,7 +126,7 @@ def _check_bytes(page_url: str, name: str, url: str, refs: list[FileRef], body: 
     return len(report.problems) == problems
 
 
-def _check_sidecar(page_url: str, name: str, url: str, refs: list[FileRef], source: Source,
+def _check_sidecar(page_url: str, name: str, url: str, refs: list[FileRef], source: IndexSource,
                    report: VerifyReport) -> None:
     advertised = [r for r in refs if r.metadata]
     if not advertised:
@@ -143,13 +143,13 @@ def _check_sidecar(page_url: str, name: str, url: str, refs: list[FileRef], sour
                                    f"page says {ref.metadata}, {url}.metadata has {actual}")
 
 
-def _cap(refs: list[FileRef], source: Source) -> int:
+def _cap(refs: list[FileRef], source: IndexSource) -> int:
     """The most bytes read of a file: the size its page declares, never more than the configured maximum."""
     declared = [r.size for r in refs if isinstance(r.size, int) and not isinstance(r.size, bool) and r.size >= 0]
     return min([source.limits.max_file_bytes, *declared])
 
 
-def _check_file(page_url: str, name: str, refs: list[FileRef], source: Source, report: VerifyReport,
+def _check_file(page_url: str, name: str, refs: list[FileRef], source: IndexSource, report: VerifyReport,
                 workdir: Path) -> Path | None:
     """Check one file at every URL its refs name; a copy on disk of the last one that matched, if any."""
     found = None
@@ -174,7 +174,7 @@ def _check_file(page_url: str, name: str, refs: list[FileRef], source: Source, r
     return found
 
 
-def _read(source: Source, url: str, report: VerifyReport, html_only: list[str]) -> Page | None:
+def _read(source: IndexSource, url: str, report: VerifyReport, html_only: list[str]) -> Page | None:
     try:
         page = source.page(url)
     except FetchError as exc:
@@ -206,7 +206,7 @@ def _check_wheel(page_url: str, filename: str, path: Path, report: VerifyReport)
         return ()
 
 
-def _check_project(source: Source, name: str, report: VerifyReport, html_only: list[str],
+def _check_project(source: IndexSource, name: str, report: VerifyReport, html_only: list[str],
                    workdir: Path) -> Newest | None:
     """Check one project page and its files; the newest installable version, if any, and its import names."""
     page = _read(source, join(source.root, quote(name) + "/"), report, html_only)
@@ -238,7 +238,7 @@ def _check_project(source: Source, name: str, report: VerifyReport, html_only: l
     return Newest(str(newest), versions[newest])
 
 
-def _root_projects(source: Source, report: VerifyReport, html_only: list[str]) -> list[str]:
+def _root_projects(source: IndexSource, report: VerifyReport, html_only: list[str]) -> list[str]:
     root = _read(source, source.root, report, html_only)
     if root is None:
         return []
@@ -253,7 +253,7 @@ def _root_projects(source: Source, report: VerifyReport, html_only: list[str]) -
     return sorted(set(html_names) | set(names))
 
 
-def _notes(source: Source, html_only: list[str], report: VerifyReport) -> None:
+def _notes(source: IndexSource, html_only: list[str], report: VerifyReport) -> None:
     if not source.negotiates:
         report.notes.append(f"{source.root}: the server does no PEP 691 content negotiation (a static server); "
                             "each page's JSON form was read from <page>/index.json")
@@ -263,7 +263,7 @@ def _notes(source: Source, html_only: list[str], report: VerifyReport) -> None:
                             f"{listed}")
 
 
-def check_source(source: Source) -> tuple[VerifyReport, dict[str, Newest]]:
+def check_source(source: IndexSource) -> tuple[VerifyReport, dict[str, Newest]]:
     """Check every page and link of ``source``; the report and the newest installable version per project."""
     report, newest, html_only = VerifyReport(source.root), dict[str, Newest](), list[str]()
     with tempfile.TemporaryDirectory(prefix="kiln-verify-files-") as workdir:  # one downloaded file at a time
@@ -282,7 +282,7 @@ def check_links(url: str, timeout: float = DEFAULT_TIMEOUT_S, settings: StoreSet
 
 
 @contextmanager
-def _install_url(source: Source, report: VerifyReport) -> Iterator[str]:
+def _install_url(source: IndexSource, report: VerifyReport) -> Iterator[str]:
     """The URL pip and uv install from: the index itself, or Kiln's loopback server over an S3 store."""
     if isinstance(source, StoreSource) and urlsplit(source.root).scheme == "s3":
         with IndexServer(source.store) as server:
@@ -292,8 +292,8 @@ def _install_url(source: Source, report: VerifyReport) -> Iterator[str]:
         yield source.root
 
 
-def _install_all(source: Source, newest: dict[str, Newest], report: VerifyReport, extra_index_urls: tuple[str, ...],
-                 tools: Sequence[Tool], timeout: float) -> None:
+def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyReport,
+                 extra_index_urls: tuple[str, ...], tools: Sequence[Tool], timeout: float) -> None:
     if extra_index_urls:
         report.notes.append(f"dependencies resolved from {', '.join(extra_index_urls)} (--extra-index-url)")
     else:

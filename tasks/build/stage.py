@@ -19,7 +19,7 @@ from typing import Any
 from kiln.release.errors import ToolchainMissingError
 from kiln.release.fsutil import atomic_write_text
 from kiln.release.manifest import ArtifactKind, Unit
-from kiln.release.record import Source
+from kiln.release.record import Checkout
 from kiln.tasks.build import plancache
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
@@ -52,7 +52,7 @@ class BuildSetup:
 
 
 def prepare_build(config_path: str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
-                  cache_dir: str | None = None, source: Source | None = None) -> BuildSetup:
+                  cache_dir: str | None = None, source: Checkout | None = None) -> BuildSetup:
     """Load config and registry, find the toolchain, plan the matrix. Changes nothing on disk but the plan cache.
 
     The registry (and torch and Triton with it) is imported only when the plan
@@ -73,7 +73,7 @@ def prepare_build(config_path: str, version: str, variants: list[str] | None, nv
         plancache.store(cache_root, key, config, stored, set(sys.modules) - before)
     else:
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
-    source = source or Source()
+    source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
     return BuildSetup(config, str(Path(config_path).resolve()), chosen, stored.plan, tools.nvcc, cache_root, stamp,
                       tools.project)

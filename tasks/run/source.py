@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiln.release.errors import ToolchainMissingError
-from kiln.release.record import Source
+from kiln.release.record import Checkout
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +31,17 @@ def _git(root: Path, args: list[str], runner: Runner) -> subprocess.CompletedPro
         raise ToolchainMissingError("git is not installed; Kiln derives nightly versions from the commit") from exc
 
 
-def describe(root: Path, runner: Runner = subprocess.run) -> Source:
+def describe(root: Path, runner: Runner = subprocess.run) -> Checkout:
     """The commit checked out at ``root`` and the tracked files under ``root`` that differ from it."""
     head = _git(root, ["rev-parse", "HEAD"], runner)
     if head.returncode != 0:
         log.warning("%s is not in a git checkout (%s); its runs cannot be published", root,
                     head.stderr.strip() or head.returncode)
-        return Source()
+        return Checkout()
     commit = head.stdout.strip()
     when = _git(root, ["log", "-1", "--format=%ct", commit], runner)
     status = _git(root, ["status", "--porcelain=v1", "--untracked-files=no", "--", "."], runner)
     if when.returncode != 0 or status.returncode != 0:
         raise ToolchainMissingError(f"git could not describe {root}: {(when.stderr or status.stderr).strip()}")
     modified = tuple(sorted(line[3:].strip() for line in status.stdout.splitlines() if line.strip()))
-    return Source(commit=commit, commit_time=int(when.stdout.strip()), modified=modified, in_git=True)
+    return Checkout(commit=commit, commit_time=int(when.stdout.strip()), modified=modified, in_git=True)

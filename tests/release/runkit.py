@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.release.manifest import RunManifest, Unit
-from kiln.release.record import RunHeader, RunRecord, Source, create_record
+from kiln.release.record import Checkout, RunHeader, RunRecord, create_record
 from kiln.release.store import open_store
 
 from .wheelkit import make_wheel
@@ -28,11 +28,11 @@ def make_run(root: Path, wheels: dict[str, list[tuple[str, str]]], units: list[U
     return run
 
 
-CLEAN = Source(commit="0" * 40, commit_time=1764536823, in_git=True)
+CLEAN = Checkout(commit="0" * 40, commit_time=1764536823, in_git=True)
 
 
 def make_record(config_path: str | Path, out: Path, wheels: dict[str, list[tuple[str, str]]],
-                units: Sequence[Unit] = (), payload: str = "", source: Source = CLEAN) -> RunRecord:
+                units: Sequence[Unit] = (), payload: str = "", source: Checkout = CLEAN) -> RunRecord:
     """A run record in the config's artifact store, as a build would leave it (a clean commit by default)."""
     from kiln.tasks.project.config import load_config
 

@@ -9,14 +9,14 @@ import pytest
 
 from kiln.release.errors import IntegrityError, InvalidInputError
 from kiln.release.manifest import Unit
-from kiln.release.record import RunHeader, Source, create_record, open_record
+from kiln.release.record import Checkout, RunHeader, create_record, open_record
 from kiln.release.store import LocalStore
 
 
 def _record(tmp_path: Path, run_id: str = "run-1"):
     store = LocalStore(tmp_path / "artifacts")
     header = RunHeader(run_id=run_id, flow="nightly", version="1.0.dev1",
-                       source=Source("a" * 40, 1764536823, ("src/x.py",), True), created=1.0)
+                       source=Checkout("a" * 40, 1764536823, ("src/x.py",), True), created=1.0)
     return store, create_record(store, header, tmp_path / "out")
 
 
