@@ -8,7 +8,7 @@
 - :func:`expose_harness`: a directory holding only ``kiln/flows``,
   ``kiln/release`` and ``kiln/tasks`` (links to where this Kiln's modules
   live, editable or not), on the path after everything else: the worker
-  (``python -P -m kiln.tasks.testing.worker``) and the bench server import
+  (``python -P -m kiln.tasks.testing.pytest_server``) and the bench server import
   Kiln from it, and nothing else of Kiln's site-packages is visible.
   ``kiln.runtime`` comes from the ``kiln-runtime`` wheel installed into the
   environment (``kiln`` is a namespace package).

@@ -1,6 +1,6 @@
 """The isolation runner: every test (or test file) in its own process, with a deadline.
 
-A worker (``kiln.tasks.testing.worker``) is started as a fresh interpreter — so no
+A worker (``kiln.tasks.testing.pytest_server``) is started as a fresh interpreter — so no
 GPU state is ever inherited — imports torch and triton, collects the suite
 once and then forks one child per job (``start="forkserver"``); or each job
 is a fresh interpreter of its own (``start="spawn"``). Either way the child

@@ -1,6 +1,6 @@
 """The processes of the isolation runner: the forking worker, spawned jobs, their results.
 
-:class:`Worker` drives ``kiln.tasks.testing.worker serve`` over two pipes (JSON
+:class:`Worker` drives ``kiln.tasks.testing.pytest_server serve`` over two pipes (JSON
 lines): it collects once, then forks a child per job; the worker reaps the
 child and reports its status, and :class:`ForkedChild` turns that into the
 ``wait`` of kiln.tasks.process's Child protocol. :func:`spawn_job` starts a job
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
 # -P: ``python -m`` must not put the working directory (the project root) on
 # sys.path; what the tests import is decided by the environment, not the checkout.
-WORKER = ("-P", "-m", "kiln.tasks.testing.worker")
+WORKER = ("-P", "-m", "kiln.tasks.testing.pytest_server")
 
 
 def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
@@ -78,7 +78,7 @@ class ForkedChild:
 
 
 class Worker:
-    """The pytest session that collects once and forks jobs (see kiln.tasks.testing.worker)."""
+    """The pytest session that collects once and forks jobs (see kiln.tasks.testing.pytest_server)."""
 
     def __init__(self, paths: Sequence[str], root: Path, work: Path, options: RunOptions) -> None:
         self.options, self.work = options, work

@@ -160,7 +160,7 @@ def test_sigterm_mid_build_cancels_the_run_ends_every_group_and_the_next_build_c
 
 def _holding_test(pid: int) -> set[int]:
     """The test stage's groups, once the holding test runs (its job is a group of its own)."""
-    groups = {g for g in _own_groups(pid) if "kiln.tasks.testing.worker" in _cmdline(g)}
+    groups = {g for g in _own_groups(pid) if "kiln.tasks.testing.pytest_server" in _cmdline(g)}
     return groups if len(groups) >= 2 else set()  # the fork server, and the job it forked
 
 

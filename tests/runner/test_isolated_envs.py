@@ -107,7 +107,7 @@ def test_nothing_of_kilns_own_site_packages_is_importable(tmp_path):
     probe = subprocess.run(
         [str(env.python), "-P", "-c",
          "import importlib.util as u, json; print(json.dumps([n for n in ('prefect', 'boto3', 'matplotlib', "
-         "'probe_pkg', 'torch', 'pytest', 'kiln.tasks.testing.worker') if u.find_spec(n) is None]))"],
+         "'probe_pkg', 'torch', 'pytest', 'kiln.tasks.testing.pytest_server') if u.find_spec(n) is None]))"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
     assert probe.returncode == 0, probe.stderr

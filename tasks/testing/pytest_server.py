@@ -1,6 +1,6 @@
 """The worker side of the isolation runner: a pytest session that forks tests.
 
-``python -m kiln.tasks.testing.worker serve --commands-fd R --events-fd W -- ARGS``
+``python -m kiln.tasks.testing.pytest_server serve --commands-fd R --events-fd W -- ARGS``
 imports torch and triton (never touching a GPU), collects ``ARGS`` with
 pytest once, reports the collected items, then serves ``run`` commands: each
 forks a child that leads its own process group, pins its devices through the
@@ -8,7 +8,7 @@ environment, and runs the given items with ``runtestprotocol``, appending one
 JSON line per test to a results file. The fork inherits the imports and the
 collection, so a test starts in milliseconds.
 
-``python -m kiln.tasks.testing.worker run --results F --stacks S -- ARGS NODEIDS``
+``python -m kiln.tasks.testing.pytest_server run --results F --stacks S -- ARGS NODEIDS``
 does the same for one job in a fresh interpreter (the ``spawn`` method).
 
 Forking is refused once CUDA is initialised in this process: a fork after
@@ -242,7 +242,7 @@ def _gpus(item: pytest.Item) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kiln.tasks.testing.worker")
+    parser = argparse.ArgumentParser(prog="python -m kiln.tasks.testing.pytest_server")
     parser.add_argument("mode", choices=("serve", "run"))
     parser.add_argument("--commands-fd", type=int)
     parser.add_argument("--events-fd", type=int)
