@@ -83,9 +83,8 @@ def env_task(config: KilnConfig, run: RunRecord, variant: str) -> str:
 
 
 @task(name="bench-setup", cache_policy=NO_CACHE)
-def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: str, compare: str | None,
+def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: str,
                python: str, work: Path, server: MeasureServer) -> BenchSetup:
-    benchhistory.check_compare(compare)  # a bad baseline path fails before anything is measured
     setup = prepare(config, size, metric, kernels=())  # validates size and metric here
     listed = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=None,
                          timeout_s=LIST_TIMEOUT_S, server=server)
@@ -128,10 +127,10 @@ def results_task(config: KilnConfig, setup: BenchSetup, outcomes: list[KernelOut
 
 
 @task(name="bench-compare", cache_policy=NO_CACHE)
-def compare_task(config: KilnConfig, compare: str | None, results: BenchResults, store: Store | None,
+def compare_task(config: KilnConfig, choice: benchhistory.BaselineChoice, results: BenchResults, store: Store | None,
                  run: RunRecord, fail_on_regression: bool, blocking: list[str] | None) -> Comparison:
-    baseline = benchhistory.resolve_baseline(compare, results, config, store)
-    missing = benchhistory.parse_compare(compare).missing(results.variant, results.decision_metric)
+    baseline = benchhistory.resolve_baseline(choice, results, config, store)
+    missing = choice.missing(results.variant, results.decision_metric)
     comparison = compare_results(baseline, results, config.bench.threshold, missing)
     for regression in comparison.regressions():
         logger.warning("benchmark regression: %s", regression.describe())
@@ -205,7 +204,8 @@ def bench_flow(
     fail a unit when ``fail_on_regression`` (None: every metric).
     """
     config = load_config(config_path)
-    benchhistory.check_compare(compare)
+    choice = benchhistory.parse_compare(compare)  # parsed once, here; a bad baseline fails before measuring
+    benchhistory.check_compare(choice)
     run = open_run(config, "bench", out, run_id=run_id, step="bench")
     skipped = bench_skip(config)
     if skipped:  # switched off, or nothing here runs any variant: not run, with the reason
@@ -222,10 +222,10 @@ def bench_flow(
         return finish_stage(run, "bench", "Benchmarks")
     work = run.view / "bench" / ".work"
     python = env_task(config, run, variant)
-    outcomes, setup = _measure_all(config, config_path, size, metric, compare, python, work)
+    outcomes, setup = _measure_all(config, config_path, size, metric, python, work)
     results = results_task(config, setup, outcomes, run, results_path)
     store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "bench"))
-    comparison = compare_task(config, compare, results, store, run, fail_on_regression, blocking_metrics)
+    comparison = compare_task(config, choice, results, store, run, fail_on_regression, blocking_metrics)
     for outcome in outcomes:
         record(run, _kernel_unit(outcome, comparison, fail_on_regression, blocking_metrics))
     report_task(config, run, results, comparison, outcomes, store)
@@ -233,12 +233,12 @@ def bench_flow(
     return finish_stage(run, "bench", "Benchmarks")
 
 
-def _measure_all(config: KilnConfig, config_path: str, size: str | None, metric: str, compare: str | None,
+def _measure_all(config: KilnConfig, config_path: str, size: str | None, metric: str,
                  python: str, work: Path) -> tuple[list[KernelOutcome], BenchSetup]:
     """The kernel list, then each kernel in its own task run, all forked from one measuring server."""
     server = measure_server(python, config_path, work, size=size or config.bench.size, metric=metric)
     try:
-        setup = setup_task(config, config_path, size, metric, compare, python, work, unwalked(server))
+        setup = setup_task(config, config_path, size, metric, python, work, unwalked(server))
         progress.expect("bench", len(setup.kernels))
         return [_outcome(name, bench_kernel_task(config_path, name, setup, python, work, metric, unwalked(server),
                                                  return_state=True))

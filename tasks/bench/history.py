@@ -135,6 +135,10 @@ class BaselineChoice:
     kind: Literal["none", "last", "published", "file"]
     value: str = ""  # the channel, or the file
 
+    def spelled(self) -> str:
+        """The ``--compare`` value this choice was parsed from."""
+        return {"none": "", "last": "last", "published": f"{PUBLISHED_COMPARE}{self.value}"}.get(self.kind, self.value)
+
     def missing(self, variant: str, metric: str) -> str:
         """Why there is nothing to compare against, for the unit messages and the release gate."""
         if self.kind == "published":
@@ -159,17 +163,17 @@ def parse_compare(compare: str | None) -> BaselineChoice:
     return BaselineChoice("file", compare)
 
 
-def resolve_baseline(compare: str | None, current: BenchResults, config: KilnConfig,
+def resolve_baseline(choice: BaselineChoice, current: BenchResults, config: KilnConfig,
                      store: Store | None) -> BenchResults | None:
-    """``None`` → no comparison; ``"last"`` → the previous nightly (None on the first night);
-    ``"published:<channel>"`` → that channel's last published release (None before the first); else a file."""
-    choice = parse_compare(compare)
+    """No comparison; ``"last"`` → the previous nightly (None on the first night);
+    ``"published:<channel>"`` → that channel's last published release (None before the first); else a file.
+    ``choice`` is :func:`parse_compare`'s, made once where ``--compare`` enters."""
     if choice.kind == "none":
         return None
     if choice.kind == "file":
         return load_results(choice.value)
     if store is None:
-        raise InvalidInputError(f"--compare {compare} needs the artifact store, which could not be opened")
+        raise InvalidInputError(f"--compare {choice.spelled()} needs the artifact store, which could not be opened")
     if choice.kind == "last":
         found = last_nightly(store, config, variant=current.variant, metric=current.decision_metric,
                              exclude_run=current.run_id)
@@ -181,9 +185,8 @@ def resolve_baseline(compare: str | None, current: BenchResults, config: KilnCon
     return found
 
 
-def check_compare(compare: str | None) -> None:
-    """Validate ``--compare`` before measuring: ``None``, ``"last"``, ``published:<channel>`` or a readable file."""
-    choice = parse_compare(compare)
+def check_compare(choice: BaselineChoice) -> None:
+    """Validate ``--compare`` before measuring: a results file must be readable (the rest was parsed)."""
     if choice.kind == "file":
         load_results(choice.value)
 

@@ -17,6 +17,7 @@ from kiln.tasks.bench.history import (
     last_nightly,
     load_history,
     open_history,
+    parse_compare,
     resolve_baseline,
     store_if,
     store_results,
@@ -94,23 +95,23 @@ def test_history_is_oldest_first_and_ends_with_the_current_run(config):
 def test_resolve_baseline_reads_a_file_or_the_last_nightly_or_nothing(config, tmp_path):
     store = history_store(config)
     current = _run("now", "2026-11-29T03:00:00Z")
-    assert resolve_baseline(None, current, config, store) is None
-    assert resolve_baseline("last", current, config, store) is None  # first night: nothing yet
+    assert resolve_baseline(parse_compare(None), current, config, store) is None
+    assert resolve_baseline(parse_compare("last"), current, config, store) is None  # first night: nothing yet
     store_results(store, config, _run("n1", "2026-11-28T03:00:00Z"))
-    assert resolve_baseline("last", current, config, store).run_id == "n1"
+    assert resolve_baseline(parse_compare("last"), current, config, store).run_id == "n1"
     path = save_results(_run("file", "2026-11-01T00:00:00Z"), tmp_path / "base.json")
-    assert resolve_baseline(str(path), current, config, store).run_id == "file"
+    assert resolve_baseline(parse_compare(str(path)), current, config, store).run_id == "file"
     with pytest.raises(InvalidInputError, match="does not exist"):
-        resolve_baseline(str(tmp_path / "nope.json"), current, config, store)
+        resolve_baseline(parse_compare(str(tmp_path / "nope.json")), current, config, store)
     with pytest.raises(InvalidInputError, match="artifact store"):
-        resolve_baseline("last", current, config, None)
+        resolve_baseline(parse_compare("last"), current, config, None)
 
 
 def test_compare_is_checked_before_anything_is_measured(tmp_path):
-    check_compare(None)
-    check_compare("last")
+    check_compare(parse_compare(None))
+    check_compare(parse_compare("last"))
     with pytest.raises(InvalidInputError, match="does not exist"):
-        check_compare(str(tmp_path / "missing.json"))
+        check_compare(parse_compare(str(tmp_path / "missing.json")))
 
 
 def test_store_if_says_what_it_did(config):
