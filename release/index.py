@@ -11,9 +11,21 @@ Every file link is relative (the file sits beside its page), carries
 ``#sha256=``, percent-encodes ``+`` as ``%2B`` (S3 and CDNs decode a bare ``+``
 in a path as a space and answer 404), and advertises the sidecar with both
 ``data-dist-info-metadata`` (PEP 658) and ``data-core-metadata`` (PEP 714).
-JSON pages are PEP 691 v1.1 with PEP 700's ``versions``, ``size`` and
-``upload-time``. Same input, same bytes: files are sorted by name, projects by
-normalised name, JSON keys sorted.
+JSON pages are PEP 691 with PEP 700's ``versions``, ``size`` and
+``upload-time``. Every project page carries its PEP 792 status marker
+(``[project] status`` in kiln.toml, ``active`` by default): the HTML
+``<meta name="pypi:project-status">`` (and ``pypi:project-status-reason`` when
+there is a reason), the JSON ``"project-status": {"status", "reason"}``; the
+status is written even when it is ``active`` (which an absent marker also
+means), so a page always states it. Pages declare API version 1.4, the one
+that defines the marker (1.2's and 1.3's fields are optional and not written).
+Same input, same bytes: files are sorted by name, projects by normalised name,
+JSON keys sorted.
+
+A project page may also list files that live in another index on the same
+target (a nightly's per-commit index lists the channel's wheels, see
+:mod:`kiln.release.publish`): ``files_at`` is then the relative URL of the
+directory that holds them, prepended to every file link.
 
 Nothing here reads or writes storage; :mod:`kiln.release.publish` and
 :mod:`kiln.release.cli` do.
@@ -24,11 +36,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from html import escape
 from json.encoder import encode_basestring_ascii as _js  # the string encoder json.dumps uses
 from operator import attrgetter
-from typing import Any
+from typing import Any, Literal, get_args
 from urllib.parse import quote
 
 from packaging.version import Version
@@ -36,14 +49,48 @@ from packaging.version import Version
 from kiln.release.dists import Distribution, check_filename, make_distribution, parse_upload_time
 from kiln.release.errors import IntegrityError, InvalidInputError
 
-API_VERSION = "1.1"
+API_VERSION = "1.4"  # PEP 792 (project status markers) is 1.4
+Status = Literal["active", "archived", "quarantined", "deprecated"]  # PEP 792's markers
+STATUSES: tuple[Status, ...] = get_args(Status)
 HTML_TYPE = "text/html; charset=utf-8"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_PAGE = "index.html"
 JSON_PAGE = "index.json"
 _META_TAG = f'<meta name="pypi:repository-version" content="{API_VERSION}">'
 _URL_SAFE = re.compile(r"[A-Za-z0-9._~+-]+\Z")
+_PREFIX_SAFE = re.compile(r"(?:[A-Za-z0-9._~%-]+/)*\Z")  # a relative directory URL: percent-encoded segments
+_REASON_BAD = re.compile(r"[\x00-\x1f\x7f]")
+MAX_REASON = 500
 _filename = attrgetter("filename")
+
+
+@dataclass(frozen=True)
+class ProjectStatus:
+    """A project's PEP 792 status marker and its free-form reason, as its pages state them."""
+
+    status: Status = "active"
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise InvalidInputError(f"project status {self.status!r} is not one of {', '.join(STATUSES)} (PEP 792)")
+        if not isinstance(self.reason, str) or _REASON_BAD.search(self.reason) or len(self.reason) > MAX_REASON:
+            raise InvalidInputError(f"project status reason {self.reason!r} must be one line of text without control"
+                                    f" characters, at most {MAX_REASON} characters")
+
+    def html(self) -> str:
+        lines = f'    <meta name="pypi:project-status" content="{self.status}">\n'
+        if self.reason:
+            lines += f'    <meta name="pypi:project-status-reason" content="{escape(self.reason)}">\n'
+        return lines
+
+    def json(self) -> str:
+        """The ``"project-status"`` member, keys sorted as json.dumps(sort_keys=True) writes them."""
+        reason = f'"reason":{_js(self.reason)},' if self.reason else ""
+        return f'"project-status":{{{reason}"status":"{self.status}"}}'
+
+
+ACTIVE = ProjectStatus()
 
 
 @lru_cache(maxsize=1 << 16)  # versions repeat across projects
@@ -89,9 +136,9 @@ def _requires_python(value: str) -> tuple[str, str]:
     return f' data-requires-python="{escape(value)}"', f'"requires-python":{_js(value)},'
 
 
-def _html(title: str, body: Iterable[str]) -> bytes:
+def _html(title: str, body: Iterable[str], meta: str = "") -> bytes:
     head = (
-        f"<!DOCTYPE html>\n<html>\n  <head>\n    {_META_TAG}\n    <title>{escape(title)}</title>\n  </head>\n"
+        f"<!DOCTYPE html>\n<html>\n  <head>\n    {_META_TAG}\n{meta}    <title>{escape(title)}</title>\n  </head>\n"
         f"  <body>\n    <h1>{escape(title)}</h1>\n"
     )
     return (head + "".join(body) + "  </body>\n</html>\n").encode()
@@ -101,7 +148,7 @@ def _json(data: Mapping[str, Any]) -> bytes:
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def _file_entries(dist: Distribution) -> tuple[str, str]:
+def _file_entries(dist: Distribution, prefix: str = "") -> tuple[str, str]:
     """The HTML anchor and the PEP 691 JSON object of one file.
 
     The JSON is what ``json.dumps(entry, sort_keys=True, separators=(",", ":"))``
@@ -117,6 +164,8 @@ def _file_entries(dist: Distribution) -> tuple[str, str]:
     else:
         url = quote(filename, safe="")
         text, filename_json, url_json = escape(filename), _js(filename), _js(url)
+    if prefix:  # checked URL-safe by project_pages: nothing in it to escape
+        url, url_json = prefix + url, f'"{prefix}{url_json[1:]}'
     requires_attr, requires_json = _requires_python(requires) if requires else ("", "")
     if meta:
         meta_attr = f' data-dist-info-metadata="sha256={meta}" data-core-metadata="sha256={meta}"'
@@ -132,14 +181,23 @@ def _file_entries(dist: Distribution) -> tuple[str, str]:
             f'"upload-time":"{dist.upload_time_iso}","url":{url_json},"yanked":{yanked_json}}}')
 
 
-def project_pages(project: str, dists: Sequence[Distribution]) -> dict[str, bytes]:
-    """The HTML and JSON page of one project (``dists`` as :func:`group` returns them)."""
+def project_pages(project: str, dists: Sequence[Distribution], status: ProjectStatus = ACTIVE,
+                  files_at: str = "") -> dict[str, bytes]:
+    """The HTML and JSON page of one project (``dists`` as :func:`group` returns them).
+
+    ``files_at``: the relative URL (ending in "/") of the directory that holds
+    the files when it is not the page's own, e.g. ``../../../../simple/demo/``.
+    """
+    if not _PREFIX_SAFE.match(files_at):
+        raise InvalidInputError(f"files_at {files_at!r} must be a relative directory URL of percent-encoded segments,"
+                                " ending in '/'")
     versions = sorted({d.version for d in dists}, key=_version_order)
-    anchors, entries = zip(*map(_file_entries, dists), strict=True) if dists else ((), ())
-    html = _html(f"Links for {project}", anchors)
-    # {"files": ..., "meta": ..., "name": ..., "versions": ...}: json.dumps with sorted keys, as in _file_entries
+    entry = _file_entries if not files_at else lambda dist: _file_entries(dist, files_at)
+    anchors, entries = zip(*map(entry, dists), strict=True) if dists else ((), ())
+    html = _html(f"Links for {project}", anchors, status.html())
+    # {"files", "meta", "name", "project-status", "versions"}: json.dumps with sorted keys, as in _file_entries
     data = (f'{{"files":[{",".join(entries)}],"meta":{{"api-version":"{API_VERSION}"}},"name":{_js(project)},'
-            f'"versions":[{",".join(map(_js, versions))}]}}\n')
+            f'{status.json()},"versions":[{",".join(map(_js, versions))}]}}\n')
     return {f"{project}/{HTML_PAGE}": html, f"{project}/{JSON_PAGE}": data.encode()}
 
 

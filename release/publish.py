@@ -8,6 +8,7 @@ and, under it, one PEP 503 index root per variant::
     <channel>/<variant>/simple/<project>/index.html|json     project pages
     <channel>/<variant>/simple/<project>/<wheel>             wheel (immutable)
     <channel>/<variant>/simple/<project>/<wheel>.metadata    PEP 658 sidecar (immutable)
+    <channel>/<variant>/commits/<commit12>/simple/...        per-commit index (pages only)
 
 Users install with ``--index-url <target>/<channel>/<variant>/simple/``. One
 index per variant rather than per channel because the variants differ only in
@@ -17,31 +18,49 @@ pip and uv would pick the highest local version (``rocm`` > ``cu130`` in PEP
 CUDA version. Everything a channel writes lives under its prefix, which is
 what the generated IAM policies grant.
 
+Per-commit index. A publish given the run's ``commit`` (every nightly; a
+release has its version to pin and gets none) also writes, per variant, an
+index root ``<channel>/<variant>/commits/<first 12 hex digits>/simple/``
+whose pages list only what this run published to the variant's index (its
+wheel, and what goes beside it: kiln-runtime, pins). It holds no file of its
+own: each link is relative, up to the channel's object with the same sha256
+(``../../../../simple/<project>/<wheel>#sha256=…``), so no wheel is stored
+twice. Its pages are written after every channel page, by the same
+compare-and-swap merge, and only for a variant whose every upload verified:
+a commit's index is complete or absent.
+
 Order (invariant 1): every wheel, then its sidecar, each verified by hash
-after the write; then project pages; the root page last. Pages are merged
+after the write; then project pages; the root page last; then the per-commit
+pages, the same way. Pages are merged
 into what the channel already lists (the JSON page is the record) and written
 with compare-and-swap, re-read and re-merged on a lost race, a bounded number
 of times. A re-run after a crash finds the verified files present (same hash:
-nothing uploaded) and finishes the pages.
+nothing uploaded) and finishes the pages. Every project page states the
+project's PEP 792 status (``[project] status`` in kiln.toml, see
+:mod:`kiln.release.index`).
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
+import re
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from kiln.release.dists import Distribution
-from kiln.release.errors import AlreadyPublishedError, IntegrityError
+from kiln.release.errors import AlreadyPublishedError, IntegrityError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.index import (
+    ACTIVE,
     HTML_PAGE,
     HTML_TYPE,
     JSON_PAGE,
     JSON_TYPE,
+    ProjectStatus,
     group,
     parse_project_json,
     parse_root_json,
@@ -61,10 +80,20 @@ IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 PAGE_CACHE = "public, max-age=60, must-revalidate"  # short: a new nightly shows within a minute
 
 Outcome = Literal["added", "present", "conflict"]
+COMMIT_DIGITS = 12  # of the commit's hex sha in a per-commit index's URL
+_COMMIT = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?\Z")  # a full SHA-1 or SHA-256 object name
 
 
 def index_prefix(channel_prefix: str, variant: str) -> str:
     return f"{channel_prefix.strip('/')}/{variant}/simple"
+
+
+def commit_index_prefix(channel_prefix: str, variant: str, commit: str) -> str:
+    """The per-commit index root of ``commit`` (a full hex sha) in ``variant``'s index of a channel."""
+    if not _COMMIT.match(commit):
+        raise InvalidInputError(f"commit {commit!r} is not a full lowercase hex commit sha; a per-commit index is "
+                                "named by its first 12 digits")
+    return f"{channel_prefix.strip('/')}/{variant}/commits/{commit[:COMMIT_DIGITS]}/simple"
 
 
 @dataclass(frozen=True)
@@ -75,6 +104,8 @@ class Upload:
     index: str  # the index root key, see :func:`index_prefix`
     dist: Distribution
     source: Path
+    commit_index: str = ""  # the per-commit index that also lists it (:func:`commit_index_prefix`), or none
+    status: ProjectStatus = ACTIVE  # the PEP 792 status its project's pages state
 
     @property
     def key(self) -> str:
@@ -108,6 +139,11 @@ class Plan:
     pages: list[str] = field(default_factory=list)  # keys whose bytes changed
     dry_run: bool = False
     preview: bool = False  # run against a staging copy to show what a real publish will do
+    commit_indexes: list[str] = field(default_factory=list)  # per-commit index roots on the target after the pages
+    commit_held: dict[str, str] = field(default_factory=dict)  # variant -> why its per-commit index is not written
+
+    def commit_index_urls(self) -> list[str]:
+        return [f"{self.target}/{index}/" for index in self.commit_indexes]
 
     def keys(self, outcome: Outcome) -> list[str]:
         return sorted(r.upload.key for r in self.results if r.outcome == outcome)
@@ -123,6 +159,8 @@ class Plan:
             lines.append(f"- {title}: {len(keys)}")
             lines.extend(f"  - `{k}`" for k in keys)
         lines.extend(f"- variant `{v}` not published: {why}" for v, why in sorted(self.skipped.items()))
+        lines.extend(f"- per-commit index: `{index}/`" for index in self.commit_indexes)
+        lines.extend(f"- per-commit index of `{v}` not written: {why}" for v, why in sorted(self.commit_held.items()))
         return "\n".join(lines) + "\n"
 
 
@@ -163,14 +201,19 @@ def untested(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
 
 def collect(
     run: RunManifest, channel_prefix: str, variants: Sequence[str], clock: Callable[[], float] = time.time,
-    extra: Sequence[tuple[str | None, Path]] = (), untested_ok: Iterable[str] = (),
+    extra: Sequence[tuple[str | None, Path]] = (), untested_ok: Iterable[str] = (), commit: str = "",
+    statuses: Mapping[str, ProjectStatus] | None = None,
 ) -> tuple[list[Upload], dict[str, str]]:
     """The uploads of a publish, every local file verified against the manifest first.
 
     Nothing is written before every file has passed: a hash mismatch stops
     the publish before it touches the target. ``extra`` adds verified pinned
-    files as (variant or None for all, path).
+    files as (variant or None for all, path). ``commit``: the full sha whose
+    per-commit index also lists them (empty: none). ``statuses``: the PEP 792
+    status of a project by normalised name (any other: active).
     """
+    for commit_variant in variants if commit else ():
+        commit_index_prefix(channel_prefix, commit_variant, commit)  # a bad commit is refused before anything
     publishable, skipped = gate(run, variants, untested_ok)
     now = clock()
     uploads: list[Upload] = []
@@ -182,7 +225,9 @@ def collect(
         dist, _ = read_wheel(path, now)  # hashed streaming; METADATA read under its limit
         for variant in publishable:
             if variant_of_file in (None, variant):
-                uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path))
+                commit_index = commit_index_prefix(channel_prefix, variant, commit) if commit else ""
+                uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path, commit_index,
+                                      (statuses or {}).get(dist.project, ACTIVE)))
     return uploads, skipped
 
 
@@ -248,9 +293,22 @@ def _cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[byt
     return until_swapped(json_key, attempt, sleep)
 
 
+def _files_at(index: str, files_in: str | None, project: str) -> str:
+    """The relative URL from ``index``'s page of ``project`` to the directory of its files in ``files_in``."""
+    if files_in is None or files_in == index:
+        return ""
+    return posixpath.relpath(f"{files_in}/{project}", f"{index}/{project}") + "/"
+
+
 def update_pages(store: Store, index: str, dists: Sequence[Distribution],
-                 sleep: Callable[[float], None] = time.sleep) -> list[str]:
-    """Merge ``dists`` (all verified on the target) into the project pages, then the root."""
+                 sleep: Callable[[float], None] = time.sleep, *, statuses: Mapping[str, ProjectStatus] | None = None,
+                 files_in: str | None = None) -> list[str]:
+    """Merge ``dists`` (all verified on the target) into the project pages, then the root.
+
+    ``statuses``: each project's PEP 792 status (default active), written on
+    its page. ``files_in``: the index root whose objects the pages link when
+    it is not ``index`` itself (a per-commit index links the channel's).
+    """
     changed: list[str] = []
     projects = group(dists)
     for project, files in projects.items():
@@ -260,7 +318,9 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
                    json_key: str = json_key) -> dict[str, bytes]:
             listed = [] if current is None else parse_project_json(current, f"{store.url}/{json_key}")
             merged = _merge_files(listed, files, f"{store.url}/{json_key}")
-            return {f"{index}/{k}": v for k, v in project_pages(project, merged).items()}
+            status = (statuses or {}).get(project, ACTIVE)
+            pages = project_pages(project, merged, status, _files_at(index, files_in, project))
+            return {f"{index}/{k}": v for k, v in pages.items()}
 
         changed += _cas_pages(store, html_key, json_key, render, sleep)
 
@@ -286,6 +346,7 @@ def publish(
     run: RunManifest, store: Store, *, channel: str, channel_prefix: str, variants: Sequence[str],
     clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
     untested_ok: Iterable[str] = (), upload: UploadStep = upload_each, pages: PagesStep | None = None,
+    commit: str = "", statuses: Mapping[str, ProjectStatus] | None = None,
 ) -> Plan:
     """The whole protocol — verify, upload wheel then sidecar, then pages — in one call.
 
@@ -293,26 +354,62 @@ def publish(
     ``pages`` steps that run as Prefect tasks (retries, one task run per
     wheel); what a step returns is what reached the target, so a failed
     upload is left off the pages. Conflicting files are reported in the plan
-    and left off the pages; every other file is published. Against a
+    and left off the pages; every other file is published. ``commit`` (a
+    nightly's full sha) also writes each variant's per-commit index;
+    ``statuses`` are the PEP 792 statuses of projects by normalised name. Against a
     :class:`~kiln.release.staging.StagingStore` it is the plan of a publish
     (what the release shows its approver), with the target untouched.
     """
-    uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok)
+    uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses)
     plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run)
     plan.results = upload(store, uploads)
-    plan.pages = (pages or publish_pages)(store, plan.results)
+    ready, plan.commit_held = complete_commit_indexes(uploads, plan.results)
+    plan.pages = (pages or publish_pages)(store, ready)
+    written = sorted({r.upload.commit_index for r in ready if r.upload.commit_index})
+    plan.commit_indexes = [index for index in written if store.get_page(f"{index}/{JSON_PAGE}") is not None]
     return plan
 
 
+def complete_commit_indexes(uploads: Sequence[Upload], results: Sequence[UploadResult]
+                            ) -> tuple[list[UploadResult], dict[str, str]]:
+    """The results as the pages step gets them: a variant with an upload that did not verify loses its commit index.
+
+    A per-commit index lists all of its variant's files or does not exist;
+    the second value says, per variant held back, which files are missing.
+    """
+    verified = {r.upload.key for r in results if r.outcome != "conflict"}
+    missing: dict[str, list[str]] = {}
+    for item in uploads:
+        if item.commit_index and item.key not in verified:
+            missing.setdefault(item.variant, []).append(item.dist.filename)
+    held = {variant: f"not every file uploaded and verified (missing: {', '.join(sorted(names))})"
+            for variant, names in missing.items()}
+    ready = [replace(r, upload=replace(r.upload, commit_index="")) if r.upload.variant in held else r
+             for r in results]
+    return ready, held
+
+
 def publish_pages(store: Store, results: Iterable[UploadResult | BaseException]) -> list[str]:
-    """Pages for every index that gained a verified file; failed uploads are left off."""
+    """Pages for every index that gained a verified file; failed uploads are left off.
+
+    The channel's indexes first, then the per-commit ones (whose links lead to
+    the channel's verified objects), each project page before its root.
+    """
     by_index: dict[str, list[Distribution]] = {}
+    by_commit: dict[tuple[str, str], list[Distribution]] = {}
+    statuses: dict[str, ProjectStatus] = {}
     for result in results:
         if isinstance(result, UploadResult) and result.outcome != "conflict":
-            by_index.setdefault(result.upload.index, []).append(result.upload.dist)
+            item = result.upload
+            by_index.setdefault(item.index, []).append(item.dist)
+            statuses[item.dist.project] = item.status
+            if item.commit_index:
+                by_commit.setdefault((item.commit_index, item.index), []).append(item.dist)
     changed: list[str] = []
     for index, dists in sorted(by_index.items()):
-        changed += update_pages(store, index, dists)
+        changed += update_pages(store, index, dists, statuses=statuses)
+    for (commit_index, index), dists in sorted(by_commit.items()):
+        changed += update_pages(store, commit_index, dists, statuses=statuses, files_in=index)
     return changed
 
 
@@ -324,6 +421,7 @@ def raise_for_conflict(result: UploadResult) -> UploadResult:
 
 
 __all__ = [
-    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "collect", "gate", "index_prefix", "publish",
-    "publish_pages", "raise_for_conflict", "update_pages", "upload_each", "upload_file",
+    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "collect", "commit_index_prefix",
+    "complete_commit_indexes", "gate", "index_prefix", "publish", "publish_pages", "raise_for_conflict",
+    "update_pages", "upload_each", "upload_file",
 ]

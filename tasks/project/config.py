@@ -22,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.release.index import ProjectStatus, Status
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
 from kiln.tasks.bench.results import Metric
 from kiln.tasks.build.archs import validate_arch
@@ -67,6 +68,23 @@ class Project(_Model):
     # Publish the kiln-runtime wheel (kiln.runtime: spec types and the artifact loader) in every
     # index beside this project's wheels; default: when the wheels require kiln-runtime.
     runtime: bool | None = None
+    # PEP 792 status marker on every project page Kiln writes (active, archived, quarantined, deprecated),
+    # with an optional one-line reason (pypi:project-status-reason).
+    status: Status = "active"
+    status_reason: str = ""
+
+    @property
+    def page_status(self) -> ProjectStatus:
+        return ProjectStatus(self.status, self.status_reason)
+
+    @field_validator("status_reason")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        try:
+            ProjectStatus("active", value)
+        except InvalidInputError as exc:
+            raise ValueError(str(exc).replace("project status reason", "the reason")) from exc
+        return value
 
     @property
     def ships_runtime(self) -> bool:

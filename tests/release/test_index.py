@@ -32,7 +32,7 @@ def _dists():
 def test_project_html_has_hash_escaped_requires_python_both_metadata_attrs_and_yank() -> None:
     pages = generate(_dists())
     meta, anchors = parse_html(pages["kiln-kernels/index.html"])
-    assert meta["pypi:repository-version"] == "1.1"
+    assert meta["pypi:repository-version"] == "1.4"
     first, second = anchors
     assert first.text == "Kiln_Kernels-0.1.0+cu130-cp311-cp311-linux_x86_64.whl"
     assert first.url == "Kiln_Kernels-0.1.0%2Bcu130-cp311-cp311-linux_x86_64.whl"  # '+' encoded
@@ -48,7 +48,7 @@ def test_project_html_has_hash_escaped_requires_python_both_metadata_attrs_and_y
 
 def test_project_json_is_pep691_with_pep700_fields() -> None:
     page = parse_json(generate(_dists())["kiln-kernels/index.json"])
-    assert page["meta"] == {"api-version": "1.1"}
+    assert page["meta"] == {"api-version": "1.4"}
     assert page["name"] == "kiln-kernels"
     assert page["versions"] == ["0.1.0+cu130", "0.2.0"]
     first, second = page["files"]
@@ -68,7 +68,7 @@ def test_root_pages_list_every_normalised_project() -> None:
     pages = generate(_dists())
     _, anchors = parse_html(pages["index.html"])
     assert [(a.text, a.href) for a in anchors] == [("kiln-kernels", "kiln-kernels/"), ("other-pkg", "other-pkg/")]
-    assert parse_json(pages["index.json"]) == {"meta": {"api-version": "1.1"},
+    assert parse_json(pages["index.json"]) == {"meta": {"api-version": "1.4"},
                                                "projects": [{"name": "kiln-kernels"}, {"name": "other-pkg"}]}
     assert set(pages) == {"index.html", "index.json", "kiln-kernels/index.html", "kiln-kernels/index.json",
                           "other-pkg/index.html", "other-pkg/index.json"}

@@ -4,8 +4,11 @@
 for ``fixtures/golden/list.jsonl`` (every optional field: yanked with and
 without a reason, Requires-Python, metadata hashes, sdists, odd names, epochs,
 local versions, duplicates) at commit fe15310, when every JSON page went
-through ``json.dumps`` and every file through a frozen dataclass. The 100k
-benchmark index is checked by digest only (``slow``).
+through ``json.dumps`` and every file through a frozen dataclass, then
+changed in one way only: API version 1.4 and PEP 792's ``active`` status
+marker on every project page (issue 28; checked, when they were rewritten,
+to be the fe15310 pages plus exactly those lines). The 100k benchmark index
+is checked by digest only (``slow``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from kiln.release.fsutil import journaled, write_new_tree
 from kiln.release.index import file_url, generate, group, project_pages
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
-# sha256 over (path NUL sha256-of-page) of every page of the benchmark's 100k list, from fe15310
-BENCH_100K_DIGEST = "55412cf23c73664cf46cb8a4cafe8532d8a7e75595b58adf089c1aa51f8c537c"
+# sha256 over (path NUL sha256-of-page) of every page of the benchmark's 100k list: fe15310's pages
+# (55412cf2…) with API version 1.4 and the active status marker, each page checked against them (issue 28)
+BENCH_100K_DIGEST = "664fa03d12aceca5eb1ae305792e0d0184db07f08f9de0205e43444d2e193015"
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -64,8 +68,8 @@ def _reference_json(project: str, dists) -> bytes:
         if d.metadata_sha256:
             entry["core-metadata"] = entry["dist-info-metadata"] = {"sha256": d.metadata_sha256}
         files.append(entry)
-    data = {"meta": {"api-version": "1.1"}, "name": project, "files": files,
-            "versions": sorted({d.version for d in dists}, key=Version)}
+    data = {"meta": {"api-version": "1.4"}, "name": project, "files": files,
+            "versions": sorted({d.version for d in dists}, key=Version), "project-status": {"status": "active"}}
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
