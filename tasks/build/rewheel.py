@@ -39,6 +39,7 @@ from kiln.release.wheels import MEMBER_LIMITS, member_limit, read_member
 from kiln.tasks.build.buildenv import requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
+from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
 from kiln.tasks.build.wheel import (
     WheelInput,
     WheelStamp,
@@ -169,6 +170,9 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
     if binaries:
         manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
         out[f"{package}/_aot/manifest.json"] = manifest.encode()
+    contents = [(name, data) for name, data in out.items() if not name.startswith(f"{new}.dist-info/")]
+    out[sbom_arcname(f"{new}.dist-info")] = wheel_sbom(config.project.distribution, str(Version(version)), variant,
+                                                       stamp.commit, stamp.epoch, stamp.toolchain, contents)
     # dist-info last, as wheel builders write it (RECORD is added after it by WheelFile)
     order = sorted(out, key=lambda n: (n.startswith(f"{new}.dist-info/"), n))
     final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp, cache=cache)

@@ -45,6 +45,7 @@ from wheel.wheelfile import WheelFile
 from kiln.release.errors import CacheDriftError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
+from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
 from kiln.tasks.project.config import KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
@@ -206,8 +207,11 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
     if variant.backend != "cpu":
         manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
         members.append((f"{package}/_aot/manifest.json", manifest.encode()))
+    sbom = wheel_sbom(config.project.distribution, version, variant, stamp.commit, stamp.epoch, stamp.toolchain,
+                      members)
     members += [(f"{dist_info}/METADATA", metadata_text(config, version, requires).encode()),
                 (f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode()),
+                (sbom_arcname(dist_info), sbom),
                 (f"{dist_info}/WHEEL", wheel_metadata(tag, pure).encode())]
     final = write_wheel(out_dir, filename, members, stamp, cache=cache)
     _log.info("wrote %s (%d compiled artifacts, commit %s)", final, len(entries), stamp.commit[:12] or "none")

@@ -199,6 +199,8 @@ def test_two_clones_of_the_default_project_build_identical_wheels_for_every_vari
     assert sorted(built[0]) == ["cpu", "cu130", "rocm"]
     # The cu130 wheel carries the nvcc-built torch extension (its sources' path once leaked into it).
     assert any(n.endswith("_aot/libkiln_csrc.so") for n in _members(built[0]["cu130"]))
+    # Each wheel's SBOM (PEP 770) is part of the bytes compared below: it names no path and no clock.
+    assert all(any(n.endswith(".dist-info/sboms/kiln.cdx.json") for n in _members(w)) for w in built[0].values())
     _assert_identical(built[0], built[1], clones)
 
 
