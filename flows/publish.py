@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from packaging.utils import canonicalize_name
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from kiln.flows.common import (
@@ -28,6 +29,7 @@ from kiln.flows.common import (
 )
 from kiln.flows.runname import name_this_run, run_name
 from kiln.release.errors import ConfigError, IntegrityError
+from kiln.release.index import ProjectStatus
 from kiln.release.manifest import Unit
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.publish import (
@@ -60,6 +62,11 @@ def refusal(run: RunRecord, dry_run: bool) -> str:
     """Why this run may not be published (a dry run may always go ahead), or ""."""
     why = run.header.source.unpublishable()
     return "" if dry_run or not why else f"run {run.run_id} is not published: {why}"
+
+
+def project_statuses(config: KilnConfig) -> dict[str, ProjectStatus]:
+    """The PEP 792 status of the project's pages (kiln.toml [project] status); every other project is active."""
+    return {canonicalize_name(config.project.distribution): config.project.page_status}
 
 
 def open_publish_target(run: RunRecord, config: KilnConfig, target: str | None, channel: str,
@@ -158,17 +165,42 @@ def pages_task(run: RunRecord) -> PagesStep:
     return pages
 
 
+def commit_install_facts(plan: Plan, install: dict[str, Any]) -> dict[str, Any]:
+    """The install facts of each per-commit index: those of its variant's channel index, which it mirrors."""
+    indexes = dict(install.get("indexes") or {})
+    channel_of = {u.commit_index: u.index for u in plan.uploads if u.commit_index}
+    for commit_index in plan.commit_indexes:
+        facts = indexes.get(f"{plan.target}/{channel_of.get(commit_index, '')}/")
+        if isinstance(facts, dict):
+            indexes[f"{plan.target}/{commit_index}/"] = facts
+    return {**install, "indexes": indexes}
+
+
 def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
     """Skipped variants as units; the plan, index links and install hint in the record and as an artifact."""
     for variant, why in plan.skipped.items():
         record(run, Unit(f"publish/{variant}", "publish", "skipped", variant=variant, message=why))
-    for key, value in releasing.publish_facts(config, run.manifest(), plan).items():
+    facts = releasing.publish_facts(config, run.manifest(), plan)
+    if isinstance(facts.get("install"), dict):
+        facts["install"] = commit_install_facts(plan, facts["install"])
+    for key, value in facts.items():
         run.set_info(key, value)
     indexes = sorted({f"{plan.target}/{u.index}/" for u in plan.uploads})
+    commits = plan.commit_index_urls()
     run.set_info("index_url" if not plan.dry_run else "dry_run_index_url", indexes)
+    run.set_info("commit_index_url" if not plan.dry_run else "dry_run_commit_index_url", commits)
     run.set_info("publish_plan", plan.to_markdown())
-    links = "\n".join(f"- index: <{url}>" for url in indexes) or "- no index changed"
+    for url in commits:
+        get_run_logger().info("per-commit index (this commit's wheels only): %s", url)
+    links = "\n".join([*(f"- index: <{url}>" for url in indexes),
+                       *(f"- this commit's index: <{url}>" for url in commits)]) or "- no index changed"
     markdown_report("kiln-publish-plan", plan.to_markdown() + "\n" + links + "\n", f"Publish plan — run {run.run_id}")
+
+
+def publish_commit(run: RunRecord, channel: str) -> str:
+    """The commit whose per-commit index a publish writes: a clean tree's, in every channel but ``release``."""
+    source = run.header.source
+    return source.commit if channel != "release" and source.clean and source.commit else ""
 
 
 @flow(name="publish")
@@ -189,7 +221,8 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     variants, held = releasing.variants_to_publish(config, run.manifest())  # [publish] publish_untested
     plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
                    variants=variants, extra=extra, untested_ok=allowed, dry_run=dry_run,
-                   upload=upload_tasks(run, channel), pages=pages_task(run))
+                   upload=upload_tasks(run, channel), pages=pages_task(run), commit=publish_commit(run, channel),
+                   statuses=project_statuses(config))
     plan.skipped.update(held)
     report_plan(run, config, plan)
     return finish_stage(run, "publish", "Publish")

@@ -35,7 +35,7 @@ from prefect.states import Completed, Failed
 from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.common import markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
-from kiln.flows.publish import open_publish_target, publish_flow, publish_inputs
+from kiln.flows.publish import open_publish_target, project_statuses, publish_flow, publish_inputs
 from kiln.flows.runname import current_release_name
 from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.test import test_flow
@@ -115,7 +115,8 @@ def plan_publish(config: KilnConfig, run: RunRecord, channel: str, dry_run: bool
     extra, allowed = publish_inputs(run, config)
     variants, held = releasing.variants_to_publish(config, run.manifest())  # as publish_flow holds them back
     plan = publish(run.manifest(), staging, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
-                   variants=variants, extra=extra, untested_ok=allowed, dry_run=True)
+                   variants=variants, extra=extra, untested_ok=allowed, dry_run=True,
+                   statuses=project_statuses(config))
     plan.skipped.update(held)
     plan.dry_run, plan.preview = dry_run, not dry_run  # a real release's plan is a preview, not a dry run
     markdown = plan.to_markdown()

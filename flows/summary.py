@@ -120,7 +120,9 @@ def _text_attention(run: RunManifest) -> list[str]:
 def _text_indexes(run: RunManifest) -> list[str]:
     install = run.info.get("install")
     lines = []
-    for key, label in (("index_url", "index"), ("dry_run_index_url", "index (dry-run staging copy)")):
+    for key, label in (("index_url", "index"), ("commit_index_url", "this commit's index"),
+                       ("dry_run_index_url", "index (dry-run staging copy)"),
+                       ("dry_run_commit_index_url", "this commit's index (dry-run staging copy)")):
         for url in _urls(run, key):
             lines.append(f"  {label}: {url}")
             if isinstance(install, dict):
@@ -188,12 +190,12 @@ def render_markdown(run: RunManifest, units_table: str = "") -> str:
 
 
 def _markdown_indexes(run: RunManifest) -> list[str]:
-    urls, install = _urls(run, "index_url"), run.info.get("install")
-    if not urls:
+    urls, commits, install = _urls(run, "index_url"), _urls(run, "commit_index_url"), run.info.get("install")
+    if not urls and not commits:
         return []
     lines = ["", "## Published indexes", ""]
-    for url in urls:
-        lines.append(f"- <{url}>")
+    for url, label in [*((u, "") for u in urls), *((u, "this commit's wheels only: ") for u in commits)]:
+        lines.append(f"- {label}<{url}>")
         if isinstance(install, dict):
             lines += [f"  - `{install_command(url, install)}`", f"  - {install_reason(url, install)}"]
     return lines

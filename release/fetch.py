@@ -38,6 +38,7 @@ import http.client
 import io
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.request
@@ -264,15 +265,18 @@ class StoreSource:
 
     negotiates = True  # pages are read by name: both forms, whenever both exist
 
-    def __init__(self, store: Store, root: str, limits: FetchLimits | None = None) -> None:
+    def __init__(self, store: Store, root: str, limits: FetchLimits | None = None, scope: str | None = None) -> None:
         self.store, self.root, self.limits = store, root, limits or FetchLimits()
+        # What may be read: the index itself, or for a per-commit index the variant's directory whose
+        # channel index holds the files its pages link (the store is opened there).
+        self.scope = scope or root
 
     def _key(self, url: str, page: str = "") -> str:
         path = urldefrag(url)[0]
-        if not path.startswith(self.root):
-            raise LinkRefusedError(f"{url}: refused, not read: outside the index {self.root}; a store source reads"
+        if not path.startswith(self.scope):
+            raise LinkRefusedError(f"{url}: refused, not read: outside the index {self.scope}; a store source reads"
                                    " only its own keys")
-        return unquote(path[len(self.root):]) + page
+        return unquote(path[len(self.scope):]) + page
 
     def _get(self, url: str, limit: int, page: str = "") -> bytes | None:
         key = self._key(url, page)
@@ -320,6 +324,17 @@ def local_path(url: str) -> Path:
     return Path(url2pathname(unquote(parts.path)))
 
 
+_COMMIT_INDEX = re.compile(r"(?P<variant>.*/)commits/[0-9a-f]{12}/simple/\Z")
+
+
+def commit_index_scope(root: str) -> str:
+    """What a store source of ``root`` may read: a per-commit index (``<variant>/commits/<commit12>/simple/``,
+    see :mod:`kiln.release.publish`) links its files in ``<variant>/simple/``, so its variant's directory;
+    any other index, itself."""
+    found = _COMMIT_INDEX.match(root)
+    return found.group("variant") if found else root
+
+
 def open_source(url: str, timeout: float, settings: StoreSettings | None = None, allowed: Sequence[str] = (),
                 limits: FetchLimits | None = None) -> IndexSource:
     """The source for an index URL (normalised to end in "/"); InvalidInputError for other schemes.
@@ -331,12 +346,14 @@ def open_source(url: str, timeout: float, settings: StoreSettings | None = None,
     if scheme in ("http", "https"):
         return HttpSource(root, timeout, allowed, limits)
     if scheme == "file":
-        directory = local_path(root)
+        directory, scope = local_path(root), commit_index_scope(root)
         if not directory.is_dir():
             raise InvalidInputError(f"{url}: {directory} is not a directory")
-        return StoreSource(LocalStore(directory), root, limits)
+        return StoreSource(LocalStore(local_path(scope)), root, limits, scope)
     if scheme == "s3":
         settings = settings or StoreSettings()
+        # Its own keys only: the verifier serves this store to pip from its root (a per-commit index's
+        # links to its channel are refused here, and reported).
         store = open_store(root.rstrip("/"), root=Path("."), region=settings.region, endpoint=settings.endpoint,
                            expected_owner=settings.expected_owner, session=settings.session)
         log.info("reading %s through %s", root, store.url)
