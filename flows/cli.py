@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an install command a run printed: run it in a fresh venv, as a user would; it must "
                         "install the version this index publishes (repeatable)")
 
+    _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
+
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))
 
@@ -141,6 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
                                       "KILN_DAEMON=off turns them off)")
     p.add_argument("action", choices=("status", "stop"))
     return parser
+
+
+def _add_history(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
+    p.add_argument("--kernel", help="only this kernel")
+    p.add_argument("--case", help="only this case (e.g. n4096)")
+    p.add_argument("--variant", help="the variant whose runs to show (default: the newest stored run's)")
+    p.add_argument("--metric", choices=("graph_replay", "eager", "cpu"),
+                   help="the decision metric (default: the newest stored run's)")
+    p.add_argument("--limit", type=int, default=30, help="at most this many runs, the newest (default: 30)")
+    p.add_argument("--plot", type=Path, help="also write the trend plot (PNG) here")
 
 
 def _pytest_args(args: list[str]) -> list[str]:
@@ -293,6 +306,12 @@ def _dispatch(ns: argparse.Namespace) -> int:
         from kiln.flows.policies import policies_command
 
         return policies_command(ns.config, ns.out)
+    if cmd == "history":
+        from kiln.flows.history import show_history
+
+        print(show_history(load_config(ns.config), kernel=ns.kernel, case=ns.case, variant=ns.variant,
+                           metric=ns.metric, limit=ns.limit, plot=ns.plot), end="")
+        return 0
     from kiln.flows import cancel
 
     # From here one SIGTERM or Ctrl-C cancels the command: its flow run ends Cancelled, what it started ends.

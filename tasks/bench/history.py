@@ -115,6 +115,15 @@ def last_nightly(store: Store, config: KilnConfig, *, variant: str, metric: str,
     return None
 
 
+def newest_stored(store: Store, config: KilnConfig) -> BenchResults | None:
+    """The newest stored nightly result of any variant (what ``kiln history`` shows by default)."""
+    for key in reversed(_nightly_keys(store, config)):
+        results = _read(store, key)
+        if results is not None:
+            return results
+    return None
+
+
 def last_published(store: Store, config: KilnConfig, channel: str, *, variant: str,
                    metric: str) -> BenchResults | None:
     """The results of the newest published release on ``channel`` of ``variant``/``metric``, or None."""

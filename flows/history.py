@@ -1,0 +1,44 @@
+"""``kiln history``: the benchmark history the nightlies stored, by commit, as a table and a plot.
+
+No flow run: it only reads the artifact store (with the bench step's credentials on S3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kiln.flows.common import store_session
+from kiln.release.errors import InvalidInputError
+from kiln.tasks.bench import history as benchhistory
+from kiln.tasks.bench import series
+from kiln.tasks.bench.plots import plot_trend
+from kiln.tasks.project.config import KilnConfig
+
+
+def show_history(config: KilnConfig, *, kernel: str | None, case: str | None, variant: str | None,
+                 metric: str | None, limit: int, plot: Path | None) -> str:
+    """The table of the stored history (oldest first); with ``plot``, the trend written there too.
+
+    ``variant``/``metric`` default to the newest stored run's. Raises :class:`InvalidInputError` when the
+    store holds no history, or none of the kernel, case, variant or metric named.
+    """
+    if limit < 1:
+        raise InvalidInputError(f"--limit {limit}: show at least one run")
+    store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "bench"))
+    if store is None:
+        raise InvalidInputError(f"the artifact store {config.artifacts.url} could not be opened (see the log)")
+    newest = benchhistory.newest_stored(store, config)
+    if newest is None:
+        raise InvalidInputError(f"no benchmark history under {store.url}/{config.bench.history} yet: "
+                                "every nightly stores its results there")
+    variant, metric = variant or newest.variant, metric or newest.decision_metric
+    runs = benchhistory.load_history(store, config, variant=variant, metric=metric, limit=limit)
+    if not runs:
+        raise InvalidInputError(f"no stored benchmark of variant {variant!r} measured on {metric!r}")
+    points = series.series(runs, kernel=kernel, case=case)
+    text = f"{len(runs)} runs of variant {variant} ({metric}), oldest first\n" + series.render(points)
+    if plot is not None and len(runs) < 2:
+        text += "plot: not drawn, a trend needs at least two runs\n"
+    elif plot is not None:
+        text += f"plot: {plot_trend(series.only(runs, kernel, case), plot)}\n"
+    return text
