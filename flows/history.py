@@ -35,7 +35,8 @@ def show_history(config: KilnConfig, *, kernel: str | None, case: str | None, va
     runs = benchhistory.load_history(store, config, variant=variant, metric=metric, limit=limit)
     if not runs:
         raise InvalidInputError(f"no stored benchmark of variant {variant!r} measured on {metric!r}")
-    points = series.series(runs, kernel=kernel, case=case)
+    points = series.series(runs, kernel=kernel, case=case, policy=config.bench.regression,
+                           threshold=config.bench.threshold)
     text = f"{len(runs)} runs of variant {variant} ({metric}), oldest first\n" + series.render(points)
     if plot is not None and len(runs) < 2:
         text += "plot: not drawn, a trend needs at least two runs\n"

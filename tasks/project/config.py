@@ -187,10 +187,27 @@ class Suite(_Model):
     publish_untested: bool = False
 
 
+class RegressionPolicy(_Model):
+    """How a run's case is judged against the stored history (``kiln history``): its baseline is the
+    median of the last ``window`` comparable runs (same variant, metric and hardware), its noise band
+    ``noise_k`` times their spread (scaled MAD) but never under ``[bench] threshold``."""
+
+    window: int = Field(default=5, ge=2, le=100)
+    min_runs: int = Field(default=3, ge=1)  # fewer comparable runs: "insufficient data"
+    noise_k: float = Field(default=3.0, gt=0, le=20)
+
+    @model_validator(mode="after")
+    def _fits(self) -> RegressionPolicy:
+        if self.min_runs > self.window:
+            raise ValueError(f"min_runs ({self.min_runs}) cannot exceed window ({self.window})")
+        return self
+
+
 class Bench(_Model):
     size: BenchSize = "small"
     threshold: float = Field(default=0.05, gt=0, lt=10)
     history: StorePrefix = "bench-history"
+    regression: RegressionPolicy = RegressionPolicy()
     # Decision metrics whose regressions stop a release. CUDA-graph replay on a dedicated GPU is
     # steady enough to block; CPU timings on a shared machine are advisory unless listed here.
     blocking_metrics: tuple[Metric, ...] = ("graph_replay",)
