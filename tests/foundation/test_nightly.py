@@ -68,7 +68,10 @@ def test_index_links_resolve_and_hashes_match(nightly):
     _, _, index = nightly
     report = check_local_index(index)
     assert report.problems == []
-    wheels = [p.name for p in report.files if p.suffix == ".whl"]
+    # each object once, linked from its channel's page and from its commit's (nightly/<variant>/commits/…)
+    linked = sorted({p for p in report.files if p.suffix == ".whl"})
+    assert all(report.files.count(p) == 2 for p in linked)
+    wheels = [p.name for p in linked]
     assert {n.split("+")[1].split("-")[0] for n in wheels if n.startswith("kiln_kernels-")} == {"cu130", "rocm", "cpu"}
     # kiln-runtime (which the kernel wheels require) is published in every variant's index
     assert len([n for n in wheels if n.startswith("kiln_runtime-")]) == 3
