@@ -27,8 +27,11 @@ MANIFEST_NAME = "run.json"
 Stage = Literal["build", "test", "bench", "publish", "verify"]
 # not_run: a suite that could not run on this machine (no GPU of its kind); it is never "completed".
 UnitState = Literal["completed", "failed", "skipped", "flaky", "not_run"]
+# variant-wheel: a PEP 825 variant wheel (or the plain default wheel beside the null variant) of the public
+# version, written beside each "wheel" for a combined page; today's per-variant indexes publish only "wheel".
 ArtifactKind = Literal[
-    "wheel", "cubin", "hsaco", "shared-library", "build-manifest", "report", "bench", "index", "other"
+    "wheel", "variant-wheel", "cubin", "hsaco", "shared-library", "build-manifest", "report", "bench", "index",
+    "other"
 ]
 
 

@@ -30,6 +30,7 @@ from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_stat
 from kiln.tasks.build.pool import WorkerPool
 from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
 from kiln.tasks.project.registry import load_registry
@@ -220,11 +221,15 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     else:
         wheel = build_wheel(config, version, binaries, entries, wheels, variant=config.variant(variant.name),
                             stamp=stamp, cache=cache)
+    # The same contents as PEP 825 variant wheels of the public version, for one page of every variant.
+    variant_wheels = write_variant_wheels(config, config.variant(variant.name), wheel,
+                                          Path(out).resolve() / VARIANT_WHEELS_DIR, stamp, cache=cache)
     kinds = tuple((f, kind) for r in results for f in r.files if (kind := _kind(f)))  # type: ignore[union-attr]
     held = "".join(f"; {r.device_code}" for r in results if r.device_code)  # type: ignore[union-attr]
     unit = Unit(uid, "build", "completed", variant=variant.name,
                 message=f"{wheel.name} ({len(entries)} compiled artifacts{held})")
-    return VariantOutput(unit, ((wheel, "wheel"), (manifest, "build-manifest")) + kinds)
+    extra: tuple[tuple[Path, ArtifactKind], ...] = tuple((p, "variant-wheel") for p in variant_wheels)
+    return VariantOutput(unit, ((wheel, "wheel"), *extra, (manifest, "build-manifest")) + kinds)
 
 
 _KINDS: dict[str, ArtifactKind] = {".cubin": "cubin", ".hsaco": "hsaco", ".so": "shared-library"}

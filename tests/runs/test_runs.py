@@ -252,14 +252,18 @@ def test_two_builds_of_one_commit_in_two_clones_give_byte_identical_wheels(prefe
     first = git_project("tiny", tmp_path / "a")
     second = tmp_path / "b" / "tiny"
     subprocess.run(["git", "clone", "-q", str(first.parent), str(second)], check=True, timeout=60)
-    wheels = []
+    wheels, variant_wheels = [], []
     for config in (first, second / "kiln.toml"):  # separate directories, separate build caches
         out = config.parent / "out"
         state = build_flow(config_path=str(config), out=str(out), return_state=True)
         assert state.is_completed(), state.message
         run = _view(state, out)
         wheels.append({Path(a.path).name: a.sha256 for a in run.artifacts_of("wheel")})
+        variant_wheels.append({Path(a.path).name: a.sha256 for a in run.artifacts_of("variant-wheel")})
     assert wheels[0] == wheels[1]
+    assert variant_wheels[0] == variant_wheels[1]  # the PEP 825 variant wheels too
+    assert sorted(name.removesuffix(".whl").split("-")[-1] for name in variant_wheels[0]) == [
+        "any", "cu130", "null", "rocm"]  # "any": the plain default wheel's platform tag, no label
     assert {name.split("+")[1].split("-")[0] for name in wheels[0]} == {"cu130", "rocm", "cpu"}
     gpu = next(p for p in (first.parent / "out" / "latest" / "wheels").iterdir() if "+cu130" in p.name)
     with zipfile.ZipFile(gpu) as archive:
