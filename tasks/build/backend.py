@@ -62,6 +62,10 @@ _OWNED = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTO
           "NVCC_APPEND_FLAGS", "HIPCC_COMPILE_FLAGS_APPEND", "KILN_VARIANT", "KILN_BACKEND")
 DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0",)  # PEP 518's default for a pyproject.toml without [build-system]
 DEVICE_CODE = "kiln-device-code.json"  # beside a pep517 unit's wheel: the archs it holds (not part of the wheel)
+# What a cpu variant's build does not see: a setup.py that builds its CUDA extension wherever it finds nvcc (or a
+# CUDA_HOME) builds its CPU extension only.
+_CUDA_TOOLS = ("nvcc",)
+_CUDA_VARS = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX")
 
 
 def cmake_arch(name: str) -> str:
@@ -92,6 +96,26 @@ def build_environ(backend: str, variant: str, archs: Sequence[str], toolchain: T
     links = [*(f"-L{d}" for d in toolchain.library_dirs), *(f"-l{lib}" for lib in toolchain.libraries)]
     if links:
         env["LDFLAGS"] = " ".join(filter(None, [base.get("LDFLAGS", ""), shlex.join(links)]))
+    return env
+
+
+def hide_cuda_toolkit(environ: Mapping[str, str], shadow: Path) -> dict[str, str]:
+    """``environ`` without a CUDA toolkit, for a cpu variant's build: no ``CUDA_HOME``-like variable, and each
+    ``PATH`` directory that holds ``nvcc`` replaced by a mirror of it under ``shadow`` (links to all but nvcc)."""
+    env = {k: v for k, v in environ.items() if k not in _CUDA_VARS}
+    entries = env.get("PATH", "").split(os.pathsep)
+    for index, entry in enumerate(entries):
+        directory = Path(entry)
+        if not entry or not any(os.access(directory / tool, os.X_OK) for tool in _CUDA_TOOLS):
+            continue
+        mirror = shadow / str(index)
+        mirror.mkdir(parents=True, exist_ok=True)
+        for item in directory.iterdir():
+            if item.name not in _CUDA_TOOLS and not (mirror / item.name).is_symlink():
+                (mirror / item.name).symlink_to(item)
+        entries[index] = str(mirror)
+    if "PATH" in env:
+        env["PATH"] = os.pathsep.join(entries)
     return env
 
 
@@ -143,7 +167,8 @@ class ProjectBuilder:
             dist = tmp / "dist"
             python = self._environment(tmp / "env", source, what, made)
             maps = path_maps(source, tmp, made.root if made is not None else None)
-            environ = reproducible_environ(self.environ(unit, made), maps, commit_time(self.project_dir))
+            environ = reproducible_environ(self.environ(unit, made, tmp / "path"), maps,
+                                           commit_time(self.project_dir))
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             result = run_tool([str(python), "-P", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -156,10 +181,13 @@ class ProjectBuilder:
                                 variant=unit.variant)
             return {wheel.name: wheel.read_bytes(), DEVICE_CODE: device_code_json(found, unit.arch_policy)}
 
-    def environ(self, unit: CompileUnit, made: BuildEnvironment | None) -> dict[str, str]:
-        """The build's variables: the variant's archs and toolchain, its ``build_env``, its environment's tools."""
+    def environ(self, unit: CompileUnit, made: BuildEnvironment | None, shadow: Path | None = None) -> dict[str, str]:
+        """The build's variables: the variant's archs and toolchain, its ``build_env``, its environment's tools;
+        a cpu variant's build, given a ``shadow`` directory, sees no CUDA toolkit (:func:`hide_cuda_toolkit`)."""
         environ = build_environ(unit.backend, unit.variant, unit.archs, self.toolchain, self.jobs,
                                 self.cuda_home, os.environ)
+        if unit.backend == "cpu" and shadow is not None:
+            environ = hide_cuda_toolkit(environ, shadow)
         environ |= dict(self.variant_env.get(unit.variant, {}))
         if made is not None:  # its scripts (ninja, cmake) before anything else of that name
             environ["PATH"] = os.pathsep.join(filter(None, [str(made.bin_dir), environ.get("PATH", "")]))

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.tasks.build.buildenv import ensure_env
+from kiln.tasks.build.buildenv import BuildEnvironment, ensure_env
 
 CUDA_TORCH = "torch==2.14.1"
 _log = logging.getLogger("kiln.tests")
@@ -22,14 +22,19 @@ def shared_envs_root() -> Path:
     return Path(tempfile.gettempdir()) / f"kiln-test-buildenvs-{os.getuid()}"
 
 
-def shared_cuda_torch_envs() -> Path:
-    """The shared directory, its CUDA-torch environment made (cold) or found (warm); the time is logged."""
-    root = shared_envs_root()
+def shared_cuda_torch_env() -> BuildEnvironment:
+    """The shared CUDA-torch environment, made (cold) or found (warm); the time is logged."""
     start = time.perf_counter()
-    made = ensure_env(root, [CUDA_TORCH], "cu130", 3600)
+    made = ensure_env(shared_envs_root(), [CUDA_TORCH], "cu130", 3600)
     _log.warning("CUDA-torch build environment %s %s in %.1f s", made.root, "created" if made.created else "found",
                  time.perf_counter() - start)
-    return root
+    return made
+
+
+def shared_cuda_torch_envs() -> Path:
+    """The shared directory, its CUDA-torch environment made (cold) or found (warm)."""
+    shared_cuda_torch_env()
+    return shared_envs_root()
 
 
 def link_shared_envs(project: Path, envs: Path, cache_dir: str = ".kiln/cache") -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from kiln.release.errors import CompileError
 from kiln.release.manifest import RunManifest
-from kiln.tasks.build.backend import build_environ, cmake_arch
+from kiln.tasks.build.backend import build_environ, cmake_arch, hide_cuda_toolkit
 from kiln.tasks.build.devicecode import check_wheel, rocm_targets
 from kiln.tasks.build.rewheel import rewrite_metadata, rewrite_wheel
 from kiln.tasks.build.wheel import WheelInput, write_wheel
@@ -41,6 +41,24 @@ def test_the_backend_sees_the_variant_archs_in_every_form_and_no_inherited_ones(
     assert rocm["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942" and "TORCH_CUDA_ARCH_LIST" not in rocm
     cpu = build_environ("cpu", "cpu", (), Toolchain(), 2, "/opt/cuda", base)
     assert not {"TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "PYTORCH_ROCM_ARCH", "CUDA_HOME"} & set(cpu)
+
+
+def test_a_cpu_variants_build_sees_no_cuda_toolkit_but_every_other_tool_beside_nvcc(tmp_path):
+    """A setup.py that builds its CUDAExtension wherever it finds nvcc (or a CUDA_HOME) builds its CPU one."""
+    tools, other = tmp_path / "bin", tmp_path / "other"
+    for directory, names in ((tools, ("nvcc", "ninja", "cc")), (other, ("git",))):
+        directory.mkdir()
+        for name in names:
+            (directory / name).write_text("#!/bin/sh\n")
+            (directory / name).chmod(0o755)
+    base = {"PATH": f"{tools}:{other}", "CUDA_HOME": "/opt/cuda", "CUDA_PATH": "/opt/cuda", "HOME": "/root"}
+    env = hide_cuda_toolkit(build_environ("cpu", "cpu", (), Toolchain(), 2, "/opt/cuda", base), tmp_path / "shadow")
+    assert not {"CUDA_HOME", "CUDA_PATH"} & set(env) and env["HOME"] == "/root"
+    assert shutil.which("nvcc", path=env["PATH"]) is None
+    assert shutil.which("ninja", path=env["PATH"]) is not None and shutil.which("git", path=env["PATH"]) == \
+        str(other / "git")  # a directory without nvcc stays as it is
+    assert Path(shutil.which("cc", path=env["PATH"]) or "").resolve() == tools / "cc"
+    assert hide_cuda_toolkit(env, tmp_path / "shadow") == env  # again: the same mirror
 
 
 def test_toolchain_settings_reach_the_compilers_through_their_own_variables():

@@ -60,10 +60,13 @@ def load_pin(name: str, path: Path = PINS) -> RealPackage:
     return pin
 
 
-def fetch_sdist(pin: RealPackage, dest: Path) -> Path:
-    """Download the pinned sdist into ``dest``, check its sha256, unpack it; return the unpacked directory."""
+def fetch_sdist(pin: RealPackage, dest: Path, python: Path | str = sys.executable) -> Path:
+    """Download the pinned sdist into ``dest``, check its sha256, unpack it; return the unpacked directory.
+
+    pip reads the sdist's metadata with ``python``'s packages (no build isolation): a torch extension whose
+    setup.py makes a ``CUDAExtension`` wherever nvcc is found needs a CUDA torch's ``python`` for that."""
     dest.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+    done = subprocess.run([str(python), "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                            "--no-build-isolation", "--dest", str(dest), f"{pin.name}=={pin.version}"],
                           capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, cwd=dest)
     archive = dest / pin.sdist
