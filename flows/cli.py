@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "install the version this index publishes (repeatable)")
 
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
+    _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails, from the wheels runs stored"))
 
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))
@@ -154,6 +155,27 @@ def _add_history(p: argparse.ArgumentParser) -> None:
                    help="the decision metric (default: the newest stored run's)")
     p.add_argument("--limit", type=int, default=30, help="at most this many runs, the newest (default: 30)")
     p.add_argument("--plot", type=Path, help="also write the trend plot (PNG) here")
+
+
+def _add_bisect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--good", required=True, help="a commit (any git ref) where the test passes")
+    p.add_argument("--bad", required=True, help="a later commit where it fails")
+    p.add_argument("--test", required=True, metavar="NODEID", help="the pytest node id, e.g. tests/test_x.py::test_y")
+    p.add_argument("--variant", default="cpu", help="whose wheel to install (default: cpu)")
+    p.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
+
+
+def _bisect_command(ns: argparse.Namespace) -> int:
+    from kiln.flows.bisect import bisect_flow
+    from kiln.flows.common import sync_state
+
+    state = sync_state(bisect_flow(good=ns.good, bad=ns.bad, test=ns.test, config_path=ns.config,
+                                   variant=ns.variant, return_state=True))
+    if state.is_completed():
+        print(state.result(), end="")
+        return EXIT_OK
+    print(f"\nbisect ended {state.name}: {state.message}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _pytest_args(args: list[str]) -> list[str]:
@@ -366,6 +388,8 @@ def _flow_command(ns: argparse.Namespace) -> int:
             bench_flow, ns.run_dir, config_path=ns.config, out=ns.run_dir, compare=ns.compare, size=ns.size,
             metric=ns.metric, results_path=ns.out, run_id=ns.run_id,
         )
+    if cmd == "bisect":
+        return _bisect_command(ns)
     if cmd == "publish":
         from kiln.flows.publish import publish_flow
 

@@ -1,0 +1,131 @@
+"""The bisect flow: the first commit between ``--good`` and ``--bad`` where one test fails.
+
+Each tried commit is a task run of its own in the Prefect UI (``try <commit>``), with where its wheel
+came from (a stored run, or built now because no run stored one) and the test's outcome. The plain
+steps live in :mod:`kiln.tasks.run.bisect`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from kiln.flows.build import build_flow
+from kiln.flows.common import store_session, sync_state, unwalked
+from kiln.release.errors import InvalidInputError, PermanentError
+from kiln.release.objects import Store
+from kiln.release.record import RunHeader, open_record
+from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.run import bisect
+from kiln.tasks.run.runs import artifact_store
+from kiln.tasks.testing.envs import make_env
+
+TEST_TIMEOUT_S = 900
+_TAIL = 1500
+
+
+def _requires(config: KilnConfig, nodeid: str) -> list[str]:
+    """What the suites that hold ``nodeid``'s file require beyond the wheel (e.g. hypothesis)."""
+    path = nodeid.split("::", 1)[0]
+    return sorted({r for s in config.suites for r in s.requires
+                   if any(path == p or path.startswith(p.rstrip("/") + "/") for p in s.paths)})
+
+
+def _build_at(config: KilnConfig, commit: str, variant: str, work: Path) -> Path:
+    """Build ``variant`` at ``commit`` in a git worktree of it; the wheel it wrote."""
+    tree = work / "worktree"
+    bisect.git(config.root, "worktree", "add", "--detach", str(tree), commit)
+    try:
+        there = tree / config.config_file.relative_to(config.root)
+        state = sync_state(build_flow(config_path=str(there), out=str(work / "out"), variants=[variant],
+                                      return_state=True))
+        if not state.is_completed():
+            raise PermanentError(f"building {variant} at {commit[:12]} failed: {state.message}")
+        built = load_config(there)
+        store = artifact_store(built, store_session(built, "build", built.artifacts.kind))
+        run = open_record(store, str(state.state_details.flow_run_id), work / "out")
+        found = bisect.stored_wheel(store, [run.header], variant, work)
+        if found is None:
+            raise PermanentError(f"building {variant} at {commit[:12]} wrote no wheel")
+        kept = work / "built" / found[0].name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(found[0], kept)  # out of the worktree, which goes next
+        return kept
+    finally:
+        bisect.git(config.root, "worktree", "remove", "--force", str(tree))
+
+
+def _wheel_for(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]], commit: str, variant: str,
+               work: Path) -> tuple[Path, str]:
+    found = bisect.stored_wheel(store, runs.get(commit, []), variant, work)
+    if found is not None:
+        return found
+    cached = bisect.cached_build(store, commit, variant, work)
+    if cached is not None:
+        return cached, "built earlier by bisect (no run stored its wheels)"
+    get_run_logger().warning("no stored %s wheel of %s: building it once (kept for later bisects)", variant,
+                             commit[:12])
+    built = _build_at(config, commit, variant, work)
+    bisect.keep_build(store, commit, variant, built)
+    return built, "built now (no run stored its wheels)"
+
+
+@task(name="try-commit", task_run_name="try {commit}", cache_policy=NO_CACHE)
+def try_commit(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]], commit: str, variant: str,
+               nodeid: str, work: Path) -> bisect.Trial:
+    """Install ``commit``'s wheel in a fresh environment and run ``nodeid`` from that commit's tests."""
+    here = work / commit[:12]
+    wheel, origin = _wheel_for(config, store, runs, commit, variant, here)
+    tree = bisect.checkout_tree(config.root, commit, here / "src")
+    env = make_env(here / "env", [wheel], _requires(config, nodeid), tests_root=tree)
+    try:
+        done = subprocess.run([str(env.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid], cwd=tree,
+                              capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return bisect.Trial(commit, True, f"timed out after {TEST_TIMEOUT_S} s", origin)
+    output = (done.stdout + done.stderr).strip()
+    if done.returncode in (4, 5):  # usage error, or nothing collected: the test is not there at that commit
+        raise InvalidInputError(f"{nodeid} does not run at {commit[:12]} (pytest exit {done.returncode}): "
+                                f"{output[-_TAIL:]}")
+    trial = bisect.Trial(commit, done.returncode != 0, output[-_TAIL:], origin)
+    get_run_logger().info("%s: %s (wheel: %s)", commit[:12], "FAILS" if trial.bad else "passes", origin)
+    return trial
+
+
+def _report(root: Path, first: str, trials: dict[str, bisect.Trial]) -> str:
+    subject = bisect.git(root, "log", "-1", "--format=%h %s", first).strip()
+    lines = [f"first bad commit: {first} ({subject})", "", "tried, in order:"]
+    lines += [f"  {c[:12]}  {'bad ' if t.bad else 'good'}  wheel: {t.wheel_from}" for c, t in trials.items()]
+    lines += ["", f"the test at {first[:12]}:", trials[first].message]
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="bisect", flow_run_name="bisect {good}..{bad}")
+def bisect_flow(good: str, bad: str, test: str, config_path: str = "kiln.toml", variant: str = "cpu") -> str:
+    """The first commit after ``good`` up to ``bad`` where ``test`` (a pytest node id) fails."""
+    config = load_config(config_path)
+    if variant not in {v.name for v in config.variants}:
+        raise InvalidInputError(f"--variant {variant!r}: kiln.toml defines {[v.name for v in config.variants]}")
+    good_sha, candidates = bisect.commit_range(config.root, good, bad)
+    store = artifact_store(config, store_session(config, "test", config.artifacts.kind))
+    runs = bisect.runs_by_commit(store)
+    trials: dict[str, bisect.Trial] = {}
+    with tempfile.TemporaryDirectory(prefix="kiln-bisect-") as scratch:
+        def is_bad(commit: str) -> bool:
+            if commit not in trials:
+                trials[commit] = try_commit(config, unwalked(store), unwalked(runs), commit, variant, test,
+                                            Path(scratch))
+            return trials[commit].bad
+
+        if is_bad(good_sha):
+            raise InvalidInputError(f"{test} fails at --good {good} ({good_sha[:12]}) already:\n"
+                                    f"{trials[good_sha].message}")
+        if not is_bad(candidates[-1]):
+            raise InvalidInputError(f"{test} passes at --bad {bad} ({candidates[-1][:12]}): nothing to bisect")
+        first = bisect.first_bad(candidates, is_bad)
+    return _report(config.root, first, trials)

@@ -1,0 +1,141 @@
+"""``kiln bisect``: the first bad commit between a good and a bad one, from the wheels the runs stored.
+
+Every run keeps its wheels in the artifact store (``runs/<id>/files/wheels/<variant>/…``) with the
+commit it built, so a commit's wheel is installed, never rebuilt. A commit no run built is built
+once in a ``git worktree`` of it, and its wheel kept under ``bisect-wheels/<commit>/<variant>/`` in
+the same store for the next bisect. Each tried commit gets a fresh environment (the wheel, what it
+declares, pytest: :func:`kiln.tasks.testing.envs.make_env`) and the test files of that commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import tarfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.release.errors import InvalidInputError, PermanentError
+from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.release.objects import Store
+from kiln.release.record import RunHeader, load_header, open_record
+
+log = logging.getLogger(__name__)
+
+GIT_TIMEOUT_S = 120
+BISECT_WHEELS = "bisect-wheels"
+_JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One commit tried: bad or not, why, and where its wheel came from."""
+
+    commit: str
+    bad: bool
+    message: str
+    wheel_from: str  # "run <id>", "built (no stored wheels)", "built earlier by bisect"
+
+
+def git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise InvalidInputError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def commit_range(root: Path, good: str, bad: str) -> tuple[str, list[str]]:
+    """``good`` as a full sha, and the commits after it up to ``bad``, oldest first (``bad`` last).
+
+    Refuses refs git does not know, and a ``bad`` that does not descend from ``good``.
+    """
+    good_sha, bad_sha = (git(root, "rev-parse", "--verify", "--end-of-options", f"{r}^{{commit}}").strip()
+                         for r in (good, bad))
+    if good_sha == bad_sha:
+        raise InvalidInputError(f"--good {good} and --bad {bad} are the same commit {good_sha[:12]}")
+    ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", good_sha, bad_sha],
+                              capture_output=True, timeout=GIT_TIMEOUT_S)
+    if ancestor.returncode != 0:
+        raise InvalidInputError(f"--bad {bad} ({bad_sha[:12]}) does not descend from --good {good} ({good_sha[:12]})")
+    between = git(root, "rev-list", "--reverse", "--first-parent", f"{good_sha}..{bad_sha}").split()
+    return good_sha, between
+
+
+def runs_by_commit(store: Store) -> dict[str, list[RunHeader]]:
+    """Every stored run's header, by the commit it built (clean trees only), newest run first."""
+    found: dict[str, list[RunHeader]] = {}
+    for key in store.list("runs/"):
+        parts = key.split("/")
+        if len(parts) != 3 or parts[2] != "run.json":
+            continue
+        header = load_header(store, parts[1])
+        if header is not None and header.source.clean and header.source.commit:
+            found.setdefault(header.source.commit, []).append(header)
+    for headers in found.values():
+        headers.sort(key=lambda h: h.created, reverse=True)
+    return found
+
+
+def stored_wheel(store: Store, headers: Sequence[RunHeader], variant: str, work: Path) -> tuple[Path, str] | None:
+    """The newest run's wheel of ``variant`` among ``headers`` (fetched and hash-checked), and which run."""
+    for header in headers:
+        run = open_record(store, header.run_id, work / "runs")
+        wheels = [a for a in run.artifacts() if a.kind == "wheel" and a.variant == variant and a.state == "ok"
+                  and a.path.endswith(".whl")]
+        if wheels:
+            return run.fetch(wheels[0]), f"run {header.run_id}"
+    return None
+
+
+def cached_build(store: Store, commit: str, variant: str, work: Path) -> Path | None:
+    """A wheel an earlier bisect built for ``commit`` and kept in the store (its sha256 checked)."""
+    prefix = f"{BISECT_WHEELS}/{commit}/{variant}/"
+    for key in store.list(prefix):
+        if key.endswith(".whl.sha256"):
+            continue
+        data, digest = store.get(key), store.get(f"{key}.sha256")
+        if data is None or digest is None or sha256_bytes(data) != digest.decode().strip():
+            log.warning("ignoring %s/%s: missing or not matching its recorded sha256", store.url, key)
+            continue
+        path = work / "cached" / commit[:12] / key.rsplit("/", 1)[-1]
+        atomic_write_bytes(path, data, durable=False)
+        return path
+    return None
+
+
+def keep_build(store: Store, commit: str, variant: str, wheel: Path) -> None:
+    """Keep a wheel bisect built, for the next bisect (the wheel first, then its hash: a half-kept one is
+    ignored)."""
+    key = f"{BISECT_WHEELS}/{commit}/{variant}/{wheel.name}"
+    data = wheel.read_bytes()
+    store.put_immutable(key, data, "application/octet-stream", "no-cache")
+    store.put_immutable(f"{key}.sha256", sha256_bytes(data).encode(), "text/plain", "no-cache")
+
+
+def checkout_tree(root: Path, commit: str, dest: Path) -> Path:
+    """The files of ``commit`` (``git archive``) under ``dest``: the tests as that commit had them."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest.parent / f"{dest.name}.tar"
+    with archive.open("wb") as out:
+        done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit], stdout=out,
+                              stderr=subprocess.PIPE, timeout=GIT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise PermanentError(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    archive.unlink()
+    return dest
+
+
+def first_bad(candidates: Sequence[str], is_bad: Callable[[str], bool]) -> str:
+    """The first of ``candidates`` (oldest first; the last is known bad, the one before the first known good)
+    for which ``is_bad`` holds, assuming once bad, bad after: ``log2(n)`` calls."""
+    low, high = 0, len(candidates) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if is_bad(candidates[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[low]
