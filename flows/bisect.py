@@ -20,6 +20,9 @@ from kiln.flows.common import store_session, sync_state, unwalked
 from kiln.release.errors import InvalidInputError, PermanentError
 from kiln.release.objects import Store
 from kiln.release.record import RunHeader, open_record
+from kiln.tasks.bench.compare import compare_case
+from kiln.tasks.bench.measure import run_measure
+from kiln.tasks.bench.results import CaseResult
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run import bisect
 from kiln.tasks.run.runs import artifact_store
@@ -97,17 +100,66 @@ def try_commit(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]
     return trial
 
 
+BENCH_TIMEOUT_S = 1800.0
+_DECISION_ORDER = ("graph_replay", "cpu", "eager")  # the metric a case is decided on, when measured
+
+
+def _measure(config: KilnConfig, wheel: Path, tree: Path, kernel: str, case: str | None,
+             work: Path) -> dict[str, CaseResult]:
+    """``kernel``'s cases (only ``case`` when named) measured from ``wheel``, on their decision metric."""
+    variant = next((v for v in config.variants if v.backend == "cpu"), config.variants[0])
+    env = make_env(work / "env", [wheel], backend=variant.backend, build_requires=variant.build_requires)
+    there = tree / config.config_file.relative_to(config.root)
+    answer = run_measure(str(env.python), str(there), work / "bench", size=config.bench.size, metric="auto",
+                         kernel=kernel, timeout_s=BENCH_TIMEOUT_S)
+    cases = [CaseResult.model_validate(c) for c in answer["cases"] if case in (None, c["name"])]
+    metric = next((m for m in _DECISION_ORDER if any(c.metric == m for c in cases)), None)
+    if metric is None:
+        raise InvalidInputError(f"no benchmark case {kernel}/{case or '*'} at this commit")
+    return {c.name: c for c in cases if c.metric == metric}
+
+
+@task(name="try-commit-bench", task_run_name="bench {commit}", cache_policy=NO_CACHE)
+def try_bench(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]], commit: str, variant: str,
+              target: str, baseline: dict[str, CaseResult] | None,
+              work: Path) -> tuple[bisect.Trial, dict[str, CaseResult]]:
+    """Measure ``target`` (KERNEL[/CASE]) at ``commit``; bad when a case regressed against ``baseline``."""
+    here = work / commit[:12]
+    wheel, origin = _wheel_for(config, store, runs, commit, variant, here)
+    kernel, _, case = target.partition("/")
+    measured = _measure(config, wheel, bisect.checkout_tree(config.root, commit, here / "src"), kernel,
+                        case or None, here)
+    if baseline is None:
+        lines = [f"{name}: {c.stats.median * 1e6:.2f} µs (IQR {c.stats.spread * 1e6:.2f})"
+                 for name, c in measured.items()]
+        return bisect.Trial(commit, False, "\n".join(lines), origin), measured
+    compared = [compare_case(baseline[name], c, config.bench.threshold, c.metric, same_reference=True)
+                for name, c in measured.items() if name in baseline]
+    bad = any(c.verdict.regression for c in compared)
+    message = "\n".join(c.gate_line(config.bench.threshold) for c in compared)
+    get_run_logger().info("%s: %s (wheel: %s)", commit[:12], "SLOWER" if bad else "not slower", origin)
+    return bisect.Trial(commit, bad, message, origin), measured
+
+
 def _report(root: Path, first: str, trials: dict[str, bisect.Trial]) -> str:
     subject = bisect.git(root, "log", "-1", "--format=%h %s", first).strip()
     lines = [f"first bad commit: {first} ({subject})", "", "tried, in order:"]
     lines += [f"  {c[:12]}  {'bad ' if t.bad else 'good'}  wheel: {t.wheel_from}" for c, t in trials.items()]
-    lines += ["", f"the test at {first[:12]}:", trials[first].message]
+    lines += ["", f"the evidence at {first[:12]}:", trials[first].message]
     return "\n".join(lines) + "\n"
 
 
+def _checked_mode(test: str | None, bench: str | None) -> None:
+    if (test is None) == (bench is None):
+        raise InvalidInputError("name exactly one of --test NODEID and --bench KERNEL[/CASE]")
+
+
 @flow(name="bisect", flow_run_name="bisect {good}..{bad}")
-def bisect_flow(good: str, bad: str, test: str, config_path: str = "kiln.toml", variant: str = "cpu") -> str:
-    """The first commit after ``good`` up to ``bad`` where ``test`` (a pytest node id) fails."""
+def bisect_flow(good: str, bad: str, test: str | None = None, bench: str | None = None,
+                config_path: str = "kiln.toml", variant: str = "cpu") -> str:
+    """The first commit after ``good`` up to ``bad`` where ``test`` (a pytest node id) fails, or where
+    ``bench`` (KERNEL[/CASE]) is slower than at ``good`` beyond the threshold and the measured noise."""
+    _checked_mode(test, bench)
     config = load_config(config_path)
     if variant not in {v.name for v in config.variants}:
         raise InvalidInputError(f"--variant {variant!r}: kiln.toml defines {[v.name for v in config.variants]}")
@@ -115,17 +167,27 @@ def bisect_flow(good: str, bad: str, test: str, config_path: str = "kiln.toml", 
     store = artifact_store(config, store_session(config, "test", config.artifacts.kind))
     runs = bisect.runs_by_commit(store)
     trials: dict[str, bisect.Trial] = {}
+    baseline: list[dict[str, CaseResult]] = []
     with tempfile.TemporaryDirectory(prefix="kiln-bisect-") as scratch:
         def is_bad(commit: str) -> bool:
-            if commit not in trials:
+            if commit in trials:
+                return trials[commit].bad
+            if test is not None:
                 trials[commit] = try_commit(config, unwalked(store), unwalked(runs), commit, variant, test,
                                             Path(scratch))
+            else:
+                trials[commit], measured = try_bench(config, unwalked(store), unwalked(runs), commit, variant,
+                                                     str(bench), unwalked(baseline[0] if baseline else None),
+                                                     Path(scratch))
+                baseline[:] = baseline or [measured]
             return trials[commit].bad
 
+        what = test or f"benchmark {bench}"
         if is_bad(good_sha):
-            raise InvalidInputError(f"{test} fails at --good {good} ({good_sha[:12]}) already:\n"
+            raise InvalidInputError(f"{what} fails at --good {good} ({good_sha[:12]}) already:\n"
                                     f"{trials[good_sha].message}")
         if not is_bad(candidates[-1]):
-            raise InvalidInputError(f"{test} passes at --bad {bad} ({candidates[-1][:12]}): nothing to bisect")
+            raise InvalidInputError(f"{what} is fine at --bad {bad} ({candidates[-1][:12]}): nothing to bisect\n"
+                                    f"{trials[candidates[-1]].message}")
         first = bisect.first_bad(candidates, is_bad)
     return _report(config.root, first, trials)

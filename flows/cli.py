@@ -160,7 +160,10 @@ def _add_history(p: argparse.ArgumentParser) -> None:
 def _add_bisect(p: argparse.ArgumentParser) -> None:
     p.add_argument("--good", required=True, help="a commit (any git ref) where the test passes")
     p.add_argument("--bad", required=True, help="a later commit where it fails")
-    p.add_argument("--test", required=True, metavar="NODEID", help="the pytest node id, e.g. tests/test_x.py::test_y")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--test", metavar="NODEID", help="the pytest node id, e.g. tests/test_x.py::test_y")
+    mode.add_argument("--bench", metavar="KERNEL[/CASE]",
+                      help="the benchmark: the first commit slower than --good beyond the threshold and the noise")
     p.add_argument("--variant", default="cpu", help="whose wheel to install (default: cpu)")
     p.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
 
@@ -169,7 +172,7 @@ def _bisect_command(ns: argparse.Namespace) -> int:
     from kiln.flows.bisect import bisect_flow
     from kiln.flows.common import sync_state
 
-    state = sync_state(bisect_flow(good=ns.good, bad=ns.bad, test=ns.test, config_path=ns.config,
+    state = sync_state(bisect_flow(good=ns.good, bad=ns.bad, test=ns.test, bench=ns.bench, config_path=ns.config,
                                    variant=ns.variant, return_state=True))
     if state.is_completed():
         print(state.result(), end="")

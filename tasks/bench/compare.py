@@ -102,7 +102,7 @@ def _summary(stats: Stats, what: str) -> Summary:
     return summarize(stats.samples, what=what)
 
 
-def _compare_case(base: CaseResult, cur: CaseResult, threshold: float, decision: str,
+def compare_case(base: CaseResult, cur: CaseResult, threshold: float, decision: str,
                   same_reference: bool) -> CaseComparison:
     where = "/".join(cur.key)
     absolute = judge(_summary(base.stats, f"baseline {where}"), _summary(cur.stats, f"current {where}"), threshold)
@@ -153,7 +153,7 @@ def compare_results(baseline: BenchResults | None, current: BenchResults, thresh
         if base is None:
             unmatched.append(case.key)
             continue
-        compared.append(_compare_case(base, case, threshold, current.decision_metric, comparable))
+        compared.append(compare_case(base, case, threshold, current.decision_metric, comparable))
     return Comparison(baseline_run=baseline.run_id, threshold=threshold, cases=tuple(compared),
                       unmatched=tuple(unmatched), notes=_notes(baseline, current))
 

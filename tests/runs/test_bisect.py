@@ -85,3 +85,40 @@ def test_the_search_asks_log2_n_commits():
         return int(commit[1:]) >= 11
 
     assert first_bad(commits, is_bad) == "c11" and len(asked) == 4
+
+
+BENCHPROJ = Path(__file__).resolve().parents[1] / "bench" / "fixtures" / "benchproj"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_bisect_bench_names_the_commit_that_made_a_kernel_slower(prefect_server, tmp_path):
+    """benchproj: the middle commit makes axpy 30 times the work; bisect measures each commit's stored (or,
+    for the middle one, built) wheel and names it, with both medians as the evidence."""
+    import shutil
+
+    from tests.helpers.gitrepo import init_repo
+
+    repo = tmp_path / "benchproj"
+    shutil.copytree(BENCHPROJ, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    init_repo(repo)
+    config = repo / "kiln.toml"
+    good = git(repo, "rev-parse", "HEAD")
+    _build(config, tmp_path / "out")
+    registry = repo / "benchk" / "registry.py"
+    registry.write_text(registry.read_text().replace(
+        "    return torch.add(y, x, alpha=2.0)\n",
+        "    for _ in range(30):\n        out = torch.add(y, x, alpha=2.0)\n    return out\n"))
+    slower = commit_all(repo, "axpy does its work thirty times", when="2025-12-01T00:00:00Z")
+    (repo / "NOTES.md").write_text("unrelated\n")
+    later = commit_all(repo, "notes", when="2025-12-02T00:00:00Z")
+    _build(config, tmp_path / "out")
+    from kiln.flows.bisect import bisect_flow
+    from kiln.flows.common import sync_state
+
+    state = sync_state(bisect_flow(good=good, bad=later, bench="axpy/n4096", config_path=str(config),
+                                   return_state=True))
+    assert state.is_completed(), state.message
+    report = str(state.result())
+    assert report.startswith(f"first bad commit: {slower}"), report
+    assert "axpy/n4096 [cpu] kernel/reference" in report and "noise ±" in report  # both medians, the noise
