@@ -173,7 +173,7 @@ class Suite(_Model):
     gpus: int = Field(default=0, ge=0)
     depends: tuple[ProjectPath, ...] = ()
     required: bool = True
-    timeout_s: float = Field(default=300, gt=0)
+    test_timeout_s: float = Field(default=300, gt=0)  # each test's deadline; deadline_s is the whole suite's
     # The work pool of its hardware: the nightly dispatches this suite to the pool's "test/<pool>"
     # deployment when the server has it, else runs it here (default: [pools] cpu for a CPU suite).
     pool: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]*$")

@@ -139,7 +139,7 @@ def suite_options(config: KilnConfig, suite: Suite, *, isolate: Isolation = "tes
     """
     devices = min(detect_gpu_count() if gpus is None else gpus, suite.gpus)
     preload = (*PRELOAD, config.project.package)
-    return RunOptions(isolate=isolate, timeout_s=suite.timeout_s if timeout is None else timeout, retries=retries,
+    return RunOptions(isolate=isolate, timeout_s=suite.test_timeout_s if timeout is None else timeout, retries=retries,
                       markers=suite.markers, pytest_args=tuple(pytest_args), gpus=devices, env=dict(env or {}),
                       preload=preload)
 

@@ -32,7 +32,7 @@ paths = ["tests/good"]
 name = "mixed"
 paths = ["tests/mixed"]
 required = false
-timeout_s = 20
+test_timeout_s = 20
 
 [publish]
 default_target = "local"

@@ -96,7 +96,7 @@ def nightly(ui_server: LocalServer, tmp_path_factory) -> dict[str, str]:
     (root / "tests").mkdir()
     (root / "tests" / "test_ui.py").write_text(SUITE)
     (root / "kiln.toml").write_text((root / "kiln.toml").read_text().replace(
-        "[bench]", '[[suites]]\nname = "ui"\npaths = ["tests"]\ntimeout_s = 120\n\n[bench]'))
+        "[bench]", '[[suites]]\nname = "ui"\npaths = ["tests"]\ntest_timeout_s = 120\n\n[bench]'))
     init_repo(root)
     out = base / "out"
     proc = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(root / "kiln.toml"),
