@@ -77,17 +77,17 @@ def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict[str, Any], out
 @flow(name="build", task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))  # type: ignore[arg-type]
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
                variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None,
-               ref: str = "") -> Any:
+               commit: str = "") -> Any:
     """Build every unit of the matrix, then one wheel per variant whose units all built.
 
     ``run_id`` continues a run (the nightly's); without it the build is a run
     of its own. ``version`` defaults to the nightly version of the commit.
     ``nvcc``: path of the nvcc to use (default: the one on PATH); a missing
-    one skips the CUDA C++ units with a message. ``ref``: the commit the run
+    one skips the CUDA C++ units with a message. ``commit``: the commit the run
     names, which this checkout must be at (a build dispatched to a worker).
     """
     config = load_config(config_path)
-    run = open_run(config, "build", out, run_id=run_id, version=version, commit=ref)
+    run = open_run(config, "build", out, run_id=run_id, version=version, commit=commit)
     name_this_run(run_name("build", run, variants or [v.name for v in config.variants]))
     setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:

@@ -4,8 +4,8 @@ A run's variant builds go to ``build/<[pools] build>``, each test suite to
 ``test/<its pool>`` (a GPU suite's ``pool``, else ``[pools] cpu``) and its
 publishing to ``publish/<[pools] cpu>`` — when the Prefect server has that
 deployment (see ``flows/scaleout.yaml``). The dispatched flow runs on a
-worker of that pool, from a clone of the commit the run names (its ``ref``,
-passed as the ``KILN_REF`` the deployment's ``git_clone`` step reads), and
+worker of that pool, from a clone of the commit the run names (its ``commit``,
+passed as the ``KILN_COMMIT`` the deployment's ``git_clone`` step reads), and
 exchanges everything through the run record in the artifact store: no path
 is shared between workers. Without such a deployment (the embedded default,
 a laptop) the unit runs in the calling flow's process.
@@ -51,7 +51,7 @@ from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.suite import not_run_reason, targets
 
 DEPLOYMENT = "{flow}/{pool}"
-REF_ENV = "KILN_REF"  # read by the scale-out deployments' git_clone pull step
+COMMIT_ENV = "KILN_COMMIT"  # read by the scale-out deployments' git_clone pull step
 LOST_INFO = "dispatch-lost/"  # run info: why the last attempt of a unit was lost
 WAITING = Waiting()  # how dispatches wait: poll every 5 s, say what they wait for every minute
 
@@ -98,8 +98,8 @@ def find_deployments(config: KilnConfig) -> Remote:
     return remote
 
 
-def _job_variables(ref: str) -> dict[str, Any]:
-    return {"env": {REF_ENV: ref}} if ref else {}
+def _job_variables(commit: str) -> dict[str, Any]:
+    return {"env": {COMMIT_ENV: commit}} if commit else {}
 
 
 def _pool_of(deployment: str) -> str:
@@ -131,7 +131,7 @@ def _outcome(deployment: str, flow_run: Any, deadline_s: float, what: str) -> tu
     return f"{where} ended {state.name}: {state.message or ''}".rstrip(": "), False
 
 
-def dispatch(deployment: str, parameters: dict[str, Any], *, deadline_s: float, what: str, ref: str,
+def dispatch(deployment: str, parameters: dict[str, Any], *, deadline_s: float, what: str, commit: str,
              run: RunRecord, name: str | None = None, waiting: Waiting | None = None) -> str:
     """Run ``deployment`` (its flow run named ``name``) and wait for it: "" when it completed, else why not.
 
@@ -142,7 +142,7 @@ def dispatch(deployment: str, parameters: dict[str, Any], *, deadline_s: float, 
     """
     check_cancelled(f"dispatching {what} to {deployment}")  # a stopping run dispatches nothing more
     try:
-        flow_run = run_deployment(deployment, parameters=parameters, job_variables=_job_variables(ref),
+        flow_run = run_deployment(deployment, parameters=parameters, job_variables=_job_variables(commit),
                                   timeout=0, as_subflow=True, flow_run_name=name)
     except Exception as exc:  # the server refused the run: this unit's failure, not the caller's crash
         return f"could not start {deployment}: {type(exc).__name__}: {exc}"
@@ -185,11 +185,11 @@ def dispatching(task_fn: Any, config: KilnConfig) -> Any:
 
 
 @task(name="build-variant", task_run_name="build/{variant} → {deployment}", cache_policy=NO_CACHE)
-def dispatch_build(config: KilnConfig, variant: str, deployment: str, run: RunRecord, ref: str) -> Unit:
+def dispatch_build(config: KilnConfig, variant: str, deployment: str, run: RunRecord, commit: str) -> Unit:
     """Build ``variant`` on a build-pool worker, into this run's record; the variant's wheel unit."""
     what = f"building {variant}"
-    why = dispatch(deployment, {"variants": [variant], "run_id": run.run_id, "ref": ref},
-                   deadline_s=config.pools.deadline_s, what=what, ref=ref, run=run,
+    why = dispatch(deployment, {"variants": [variant], "run_id": run.run_id, "commit": commit},
+                   deadline_s=config.pools.deadline_s, what=what, commit=commit, run=run,
                    name=run_name("build", run, variant))
     uid = wheel_unit_id(variant)
     recorded = {u.id: u for u in run.units()}.get(uid)
@@ -201,7 +201,7 @@ def dispatch_build(config: KilnConfig, variant: str, deployment: str, run: RunRe
 
 
 @task(name="dispatch-suite", task_run_name="test/{suite.name} → {deployment}", cache_policy=NO_CACHE)
-def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRecord, ref: str = "") -> list[Unit]:
+def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRecord, commit: str = "") -> list[Unit]:
     """Run ``suite`` on its pool against this run's wheels; its units, as the record holds them.
 
     The dispatched flow fetches the wheels from the run record and writes its
@@ -215,8 +215,9 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
     if absent:
         logger.warning("suite %s: %s", suite.name, absent)
         return [record(run, target.unit("not_run", absent, 0.0)) for target in targets(config, [suite])]
-    why = dispatch(deployment, {"suites": [suite.name], "run_id": run.run_id, "ref": ref},
-                   deadline_s=suite.deadline_s, what=what, ref=ref, run=run, name=run_name("test", run, suite.name))
+    why = dispatch(deployment, {"suites": [suite.name], "run_id": run.run_id, "commit": commit},
+                   deadline_s=suite.deadline_s, what=what, commit=commit, run=run,
+                   name=run_name("test", run, suite.name))
     recorded = {u.id: u for u in run.units() if u.stage == "test" and u.suite == suite.name}
     units = []
     for target in targets(config, [suite]):
@@ -229,8 +230,8 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
 
 
 @task(name="dispatch-publish", task_run_name="publish/{channel} → {deployment}", cache_policy=NO_CACHE)
-def dispatch_publish(config: KilnConfig, channel: str, deployment: str, run: RunRecord, ref: str) -> str:
+def dispatch_publish(config: KilnConfig, channel: str, deployment: str, run: RunRecord, commit: str) -> str:
     """Publish this run on a CPU-pool worker; "" when it completed, else why not."""
-    return dispatch(deployment, {"channel": channel, "run_id": run.run_id, "ref": ref},
-                    deadline_s=config.pools.deadline_s, what=f"publishing {channel}", ref=ref, run=run,
+    return dispatch(deployment, {"channel": channel, "run_id": run.run_id, "commit": commit},
+                    deadline_s=config.pools.deadline_s, what=f"publishing {channel}", commit=commit, run=run,
                     name=run_name("publish", run, f"{channel} {run.header.version}"))

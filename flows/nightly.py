@@ -37,38 +37,38 @@ from kiln.tasks.project.config import KilnConfig, load_config
 
 @flow(name="nightly", log_prints=True)
 def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
-                 ref: str = "") -> State:
+                 commit: str = "") -> State:
     """Build → test (on each suite's pool) and bench → publish, all in one run record.
 
     Each stage's units go to their work pool's deployment when the server has
-    one (flows/dispatch.py), else run here. ``ref``: the commit this run must
+    one (flows/dispatch.py), else run here. ``commit``: the commit this run must
     build (the checkout is refused if it is elsewhere); every dispatched unit
     runs exactly the run's commit. If the nightly stops (a failure, an
     interrupt), the runs it dispatched are cancelled first.
     """
     with cancel_dispatched_on_exit("the nightly"):
-        return _nightly(config_path, out, version, ref)
+        return _nightly(config_path, out, version, commit)
 
 
-def _nightly(config_path: str, out: str, version: str | None, ref: str) -> State:
+def _nightly(config_path: str, out: str, version: str | None, commit: str) -> State:
     logger = get_run_logger()
     config = load_config(config_path)
-    run = open_run(config, "nightly", out, version=version, commit=ref)
+    run = open_run(config, "nightly", out, version=version, commit=commit)
     name_this_run(run_name("nightly", run))
-    ref = run.header.source.commit if run.header.source.clean else ""
+    commit = run.header.source.commit if run.header.source.clean else ""
     logger.info("nightly %s of %s (commit %s) → run %s", run.header.version, config.project.distribution,
                 run.header.source.commit[:12] or "none", run.run_id)
     warn_below_extra_index(config, run.header.version)
     common = {"config_path": config_path, "out": out, "run_id": run.run_id}
     remote = find_deployments(config)
-    stages = {"build": build_stage(config, run, remote, common, ref)}
-    suites = start_suites(config, run, remote, ref)
+    stages = {"build": build_stage(config, run, remote, common, commit)}
+    suites = start_suites(config, run, remote, commit)
     stages |= {
         "test": test_flow(**common, exclude=list(remote.suites), return_state=True),
         "bench": bench_flow(**common, compare="last", fail_on_regression=False, return_state=True),
     }
     wait_suites(config, run, remote, suites)  # dispatched suites gate publishing like local ones
-    stages["publish"] = publish_stage(config, run, remote, common, ref)
+    stages["publish"] = publish_stage(config, run, remote, common, commit)
     return conclude(run, stages)
 
 

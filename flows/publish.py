@@ -205,13 +205,13 @@ def publish_commit(run: RunRecord, channel: str) -> str:
 
 @flow(name="publish")
 def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str | None = None,
-                 channel: str = "nightly", dry_run: bool = False, run_id: str = "latest", ref: str = "") -> Any:
+                 channel: str = "nightly", dry_run: bool = False, run_id: str = "latest", commit: str = "") -> Any:
     """Publish the wheels of run ``run_id`` (``latest``: the newest that built wheels) to ``target``'s ``channel``.
 
-    ``ref``: the commit the run names, which this checkout must be at (publishing dispatched to a worker).
+    ``commit``: the commit the run names, which this checkout must be at (publishing dispatched to a worker).
     """
     config = load_config(config_path)
-    run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}", commit=ref)
+    run = open_run(config, "publish", out, run_id=run_id, step=f"publish-{channel}", commit=commit)
     name_this_run(run_name("publish", run, f"{channel} {run.header.version}" + (" (dry run)" if dry_run else "")))
     why = refusal(run, dry_run)
     if why:

@@ -26,11 +26,11 @@ from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing.suite import targets
 
 
-def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], ref: str) -> State:
+def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], commit: str) -> State:
     """Every variant's build: one dispatched run per variant on the build pool, or the build flow here."""
     if remote.build is None:
         return sync_state(build_flow(**common, return_state=True))
-    futures = {v.name: dispatching(dispatch_build, config).submit(config, v.name, remote.build, run, ref)
+    futures = {v.name: dispatching(dispatch_build, config).submit(config, v.name, remote.build, run, commit)
                for v in config.variants}
     wait(list(futures.values()))
     for variant, future in futures.items():
@@ -40,9 +40,9 @@ def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapp
     return Completed(message=f"build: {len(futures)} variants dispatched to {remote.build}")
 
 
-def start_suites(config: KilnConfig, run: RunRecord, remote: Remote, ref: str) -> list[PrefectFuture[object]]:
+def start_suites(config: KilnConfig, run: RunRecord, remote: Remote, commit: str) -> list[PrefectFuture[object]]:
     """Dispatch every suite that has a deployment for its pool; they run while the caller goes on."""
-    return [dispatching(dispatch_suite, config).submit(config, config.suites_by_name[name], deployment, run, ref)
+    return [dispatching(dispatch_suite, config).submit(config, config.suites_by_name[name], deployment, run, commit)
             for name, deployment in remote.suites.items()]
 
 
@@ -55,11 +55,11 @@ def wait_suites(config: KilnConfig, run: RunRecord, remote: Remote, futures: lis
                 record(run, unit_from_state(target.unit("failed", ""), future.state))
 
 
-def publish_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], ref: str) -> State:
+def publish_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], commit: str) -> State:
     """Publish the nightly channel: on a CPU-pool worker when deployed, else here."""
     if remote.publish is None:
         return sync_state(publish_flow(**common, channel="nightly", return_state=True))
-    future = dispatching(dispatch_publish, config).submit(config, "nightly", remote.publish, run, ref)
+    future = dispatching(dispatch_publish, config).submit(config, "nightly", remote.publish, run, commit)
     future.wait()
     why = future.state.result(raise_on_failure=False) if future.state.is_completed() else future.state.message
     if why:

@@ -102,7 +102,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
               isolate: str = "test", timeout: float | None = None, retries: int = 1, junit: str | None = None,
               json_path: str | None = None, changed_since: str | None = None,
               pytest_args: list[str] | None = None, exclude: list[str] | None = None, run_id: str | None = None,
-              paths: list[str] | None = None, ref: str = "") -> dict[str, int] | State:
+              paths: list[str] | None = None, commit: str = "") -> dict[str, int] | State:
     """Run the config's test suites against the run's wheels; Failed if any suite failed.
 
     ``run_id`` tests the wheels of that run (the nightly's, or ``kiln test --run``);
@@ -110,12 +110,12 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     that run elsewhere (the nightly dispatches GPU suites to their pool).
     ``paths`` (``kiln test -- PATHS``, relative to the project) run as one ad-hoc
     suite instead of the configured ones; ``pytest_args`` go to every suite that runs.
-    ``ref``: the commit the run names, which this checkout must be at (a suite dispatched to a worker).
+    ``commit``: the commit the run names, which this checkout must be at (a suite dispatched to a worker).
     """
     config = load_config(config_path)
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
     selected = plan_task(config, config_path, suites, changed_since, exclude, paths)
-    run = open_run(config, "test", out, run_id=run_id, step="test", commit=ref)
+    run = open_run(config, "test", out, run_id=run_id, step="test", commit=commit)
     name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
     chosen = targets(config, selected)
     if run_id is None:

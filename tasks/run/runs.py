@@ -65,4 +65,4 @@ def check_checkout(config: KilnConfig, ref: str) -> None:
         changed = f", with changes to {', '.join(source.modified[:5])}" if source.modified else ""
         raise InvalidInputError(f"the run names commit {ref[:12]}, but this worker's checkout {config.root} is at "
                                 f"{found}{changed}; the deployment's git_clone step must check out the run's ref "
-                                f"(KILN_REF)")
+                                f"(KILN_COMMIT)")

@@ -177,7 +177,7 @@ def test_a_checkout_at_another_commit_than_the_runs_is_refused_naming_both(tmp_p
     second = commit_all(config.root, "a later commit")
     with pytest.raises(InvalidInputError) as refused:
         check_checkout(config, first)
-    assert first[:12] in str(refused.value) and second[:12] in str(refused.value) and "KILN_REF" in str(refused.value)
+    assert first[:12] in str(refused.value) and second[:12] in str(refused.value) and "KILN_COMMIT" in str(refused.value)
     (config.root / "kiln.toml").write_text((config.root / "kiln.toml").read_text() + "\n# edited\n")
     with pytest.raises(InvalidInputError, match="with changes to kiln.toml"):
         check_checkout(config, second)
@@ -251,6 +251,6 @@ def test_a_lost_worker_raises_the_retryable_error_and_leaves_its_reason_for_the_
     monkeypatch.setattr(dispatching, "run_deployment", lambda *a, **k: crashed)
     monkeypatch.setattr(dispatching, "wait_for_run", lambda run, *a, **k: run)  # no server: the run is over already
     with pytest.raises(WorkerLostError) as lost:
-        dispatching.dispatch("build/kiln-build", {}, deadline_s=5, what="building cu130", ref="abc", run=run)
+        dispatching.dispatch("build/kiln-build", {}, deadline_s=5, what="building cu130", commit="abc", run=run)
     assert is_retryable(lost.value) and "heartbeats stopped" in str(lost.value)
     assert run.info()[dispatching.LOST_INFO + "building cu130"] == str(lost.value)

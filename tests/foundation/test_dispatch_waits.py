@@ -75,7 +75,7 @@ def _dispatch_in_a_flow(pool: str, tmp_path, deadline_s: float, waiting: Waiting
     @flow
     def parent() -> str:
         return dispatching.dispatch(f"test/{pool}", {"suites": ["kernels-gpu"]}, deadline_s=deadline_s,
-                                    what="testing kernels-gpu", ref="", run=_record(tmp_path), name=name,
+                                    what="testing kernels-gpu", commit="", run=_record(tmp_path), name=name,
                                     waiting=waiting)
 
     return parent()

@@ -163,7 +163,7 @@ def test_a_build_worker_killed_mid_unit_is_retried_with_the_reason_and_the_night
     assert units["build/cpu/wheel"].state == "completed" and units["test/unit/cpu"].state == "completed"
     retried = [r for r in _children(made, run_id) if r.parameters.get("variants") == ["cu130"]]
     assert len(retried) == 2 and sorted(r.state.type.value for r in retried) == ["COMPLETED", "CRASHED"]
-    assert {r.parameters["ref"] for r in _children(made, run_id)} == {pinned}, "every unit ran the run's commit"
+    assert {r.parameters["commit"] for r in _children(made, run_id)} == {pinned}, "every unit ran the run's commit"
 
 
 def test_every_process_the_cluster_started_is_stopped_by_pid(deployed):
