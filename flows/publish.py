@@ -33,6 +33,7 @@ from kiln.release.index import ProjectStatus
 from kiln.release.manifest import Unit
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.publish import (
+    COMBINED,
     PagesStep,
     Plan,
     Upload,
@@ -180,6 +181,8 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
     """Skipped variants as units; the plan, index links and install hint in the record and as an artifact."""
     for variant, why in plan.skipped.items():
         record(run, Unit(f"publish/{variant}", "publish", "skipped", variant=variant, message=why))
+    for project, why in sorted(plan.variants_refused.items()):  # a conflicting variant label: this unit fails
+        record(run, Unit(f"publish/{COMBINED}/{project}", "publish", "failed", message=why))
     facts = releasing.publish_facts(config, run.manifest(), plan)
     if isinstance(facts.get("install"), dict):
         facts["install"] = commit_install_facts(plan, facts["install"])

@@ -30,7 +30,7 @@ from packaging.utils import (
     parse_sdist_filename,
     parse_wheel_filename,
 )
-from packaging.version import InvalidVersion
+from packaging.version import InvalidVersion, Version
 
 from kiln.release.errors import InvalidInputError
 
@@ -39,6 +39,9 @@ MAX_SIZE = 1 << 63  # past what a 64-bit file offset can reach: a size above it 
 MAX_UPLOAD_TIME = 253402300799  # 9999-12-31T23:59:59Z, the last time PEP 700's format can write
 UPLOAD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # PEP 700
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: The end of a PEP 825 index-level variants file's name: ``{name}-{version}-variants.json``.
+VARIANTS_JSON_SUFFIX = "-variants.json"
+_VARIANT_LABEL = re.compile(r"[0-9a-z_.]+")  # PEP 825's label characters
 
 
 class Distribution(NamedTuple):
@@ -106,25 +109,54 @@ def _parse_wheel(filename: str) -> tuple[str, str]:
     version/build/tags independently; an index repeats both halves thousands
     of times (one version set across projects, one name across versions).
     On any error the whole filename is parsed again so the message names it.
+    A PEP 825 variant wheel (a variant label after the platform tag, which
+    packaging does not parse yet) is the wheel without its label.
     """
     name_part, _, rest = filename.partition("-")
     try:
         return _wheel_name(name_part), _wheel_version(rest)
     except (InvalidWheelFilename, InvalidVersion):
+        unlabelled = _without_variant_label(filename)
+        if unlabelled is not None:
+            return _parse_wheel(unlabelled)
         name, version, _build, _tags = parse_wheel_filename(filename)
         return name, str(version)
 
 
+def _without_variant_label(filename: str) -> str | None:
+    """``name-version[-build]-tags-label.whl`` without its PEP 825 variant label, else None."""
+    parts = filename.removesuffix(".whl").split("-")
+    build = len(parts) > 2 and parts[2][:1].isdigit()
+    if len(parts) != (7 if build else 6) or not _VARIANT_LABEL.fullmatch(parts[-1]):
+        return None
+    return "-".join(parts[:-1]) + ".whl"
+
+
+def _parse_variants_json(filename: str) -> tuple[str, str]:
+    """(project, version) of a PEP 825 ``{name}-{version}-variants.json`` (both as a wheel's file name spells them)."""
+    name_part, sep, version = filename.removesuffix(VARIANTS_JSON_SUFFIX).partition("-")
+    if not sep or "-" in version:
+        raise InvalidInputError(f"{filename!r} is not a variants file name {{name}}-{{version}}{VARIANTS_JSON_SUFFIX}")
+    try:
+        return _wheel_name(name_part), str(Version(version))
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise InvalidInputError(f"{filename!r} is not a valid variants file name (PEP 825): {exc}") from exc
+
+
 def parse_filename(filename: str) -> tuple[str, str]:
-    """(normalised project name, normalised version) of a PEP 427 wheel or an sdist filename."""
+    """(normalised project name, normalised version) of a PEP 427 wheel (a PEP 825 variant wheel too), an sdist
+    filename, or a PEP 825 ``{name}-{version}-variants.json``."""
     check_filename(filename)
     try:
         if filename.endswith(".whl"):
             return _parse_wheel(filename)
+        if filename.endswith(VARIANTS_JSON_SUFFIX):
+            return _parse_variants_json(filename)
         if filename.endswith((".tar.gz", ".zip")):
             name, version = parse_sdist_filename(filename)
         else:
-            raise InvalidInputError(f"{filename!r} is neither a wheel (.whl) nor an sdist (.tar.gz, .zip)")
+            raise InvalidInputError(f"{filename!r} is neither a wheel (.whl), an sdist (.tar.gz, .zip) nor a variants"
+                                    f" file (*{VARIANTS_JSON_SUFFIX})")
     except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion) as exc:
         raise InvalidInputError(f"{filename!r} is not a valid distribution filename (PEP 427 / sdist): {exc}") from exc
     return canonicalize_name(name), str(version)

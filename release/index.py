@@ -22,6 +22,11 @@ that defines the marker (1.2's and 1.3's fields are optional and not written).
 Same input, same bytes: files are sorted by name, projects by normalised name,
 JSON keys sorted.
 
+A project's PEP 825 ``{name}-{version}-variants.json`` is listed under its own
+name but linked at its immutable, content-addressed copy
+(``variants/<sha256>/<name>``, :func:`variants_file_path`): installers take
+the file name from the link's last segment.
+
 A project page may also list files that live in another index on the same
 target (a nightly's per-commit index lists the channel's wheels, see
 :mod:`kiln.release.publish`): ``files_at`` is then the relative URL of the
@@ -46,7 +51,13 @@ from urllib.parse import quote
 
 from packaging.version import Version
 
-from kiln.release.dists import Distribution, check_filename, make_distribution, parse_upload_time
+from kiln.release.dists import (
+    VARIANTS_JSON_SUFFIX,
+    Distribution,
+    check_filename,
+    make_distribution,
+    parse_upload_time,
+)
 from kiln.release.errors import IntegrityError, InvalidInputError
 
 API_VERSION = "1.4"  # PEP 792 (project status markers) is 1.4
@@ -62,6 +73,17 @@ _PREFIX_SAFE = re.compile(r"(?:[A-Za-z0-9._~%-]+/)*\Z")  # a relative directory 
 _REASON_BAD = re.compile(r"[\x00-\x1f\x7f]")
 MAX_REASON = 500
 _filename = attrgetter("filename")
+VARIANTS_DIR = "variants"  # under a project's directory: the content-addressed copies of its variants files
+
+
+def variants_file_path(filename: str, sha256: str) -> str:
+    """Where a project's ``{name}-{version}-variants.json`` with ``sha256`` lies, relative to its project directory.
+
+    The variants file changes (labels are added) while the wheels it describes do not, so a page never links
+    one mutable object: each content is stored once, immutable, under its own hash, and the page links the copy
+    its hash names, so every link matches its hash at every instant (invariant 1) however the pages race.
+    """
+    return f"{VARIANTS_DIR}/{sha256}/{filename}"
 
 
 @dataclass(frozen=True)
@@ -164,6 +186,9 @@ def _file_entries(dist: Distribution, prefix: str = "") -> tuple[str, str]:
     else:
         url = quote(filename, safe="")
         text, filename_json, url_json = escape(filename), _js(filename), _js(url)
+    if filename.endswith(VARIANTS_JSON_SUFFIX):  # its immutable copy of these bytes, see variants_file_path
+        url = variants_file_path(url, sha)
+        url_json = _js(url)
     if prefix:  # checked URL-safe by project_pages: nothing in it to escape
         url, url_json = prefix + url, f'"{prefix}{url_json[1:]}'
     requires_attr, requires_json = _requires_python(requires) if requires else ("", "")

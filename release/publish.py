@@ -9,6 +9,10 @@ and, under it, one PEP 503 index root per variant::
     <channel>/<variant>/simple/<project>/<wheel>             wheel (immutable)
     <channel>/<variant>/simple/<project>/<wheel>.metadata    PEP 658 sidecar (immutable)
     <channel>/<variant>/commits/<commit12>/simple/...        per-commit index (pages only)
+    <channel>/wheel-variants/simple/<project>/<variant wheel>  combined index: PEP 825 variant wheels
+    <channel>/wheel-variants/simple/<project>/variants/<sha256>/<name>-<version>-variants.json
+                                                             its variants file, one immutable copy per content
+    <channel>/wheel-variants/commits/<commit12>/simple/...   its per-commit index (pages only)
 
 Users install with ``--index-url <target>/<channel>/<variant>/simple/``. One
 index per variant rather than per channel because the variants differ only in
@@ -17,6 +21,29 @@ pip and uv would pick the highest local version (``rocm`` > ``cu130`` in PEP
 440 ordering) whatever the machine — the reason PyTorch serves one index per
 CUDA version. Everything a channel writes lives under its prefix, which is
 what the generated IAM policies grant.
+
+Combined index (PEP 825). Beside the per-variant indexes, a channel whose run
+built variant wheels (``variant-wheel`` artifacts, see
+:mod:`kiln.tasks.build.variants`) gets one index for every variant,
+``<channel>/wheel-variants/simple/`` (a variant's name has no '-', so no
+variant's index can take the name). Its project page lists only what an
+installer may choose between: every publishable variant's variant wheel
+(``…-linux_x86_64-cu130.whl``), the ``null`` variant wheel, the plain default
+wheel of the public version (what pip, which knows no variants, installs) and
+``{name}-{version}-variants.json``, plus what goes beside the wheels in every
+index (kiln-runtime, pins for all variants); never a ``+local`` wheel, which
+would outrank every variant wheel. uv installs from it with ``--preview-features
+wheel-variants``. The variants file is merged (:func:`kiln.release.variants.merge_variants`)
+from the wheels' ``variant.json`` into the one the page already lists: labels
+are only ever added, and a label defined again differently is refused before
+anything of that project is uploaded to the combined index (the plan's
+``variants_refused`` names the label; the per-variant indexes are published as
+usual). The file changes as labels are added, so a page never links a mutable
+object: each content is put once, immutable, at ``variants/<sha256>/`` under
+the project, and the page links that copy (its name is the link's last
+segment), inside the page's own compare-and-swap attempt (re-read, re-merged
+on a lost race: two publishers lose no label). Its per-commit index lists the
+commit's files as any other.
 
 Per-commit index. A publish given the run's ``commit`` (every nightly; a
 release has its version to pin and gets none) also writes, per variant, an
@@ -30,7 +57,8 @@ compare-and-swap merge, and only for a variant whose every upload verified:
 a commit's index is complete or absent.
 
 Order (invariant 1): every wheel, then its sidecar, each verified by hash
-after the write; then project pages; the root page last; then the per-commit
+after the write; then project pages (a variants file's immutable copy just
+before the page that links it); the root page last; then the per-commit
 pages, the same way. Pages are merged
 into what the channel already lists (the JSON page is the record) and written
 with compare-and-swap, re-read and re-merged on a lost race, a bounded number
@@ -42,6 +70,7 @@ project's PEP 792 status (``[project] status`` in kiln.toml, see
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import re
@@ -49,9 +78,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from kiln.release.dists import Distribution
+from kiln.release.dists import Distribution, make_distribution
 from kiln.release.errors import AlreadyPublishedError, IntegrityError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.index import (
@@ -66,10 +95,12 @@ from kiln.release.index import (
     parse_root_json,
     project_pages,
     root_pages,
+    variants_file_path,
 )
 from kiln.release.manifest import RunManifest
 from kiln.release.store import Store
 from kiln.release.swap import until_swapped
+from kiln.release.variants import dumps, merge_variants, read_wheel_variant, variants_json_name, wheel_variant_label
 from kiln.release.wheels import describe_wheel, read_wheel
 
 log = logging.getLogger(__name__)
@@ -82,6 +113,11 @@ PAGE_CACHE = "public, max-age=60, must-revalidate"  # short: a new nightly shows
 Outcome = Literal["added", "present", "conflict"]
 COMMIT_DIGITS = 12  # of the commit's hex sha in a per-commit index's URL
 _COMMIT = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?\Z")  # a full SHA-1 or SHA-256 object name
+
+
+COMBINED = "wheel-variants"  # the combined index of a channel's variant wheels (a variant's name has no '-')
+VARIANTS_TYPE = "application/json"
+Documents = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]  # (project, version) -> the wheels' variant.json
 
 
 def index_prefix(channel_prefix: str, variant: str) -> str:
@@ -141,6 +177,7 @@ class Plan:
     preview: bool = False  # run against a staging copy to show what a real publish will do
     commit_indexes: list[str] = field(default_factory=list)  # per-commit index roots on the target after the pages
     commit_held: dict[str, str] = field(default_factory=dict)  # variant -> why its per-commit index is not written
+    variants_refused: dict[str, str] = field(default_factory=dict)  # project -> why the combined index refused it
 
     def commit_index_urls(self) -> list[str]:
         return [f"{self.target}/{index}/" for index in self.commit_indexes]
@@ -161,6 +198,8 @@ class Plan:
         lines.extend(f"- variant `{v}` not published: {why}" for v, why in sorted(self.skipped.items()))
         lines.extend(f"- per-commit index: `{index}/`" for index in self.commit_indexes)
         lines.extend(f"- per-commit index of `{v}` not written: {why}" for v, why in sorted(self.commit_held.items()))
+        lines.extend(f"- `{p}` not published to the combined index `{COMBINED}`: {why}"
+                     for p, why in sorted(self.variants_refused.items()))
         return "\n".join(lines) + "\n"
 
 
@@ -228,7 +267,67 @@ def collect(
                 commit_index = commit_index_prefix(channel_prefix, variant, commit) if commit else ""
                 uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path, commit_index,
                                       (statuses or {}).get(dist.project, ACTIVE)))
+    variant_wheels = [run.verify(a) for a in run.artifacts_of("variant-wheel")
+                      if a.state == "ok" and a.variant in publishable]
+    combined_commit = commit_index_prefix(channel_prefix, COMBINED, commit) if commit else ""
+    for path in [*variant_wheels, *(p for v, p in extra if v is None)] if variant_wheels else ():
+        dist, _ = read_wheel(path, now)
+        uploads.append(Upload(COMBINED, index_prefix(channel_prefix, COMBINED), dist, path, combined_commit,
+                              (statuses or {}).get(dist.project, ACTIVE)))
     return uploads, skipped
+
+
+def variant_documents(uploads: Iterable[Upload]) -> dict[str, dict[tuple[str, str], list[dict[str, Any]]]]:
+    """Per index, the ``variant.json`` of each variant wheel it gets, by (project, version)."""
+    found: dict[str, dict[tuple[str, str], list[dict[str, Any]]]] = {}
+    for item in uploads:
+        if item.variant == COMBINED and wheel_variant_label(item.dist.filename) is not None:
+            document = read_wheel_variant(item.dist.filename, item.source)
+            for index in filter(None, (item.index, item.commit_index)):
+                found.setdefault(index, {}).setdefault((item.dist.project, item.dist.version), []).append(document)
+    return found
+
+
+def _published_variants(store: Store, files_dir: str, listed: Sequence[Distribution],
+                        name: str) -> tuple[Distribution | None, dict[str, Any] | None]:
+    """The variants file ``name`` a page lists, and its document (read from its copy, checked by hash)."""
+    current = next((d for d in listed if d.filename == name), None)
+    if current is None:
+        return None, None
+    key = f"{files_dir}/{current.project}/{variants_file_path(name, current.sha256)}"
+    data = store.get(key)
+    if data is None or sha256_bytes(data) != current.sha256:
+        raise IntegrityError(f"{key}: listed with sha256 {current.sha256}, the store holds "
+                             f"{'nothing' if data is None else sha256_bytes(data)}")
+    try:
+        return current, dict(json.loads(data))
+    except (ValueError, TypeError) as exc:
+        raise IntegrityError(f"{key} is not a JSON object: {exc}") from exc
+
+
+def refuse_conflicting_labels(store: Store, uploads: Sequence[Upload]) -> tuple[list[Upload], dict[str, str]]:
+    """The uploads without the combined index's files of a project whose labels conflict with the published ones.
+
+    Checked before anything is uploaded (invariant 7): a variant label the combined index's variants file
+    already defines with other properties refuses every combined-index file of that project (its per-variant
+    indexes are not affected); the second value says why, per project. The pages re-check under their
+    compare-and-swap (another publisher may have added the label since).
+    """
+    refused: dict[str, str] = {}
+    for index, by_version in variant_documents(u for u in uploads if u.variant == COMBINED).items():
+        if "/commits/" in index:
+            continue
+        for (project, version), documents in sorted(by_version.items()):
+            page = store.get(f"{index}/{project}/{JSON_PAGE}")
+            listed = [] if page is None else parse_project_json(page, f"{store.url}/{index}/{project}/{JSON_PAGE}")
+            _, existing = _published_variants(store, index, listed, variants_json_name(project, version))
+            try:
+                merge_variants(existing, documents)
+            except InvalidInputError as exc:
+                refused.setdefault(project, f"{exc}; nothing of {project} was published to {index}/")
+    if refused:
+        log.error("not published to the combined index: %s", "; ".join(refused.values()))
+    return [u for u in uploads if not (u.variant == COMBINED and u.dist.project in refused)], refused
 
 
 def upload_file(store: Store, upload: Upload) -> UploadResult:
@@ -300,14 +399,43 @@ def _files_at(index: str, files_in: str | None, project: str) -> str:
     return posixpath.relpath(f"{files_in}/{project}", f"{index}/{project}") + "/"
 
 
+def _variants_files(store: Store, files_dir: str, project: str, listed: list[Distribution],
+                    files: Sequence[Distribution],
+                    documents: Documents) -> tuple[list[Distribution], list[Distribution]]:
+    """(``listed`` without the variants files that change, their new records) for ``project``'s page.
+
+    Each version's variants file is the one the page lists merged with ``documents`` (labels only added,
+    a conflicting one refused by :func:`~kiln.release.variants.merge_variants`); a changed content is put,
+    immutable and verified, at its own hash's path before the page that links it is written.
+    """
+    new: list[Distribution] = []
+    for (of, version), docs in sorted(documents.items()):
+        if of != project:
+            continue
+        name = variants_json_name(project, version)
+        current, existing = _published_variants(store, files_dir, listed, name)
+        data = dumps(merge_variants(existing, docs))
+        digest = sha256_bytes(data)
+        if current is not None and current.sha256 == digest:
+            continue
+        key = f"{files_dir}/{project}/{variants_file_path(name, digest)}"
+        _check(store.put_immutable(key, data, VARIANTS_TYPE, IMMUTABLE_CACHE).sha256, digest, key)
+        when = max((d.upload_time for d in files if d.version == version), default=0)
+        listed = [d for d in listed if d.filename != name]
+        new.append(make_distribution(name, digest, len(data), when))
+    return listed, new
+
+
 def update_pages(store: Store, index: str, dists: Sequence[Distribution],
                  sleep: Callable[[float], None] = time.sleep, *, statuses: Mapping[str, ProjectStatus] | None = None,
-                 files_in: str | None = None) -> list[str]:
+                 files_in: str | None = None, variants: Documents | None = None) -> list[str]:
     """Merge ``dists`` (all verified on the target) into the project pages, then the root.
 
     ``statuses``: each project's PEP 792 status (default active), written on
     its page. ``files_in``: the index root whose objects the pages link when
     it is not ``index`` itself (a per-commit index links the channel's).
+    ``variants``: the variant wheels' ``variant.json`` by (project, version),
+    merged into each version's listed variants file (the combined index).
     """
     changed: list[str] = []
     projects = group(dists)
@@ -317,7 +445,10 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
         def render(current: bytes | None, project: str = project, files: list[Distribution] = files,
                    json_key: str = json_key) -> dict[str, bytes]:
             listed = [] if current is None else parse_project_json(current, f"{store.url}/{json_key}")
-            merged = _merge_files(listed, files, f"{store.url}/{json_key}")
+            added: list[Distribution] = []
+            if variants:
+                listed, added = _variants_files(store, files_in or index, project, listed, files, variants)
+            merged = _merge_files(listed, [*files, *added], f"{store.url}/{json_key}")
             status = (statuses or {}).get(project, ACTIVE)
             pages = project_pages(project, merged, status, _files_at(index, files_in, project))
             return {f"{index}/{k}": v for k, v in pages.items()}
@@ -361,9 +492,14 @@ def publish(
     (what the release shows its approver), with the target untouched.
     """
     uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses)
-    plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run)
+    uploads, refused = refuse_conflicting_labels(store, uploads)
+    plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run, variants_refused=refused)
     plan.results = upload(store, uploads)
     ready, plan.commit_held = complete_commit_indexes(uploads, plan.results)
+    if refused and commit:  # a commit's combined index would lack the refused project: complete or absent
+        ready = [replace(r, upload=replace(r.upload, commit_index="")) if r.upload.variant == COMBINED else r
+                 for r in ready]
+        plan.commit_held[COMBINED] = f"{', '.join(sorted(refused))} refused (see above)"
     plan.pages = (pages or publish_pages)(store, ready)
     written = sorted({r.upload.commit_index for r in ready if r.upload.commit_index})
     plan.commit_indexes = [index for index in written if store.get_page(f"{index}/{JSON_PAGE}") is not None]
@@ -398,18 +534,22 @@ def publish_pages(store: Store, results: Iterable[UploadResult | BaseException])
     by_index: dict[str, list[Distribution]] = {}
     by_commit: dict[tuple[str, str], list[Distribution]] = {}
     statuses: dict[str, ProjectStatus] = {}
+    verified: list[Upload] = []
     for result in results:
         if isinstance(result, UploadResult) and result.outcome != "conflict":
             item = result.upload
+            verified.append(item)
             by_index.setdefault(item.index, []).append(item.dist)
             statuses[item.dist.project] = item.status
             if item.commit_index:
                 by_commit.setdefault((item.commit_index, item.index), []).append(item.dist)
+    documents = variant_documents(verified)
     changed: list[str] = []
     for index, dists in sorted(by_index.items()):
-        changed += update_pages(store, index, dists, statuses=statuses)
+        changed += update_pages(store, index, dists, statuses=statuses, variants=documents.get(index))
     for (commit_index, index), dists in sorted(by_commit.items()):
-        changed += update_pages(store, commit_index, dists, statuses=statuses, files_in=index)
+        changed += update_pages(store, commit_index, dists, statuses=statuses, files_in=index,
+                                variants=documents.get(commit_index))
     return changed
 
 
@@ -421,7 +561,7 @@ def raise_for_conflict(result: UploadResult) -> UploadResult:
 
 
 __all__ = [
-    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "collect", "commit_index_prefix",
+    "COMBINED", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "collect", "commit_index_prefix",
     "complete_commit_indexes", "gate", "index_prefix", "publish", "publish_pages", "raise_for_conflict",
-    "update_pages", "upload_each", "upload_file",
+    "refuse_conflicting_labels", "update_pages", "upload_each", "upload_file", "variant_documents",
 ]

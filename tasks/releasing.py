@@ -23,7 +23,7 @@ from kiln.release.fetch import StoreSettings
 from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
 from kiln.release.manifest import RunManifest
-from kiln.release.publish import PAGE_CACHE, Plan, untested
+from kiln.release.publish import COMBINED, PAGE_CACHE, Plan, untested
 from kiln.release.remote import newest_release
 from kiln.release.store import Store, open_store
 from kiln.release.swap import put_until_swapped
@@ -126,7 +126,7 @@ def untested_ok(config: Any) -> list[str]:
 def publish_facts(config: KilnConfig, run: RunManifest, plan: Plan, env: Mapping[str, str] = os.environ,
                   lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
     """What a publish records for the summary: untested variants, variants no suite ran on, the install hint."""
-    published = sorted({u.variant for u in plan.uploads})
+    published = sorted({u.variant for u in plan.uploads if u.variant != COMBINED})  # the combined index is none
     not_run = untested(run, published)
     return {"published_untested": not_run,
             "published_without_suite": without_suite(run, [v for v in published if v not in not_run]),

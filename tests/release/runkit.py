@@ -11,8 +11,39 @@ from typing import Any
 from kiln.release.manifest import RunManifest, Unit
 from kiln.release.record import Checkout, RunHeader, RunRecord, create_record
 from kiln.release.store import open_store
+from kiln.release.variants import VARIANT_SCHEMA, dumps
 
 from .wheelkit import make_wheel
+
+NVIDIA = {"plugin-api": "nvidia_variant_provider.plugin:NvidiaVariantPlugin",
+          "requires": ["nvidia-variant-provider>=0.0.1,<1.0.0"]}
+CU130 = {"nvidia": {"cuda_version_lower_bound": ["13.0"], "sm_arch": ["80_real", "90_real"]}}
+
+
+def variant_document(label: str, properties: dict[str, Any]) -> bytes:
+    """A ``variant.json`` as Kiln's build writes it (PEP 850 schema, the NVIDIA provider)."""
+    return dumps({"$schema": VARIANT_SCHEMA, "default-priorities": {"namespace": ["nvidia"]},
+                  "providers": {"nvidia": NVIDIA}, "variants": {label: properties}})
+
+
+def make_variant_run(root: Path, name: str, version: str, labels: dict[str, dict[str, Any]],
+                     payload: str = "") -> RunManifest:
+    """A saved run as a build of ``{variant: properties}`` leaves it: each variant's ``+variant`` wheel, its
+    variant wheel (label: the variant's name; ``cpu`` is the ``null`` variant) and, for cpu, the plain default."""
+    run = RunManifest(root=root, run_id=uuid.uuid4().hex, flow="test")
+    for variant, properties in labels.items():
+        local = make_wheel(root / "wheels" / variant, name, f"{version}+{variant}", payload=payload)
+        run.add_artifact(local, step="build", kind="wheel", variant=variant)
+        label = "null" if variant == "cpu" else variant
+        tag = "py3-none-any" if variant == "cpu" else "py3-none-linux_x86_64"
+        wheels = [make_wheel(root / "variant-wheels", name, version, tag=tag, payload=payload, label=label,
+                             variant_json=variant_document(label, properties))]
+        if variant == "cpu":
+            wheels.append(make_wheel(root / "variant-wheels", name, version, payload=payload))
+        for path in wheels:
+            run.add_artifact(path, step="build", kind="variant-wheel", variant=variant)
+    run.save()
+    return run
 
 
 def make_run(root: Path, wheels: dict[str, list[tuple[str, str]]], units: list[Unit] = (), payload: str = "") -> RunManifest:

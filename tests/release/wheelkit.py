@@ -27,12 +27,15 @@ def make_wheel(
     payload: str = "",
     requires: Sequence[str] = (),
     body: str = "",
+    label: str | None = None,
+    variant_json: bytes | None = None,
 ) -> Path:
     """Write ``<name>-<version>-<tag>.whl`` with an importable module and return its path.
 
     ``payload`` goes into the module so two wheels of one name can differ in bytes;
     ``requires`` become ``Requires-Dist`` lines and ``body`` is appended to the module
     (e.g. an import of a dependency, so importing proves the dependency was installed).
+    ``label`` makes it a PEP 825 variant wheel (``…-<tag>-<label>.whl``) holding ``variant_json``.
     """
     dist = canonicalize_name(name).replace("-", "_")
     module = module or dist
@@ -46,9 +49,11 @@ def make_wheel(
         f"{info}/METADATA": metadata.encode(),
         f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: kiln-tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode(),
     }
+    if variant_json is not None:
+        files[f"{info}/variant.json"] = variant_json
     record = [_record_line(p, d) for p, d in files.items()] + [f"{info}/RECORD,,"]
     files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    path = Path(directory) / f"{dist}-{version}-{tag}.whl"
+    path = Path(directory) / f"{dist}-{version}-{tag}{'-' + label if label else ''}.whl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as archive:
         for member, data in files.items():
