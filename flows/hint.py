@@ -37,15 +37,23 @@ def _facts(index_url: str, install: Mapping[str, Any]) -> dict[str, Any] | None:
     return facts if isinstance(facts, dict) else None
 
 
-def install_command(index_url: str, install: Mapping[str, Any]) -> str:
-    """The pip command that installs what the run published to ``index_url`` (options as ``kiln verify`` passes them).
+UV_VARIANTS = ("uv", "pip", "install", "--preview-features", "wheel-variants")
 
-    A nightly's requirement is pinned to the exact version it published.
+
+def install_command(index_url: str, install: Mapping[str, Any]) -> str:
+    """The command that installs what the run published to ``index_url`` (options as ``kiln verify`` passes them).
+
+    pip for a variant's index; for the combined index of variant wheels (PEP 825), uv with its
+    ``wheel-variants`` preview, which chooses the variant wheel the machine supports (pip, which knows no
+    variants, would take the default CPU wheel there). A nightly's requirement is pinned to the exact
+    version it published.
     """
     facts = _facts(index_url, install) or {}
     requirement = str(facts.get("requirement") or install.get("distribution", ""))
-    options = index_options("pip", index_url, install.get("extra_index_urls") or [])
-    return " ".join(["pip", "install", *options, requirement])
+    extras = install.get("extra_index_urls") or []
+    if facts.get("variants"):
+        return " ".join([*UV_VARIANTS, *index_options("uv", index_url, extras), requirement])
+    return " ".join(["pip", "install", *index_options("pip", index_url, extras), requirement])
 
 
 def _name(text: str) -> tuple[str, bool]:
@@ -68,6 +76,9 @@ def install_reason(index_url: str, install: Mapping[str, Any]) -> str:
         return f"(this run did not record what {index_url} holds)"
     holds = list(facts.get("holds") or [])
     head = f"this index holds {', '.join(holds) or 'nothing'}"
+    if facts.get("variants"):
+        head = (f"every variant's wheel of {dist} (PEP 825 variant wheels: uv's preview installs the one this machine"
+                f" supports, pip the default CPU wheel); {head}")
     if not facts.get("version"):
         return f"({head}; no {dist} wheel reached it in this run)"
     requires = [str(r) for r in facts.get("requires") or []]

@@ -13,7 +13,10 @@ refused link (another scheme, host or port; past its cap or deadline) is a
 problem and is listed in :attr:`VerifyReport.refused`. Downloads stream to a
 temporary file, one at a time, so a wheel is never held in memory.
 A page without a JSON form (a static mirror of HTML only) is checked from its
-HTML alone, and the report says so.
+HTML alone, and the report says so. On a page of PEP 825 variant wheels (a
+channel's combined index, see :mod:`kiln.release.publish`) every variant
+wheel's ``variant.json`` must be in its version's ``-variants.json`` as it is
+(a missing or differently defined label is a problem).
 
 Then it installs the newest version of each project with pip and with uv into
 fresh virtual environments from that index, and imports it
@@ -32,6 +35,7 @@ an extra index fails the verification, naming both versions.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -39,12 +43,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from kiln.release.dists import parse_filename
+from kiln.release.dists import VARIANTS_JSON_SUFFIX, parse_filename
 from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, LinkRefusedError, TooLargeError
 from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.fsutil import sha256_bytes
@@ -52,7 +57,9 @@ from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
 from kiln.release.objects import Store
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
+from kiln.release.publish import COMBINED
 from kiln.release.serve import IndexServer
+from kiln.release.variants import VARIANT_JSON_LIMIT, merge_variants, read_wheel_variant, wheel_variant_label
 from kiln.release.wheels import import_names, member_limit, record_problems
 
 log = logging.getLogger(__name__)
@@ -217,11 +224,14 @@ def _check_project(source: IndexSource, name: str, report: VerifyReport, html_on
     if page.json is not None:
         compare_forms(page, html, data, report.problems)
     versions: dict[Version, tuple[str, ...]] = {}
+    variants = _Variants()
     for filename in sorted(set(html) | set(data)):
         refs = [r for r in (html.get(filename), data.get(filename)) if r]
         body = _check_file(page.url, filename, refs, source, report, workdir)
         try:
             modules = _check_wheel(page.url, filename, body, report) if body and filename.endswith(".whl") else ()
+            if body is not None:
+                variants.read(page.url, filename, body, report)
         finally:
             if body is not None:
                 body.unlink()
@@ -232,10 +242,52 @@ def _check_project(source: IndexSource, name: str, report: VerifyReport, html_on
                 report.problems.append(f"{page.url}: {exc}")
                 continue
             versions[version] = versions.get(version) or modules
+    variants.check(page.url, report)
     if not versions:
         return None
     newest = max(versions)
     return Newest(str(newest), versions[newest])
+
+
+class _Variants:
+    """A project page's PEP 825 variant wheels' ``variant.json`` and its variants files, by version."""
+
+    def __init__(self) -> None:
+        self.wheels: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self.files: dict[str, tuple[str, Any]] = {}
+
+    def read(self, page_url: str, filename: str, body: Path, report: VerifyReport) -> None:
+        try:
+            if filename.endswith(".whl") and wheel_variant_label(filename) is not None:
+                version = parse_filename(filename)[1]
+                self.wheels.setdefault(version, []).append((filename, read_wheel_variant(filename, body)))
+            elif filename.endswith(VARIANTS_JSON_SUFFIX):
+                if body.stat().st_size > VARIANT_JSON_LIMIT:
+                    raise InvalidInputError(f"{filename} is larger than {VARIANT_JSON_LIMIT} bytes")
+                self.files[parse_filename(filename)[1]] = (filename, json.loads(body.read_bytes()))
+        except (InvalidInputError, ValueError) as exc:
+            report.problems.append(f"{page_url}: {filename}: {exc}")
+
+    def check(self, page_url: str, report: VerifyReport) -> None:
+        """Every variant wheel's ``variant.json`` is in its version's variants file, label for label."""
+        for version, wheels in sorted(self.wheels.items()):
+            if version not in self.files:
+                report.problems.append(f"{page_url}: lists variant wheels of {version} ({wheels[0][0]}…) but no "
+                                       f"variants file of {version} (PEP 825)")
+                continue
+            name, published = self.files[version]
+            try:
+                merged = merge_variants(published, [document for _, document in wheels])
+            except InvalidInputError as exc:
+                report.problems.append(f"{page_url}: {name} does not match the variant wheels: {exc}")
+                continue
+            missing = sorted(set(merged["variants"]) - set(published.get("variants", {})))
+            if missing:
+                report.problems.append(f"{page_url}: {name} lacks the variant labels {missing} of its variant wheels")
+        if self.wheels:
+            report.notes.append(f"{page_url}: PEP 825 variant wheels, each checked against its version's variants "
+                                "file; installed here without uv's wheel-variants preview, so pip and uv take the "
+                                "default wheel")
 
 
 def _root_projects(source: IndexSource, report: VerifyReport, html_only: list[str]) -> list[str]:
@@ -347,13 +399,14 @@ def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOU
 def verify_published(
     store: Store, prefix: str, variants: Sequence[str], install: bool = True
 ) -> list[VerifyReport]:
-    """Verify every variant index under ``prefix`` (a channel's) in ``store``; IntegrityError if any check fails.
+    """Verify every variant index and the combined index under ``prefix`` (a channel's) in ``store``;
+    IntegrityError if any check fails.
 
     The caller opens the target (``kiln.tasks.releasing.open_target``, the one place a publish target is
     opened) and names the channel's prefix (``kiln.tasks.releasing.channel_prefix``)."""
     reports = []
     with IndexServer(store, prefix) as server:
-        for variant in variants:
+        for variant in [*variants, COMBINED]:
             if store.get(f"{prefix}/{variant}/simple/index.json") is None:
                 continue
             reports.append(verify_index(f"{server.url}{variant}/simple/", install=install))

@@ -27,8 +27,9 @@ from packaging.metadata import parse_email
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.publish import Plan, Upload
+from kiln.release.publish import COMBINED, Plan, Upload
 from kiln.release.remote import Lookup, newest_release
+from kiln.release.variants import wheel_variant_label
 from kiln.release.wheels import core_metadata
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,15 @@ def index_facts(plan: Plan, distribution: str) -> dict[str, dict[str, Any]]:
     project = canonicalize_name(distribution)
     facts: dict[str, dict[str, Any]] = {}
     for index, uploads in sorted(_by_index(plan).items()):
-        own = sorted((u for u in uploads if u.dist.project == project), key=lambda u: Version(u.dist.version))
+        # of the newest version, the plain default wheel's requirements (a combined index's last, by label None)
+        own = sorted((u for u in uploads if u.dist.project == project),
+                     key=lambda u: (Version(u.dist.version), wheel_variant_label(u.dist.filename) is None))
         newest = own[-1] if own else None
         facts[f"{plan.target}/{index}/"] = {
             "holds": sorted({u.dist.project for u in uploads}),
             "version": newest.dist.version if newest else "",
             "requires": requires_dist(newest.source) if newest else [],
-        }
+        } | ({"variants": True} if any(u.variant == COMBINED for u in uploads) else {})
     return facts
 
 

@@ -10,10 +10,16 @@ from urllib.parse import unquote
 
 import pytest
 
+from kiln.flows.hint import install_command, install_reason
+from kiln.release.dists import make_distribution
 from kiln.release.errors import TransientStoreError
 from kiln.release.fsutil import sha256_bytes
+from kiln.release.index import group, parse_project_json, project_pages, variants_file_path
 from kiln.release.publish import COMBINED, publish
 from kiln.release.store import LocalStore, Store
+from kiln.release.variants import dumps
+from kiln.release.verify import verify_index
+from kiln.tasks.install_hint import install_facts
 from tests.helpers.indexcheck import check_local_index
 
 from .pageparse import parse_html, parse_json
@@ -223,3 +229,48 @@ def test_publishers_at_once_lose_no_label(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "target")
     assert list(_variants(store)["variants"]) == names
     assert len(assert_links_resolve(store, INDEX)["k"]) == len(names) + 1
+
+
+def test_the_install_hint_of_the_combined_index_is_uvs_with_the_preview_and_pip_keeps_the_variants(
+    tmp_path: Path,
+) -> None:
+    run = make_variant_run(tmp_path / "run", "k", VERSION, {"cu130": CU130, "cpu": {}})
+    plan = _publish(run, LocalStore(tmp_path / "target"))
+    install = install_facts("k", ["https://pypi.org/simple"], plan, check=False)
+    combined, cpu = f"{plan.target}/{INDEX}/", f"{plan.target}/nightly/cpu/simple/"
+    assert install["indexes"][combined]["version"] == VERSION and install["indexes"][combined]["variants"]
+    assert install_command(combined, install) == (
+        f"uv pip install --preview-features wheel-variants --index {combined} "
+        f"--default-index https://pypi.org/simple k=={VERSION}")
+    assert install_command(cpu, install).startswith(f"pip install --index-url {cpu} ")
+    assert "uv's preview installs the one this machine supports" in install_reason(combined, install)
+
+
+def _rewrite_variants_file(store: Store, document: dict[str, Any]) -> None:
+    """Tamper (test only): the page links another variants file, whose copy is stored under its own hash."""
+    key = f"{INDEX}/k/index.json"
+    data = dumps(document)
+    name = f"k-{VERSION}-variants.json"
+    store.put_immutable(f"{INDEX}/k/{variants_file_path(name, sha256_bytes(data))}", data, "application/json", "x")
+    dists = [d for d in parse_project_json(store.get(key) or b"", key) if d.filename != name]
+    dists.append(make_distribution(name, sha256_bytes(data), len(data), CLOCK()))
+    for page, body in project_pages("k", group(dists)["k"]).items():
+        current = store.get_page(f"{INDEX}/{page}")
+        store.put_page(f"{INDEX}/{page}", body, "text/html", "x", current[1] if current else None)
+
+
+def test_verify_checks_the_variants_file_against_every_variant_wheel(tmp_path: Path) -> None:
+    run = make_variant_run(tmp_path / "run", "k", VERSION, {"cu130": CU130, "cpu": {}})
+    store = LocalStore(tmp_path / "target")
+    _publish(run, store)
+    url = (tmp_path / "target" / INDEX).as_uri() + "/"
+    report = verify_index(url, install=False)
+    assert report.ok, report.summary()
+    assert any("PEP 825 variant wheels" in note for note in report.notes)
+    published = _variants(store)
+    _rewrite_variants_file(store, {**published, "variants": {"null": {}}})  # cu130's label left out
+    report = verify_index(url, install=False)
+    assert any("lacks the variant labels ['cu130']" in p for p in report.problems), report.problems
+    _rewrite_variants_file(store, {**published, "variants": {**published["variants"], "cu130": CU126}})
+    report = verify_index(url, install=False)
+    assert any("variant label 'cu130' is already defined" in p for p in report.problems), report.problems
