@@ -16,6 +16,7 @@ from kiln.release.errors import TransientStoreError
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.index import group, parse_project_json, project_pages, variants_file_path
 from kiln.release.publish import COMBINED, publish
+from kiln.release.s3 import S3Store, make_client
 from kiln.release.store import LocalStore, Store
 from kiln.release.variants import dumps
 from kiln.release.verify import verify_index
@@ -274,3 +275,20 @@ def test_verify_checks_the_variants_file_against_every_variant_wheel(tmp_path: P
     _rewrite_variants_file(store, {**published, "variants": {**published["variants"], "cu130": CU126}})
     report = verify_index(url, install=False)
     assert any("variant label 'cu130' is already defined" in p for p in report.problems), report.problems
+
+
+def test_on_s3_publishers_at_once_lose_no_label(tmp_path: Path, s3_endpoint: str, s3_session: Any,
+                                                s3_bucket: str) -> None:
+    names = ["cu126", "cu128", "cu129", "cu130"]
+    runs = [make_variant_run(tmp_path / name, "k", VERSION,
+                             {name: {"nvidia": {"cuda_version_lower_bound": [f"{name[2:4]}.{name[4]}"]}}})
+            for name in names]
+    # a client per publisher, as separate jobs would have
+    publishers = [(run, S3Store(make_client(s3_session, "us-east-1", s3_endpoint), s3_bucket, "site")) for run in runs]
+    errors = run_at_once(lambda pair: _publish(pair[0], pair[1], variants=names, commit=COMMIT), publishers)
+    assert errors == []
+    store = S3Store(make_client(s3_session, "us-east-1", s3_endpoint), s3_bucket, "site")
+    assert list(_variants(store)["variants"]) == names
+    assert len(assert_links_resolve(store, INDEX)["k"]) == len(names) + 1
+    commit_index = f"nightly/{COMBINED}/commits/a1b2c3d4e5f6/simple"
+    assert list(_variants(store, commit_index)["variants"]) == names
