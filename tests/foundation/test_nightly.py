@@ -72,9 +72,13 @@ def test_index_links_resolve_and_hashes_match(nightly):
     linked = sorted({p for p in report.files if p.suffix == ".whl"})
     assert all(report.files.count(p) == 2 for p in linked)
     wheels = [p.name for p in linked]
-    assert {n.split("+")[1].split("-")[0] for n in wheels if n.startswith("kiln_kernels-")} == {"cu130", "rocm", "cpu"}
-    # kiln-runtime (which the kernel wheels require) is published in every variant's index
-    assert len([n for n in wheels if n.startswith("kiln_runtime-")]) == 3
+    local = [n for n in wheels if n.startswith("kiln_kernels-") and "+" in n]
+    assert {n.split("+")[1].split("-")[0] for n in local} == {"cu130", "rocm", "cpu"}
+    # the combined index (nightly/wheel-variants): every variant's PEP 825 variant wheel and the plain default
+    combined = sorted(p.name for p in linked if p.parts[-4] == "wheel-variants" and p.name.startswith("kiln_kernels-"))
+    assert [n.removesuffix(".whl").rsplit("-", 1)[-1] for n in combined] == ["null", "any", "cu130", "rocm"]
+    # kiln-runtime (which the kernel wheels require) is published in every variant's index and the combined one
+    assert len([n for n in wheels if n.startswith("kiln_runtime-")]) == 4
 
 
 def test_pip_installs_the_cpu_wheel_from_the_index_into_a_fresh_venv(nightly, tmp_path):
