@@ -66,7 +66,7 @@ def test_the_wheel_holds_every_file_a_plain_pip_wheel_of_the_checkout_holds(two_
     kiln_files, kiln_info = _names(kiln_wheel)
     assert {"scmpkg/data/table.json", "scmpkg/ops/experimental/fused.py"} <= plain_files  # from git's file list
     assert kiln_files == plain_files
-    assert plain_info <= kiln_info and kiln_info - plain_info == {"kiln_build.json"}
+    assert plain_info <= kiln_info and kiln_info - plain_info == {"kiln_build.json", "sboms/kiln.cdx.json"}  # Kiln's record and the SBOM
 
 
 def test_a_second_build_of_the_same_commit_with_default_settings_is_all_cache_hits(two_builds):

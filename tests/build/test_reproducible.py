@@ -141,12 +141,19 @@ def _clones(origin: Path, tmp_path: Path) -> list[Path]:
 
 
 def _build(clone: Path, out: Path) -> dict[str, Path]:
-    """A cold build of every variant (its own build cache, its own out dir); {variant: wheel}."""
-    from kiln.flows.build import build_flow
+    """A cold build of every variant (its own build cache, its own out dir); {variant: wheel}.
 
-    state = build_flow(str(clone / "kiln.toml"), str(out), return_state=True)
-    run = RunManifest.load(out / str(state.state_details.flow_run_id))
-    assert state.is_completed(), {u.id: u.message for u in run.units if u.state != "completed"}
+    ``kiln build`` in a process of its own, as a worker runs it: loading a clone's registry imports its
+    package, and the default project's (kiln_kernels) must not replace the test session's own."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--config", str(clone / "kiln.toml"),
+                           "--out", str(out)], env=env, cwd=clone, capture_output=True, text=True, timeout=3000)
+    views = [d for d in out.iterdir() if d.is_dir() and not d.is_symlink()]
+    assert len(views) == 1, (views, done.stdout[-3000:], done.stderr[-3000:])
+    run = RunManifest.load(views[0])
+    assert done.returncode == 0, {u.id: u.message for u in run.units if u.state != "completed"}
     return {a.variant: run.root / a.path for a in run.artifacts_of("wheel")}
 
 
