@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 from kiln.runtime.archs import at_least
 from kiln.tasks.build import archs as arch_rules
 from kiln.tasks.build.cache import digest
+from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash, source_closure
 from kiln.tasks.project.config import KilnConfig, Variant
 from kiln.tasks.project.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
@@ -202,7 +203,7 @@ def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]
     policy = "record" if config.build.kind == "triton-jit" else variant.arch_policy
     label = "+".join(arch_rules.parse_cuda_arch(a).sm if variant.backend == "cuda" else a for a in archs) or "-"
     project = config.path(config.build.project_dir)
-    batch = digest(CACHE_FORMAT, "pep517", variant.backend, project_hash(project, kiln_state(config)),
+    batch = digest(CACHE_FORMAT, "pep517", BUILD_RECIPE, variant.backend, project_hash(project, kiln_state(config)),
                    repr(sorted(toolchain.items())))[:32]
     key = digest(batch, variant.name, *archs, config.build.toolchain.model_dump_json(),
                  *([variant_env_id(variant), policy] if variant_env_id(variant) or policy != "exact" else []))

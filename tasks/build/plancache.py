@@ -44,6 +44,7 @@ from kiln.release.fsutil import atomic_write_text, sha256_file
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import NvccSettings
 from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan, kiln_state
+from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.registry_types import CudaSourceRecord
@@ -70,7 +71,7 @@ class StoredPlan:
 def plan_key(config: KilnConfig, config_path: str, variants: list[str] | None, nvcc_path: str | None) -> str:
     """The entry a request maps to; every input listed in the module docstring is checked inside it."""
     path = Path(config_path).resolve()
-    return digest(PLAN_FORMAT, CACHE_FORMAT, str(path), path.read_bytes().hex(), repr(variants),
+    return digest(PLAN_FORMAT, CACHE_FORMAT, BUILD_RECIPE, str(path), path.read_bytes().hex(), repr(variants),
                   repr(nvcc_path), sys.version, sys.prefix, str(config.root))
 
 

@@ -37,6 +37,10 @@ from kiln.tasks.build.wheel import ZIP_EPOCH  # a wheel's stamp outside git: the
 
 _log = logging.getLogger(__name__)
 _GIT_TIMEOUT_S = 60
+#: What a pep517 build's bytes depend on beyond its sources and toolchain: this module's recipe (the path maps,
+#: SOURCE_DATE_EPOCH, the fixed build directory) and the backend's environment (a cpu variant sees no CUDA
+#: toolkit). Part of the unit's cache key: bump it when either changes, so no older output is reused.
+BUILD_RECIPE = "pep517-reproducible-2"
 # Flags read by gcc/clang drivers: the maps are appended. nvcc takes them for its host compiler only.
 _COMPILER_FLAGS = ("CFLAGS", "CXXFLAGS", "LDFLAGS", "HIPCC_COMPILE_FLAGS_APPEND")
 _NVCC_FLAGS = "NVCC_APPEND_FLAGS"
