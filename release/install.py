@@ -46,6 +46,7 @@ class InstallSpec:
     requirement: str  # "name==version"
     modules: tuple[str, ...]  # imported afterwards (read from the wheel); each must load from the fresh venv
     extra_index_urls: tuple[str, ...] = ()
+    wheel_variants: bool = False  # uv chooses among PEP 825 variant wheels (its preview feature)
 
     @property
     def resolves_dependencies(self) -> bool:
@@ -128,7 +129,9 @@ def install_command(tool: Tool, python: Path, spec: InstallSpec) -> list[str]:
     options = index_options(tool, spec.index_url, spec.extra_index_urls)
     if tool == "pip":
         return [*python_command(python), "-m", "pip", "install", "--no-cache-dir", *options, *flags, spec.requirement]
-    return [*uv_command(), "pip", "install", "--no-cache", "--python", str(python), *options, *flags, spec.requirement]
+    preview = ["--preview-features", "wheel-variants"] if spec.wheel_variants else []
+    return [*uv_command(), "pip", "install", *preview, "--no-cache", "--python", str(python), *options, *flags,
+            spec.requirement]
 
 
 def install_and_import(tool: Tool, spec: InstallSpec, workdir: Path, timeout: float) -> str:

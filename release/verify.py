@@ -77,6 +77,7 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)  # what was checked differently, and why
     installs: dict[str, str] = field(default_factory=dict)  # "pip kiln-kernels==0.1.0" -> "ok" | error
     refused: list[str] = field(default_factory=list)  # links not fetched: off the index, or past their cap
+    wheel_variants: bool = False  # the index lists PEP 825 variant wheels: uv installs with its preview
 
     @property
     def ok(self) -> bool:
@@ -285,9 +286,10 @@ class _Variants:
             if missing:
                 report.problems.append(f"{page_url}: {name} lacks the variant labels {missing} of its variant wheels")
         if self.wheels:
+            report.wheel_variants = True
             report.notes.append(f"{page_url}: PEP 825 variant wheels, each checked against its version's variants "
-                                "file; installed here without uv's wheel-variants preview, so pip and uv take the "
-                                "default wheel")
+                                "file; uv installs with its wheel-variants preview (the variant this machine "
+                                "supports), pip takes the default wheel")
 
 
 def _root_projects(source: IndexSource, report: VerifyReport, html_only: list[str]) -> list[str]:
@@ -356,7 +358,8 @@ def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyR
         for project, found in sorted(newest.items()):
             if not found.modules:
                 report.notes.append(f"{project} {found.version}: its wheel makes no module importable; installed only")
-            spec = InstallSpec(index_url, f"{project}=={found.version}", found.modules, extra_index_urls)
+            spec = InstallSpec(index_url, f"{project}=={found.version}", found.modules, extra_index_urls,
+                               wheel_variants=report.wheel_variants)
             for tool in tools:
                 workdir = Path(tmp) / f"{project}-{tool}"
                 workdir.mkdir()

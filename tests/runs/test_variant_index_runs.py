@@ -84,6 +84,10 @@ def test_a_nightly_publishes_the_combined_index_uv_installs_the_machines_variant
     assert not check_local_index(out / "index").problems
     report = verify_index(url, install=False)  # the variants file against every variant wheel's variant.json
     assert report.ok, report.summary()
+    # kiln verify installs from it too: uv with its wheel-variants preview (the null variant here), pip the default
+    installed = verify_index(url, install=True)
+    assert installed.ok and installed.wheel_variants, installed.summary()
+    assert {f"pip tiny-kernels=={version}", f"uv tiny-kernels=={version}"} <= set(installed.installs)
     # the summary's command for it is uv's, with the preview
     from kiln.flows.summary import render_text
 
