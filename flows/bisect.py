@@ -1,4 +1,5 @@
-"""The bisect flow: the first commit between ``--good`` and ``--bad`` where one test fails.
+"""The bisect flow: the first commit between ``--good`` and ``--bad`` where one test fails, or where one
+benchmark got slower than at ``--good``.
 
 Each tried commit is a task run of its own in the Prefect UI (``try <commit>``), with where its wheel
 came from (a stored run, or built now because no run stored one) and the test's outcome. The plain
@@ -8,7 +9,6 @@ steps live in :mod:`kiln.tasks.run.bisect`.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -17,16 +17,17 @@ from prefect.cache_policies import NO_CACHE
 
 from kiln.flows.build import build_flow
 from kiln.flows.common import store_session, sync_state, unwalked
-from kiln.release.errors import InvalidInputError, PermanentError
+from kiln.release.errors import InvalidInputError, KilnError, PermanentError
 from kiln.release.objects import Store
 from kiln.release.record import RunHeader, open_record
 from kiln.tasks.bench.compare import compare_case
 from kiln.tasks.bench.measure import run_measure
 from kiln.tasks.bench.results import CaseResult
+from kiln.tasks.process import run_in_group
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run import bisect
 from kiln.tasks.run.runs import artifact_store
-from kiln.tasks.testing.envs import make_env
+from kiln.tasks.testing.envs import TestEnv, make_env
 
 TEST_TIMEOUT_S = 900
 _TAIL = 1500
@@ -39,10 +40,22 @@ def _requires(config: KilnConfig, nodeid: str) -> list[str]:
                    if any(path == p or path.startswith(p.rstrip("/") + "/") for p in s.paths)})
 
 
+def _drop_worktree(root: Path, tree: Path) -> None:
+    """Remove the worktree; a failure is logged, never raised over the build's own outcome."""
+    try:
+        bisect.git(root, "worktree", "remove", "--force", str(tree), error=PermanentError)
+    except KilnError as exc:
+        get_run_logger().warning("could not remove the bisect worktree %s: %s", tree, exc)
+    try:
+        bisect.git(root, "worktree", "prune", error=PermanentError)  # and any a killed bisect left registered
+    except KilnError as exc:
+        get_run_logger().warning("git worktree prune failed: %s", exc)
+
+
 def _build_at(config: KilnConfig, commit: str, variant: str, work: Path) -> Path:
     """Build ``variant`` at ``commit`` in a git worktree of it; the wheel it wrote."""
     tree = work / "worktree"
-    bisect.git(config.root, "worktree", "add", "--detach", str(tree), commit)
+    bisect.git(config.root, "worktree", "add", "--detach", str(tree), commit, error=PermanentError)
     try:
         there = tree / config.config_file.relative_to(config.root)
         state = sync_state(build_flow(config_path=str(there), out=str(work / "out"), variants=[variant],
@@ -60,7 +73,7 @@ def _build_at(config: KilnConfig, commit: str, variant: str, work: Path) -> Path
         shutil.copy2(found[0], kept)  # out of the worktree, which goes next
         return kept
     finally:
-        bisect.git(config.root, "worktree", "remove", "--force", str(tree))
+        _drop_worktree(config.root, tree)
 
 
 def _wheel_for(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]], commit: str, variant: str,
@@ -70,12 +83,12 @@ def _wheel_for(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]
         return found
     cached = bisect.cached_build(store, commit, variant, work)
     if cached is not None:
-        return cached, "built earlier by bisect (no run stored its wheels)"
+        return cached, bisect.BUILT_EARLIER
     get_run_logger().warning("no stored %s wheel of %s: building it once (kept for later bisects)", variant,
                              commit[:12])
     built = _build_at(config, commit, variant, work)
     bisect.keep_build(store, commit, variant, built)
-    return built, "built now (no run stored its wheels)"
+    return built, bisect.BUILT_NOW
 
 
 @task(name="try-commit", task_run_name="try {commit}", cache_policy=NO_CACHE)
@@ -85,17 +98,17 @@ def try_commit(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]
     here = work / commit[:12]
     wheel, origin = _wheel_for(config, store, runs, commit, variant, here)
     tree = bisect.checkout_tree(config.root, commit, here / "src")
-    env = make_env(here / "env", [wheel], _requires(config, nodeid), tests_root=tree)
-    try:
-        done = subprocess.run([str(env.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid], cwd=tree,
-                              capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return bisect.Trial(commit, True, f"timed out after {TEST_TIMEOUT_S} s", origin)
-    output = (done.stdout + done.stderr).strip()
-    if done.returncode in (4, 5):  # usage error, or nothing collected: the test is not there at that commit
-        raise InvalidInputError(f"{nodeid} does not run at {commit[:12]} (pytest exit {done.returncode}): "
-                                f"{output[-_TAIL:]}")
-    trial = bisect.Trial(commit, done.returncode != 0, output[-_TAIL:], origin)
+    env = _env(config, variant, wheel, here / "env", _requires(config, nodeid), tree)
+    # -P: the checkout's own package (a flat layout) never shadows the installed wheel; a group of its own,
+    # ended by the shared ladder at the deadline and by a cancel of the run.
+    ladder, output = run_in_group([str(env.python), "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid],
+                                  TEST_TIMEOUT_S, cwd=tree)
+    if ladder.timed_out:
+        return bisect.Trial(commit, True, f"timed out after {TEST_TIMEOUT_S} s:\n{output[-_TAIL:]}", origin)
+    if ladder.returncode in (4, 5):  # usage error, or nothing collected: the test is not there at that commit
+        raise InvalidInputError(f"{nodeid} does not run at {commit[:12]} (pytest exit {ladder.returncode}): "
+                                f"{output.strip()[-_TAIL:]}")
+    trial = bisect.Trial(commit, ladder.returncode != 0, output.strip()[-_TAIL:], origin)
     get_run_logger().info("%s: %s (wheel: %s)", commit[:12], "FAILS" if trial.bad else "passes", origin)
     return trial
 
@@ -104,11 +117,17 @@ BENCH_TIMEOUT_S = 1800.0
 _DECISION_ORDER = ("graph_replay", "cpu", "eager")  # the metric a case is decided on, when measured
 
 
-def _measure(config: KilnConfig, wheel: Path, tree: Path, kernel: str, case: str | None,
+def _env(config: KilnConfig, variant: str, wheel: Path, root: Path, requires: list[str], tests: Path) -> TestEnv:
+    """A fresh environment of ``wheel`` on ``variant``'s base (its backend, its build torch), as its suites get."""
+    chosen = config.variant(variant)
+    return make_env(root, [wheel], requires, indexes=config.publish.extra_index_urls, tests_root=tests,
+                    backend=chosen.backend, build_requires=chosen.build_requires)
+
+
+def _measure(config: KilnConfig, variant: str, wheel: Path, tree: Path, kernel: str, case: str | None,
              work: Path) -> dict[str, CaseResult]:
     """``kernel``'s cases (only ``case`` when named) measured from ``wheel``, on their decision metric."""
-    variant = next((v for v in config.variants if v.backend == "cpu"), config.variants[0])
-    env = make_env(work / "env", [wheel], backend=variant.backend, build_requires=variant.build_requires)
+    env = _env(config, variant, wheel, work / "env", [], tree)
     there = tree / config.config_file.relative_to(config.root)
     answer = run_measure(str(env.python), str(there), work / "bench", size=config.bench.size, metric="auto",
                          kernel=kernel, timeout_s=BENCH_TIMEOUT_S)
@@ -127,7 +146,7 @@ def try_bench(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]]
     here = work / commit[:12]
     wheel, origin = _wheel_for(config, store, runs, commit, variant, here)
     kernel, _, case = target.partition("/")
-    measured = _measure(config, wheel, bisect.checkout_tree(config.root, commit, here / "src"), kernel,
+    measured = _measure(config, variant, wheel, bisect.checkout_tree(config.root, commit, here / "src"), kernel,
                         case or None, here)
     if baseline is None:
         lines = [f"{name}: {c.stats.median * 1e6:.2f} µs (IQR {c.stats.spread * 1e6:.2f})"
@@ -135,6 +154,9 @@ def try_bench(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]]
         return bisect.Trial(commit, False, "\n".join(lines), origin), measured
     compared = [compare_case(baseline[name], c, config.bench.threshold, c.metric, same_reference=True)
                 for name, c in measured.items() if name in baseline]
+    if not compared:
+        raise InvalidInputError(f"no case of {target} measured at {commit[:12]} ({sorted(measured)}) was measured "
+                                f"at --good ({sorted(baseline)}): nothing to compare")
     bad = any(c.verdict.regression for c in compared)
     message = "\n".join(c.gate_line(config.bench.threshold) for c in compared)
     get_run_logger().info("%s: %s (wheel: %s)", commit[:12], "SLOWER" if bad else "not slower", origin)

@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "install the version this index publishes (repeatable)")
 
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
-    _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails, from the wheels runs stored"))
+    _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails or a benchmark got slower, "
+                                              "from the wheels runs stored"))
 
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))

@@ -149,7 +149,7 @@ def merge_variants(existing: Mapping[str, Any] | None, documents: Iterable[Mappi
     sources = ([("the published variants file", existing)] if existing is not None else []) + [
         (f"variant metadata of {sorted(d.get('variants', {}))}", d) for d in documents]
     for where, raw in sources:
-        document = check_document(dict(raw), where)
+        document = dict(check_document(raw, where))  # checked first: a non-object is an InvalidInputError
         if merged is None:
             merged = {key: document[key] for key in _SHARED if key in document} | {"variants": {}}
         for key in _SHARED:

@@ -24,9 +24,10 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
@@ -245,6 +246,19 @@ def terminate(child: Child, grace_s: float, stack_path: Path | None = None, dump
             escalation = "sigkill" if code is not None else "unreaped"
         kill_group(child.pid)
     return LadderResult(code, True, escalation, stacks, time.monotonic() - start)
+
+
+def run_in_group(cmd: list[str], timeout_s: float, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+                 grace_s: float = 5.0) -> tuple[LadderResult, str]:
+    """Run ``cmd`` in a process group of its own, held to ``timeout_s`` by the shared ladder; its result and
+    its output (stdout and stderr together, read from a file: nobody reads a pipe while the ladder waits)."""
+    logger.info("running %s", " ".join(cmd))
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        ladder = run_with_deadline(PopenChild(proc), timeout_s, grace_s=grace_s)
+        output.seek(0)
+        return ladder, output.read().decode("utf-8", "replace")
 
 
 def run_with_deadline(

@@ -116,7 +116,8 @@ def last_nightly(store: Store, config: KilnConfig, *, variant: str, metric: str,
 
 
 def newest_stored(store: Store, config: KilnConfig) -> BenchResults | None:
-    """The newest stored nightly result of any variant (what ``kiln history`` shows by default)."""
+    """The newest result stored under the history prefix (a nightly's, or a ``kiln bench`` run's that stored
+    it), of any variant: whose variant and metric ``kiln history`` shows by default."""
     for key in reversed(_nightly_keys(store, config)):
         results = _read(store, key)
         if results is not None:

@@ -27,7 +27,7 @@ class Point:
     case: str
     median_s: float
     spread_s: float
-    change: float | None  # relative to the previous run of the same case: +0.10 is 10 % slower
+    change: float | None  # relative to the previous run of the same case on the same hardware: +0.10 is 10 % slower
     judgement: Judgement  # the regression policy over the comparable runs before it
 
 

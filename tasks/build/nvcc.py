@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.release.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.archs import parse_cuda_arch
-from kiln.tasks.process import PopenChild, run_with_deadline
+from kiln.tasks.process import run_in_group
 from kiln.tasks.project.registry_types import CudaSourceRecord
 
 if TYPE_CHECKING:
@@ -49,14 +49,7 @@ def run_tool(cmd: list[str], timeout: float, cwd: Path | None = None,
 
     ``env``: the tool's whole environment (default: this process's).
     """
-    _log.info("running %s", " ".join(cmd))
-    # Output goes to a file, not a pipe: nobody reads a pipe while the ladder waits, and a full one blocks the tool.
-    with tempfile.TemporaryFile() as output:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        ladder = run_with_deadline(PopenChild(proc), timeout, grace_s=_GRACE_S)  # no stacks: not a Python process
-        output.seek(0)
-        out = output.read().decode("utf-8", "replace")
+    ladder, out = run_in_group(cmd, timeout, cwd, env, grace_s=_GRACE_S)  # no stacks: not a Python process
     if ladder.timed_out:
         raise CompileError(f"{cmd[0]} ran past its {timeout:g} s deadline; process group ended by"
                            f" {ladder.escalation}:\n{out[-2000:]}")

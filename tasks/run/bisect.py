@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.release.errors import InvalidInputError, PermanentError
+from kiln.release.errors import (
+    IntegrityError,
+    InvalidInputError,
+    KilnError,
+    PermanentError,
+    ToolchainMissingError,
+)
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.release.objects import Store
 from kiln.release.record import RunHeader, load_header, open_record
@@ -35,13 +41,23 @@ class Trial:
     commit: str
     bad: bool
     message: str
-    wheel_from: str  # "run <id>", "built (no stored wheels)", "built earlier by bisect"
+    wheel_from: str  # "run <id>", BUILT_NOW or BUILT_EARLIER
 
 
-def git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+BUILT_NOW = "built now (no run stored its wheels)"
+BUILT_EARLIER = "built earlier by bisect (no run stored its wheels)"
+
+
+def git(root: Path, *args: str, error: type[KilnError] = InvalidInputError) -> str:
+    """``git -C root ARGS``'s output; a failure is ``error`` (a ref git does not know: bad input) with git's words."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    except FileNotFoundError as exc:
+        raise ToolchainMissingError("git is not installed; bisect reads the commits between --good and --bad") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise PermanentError(f"git {' '.join(args)} did not finish within {GIT_TIMEOUT_S} s in {root}") from exc
     if done.returncode != 0:
-        raise InvalidInputError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
+        raise error(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
     return done.stdout
 
 
@@ -54,11 +70,15 @@ def commit_range(root: Path, good: str, bad: str) -> tuple[str, list[str]]:
                          for r in (good, bad))
     if good_sha == bad_sha:
         raise InvalidInputError(f"--good {good} and --bad {bad} are the same commit {good_sha[:12]}")
-    ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", good_sha, bad_sha],
-                              capture_output=True, timeout=GIT_TIMEOUT_S)
-    if ancestor.returncode != 0:
-        raise InvalidInputError(f"--bad {bad} ({bad_sha[:12]}) does not descend from --good {good} ({good_sha[:12]})")
+    try:
+        git(root, "merge-base", "--is-ancestor", good_sha, bad_sha)
+    except InvalidInputError:
+        raise InvalidInputError(f"--bad {bad} ({bad_sha[:12]}) does not descend from --good {good} "
+                                f"({good_sha[:12]})") from None
     between = git(root, "rev-list", "--reverse", "--first-parent", f"{good_sha}..{bad_sha}").split()
+    if git(root, "rev-parse", f"{between[0]}^1").strip() != good_sha:  # bisected in first-parent order only
+        raise InvalidInputError(f"--good {good} ({good_sha[:12]}) is not on the first-parent history of --bad {bad}: "
+                                "name a commit of that line (e.g. the merge that brought it in)")
     return good_sha, between
 
 
@@ -69,7 +89,11 @@ def runs_by_commit(store: Store) -> dict[str, list[RunHeader]]:
         parts = key.split("/")
         if len(parts) != 3 or parts[2] != "run.json":
             continue
-        header = load_header(store, parts[1])
+        try:
+            header = load_header(store, parts[1])
+        except KilnError as exc:  # one unreadable run is skipped, never the end of the search
+            log.warning("skipping stored run %s: %s", parts[1], exc)
+            continue
         if header is not None and header.source.clean and header.source.commit:
             found.setdefault(header.source.commit, []).append(header)
     for headers in found.values():
@@ -84,7 +108,10 @@ def stored_wheel(store: Store, headers: Sequence[RunHeader], variant: str, work:
         wheels = [a for a in run.artifacts() if a.kind == "wheel" and a.variant == variant and a.state == "ok"
                   and a.path.endswith(".whl")]
         if wheels:
-            return run.fetch(wheels[0]), f"run {header.run_id}"
+            try:
+                return run.fetch(wheels[0]), f"run {header.run_id}"
+            except IntegrityError as exc:  # missing or changed in the store: the next run, or a build
+                log.warning("not using run %s's %s wheel: %s", header.run_id, variant, exc)
     return None
 
 
@@ -106,11 +133,14 @@ def cached_build(store: Store, commit: str, variant: str, work: Path) -> Path | 
 
 def keep_build(store: Store, commit: str, variant: str, wheel: Path) -> None:
     """Keep a wheel bisect built, for the next bisect (the wheel first, then its hash: a half-kept one is
-    ignored)."""
+    ignored). Best effort: a wheel that cannot be kept is built again next time, and the log says why."""
     key = f"{BISECT_WHEELS}/{commit}/{variant}/{wheel.name}"
     data = wheel.read_bytes()
-    store.put_immutable(key, data, "application/octet-stream", "no-cache")
-    store.put_immutable(f"{key}.sha256", sha256_bytes(data).encode(), "text/plain", "no-cache")
+    try:
+        store.put_immutable(key, data, "application/octet-stream", "no-cache")
+        store.put_immutable(f"{key}.sha256", sha256_bytes(data).encode(), "text/plain", "no-cache")
+    except KilnError as exc:
+        log.warning("could not keep the %s wheel built for %s in %s: %s", variant, commit[:12], store.url, exc)
 
 
 def checkout_tree(root: Path, commit: str, dest: Path) -> Path:
@@ -118,8 +148,11 @@ def checkout_tree(root: Path, commit: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     archive = dest.parent / f"{dest.name}.tar"
     with archive.open("wb") as out:
-        done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit], stdout=out,
-                              stderr=subprocess.PIPE, timeout=GIT_TIMEOUT_S)
+        try:
+            done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit], stdout=out,
+                                  stderr=subprocess.PIPE, timeout=GIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise PermanentError(f"git archive {commit[:12]} did not finish within {GIT_TIMEOUT_S} s") from exc
     if done.returncode != 0:
         raise PermanentError(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
     with tarfile.open(archive) as tar:

@@ -225,3 +225,12 @@ def test_assembling_a_variant_records_its_variant_wheels_beside_its_wheel(tmp_pa
     assert kinds[:3] == [("wheels", f"tiny_kernels-{VERSION}+cpu-py3-none-any.whl", "wheel"),
                          ("variant-wheels", f"tiny_kernels-{VERSION}-py3-none-any-null.whl", "variant-wheel"),
                          ("variant-wheels", f"tiny_kernels-{VERSION}-py3-none-any.whl", "variant-wheel")]
+
+
+def test_a_variants_file_that_is_not_an_object_is_refused_by_name():
+    from kiln.release.errors import InvalidInputError
+    from kiln.release.variants import merge_variants
+
+    for raw in ("x", [1]):
+        with pytest.raises(InvalidInputError, match="published variants file: variant metadata must be a JSON object"):
+            merge_variants(raw, [])

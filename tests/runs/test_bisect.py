@@ -74,6 +74,14 @@ def test_refs_that_do_not_bisect_are_refused(tmp_path):
         commit_range(repo, "HEAD", second)
     with pytest.raises(InvalidInputError, match="no-such-ref"):
         commit_range(repo, "no-such-ref", second)
+    git(repo, "checkout", "-q", "-b", "side", first)
+    side = commit_all(repo, "on a side branch")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    merge = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(InvalidInputError, match="not on the first-parent history"):
+        commit_range(repo, side, merge)  # the search walks first parents: second would be tried without side
+    assert commit_range(repo, second, merge) == (second, [merge])
 
 
 def test_the_search_asks_log2_n_commits():
