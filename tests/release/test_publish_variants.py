@@ -292,3 +292,36 @@ def test_on_s3_publishers_at_once_lose_no_label(tmp_path: Path, s3_endpoint: str
     assert len(assert_links_resolve(store, INDEX)["k"]) == len(names) + 1
     commit_index = f"nightly/{COMBINED}/commits/a1b2c3d4e5f6/simple"
     assert list(_variants(store, commit_index)["variants"]) == names
+
+
+class _RacedBy(LocalStore):
+    """Fault injection: just before this publisher's first combined-index upload lands, another publisher
+    publishes the same version with the cu130 label defined otherwise (between this one's label check and
+    its page write)."""
+
+    def __init__(self, root: Path, other: Any) -> None:
+        super().__init__(root)
+        self.other, self.raced = other, False
+
+    def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
+        if not self.raced and key.startswith(f"nightly/{COMBINED}/"):
+            self.raced = True
+            _publish(self.other, LocalStore(self.root), variants=["cu130"])
+        return super().put_immutable(key, data, content_type, cache_control)
+
+
+def test_a_label_defined_otherwise_meanwhile_is_an_upload_conflict_and_every_link_stays_good(tmp_path: Path) -> None:
+    """The label check runs before the uploads; a publisher that defines the same version's label otherwise in
+    between wrote the same variant wheel name with other bytes, so this one's upload of it is a conflict (never
+    a page that mixes the two definitions), and every other file and index is published."""
+    other = make_variant_run(tmp_path / "other", "k", VERSION,
+                             {"cu130": {"nvidia": {"cuda_version_lower_bound": ["12.8"], "sm_arch": ["90_real"]}}})
+    store = _RacedBy(tmp_path / "target", other)
+    plan = _publish(make_variant_run(tmp_path / "a", "k", VERSION, {"cu130": CU130, "cpu": {}}), store)
+    assert store.raced
+    assert plan.keys("conflict") == [f"nightly/{COMBINED}/simple/k/k-1.0.dev1-py3-none-linux_x86_64-cu130.whl"]
+    cpu = parse_json(store.get("nightly/cpu/simple/k/index.json"))["files"]
+    assert [f["filename"] for f in cpu] == ["k-1.0.dev1+cpu-py3-none-any.whl"]  # its own index was still written
+    assert_links_resolve(store, INDEX)  # the combined index keeps the other publisher's definition, whole
+    assert _variants(store)["variants"]["cu130"] == {"nvidia": {"cuda_version_lower_bound": ["12.8"],
+                                                                "sm_arch": ["90_real"]}}
