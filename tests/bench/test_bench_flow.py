@@ -98,7 +98,14 @@ def test_a_second_run_compared_with_the_first_flags_nothing(first_run: Path, pro
     from kiln.flows.bench import bench_flow
 
     out = first_run.parent / "run2"
-    state = bench_flow(config_path=str(project), out=str(out), compare=str(first_run / "bench" / "results.json"),
+    # CPU timings on a shared two-core machine move by several percent between two runs minutes apart (CI saw
+    # +6.4% beyond the measured noise): this test is about an unchanged kernel flagging nothing, so its threshold
+    # is far above that drift; the doctored baseline below shows a real change is still flagged.
+    calm = project.with_name("kiln-calm.toml")
+    text = project.read_text()
+    assert "threshold = 0.05" in text
+    calm.write_text(text.replace("threshold = 0.05", "threshold = 0.5"))
+    state = bench_flow(config_path=str(calm), out=str(out), compare=str(first_run / "bench" / "results.json"),
                        store_history=False, return_state=True)
     assert state.is_completed(), state.message
     assert all(message.startswith("2 cases measured; no regression vs run") for _, message in
