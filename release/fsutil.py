@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -9,7 +11,8 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -213,3 +216,32 @@ def _absent_or_empty(path: Path) -> bool:
         return True
     except NotADirectoryError:
         return False
+
+
+@contextmanager
+def polled_lock(path: Path, deadline: float, what: str, error: Callable[[str], Exception], mode: int = 0o600,
+                poll_s: float = 0.5) -> Iterator[None]:
+    """An exclusive ``fcntl`` lock on ``path`` (created with ``mode``), polled, never blocking past ``deadline``
+    (a ``time.monotonic()``); past it, ``error`` with a message naming ``what`` and the lock file. Closing the
+    file releases the lock, so a holder that dies releases it too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+    try:
+        logged = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() > deadline:
+                raise error(f"{what}: another build held {path} past the deadline; if none runs, remove the lock "
+                            "file and build again")
+            if not logged:
+                log.info("%s: waiting for the build that holds %s", what, path)
+                logged = True
+            time.sleep(poll_s)
+        yield
+    finally:
+        os.close(fd)

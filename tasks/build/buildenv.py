@@ -24,8 +24,6 @@ cache. Creation is atomic and happens once:
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -35,8 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +42,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kiln.release.errors import PermanentError
+from kiln.release.fsutil import polled_lock
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
 
@@ -108,32 +106,6 @@ class BuildEnvironment:
         return self.root / "bin"
 
 
-@contextmanager
-def _locked(path: Path, deadline: float, what: str) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on ``path``, polling (never blocking past ``deadline``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        logged = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() > deadline:
-                raise BuildEnvironmentError(f"{what}: another builder held {path} past the deadline; if none runs,"
-                                            " remove the lock file and retry")
-            if not logged:
-                _log.info("%s: waiting for the builder that holds %s", what, path)
-                logged = True
-            time.sleep(_POLL_S)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
 def _complete(root: Path) -> bool:
     try:
         return bool(json.loads((root / MARKER).read_text()).get("format") == ENV_FORMAT)
@@ -185,7 +157,8 @@ def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeo
     if _complete(final):
         return BuildEnvironment(final, reqs)
     what = f"build environment {key[:16]} of variant {variant}"
-    with _locked(envs_root / f"{key}.lock", time.monotonic() + timeout_s, what):
+    with polled_lock(envs_root / f"{key}.lock", time.monotonic() + timeout_s, what, BuildEnvironmentError,
+                     mode=0o644):
         if _complete(final):
             return BuildEnvironment(final, reqs)
         if final.exists():  # not ours to trust: no marker (a crash before rename cannot leave one here)

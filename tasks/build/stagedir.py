@@ -22,7 +22,6 @@ not let a prefix map reach are the same on every worker.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import logging
@@ -35,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kiln.release.errors import CompileError
+from kiln.release.fsutil import polled_lock
 
 _log = logging.getLogger(__name__)
 BASE = Path("/tmp")
@@ -82,31 +82,6 @@ def staged(sources: list[Path], base: Path = BASE) -> Iterator[tuple[Path, list[
 
 
 @contextmanager
-def _held(path: Path, deadline: float, what: str) -> Iterator[None]:
-    """An exclusive ``fcntl`` lock on ``path``, polled until ``deadline`` (monotonic), then a clear error."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        logged = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() > deadline:
-                raise CompileError(f"{what}: another build held {path} past the deadline; if none runs, remove"
-                                   " the lock file and build again")
-            if not logged:
-                _log.info("%s: waiting for the build that holds %s", what, path)
-                logged = True
-            time.sleep(_POLL_S)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-@contextmanager
 def fixed_dir(kind: str, name: str, timeout_s: float, base: Path = BASE) -> Iterator[Path]:
     """An empty directory ``/tmp/kiln-<kind>-<uid>/<name>/``, this build's alone until the block ends, then removed.
 
@@ -117,7 +92,7 @@ def fixed_dir(kind: str, name: str, timeout_s: float, base: Path = BASE) -> Iter
         raise CompileError(f"build directory name {name!r} is not a plain name (letters, digits, '-')")
     root = _private_base(base, kind)
     target = root / name
-    with _held(root / f"{name}.lock", time.monotonic() + timeout_s, f"building in {target}"):
+    with polled_lock(root / f"{name}.lock", time.monotonic() + timeout_s, f"building in {target}", CompileError):
         shutil.rmtree(target, ignore_errors=True)  # what a killed build left
         target.mkdir()
         try:
