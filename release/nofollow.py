@@ -154,15 +154,22 @@ def read_file(root: Path, path: Path) -> bytes | None:
         return None
 
 
-def read_at(dir_fd: int, name: str, root: Path, parts: Sequence[str]) -> bytes | None:
+def _open_at(dir_fd: int, name: str, root: Path, parts: Sequence[str]) -> int | None:
+    """``name`` in ``dir_fd`` opened for reading without following a link (refused, naming it); None if absent."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refusal(root, parts) from None
         raise
+
+
+def read_at(dir_fd: int, name: str, root: Path, parts: Sequence[str]) -> bytes | None:
+    fd = _open_at(dir_fd, name, root, parts)
+    if fd is None:
+        return None
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
 
@@ -179,14 +186,9 @@ def file_sha256(root: Path, path: Path) -> str | None:
 
 def sha256_at(dir_fd: int, name: str, root: Path, parts: Sequence[str]) -> str | None:
     """Hex SHA-256 of ``name`` in ``dir_fd`` read streaming without following a link; None if absent."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except FileNotFoundError:
+    fd = _open_at(dir_fd, name, root, parts)
+    if fd is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _refusal(root, parts) from None
-        raise
     digest = hashlib.sha256()
     with os.fdopen(fd, "rb") as handle:
         for block in iter(lambda: handle.read(_CHUNK), b""):
