@@ -11,6 +11,7 @@ import pytest
 
 from kiln.release.errors import InvalidInputError, MemberTooLargeError
 from kiln.tasks.build.devicecode import wheel_contents
+from tests.release.wheelkit import claim_member_size
 
 MIB = 1 << 20
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"
@@ -30,19 +31,6 @@ def _wheel(tmp_path: Path, library: bytes) -> Path:
     return path
 
 
-def _claim(path: Path, member: str, claimed: int) -> None:
-    """Make both zip headers of ``member`` claim ``claimed`` uncompressed bytes (a lying header)."""
-    data = bytearray(path.read_bytes())
-    name = member.encode()
-    for signature, size_offset, name_offset in ((b"PK\x03\x04", 22, 30), (b"PK\x01\x02", 24, 46)):
-        start = 0
-        while (start := data.find(signature, start)) >= 0:
-            if data[start + name_offset:start + name_offset + len(name)] == name:
-                data[start + size_offset:start + size_offset + 4] = claimed.to_bytes(4, "little")
-            start += 4
-    path.write_bytes(bytes(data))
-
-
 def test_a_library_within_the_limit_is_checked_from_its_streamed_copy(tmp_path: Path) -> None:
     wheel = _wheel(tmp_path, _library("gfx942", padding_mib=3))
     found = wheel_contents(wheel, None, limit=4 * MIB)
@@ -59,7 +47,7 @@ def test_a_library_whose_header_states_more_than_the_limit_is_refused_unread(tmp
 
 def test_a_header_that_lies_small_does_not_inflate_past_it(tmp_path: Path) -> None:
     wheel = _wheel(tmp_path, _library("gfx942", padding_mib=8))
-    _claim(wheel, "ember/_C.so", 1000)
+    claim_member_size(wheel, "ember/_C.so", 1000)
     with pytest.raises((MemberTooLargeError, InvalidInputError)) as refused:
         wheel_contents(wheel, None, limit=4 * MIB)
     assert wheel.name in str(refused.value) and "ember/_C.so" in str(refused.value)

@@ -17,7 +17,7 @@ from kiln.release.errors import InvalidInputError, MemberTooLargeError, RecordMi
 from kiln.release.store import LocalStore
 from kiln.release.wheels import check_record, read_wheel, record_problems
 
-from .wheelkit import make_wheel
+from .wheelkit import claim_member_size, make_wheel, rewrite_members
 
 MIB = 1 << 20
 BOMB_MIB = 300
@@ -85,38 +85,15 @@ def test_kiln_index_refuses_a_zip_bomb_with_bounded_memory_and_writes_nothing(tm
     assert not out.exists()
 
 
-def _patch_sizes(path: Path, member: str, claimed: int) -> None:
-    """Make the zip headers (local and central) of ``member`` claim ``claimed`` uncompressed bytes."""
-    data = bytearray(path.read_bytes())
-    name = member.encode()
-    for signature, size_offset, name_offset in ((b"PK\x03\x04", 22, 30), (b"PK\x01\x02", 24, 46)):
-        start = 0
-        while (start := data.find(signature, start)) >= 0:
-            if data[start + name_offset:start + name_offset + len(name)] == name:
-                data[start + size_offset:start + size_offset + 4] = claimed.to_bytes(4, "little")
-            start += 4
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.slow
 def test_a_zip_header_that_lies_small_does_not_inflate_past_it(tmp_path: Path) -> None:
     path = _bomb(tmp_path, inflated_mib=64)
-    _patch_sizes(path, "bomb-1.0.dist-info/METADATA", 1000)
+    claim_member_size(path, "bomb-1.0.dist-info/METADATA", 1000)
     with zipfile.ZipFile(path) as archive:
         assert archive.getinfo("bomb-1.0.dist-info/METADATA").file_size == 1000
     with pytest.raises(InvalidInputError) as refused:
         read_wheel(path)
     assert path.name in str(refused.value) and "METADATA" in str(refused.value)
-
-
-def _rewrite(path: Path, changes: dict[str, bytes]) -> None:
-    """Replace members' bytes, keeping every other member (RECORD included) as it was."""
-    with zipfile.ZipFile(path) as archive:
-        members = {info.filename: archive.read(info) for info in archive.infolist()}
-    members.update(changes)
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in members.items():
-            archive.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), data)
 
 
 def test_a_true_record_has_no_problems(tmp_path: Path) -> None:
@@ -126,7 +103,7 @@ def test_a_true_record_has_no_problems(tmp_path: Path) -> None:
 
 def test_a_lying_record_is_named_member_by_member(tmp_path: Path) -> None:
     path = make_wheel(tmp_path, "demo", "1.0")
-    _rewrite(path, {"demo/__init__.py": b"print('not what RECORD says')\n", "demo/extra.py": b""})
+    rewrite_members(path, {"demo/__init__.py": b"print('not what RECORD says')\n", "demo/extra.py": b""})
     problems = record_problems(path.name, path)
     assert any("RECORD says demo/__init__.py" in p for p in problems), problems
     assert any("demo/extra.py is not listed in RECORD" in p for p in problems), problems
@@ -136,7 +113,7 @@ def test_a_lying_record_is_named_member_by_member(tmp_path: Path) -> None:
 
 def test_kiln_index_refuses_a_wheel_whose_record_lies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = make_wheel(tmp_path / "wheels", "demo", "1.0")
-    _rewrite(path, {"demo/__init__.py": b"x = 1\n"})
+    rewrite_members(path, {"demo/__init__.py": b"x = 1\n"})
     assert index_command(str(tmp_path / "wheels"), None, str(tmp_path / "out")) == EXIT_FAILED
     assert "RECORD" in capsys.readouterr().err and not (tmp_path / "out").exists()
 

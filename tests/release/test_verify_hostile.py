@@ -14,7 +14,6 @@ import shutil
 import socket
 import threading
 import time
-import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +26,7 @@ from kiln.release.index import JSON_TYPE, generate
 from kiln.release.verify import verify_index
 from kiln.release.wheels import read_wheel
 
-from .wheelkit import make_wheel
+from .wheelkit import make_wheel, rewrite_members
 
 MIB = 1 << 20
 ENDLESS_MIB = 400  # what the oversized bodies would send if nobody stopped reading
@@ -180,15 +179,6 @@ def test_a_hostile_index_gets_nothing_fetched_beyond_its_cap_and_every_refused_l
         assert hashlib.sha256(Path("/etc/hostname").read_bytes()).hexdigest() not in summary
 
 
-def _rewrite(path: Path, changes: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path) as archive:
-        members = {info.filename: archive.read(info) for info in archive.infolist()}
-    members.update(changes)
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in members.items():
-            archive.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), data)
-
-
 def _index_by_hand(tmp_path: Path, wheel: Path) -> Path:
     """An index of ``wheel`` written without ``kiln index`` (which refuses a wheel whose RECORD lies)."""
     dist, metadata = read_wheel(wheel, upload_time=0)
@@ -203,7 +193,7 @@ def _index_by_hand(tmp_path: Path, wheel: Path) -> Path:
 
 def test_verify_reports_a_wheel_whose_record_lies(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "wheels", "liar", "1.0")
-    _rewrite(wheel, {"liar/__init__.py": b"import os  # not what RECORD says\n"})
+    rewrite_members(wheel, {"liar/__init__.py": b"import os  # not what RECORD says\n"})
     report = verify_index(_index_by_hand(tmp_path, wheel).as_uri(), install=False)
     assert not report.ok
     assert any("RECORD says liar/__init__.py" in p for p in report.problems), report.summary()

@@ -60,3 +60,27 @@ def make_wheel(
             # fixed timestamps: the same call gives the same bytes
             archive.writestr(zipfile.ZipInfo(member, date_time=(2020, 1, 1, 0, 0, 0)), data)
     return path
+
+
+def claim_member_size(path: Path, member: str, claimed: int) -> None:
+    """Make both zip headers (local and central) of ``member`` claim ``claimed`` uncompressed bytes: a lying
+    header, as a hostile wheel would have it."""
+    data = bytearray(path.read_bytes())
+    name = member.encode()
+    for signature, size_offset, name_offset in ((b"PK\x03\x04", 22, 30), (b"PK\x01\x02", 24, 46)):
+        start = 0
+        while (start := data.find(signature, start)) >= 0:
+            if data[start + name_offset:start + name_offset + len(name)] == name:
+                data[start + size_offset:start + size_offset + 4] = claimed.to_bytes(4, "little")
+            start += 4
+    path.write_bytes(bytes(data))
+
+
+def rewrite_members(path: Path, changes: dict[str, bytes]) -> None:
+    """Replace members' bytes, keeping every other member (RECORD included) as it was: a wheel whose RECORD lies."""
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    members.update(changes)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), data)
