@@ -51,3 +51,14 @@ def vendor_acme_library(repo: Path) -> None:
     vendor = repo / "src" / "acme" / "vendor"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(vendor / "libacme_checksum.so"),
                     str(vendor / "checksum.c")], check=True, timeout=120)
+
+
+def tiny_cpu_with_numpy(repo: Path) -> None:
+    """Edit the tiny fixture's kiln.toml: the CPU variant only, and numpy declared beside what tinyk imports."""
+    text = (repo / "kiln.toml").read_text()
+    declared = 'dependencies = ["kiln-runtime", "triton"]'
+    assert declared in text, "the tiny fixture's dependencies changed: update this edit"
+    text = text.replace(declared, 'dependencies = ["kiln-runtime", "triton", "numpy"]')
+    head, _, rest = text.partition("[[variants]]")
+    (repo / "kiln.toml").write_text(head + '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
+                                    + rest[rest.index("[build]"):])

@@ -114,3 +114,13 @@ def kiln_config(endpoint: str, credentials: dict[str, dict]) -> KilnConfig:
     for step, permission in data["permissions"].items():
         permission["credentials"] = credentials.get(step, {"block": f"kiln-{step}"})
     return parse_config(data, REPO)
+
+
+@pytest.fixture
+def kiln_log(caplog):
+    """caplog for the ``kiln`` loggers, which Prefect may stop from propagating."""
+    logger = logging.getLogger("kiln")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="kiln")
+    yield caplog
+    logger.removeHandler(caplog.handler)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 
 import pytest
@@ -11,16 +10,6 @@ from kiln.flows.credentials import session_for
 from kiln.release.errors import ConfigError
 
 from .conftest import kiln_config
-
-
-@pytest.fixture
-def kiln_log(caplog):
-    """caplog for the ``kiln`` loggers, which Prefect may stop from propagating."""
-    logger = logging.getLogger("kiln")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="kiln")
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture

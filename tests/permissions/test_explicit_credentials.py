@@ -6,7 +6,6 @@ Each test writes a small kiln.toml and loads it the way every command does
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -55,14 +54,6 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.fixture
-def kiln_log(caplog):
-    """caplog for the ``kiln`` loggers, which Prefect may stop from propagating."""
-    logger = logging.getLogger("kiln")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="kiln")
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 @pytest.mark.parametrize("target", ["s3", "local"])

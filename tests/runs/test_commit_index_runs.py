@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiln.release.manifest import RunManifest
-from tests.helpers.gitrepo import commit_all, git, git_project
+from tests.helpers.gitrepo import commit_all, git, git_project, tiny_cpu_with_numpy
 from tests.helpers.indexcheck import check_local_index
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -33,17 +33,6 @@ def _nightly(config: Path, out: Path) -> RunManifest:
 
 def _versions(index: Path, project: str = "tiny-kernels") -> list[str]:
     return json.loads((index / project / "index.json").read_text())["versions"]
-
-
-def _with_numpy(repo: Path) -> None:
-    """The CPU variant only, and numpy declared (the fixture's kernels import it on the CPU)."""
-    text = (repo / "kiln.toml").read_text()
-    declared = 'dependencies = ["kiln-runtime", "triton"]'
-    assert declared in text, "the tiny fixture's dependencies changed: update this test's edit"
-    text = text.replace(declared, 'dependencies = ["kiln-runtime", "triton", "numpy"]')
-    head, _, rest = text.partition("[[variants]]")
-    (repo / "kiln.toml").write_text(head + '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
-                                    + rest[rest.index("[build]"):])
 
 
 def _third_party_index(tmp_path: Path) -> Path:
@@ -64,7 +53,7 @@ def _third_party_index(tmp_path: Path) -> Path:
 
 def test_each_commit_has_an_index_of_its_own_version_and_pip_installs_it(prefect_server, tmp_path: Path) -> None:
     deps = _third_party_index(tmp_path)
-    config = git_project("tiny", tmp_path, edit=_with_numpy)
+    config = git_project("tiny", tmp_path, edit=tiny_cpu_with_numpy)
     repo, out = config.parent, tmp_path / "out"
     first = _nightly(config, out)
     first_commit = git(repo, "rev-parse", "HEAD")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiln.release.manifest import RunManifest
-from tests.helpers.gitrepo import commit_all, git, git_project
+from tests.helpers.gitrepo import commit_all, git, git_project, tiny_cpu_with_numpy
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.waiting import until
 
@@ -211,16 +211,7 @@ def test_a_cpu_wheel_installs_from_the_runs_index_with_only_the_indexes_it_needs
     if not numpy or not triton:
         pytest.skip("no local numpy and triton wheels to serve as the third-party index (this machine's /opt/pypi)")
 
-    def with_numpy(repo: Path) -> None:
-        text = (repo / "kiln.toml").read_text()
-        declared = 'dependencies = ["kiln-runtime", "triton"]'
-        assert declared in text, "the tiny fixture's dependencies changed: update this test's edit"
-        text = text.replace(declared, 'dependencies = ["kiln-runtime", "triton", "numpy"]')
-        head, _, rest = text.partition("[[variants]]")
-        (repo / "kiln.toml").write_text(head + '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
-                                        + rest[rest.index("[build]"):])
-
-    config = git_project("tiny", tmp_path, edit=with_numpy)
+    config = git_project("tiny", tmp_path, edit=tiny_cpu_with_numpy)
     out = tmp_path / "out"
     state = _nightly(config, out)
     assert state.is_completed(), state.message
