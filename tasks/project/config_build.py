@@ -10,9 +10,9 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kiln.tasks.project.config_fields import LocalPath, ProjectPath
+from kiln.tasks.project.config_fields import LocalPath, ProjectPath, StorePrefix
 
 # kiln: Kiln writes the wheel from the package's files and its compiled artifacts.
 # pep517: the project's own build backend (pyproject.toml) builds each variant's wheel;
@@ -131,6 +131,35 @@ DEFAULT_SELECT_ALL: tuple[str, ...] = (
 )
 
 
+class Quarantine(_Model):
+    """``[testing.quarantine]``: when a test is flaky, and when it is trusted again (kiln.tasks.testing.flaky).
+
+    Flaky: it passed and failed on one commit, or, over its last ``window`` runs (at least
+    ``min_runs``), its fail rate lies within ``band_low``..``band_high`` and it passed again after
+    failing (a test that starts failing and stays failing is broken, not flaky). A quarantined test
+    still runs and is reported, but its failure does not gate publishing; ``release_after``
+    consecutive passes end its quarantine. Per-test outcomes and the list live under ``history``
+    in the artifact store.
+    """
+
+    window: int = Field(default=10, ge=2, le=200)
+    min_runs: int = Field(default=3, ge=2)
+    band_low: float = Field(default=0.05, gt=0, lt=1)
+    band_high: float = Field(default=0.6, gt=0, lt=1)
+    release_after: int = Field(default=3, ge=1, le=100)
+    history: StorePrefix = "test-history"
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _fits(self) -> Quarantine:
+        if self.min_runs > self.window:
+            raise ValueError(f"min_runs ({self.min_runs}) cannot exceed window ({self.window})")
+        if self.band_low > self.band_high:
+            raise ValueError(f"band_low ({self.band_low}) cannot exceed band_high ({self.band_high})")
+        return self
+
+
 class Testing(_Model):
     # Files or directories (relative to kiln.toml) whose change selects every suite; kiln.toml itself always does.
     select_all: tuple[ProjectPath, ...] = DEFAULT_SELECT_ALL
+    quarantine: Quarantine = Quarantine()
