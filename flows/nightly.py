@@ -28,7 +28,7 @@ from kiln.flows.dispatch import find_deployments
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown
-from kiln.flows.test import test_flow
+from kiln.flows.test import quarantine_report, test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.record import RunRecord
 from kiln.tasks import install_hint
@@ -68,6 +68,7 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
         "bench": bench_flow(**common, compare="last", fail_on_regression=False, return_state=True),
     }
     wait_suites(config, run, remote, suites)  # dispatched suites gate publishing like local ones
+    quarantine_report(config, run, return_state=True)  # a side report: the list as every suite left it
     stages["publish"] = publish_stage(config, run, remote, common, commit)
     return conclude(run, stages)
 

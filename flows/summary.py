@@ -21,6 +21,8 @@ from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.release.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
+QUARANTINE_INFO = "quarantine:"  # run info key prefix (+ unit id): the quarantine lines of a suite's run
+BENCH_TREND_INFO = "bench_trend"  # run info key: one line per benchmark case, its recent medians and the policy
 # What a release engineer must read first; every UnitState, in that order (tests/foundation/test_summary.py).
 STATE_ORDER: tuple[UnitState, ...] = ("failed", "not_run", "flaky", "skipped", "completed")
 STAGE_ORDER: tuple[Stage, ...] = get_args(Stage)  # the order stages run in
@@ -28,7 +30,8 @@ TAIL_LINES = 6  # of a failure's log, under its line
 MAX_LISTED = 40
 _QUOTED = re.compile(r"'[^']*'")
 
-__all__ = ["STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO", "install_command", "install_reason", "print_summary",
+__all__ = ["BENCH_TREND_INFO", "QUARANTINE_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
+           "install_command", "install_reason", "print_summary",
            "render_markdown", "render_text", "skip_reasons"]
 
 
@@ -117,6 +120,27 @@ def _text_attention(run: RunManifest) -> list[str]:
     return lines
 
 
+def quarantine_lines(run: RunManifest) -> list[str]:
+    """What each suite's run said about quarantined tests: excused failures first, then changes to the list."""
+    lines = [str(line) for key, value in sorted(run.info.items()) if key.startswith(QUARANTINE_INFO)
+             and isinstance(value, list) for line in value]
+    return sorted(lines, key=lambda line: not line.startswith("quarantined: "))
+
+
+def trend_lines(run: RunManifest) -> list[str]:
+    """Each benchmark case's medians over the last runs and the regression policy's decision."""
+    recorded = run.info.get(BENCH_TREND_INFO)
+    return [str(line) for line in recorded] if isinstance(recorded, list) else []
+
+
+def _text_sections(run: RunManifest) -> list[str]:
+    lines = []
+    for title, found in (("quarantine", quarantine_lines(run)), ("benchmark trend", trend_lines(run))):
+        if found:
+            lines += ["", f"  {title}:", *(f"    {line}" for line in found)]
+    return lines
+
+
 def _text_indexes(run: RunManifest) -> list[str]:
     install = run.info.get("install")
     lines = []
@@ -138,6 +162,7 @@ def render_text(run: RunManifest) -> str:
         units = [u for u in run.units if u.stage == stage]
         lines.append(f"  {stage:<{width}}  {len(units):>4} units: {_counts(units)}")
     lines += _text_attention(run)
+    lines += _text_sections(run)
     wheels = run.artifacts_of("wheel")
     if wheels:
         lines.append("")
@@ -185,8 +210,20 @@ def render_markdown(run: RunManifest, units_table: str = "") -> str:
             lines.append(f"| {stage} | {len(units)} | {_counts(units)} |")
     lines += _markdown_attention(run, units_table)
     lines += _test_tables(run)
+    lines += _markdown_sections(run)
     lines += _markdown_indexes(run)
     return "\n".join(lines) + "\n"
+
+
+def _markdown_sections(run: RunManifest) -> list[str]:
+    lines = []
+    quarantined = quarantine_lines(run)
+    if quarantined:
+        lines += ["", "## Quarantined tests", "", *(f"- {_cell(line)}" for line in quarantined)]
+    trend = trend_lines(run)
+    if trend:
+        lines += ["", "## Benchmark trend", "", "```text", *trend, "```"]
+    return lines
 
 
 def _markdown_indexes(run: RunManifest) -> list[str]:

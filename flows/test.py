@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -28,9 +29,10 @@ from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
 from kiln.flows.runname import name_this_run, run_name
-from kiln.flows.summary import TEST_TABLE_INFO
+from kiln.flows.summary import QUARANTINE_INFO, TEST_TABLE_INFO
 from kiln.release.record import RunRecord
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
+from kiln.tasks.testing import quarantine
 from kiln.tasks.testing.changes import suites_to_run
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import Isolation, RunOptions
@@ -81,11 +83,19 @@ def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, 
                run: RunRecord) -> SuiteRun | State:
     """Run one suite; its table of problem tests is this task run's artifact.
 
-    A failed suite ends the task run Failed (red in the UI) with the suite run as its data, so
-    the flow still records its reports and the unit it stands for.
+    Its tests' outcomes go into the history, and a failure of a quarantined test does not fail it
+    (:mod:`kiln.tasks.testing.quarantine`). A failed suite ends the task run Failed (red in the UI)
+    with the suite run as its data, so the flow still records its reports and the unit it stands for.
     """
     with gpu_slots(options.gpus or 0):
         suite_run = run_suite(config, target, [wheel], view, options)
+    source = run.header.source
+    judged = quarantine.judge_suite(run.store, config.testing.quarantine, run_id=run.run_id,
+                         commit=source.commit if source.clean else "", created=run.header.created,
+                         unit_name=target.name, unit=suite_run.unit, results=suite_run.results)
+    suite_run = replace(suite_run, unit=judged.unit)
+    if judged.lines:
+        run.set_info(f"{QUARANTINE_INFO}{target.unit_id}", list(judged.lines))
     rows = problem_rows(suite_run.results)
     url = table_report(artifact_key("kiln-tests", target.name), rows,
                        f"{target.unit_id}: {suite_run.unit.message} — failed, errored, timed-out and flaky tests "
@@ -95,6 +105,16 @@ def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, 
     if suite_run.unit.state == "failed":
         return Failed(message=suite_run.unit.message, data=suite_run)
     return suite_run
+
+
+@task(name="quarantine-report", cache_policy=NO_CACHE)
+def quarantine_report(config: KilnConfig, run: RunRecord) -> int:
+    """The quarantine list as it stands after this run's suites: a table artifact in the Prefect UI."""
+    listed = quarantine.rows(quarantine.read_quarantine(run.store, config.testing.quarantine))
+    table_report("kiln-quarantine", listed or [{"unit": "", "test": "(none quarantined)", "why": "", "since run": "",
+                                                "since": ""}],
+                 f"Quarantined tests after run {run.run_id}: they run, are reported, and do not gate publishing")
+    return len(listed)
 
 
 @flow(name="test")

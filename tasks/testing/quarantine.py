@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kiln.release.errors import InvalidInputError
+from kiln.release.errors import InvalidInputError, KilnError
 from kiln.release.manifest import Unit
 from kiln.release.store import Store
 from kiln.release.swap import until_swapped
@@ -152,3 +152,21 @@ def rows(quarantine: QuarantineList) -> list[dict[str, object]]:
     """The quarantine list as table rows (the nightly's Prefect artifact, ``kiln quarantine``)."""
     return [{"unit": e.unit, "test": e.nodeid, "why": e.reason, "since run": e.since_run,
              "since": time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.since))} for e in quarantine.entries]
+
+
+def judge_suite(store: Store, policy: Quarantine, *, run_id: str, commit: str, created: float, unit_name: str,
+                unit: Unit, results: Sequence[TestResult]) -> Judged:
+    """The suite's unit after the policy (off, or a suite that did not run: unchanged).
+
+    The list cannot be read or written: the unit is left as it is (its failures gate, the safe way)
+    and a line says why, never a failed suite for a bookkeeping fault.
+    """
+    if not policy.enabled or unit.state in ("not_run", "skipped") or not results:
+        return Judged(unit, ())
+    current = RunOutcomes.of(run_id, unit.id, commit, created, results)
+    try:
+        decision = judge_run(store, policy, unit_name, current)
+    except KilnError as exc:
+        _log.warning("test quarantine not applied to %s: %s", unit.id, exc)
+        return Judged(unit, (f"quarantine not applied: {exc}",))
+    return apply(unit, results, decision)
