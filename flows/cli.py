@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="publish the wheels of this run (a run id, or 'latest', the default: the newest run "
                         "that built wheels)")
 
+    p = sub.add_parser("prune", help="apply [publish.retention] to a nightly channel: yank older nightlies, "
+                                     "remove them after the grace period")
+    _add_config(p)
+    p.add_argument("--to", dest="target", help="publish target name from kiln.toml (default: the default target)")
+    p.add_argument("--channel", choices=CHANNELS, default="nightly")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+
     p = sub.add_parser("index", help="generate a PEP 503/691 index (no Prefect needed)")
     p.add_argument("wheel_dir", nargs="?", help="directory of wheels to index")
     p.add_argument("--from-list", help="JSON lines: filename, sha256, size, upload_time, ...")
@@ -281,6 +288,19 @@ def _server_command(action: str) -> int:
     return EXIT_OK if word == "running" else EXIT_FAILED
 
 
+def _prune_command(ns: argparse.Namespace) -> int:
+    from kiln.flows.common import sync_state
+    from kiln.flows.prune import prune_flow
+
+    state = sync_state(prune_flow(config_path=ns.config, channel=ns.channel, target=ns.target, dry_run=ns.dry_run,
+                                  out=ns.out, return_state=True))
+    if state.is_completed():
+        print(state.result(), end="")
+        return EXIT_OK
+    print(f"\nprune ended {state.name}: {state.message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 def _store_settings(url: str, config_path: str) -> StoreSettings | None:
     """The publish target's settings for an ``s3://`` URL (None for other URLs, or without a kiln.toml)."""
     if not url.startswith("s3://") or not Path(config_path).exists():
@@ -394,6 +414,8 @@ def _flow_command(ns: argparse.Namespace) -> int:
         )
     if cmd == "bisect":
         return _bisect_command(ns)
+    if cmd == "prune":
+        return _prune_command(ns)
     if cmd == "publish":
         from kiln.flows.publish import publish_flow
 

@@ -21,10 +21,14 @@ from typing import Any, Literal, get_args
 from kiln.release.errors import ConfigError
 
 # The steps that get their own credentials and policy; kiln.toml [permissions.<step>] keys.
-Step = Literal["build", "test", "bench", "publish-nightly", "publish-release"]
+Step = Literal["build", "test", "bench", "publish-nightly", "publish-release", "prune-nightly"]
 STEPS: tuple[Step, ...] = get_args(Step)
 # Which channel each publishing step owns; every other step owns none.
-CHANNEL_OF_STEP: Mapping[str, str] = {"publish-nightly": "nightly", "publish-release": "release"}
+CHANNEL_OF_STEP: Mapping[str, str] = {"publish-nightly": "nightly", "publish-release": "release",
+                                      "prune-nightly": "nightly"}
+# The steps that may delete, only under their own write prefixes (kiln.release.prune); no step deletes a release.
+DELETING_STEPS = frozenset({"prune-nightly"})
+DELETE_ACTIONS = ("s3:DeleteObject",)
 
 READ_ACTIONS = ("s3:GetObject",)  # HeadObject is authorised as GetObject
 WRITE_ACTIONS = ("s3:AbortMultipartUpload", "s3:PutObject")
@@ -119,13 +123,17 @@ def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels
         listed = sorted({f"{base}{p}*" for p in access.read})
         statements.append(_statement("List", "Allow", ("s3:ListBucket",), [f"arn:aws:s3:::{bucket}"],
                                      {"StringLike": {"s3:prefix": listed}}))
+    deletes = step in DELETING_STEPS
     if access.write:
-        statements.append(_statement("Write", "Allow", WRITE_ACTIONS, _object_arns(bucket, base, access.write)))
+        actions = (*WRITE_ACTIONS, *DELETE_ACTIONS) if deletes else WRITE_ACTIONS
+        statements.append(_statement("Write", "Allow", actions, _object_arns(bucket, base, access.write)))
     foreign = [p for c, p in sorted(channels.items()) if c != CHANNEL_OF_STEP.get(step)]
     if foreign:
-        statements.append(_statement("DenyForeignIndexWrites", "Deny", ("s3:PutObject*",),
-                                     _object_arns(bucket, base, foreign)))
-    statements.append(_statement("DenyDestructive", "Deny", DESTRUCTIVE_ACTIONS,
+        denied = ("s3:Delete*", "s3:PutObject*") if deletes else ("s3:PutObject*",)
+        statements.append(_statement("DenyForeignIndexWrites", "Deny", denied, _object_arns(bucket, base, foreign)))
+    destructive = [a for a in DESTRUCTIVE_ACTIONS if a != "s3:Delete*"] + ["s3:DeleteBucket*"] if deletes \
+        else DESTRUCTIVE_ACTIONS
+    statements.append(_statement("DenyDestructive", "Deny", destructive,
                                  [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]))
     return {"Version": "2012-10-17", "Statement": statements}
 

@@ -235,6 +235,13 @@ class Target(_Model):
         return self
 
 
+class PublishRetention(_Model):
+    """``[publish.retention]``: what ``kiln prune`` keeps of a nightly channel (kiln.release.prune)."""
+
+    keep: int = Field(default=60, ge=1)  # newest versions kept per project and variant index
+    grace_days: float = Field(default=7, ge=0)  # yanked this long before removal
+
+
 class Publish(_Model):
     default_target: str = "local"
     channels: dict[Channel, StorePrefix] = {"nightly": "nightly", "release": "release"}
@@ -247,6 +254,7 @@ class Publish(_Model):
     # A variant no suite ran on is published marked "PUBLISHED UNTESTED"; false holds it back instead,
     # and also every variant whose suite could not run here, whatever that suite's publish_untested says.
     publish_untested: bool = True
+    retention: PublishRetention = PublishRetention()
 
     @model_validator(mode="after")
     def _default_exists(self) -> Publish:

@@ -28,7 +28,7 @@ def test_default_config_loads_into_typed_settings():
     assert config.variant("cu130").archs == ("8.0", "9.0", "10.0", "12.0")
     assert config.variant("rocm").backend == "hip"
     assert config.publish.targets[config.publish.default_target].kind == "file"
-    assert set(config.permissions) == {"build", "test", "bench", "publish-nightly", "publish-release"}
+    assert set(config.permissions) == {"build", "test", "bench", "publish-nightly", "publish-release", "prune-nightly"}
     with pytest.raises(ValidationError, match="frozen"):
         config.project.version = "9"  # frozen: nothing deeper may mutate settings
 

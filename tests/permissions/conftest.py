@@ -109,6 +109,7 @@ def kiln_config(endpoint: str, credentials: dict[str, dict]) -> KilnConfig:
             "bench": {"read": ["artifacts/", "bench-history/"], "write": ["bench-history/"]},
             "publish-nightly": {"read": ["nightly/"], "write": ["nightly/"]},
             "publish-release": {"read": ["release/"], "write": ["release/"]},
+            "prune-nightly": {"read": ["nightly/"], "write": ["nightly/"]},
         },
     }
     for step, permission in data["permissions"].items():

@@ -14,6 +14,10 @@ from botocore.exceptions import ClientError
 from kiln.flows.credentials import session_for
 from kiln.release.errors import ConfigError
 from kiln.release.policies import policies_from_config, render
+from kiln.release.prune import Retention, prune
+from kiln.release.publish import publish
+from kiln.release.s3 import S3Store
+from tests.release.runkit import make_run
 
 from .conftest import BUCKET, kiln_config
 
@@ -100,6 +104,28 @@ def test_release_publisher_succeeds_on_its_prefix_only(enforced):
     assert s3.get_object(Bucket=BUCKET, Key="simple/release/new.txt")["Body"].read() == b"x"
     assert _code(_put(s3, "nightly/")) == "AccessDenied"
     assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="simple/release/new.txt")) == "AccessDenied"
+
+
+def test_the_prune_step_deletes_nightly_objects_only(enforced, tmp_path):
+    server, _ = enforced
+    publisher = S3Store(server.client_as("publish-nightly"), BUCKET, "simple")
+    for n in (1, 2):
+        run = make_run(tmp_path / f"run{n}", {"cpu": [("demo", f"1.0.dev{n}")]})
+        publish(run, publisher, channel="nightly", channel_prefix="nightly", variants=["cpu"],
+                commit=f"{n}" * 40, clock=lambda: 1_700_000_000.0)
+    s3 = server.client_as("prune-nightly")
+    plan = prune(S3Store(s3, BUCKET, "simple"), channel="nightly", channel_prefix="nightly",
+                 retention=Retention(1, 0))
+    assert "nightly/cpu/simple/demo/demo-1.0.dev1-py3-none-any.whl" in plan.deleted  # under enforcement
+    assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="simple/release/seed.txt")) == "AccessDenied"
+    assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="simple/artifacts/seed.txt")) == "AccessDenied"
+    assert _code(lambda: s3.delete_object(Bucket=BUCKET, Key="nightly/outside.txt")) == "AccessDenied"
+    assert _code(_put(s3, "release/")) == "AccessDenied"
+    assert _code(lambda: s3.put_bucket_versioning(
+        Bucket=BUCKET, VersioningConfiguration={"Status": "Suspended"})) == "AccessDenied"
+    # Only the prune step deletes: the publisher of the same channel still cannot.
+    assert _code(lambda: publisher.client.delete_object(Bucket=BUCKET, Key="simple/nightly/seed.txt")) \
+        == "AccessDenied"
 
 
 def test_session_for_assumes_the_step_role(enforced, monkeypatch):

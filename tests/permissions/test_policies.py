@@ -97,7 +97,8 @@ def test_bad_permissions_are_refused_with_the_key(step, access, needle):
 def test_policies_command_writes_one_file_per_step(tmp_path):
     assert policies_command(str(REPO / "kiln.toml"), str(tmp_path / "pol")) == 0
     files = sorted(p.name for p in (tmp_path / "pol").iterdir())
-    assert files == ["bench.json", "build.json", "publish-nightly.json", "publish-release.json", "test.json"]
+    assert files == ["bench.json", "build.json", "prune-nightly.json", "publish-nightly.json", "publish-release.json",
+                     "test.json"]
     doc = json.loads((tmp_path / "pol" / "publish-release.json").read_text())
     assert _resources(doc, "Allow", "s3:PutObject") == ["arn:aws:s3:::kiln-wheels/simple/release/*"]
 
