@@ -51,6 +51,7 @@ from kiln.flows.common import (
     unwalked,
 )
 from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.summary import BENCH_TREND_INFO
 from kiln.flows.test import gpu_slots
 from kiln.release.errors import BenchmarkError
 from kiln.release.manifest import Unit
@@ -63,6 +64,7 @@ from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_var
 from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.bench.report import build_report
 from kiln.tasks.bench.results import BenchResults, CaseResult, load_results, save_results
+from kiln.tasks.bench.window import window_cases
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.testing.envs import make_env
 
@@ -129,12 +131,20 @@ def results_task(config: KilnConfig, setup: BenchSetup, outcomes: list[KernelOut
 @task(name="bench-compare", cache_policy=NO_CACHE)
 def compare_task(config: KilnConfig, choice: benchhistory.BaselineChoice, results: BenchResults, store: Store | None,
                  run: RunRecord, fail_on_regression: bool, blocking: list[str] | None) -> Comparison:
+    """The regression policy over the stored window of comparable runs, with ``choice``'s single
+    baseline for the cases whose window is too short; the trend lines go to the summary."""
     baseline = benchhistory.resolve_baseline(choice, results, config, store)
     missing = choice.missing(results.variant, results.decision_metric)
-    comparison = compare_results(baseline, results, config.bench.threshold, missing)
+    windows = () if choice.kind not in ("last", "published") else window_cases(
+        benchhistory.window_history(store, config, results), results, config.bench.regression, config.bench.threshold)
+    comparison = compare_results(baseline, results, config.bench.threshold, missing, windows)
     for regression in comparison.regressions():
         logger.warning("benchmark regression: %s", regression.describe())
+    for suspicious in comparison.suspicious():
+        logger.info("benchmark suspicious (not blocking): %s", suspicious.describe())
     run.set_info("bench_comparison", comparison_record(comparison, fail_on_regression, blocking))
+    if windows:
+        run.set_info(BENCH_TREND_INFO, [w.trend_line() for w in windows if w.decides])
     return comparison
 
 

@@ -180,10 +180,26 @@ class GateDecision:
         return "\n".join(self.lines)
 
 
+def _window_head(comparison: Mapping[str, Any]) -> str:
+    """What the regression policy judged: cases over a window, and what fell back to the single baseline."""
+    window = comparison.get("window") or {}
+    head = (f"benchmarks judged by the regression policy over the last {window.get('runs', 0)} comparable runs on "
+            f"this hardware ({window.get('judged', 0)} cases)")
+    short = int(window.get("insufficient") or 0)
+    if short:
+        against = (f"compared with the last published release (run {comparison['baseline_run']})"
+                   if comparison.get("baseline_run") else "not compared: no published release yet")
+        head += f"; {short} cases with insufficient data (too few comparable runs) {against}"
+    return head
+
+
 def _bench_lines(comparison: Mapping[str, Any] | None) -> tuple[str, list[str], list[str]]:
     """(what the bench was compared with, blocking regressions, advisory regressions)."""
     if not comparison:
         return "benchmarks were not compared", [], []
+    if (comparison.get("window") or {}).get("judged"):
+        return _window_head(comparison), list(comparison.get("blocking") or []), \
+            list(comparison.get("advisory") or [])
     if not comparison.get("baseline_run"):
         notes = comparison.get("notes") or ["no baseline"]
         return f"benchmarks: {notes[0]}; the gate passes on build and tests", [], []
@@ -191,6 +207,14 @@ def _bench_lines(comparison: Mapping[str, Any] | None) -> tuple[str, list[str], 
                f"cases, threshold {float(comparison.get('threshold', 0)):.0%})")
     return f"benchmarks compared with {against}", list(comparison.get("blocking") or []), \
         list(comparison.get("advisory") or [])
+
+
+def _suspicious_lines(comparison: Mapping[str, Any] | None) -> list[str]:
+    suspicious = list(((comparison or {}).get("window") or {}).get("suspicious") or [])
+    if not suspicious:
+        return []
+    return [f"suspicious ({len(suspicious)}; slower than the threshold but inside the window's noise band — "
+            f"reported, not blocking):", *(f"  {line}" for line in suspicious)]
 
 
 def gate_decision(stages: Mapping[str, tuple[StateName, str]], comparison: Mapping[str, Any] | None,
@@ -223,6 +247,7 @@ def gate_decision(stages: Mapping[str, tuple[StateName, str]], comparison: Mappi
         lines.append(f"advisory regressions ({len(advisory)}; only {metrics or 'every metric'} timings block "
                      f"a release — kiln.toml [bench] blocking_metrics):")
         lines += [f"  {line}" for line in advisory]
+    lines += _suspicious_lines(comparison)
     lines.append("build, tests and benchmarks passed the gate")
     return GateDecision(True, tuple(lines))
 

@@ -13,6 +13,11 @@ HIP version) the ratio would credit or blame the kernel for torch's change,
 so the decision falls back to the kernel's own time, and says so. Either way
 a change must exceed the threshold and the measured noise (:func:`judge`).
 
+Where the run's history holds enough comparable runs, the regression policy over that window
+decides a case instead (:mod:`kiln.tasks.bench.window`): ``regressed`` is a regression, ``suspicious``
+and ``insufficient data`` are reported and never block; the single baseline decides only the cases
+whose window is too short.
+
 Whether a regression fails its kernel's unit is the caller's choice
 (``fail_on_regression``) narrowed by the metrics that may block
 (``blocking``, ``[bench] blocking_metrics`` for a release): CPU timings on a
@@ -22,12 +27,13 @@ shared machine are advisory unless kiln.toml says otherwise.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from kiln.release.manifest import Unit, UnitState
 from kiln.tasks.bench.results import BenchResults, CaseResult, Stats
 from kiln.tasks.bench.stats import Summary, Verdict, judge, paired_ratios, summarize
+from kiln.tasks.bench.window import WindowCase
 
 Basis = Literal["kernel/reference", "kernel time"]
 REFERENCE_VERSIONS = ("torch", "cuda", "hip")  # what the torch reference's speed depends on
@@ -82,9 +88,24 @@ class Comparison:
     cases: tuple[CaseComparison, ...]
     unmatched: tuple[tuple[str, str, str], ...]  # current cases the baseline lacks
     notes: tuple[str, ...] = ()
+    windows: tuple[WindowCase, ...] = ()  # every case under the regression policy over its window
 
-    def regressions(self, kernel: str | None = None) -> list[CaseComparison]:
-        return [c for c in self.cases if c.regression and (kernel is None or c.key[0] == kernel)]
+    def judged(self, kernel: str | None = None) -> list[WindowCase]:
+        """Cases the window decides (enough comparable runs), of ``kernel`` (None: all)."""
+        return [w for w in self.windows if w.judged and w.decides and kernel in (None, w.key[0])]
+
+    def regressions(self, kernel: str | None = None) -> list[CaseComparison | WindowCase]:
+        """Window regressions, then single-baseline regressions of the cases the window could not decide."""
+        decided = {w.key for w in self.judged()}
+        single = [c for c in self.cases if c.regression and c.key not in decided]
+        return [w for w in self.judged(kernel) if w.regression] + [
+            c for c in single if kernel is None or c.key[0] == kernel]
+
+    def suspicious(self, kernel: str | None = None) -> list[WindowCase]:
+        return [w for w in self.judged(kernel) if w.suspicious]
+
+    def insufficient(self) -> list[WindowCase]:
+        return [w for w in self.windows if w.decides and not w.judged]
 
     def for_case(self, key: tuple[str, str, str]) -> CaseComparison | None:
         return next((c for c in self.cases if c.key == key), None)
@@ -139,11 +160,17 @@ def _notes(baseline: BenchResults, current: BenchResults) -> tuple[str, ...]:
 
 
 def compare_results(baseline: BenchResults | None, current: BenchResults, threshold: float,
-                    missing: str = "") -> Comparison:
-    """Judge every case of ``current`` that ``baseline`` also measured (same kernel, name, metric).
+                    missing: str = "", windows: Sequence[WindowCase] = ()) -> Comparison:
+    """Judge every case of ``current`` that ``baseline`` also measured (same kernel, name, metric);
+    ``windows``: the regression policy's judgements (:func:`kiln.tasks.bench.window.window_cases`).
 
-    Without a baseline the comparison is empty; ``missing`` says why (see :func:`no_baseline`).
+    Without a baseline the single comparison is empty; ``missing`` says why (see :func:`no_baseline`).
     """
+    return replace(_compare_single(baseline, current, threshold, missing), windows=tuple(windows))
+
+
+def _compare_single(baseline: BenchResults | None, current: BenchResults, threshold: float,
+                    missing: str) -> Comparison:
     if baseline is None:
         return no_baseline(missing, threshold) if missing else NO_BASELINE
     compared, unmatched = [], []
@@ -168,12 +195,12 @@ class KernelOutcome:
     duration_s: float = 0.0
 
 
-def blocks(case: CaseComparison, fail_on_regression: bool, blocking: Collection[str] | None) -> bool:
+def blocks(case: CaseComparison | WindowCase, fail_on_regression: bool, blocking: Collection[str] | None) -> bool:
     """A regression of ``case`` fails its unit: regressions fail, and its metric may block (None: every metric)."""
     return case.regression and fail_on_regression and (blocking is None or case.key[2] in blocking)
 
 
-def _regression_label(regressions: Sequence[CaseComparison], fail_on_regression: bool,
+def _regression_label(regressions: Sequence[CaseComparison | WindowCase], fail_on_regression: bool,
                       blocking: Collection[str] | None) -> tuple[UnitState, str]:
     if any(blocks(r, fail_on_regression, blocking) for r in regressions):
         return "failed", "regression"
@@ -200,6 +227,9 @@ def kernel_unit(outcome: KernelOutcome, comparison: Comparison, fail_on_regressi
     else:
         state = "completed"
         message = _quiet_message(outcome, comparison)
+    suspicious = comparison.suspicious(outcome.kernel)
+    if suspicious:
+        message += "; suspicious (not blocking): " + "; ".join(w.describe() for w in suspicious)
     return Unit(id=unit_id, stage="bench", state=state, kernel=outcome.kernel, message=message,
                 duration_s=outcome.duration_s)
 
@@ -208,6 +238,11 @@ def _quiet_message(outcome: KernelOutcome, comparison: Comparison) -> str:
     if not outcome.cases:
         return "no benchmark cases declared"
     count = len({c.name for c in outcome.cases})
+    judged = comparison.judged(outcome.kernel)
+    if judged:
+        runs = max(w.judgement.runs for w in judged)
+        decisions = sorted({w.judgement.decision for w in judged})
+        return f"{count} cases measured; judged over the last {runs} runs on this hardware: {', '.join(decisions)}"
     if comparison.baseline_run:
         against = f"no regression vs run {comparison.baseline_run}"
     else:
@@ -224,7 +259,11 @@ def comparison_record(comparison: Comparison, fail_on_regression: bool,
                       blocking: Collection[str] | None) -> dict[str, Any]:
     """What the run records about its comparison, for the release gate (plain JSON)."""
     regressions = comparison.regressions()
+    judged = comparison.judged()
     return {
+        "window": {"judged": len(judged), "runs": max((w.judgement.runs for w in judged), default=0),
+                   "suspicious": [w.gate_line(comparison.threshold) for w in comparison.suspicious()],
+                   "insufficient": len(comparison.insufficient())},
         "baseline_run": comparison.baseline_run,
         "notes": list(comparison.notes),
         "threshold": comparison.threshold,

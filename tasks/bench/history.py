@@ -225,6 +225,16 @@ def store_if(enabled: bool, store: Store | None, config: KilnConfig, results: Be
     return f"stored as {store_results(store, config, results)}"
 
 
+def window_history(store: Store | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
+    """The stored runs (oldest first) the regression policy may judge ``current`` against: same variant and
+    metric, a few more than its window (runs on other hardware are left out later)."""
+    if store is None:
+        return []
+    wanted = config.bench.regression.window * 2
+    return [r for r in load_history(store, config, variant=current.variant, metric=current.decision_metric,
+                                    limit=wanted + 1) if r.run_id != current.run_id][-wanted:]
+
+
 def history_with(store: Store | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
     """Stored history of the current variant/metric (oldest first) with ``current`` last."""
     stored = [] if store is None else load_history(
