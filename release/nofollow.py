@@ -19,8 +19,8 @@ import hashlib
 import os
 import secrets
 import stat
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,22 +220,15 @@ class Staged:
         return sha256_at(self.dir_fd, self.name, self.root, self.parts)
 
 
-def _write_all(fd: int, data: bytes, durable: bool) -> None:
+def _write_all(fd: int, data: bytes) -> None:
     view, written = memoryview(data), 0
     while written < len(view):
         written += os.write(fd, view[written:])
-    if durable:
-        os.fsync(fd)
 
 
 @contextmanager
-def staged(root: Path, path: Path, data: bytes, *, durable: bool = True) -> Iterator[Staged]:
-    """``data`` written to a temporary file beside ``path`` (below ``root``, no link followed on the way).
-
-    Missing directories are made. A link at ``path`` itself is refused too: a
-    rename would replace the link, but whoever reads the old one would not.
-    The temporary file is removed after the block if it is still there.
-    """
+def _staging(root: Path, path: Path, fill: Callable[[int], None], durable: bool) -> Iterator[Staged]:
+    """A temporary file beside ``path`` that ``fill`` writes to (given its descriptor); see :func:`staged`."""
     parts = relative_parts(root, path)
     Path(root).mkdir(parents=True, exist_ok=True)  # the root and above: the caller's choice, links included
     with open_directory(root, parts[:-1], create=True) as dir_fd:
@@ -245,7 +238,9 @@ def staged(root: Path, path: Path, data: bytes, *, durable: bool = True) -> Iter
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
         try:
             try:
-                _write_all(fd, data, durable)
+                fill(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             yield Staged(dir_fd, tmp, parts[-1], root, tuple(parts))
@@ -256,6 +251,33 @@ def staged(root: Path, path: Path, data: bytes, *, durable: bool = True) -> Iter
                 pass
 
 
+def staged(root: Path, path: Path, data: bytes, *, durable: bool = True) -> AbstractContextManager[Staged]:
+    """``data`` written to a temporary file beside ``path`` (below ``root``, no link followed on the way).
+
+    Missing directories are made. A link at ``path`` itself is refused too: a
+    rename would replace the link, but whoever reads the old one would not.
+    The temporary file is removed after the block if it is still there.
+    """
+    return _staging(root, path, lambda fd: _write_all(fd, data), durable)
+
+
+@contextmanager
+def staged_copy(root: Path, path: Path, source: Path) -> Iterator[tuple[Staged, str, int]]:
+    """A durable copy of the file ``source`` staged as :func:`staged` stages bytes, streamed (never read whole),
+    with the hex SHA-256 and size of the bytes the copy holds, hashed as they were written."""
+    digest, size = hashlib.sha256(), 0
+
+    def fill(fd: int) -> None:
+        nonlocal size
+        for block in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(block)
+            size += len(block)
+            _write_all(fd, block)
+
+    with open(source, "rb") as handle, _staging(root, path, fill, durable=True) as tmp:
+        yield tmp, digest.hexdigest(), size
+
+
 def write_file(root: Path, path: Path, data: bytes, *, durable: bool = True) -> None:
     """Atomically replace ``path`` below ``root`` with ``data``, refusing any link below ``root``."""
     with staged(root, path, data, durable=durable) as tmp:
@@ -264,12 +286,5 @@ def write_file(root: Path, path: Path, data: bytes, *, durable: bool = True) -> 
 
 def copy_file(root: Path, source: Path, path: Path) -> None:
     """Atomically put a copy of ``source`` at ``path`` below ``root`` (streamed, never read whole)."""
-    with open(source, "rb") as handle, staged(root, path, b"", durable=False) as tmp:
-        fd = os.open(tmp.tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tmp.dir_fd)
-        try:
-            for block in iter(lambda: handle.read(_CHUNK), b""):
-                _write_all(fd, block, durable=False)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with staged_copy(root, path, source) as (tmp, _, _):
         tmp.replace()

@@ -8,6 +8,7 @@ the module that imports it. :mod:`kiln.release.store` re-exports these names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from kiln.release.errors import InvalidInputError
@@ -21,8 +22,8 @@ class ObjectInfo:
     size: int
     etag: str
     sha256: str | None  # hex; None when the backend has no checksum stored for it
-    # True only on what a put_immutable that wrote the object returns. A fact about
-    # that call, not the object, hence left out of equality.
+    # True only on what a create-only write (put_immutable, put_immutable_file) that wrote the
+    # object returns. A fact about that call, not the object, hence left out of equality.
     created: bool = field(default=False, compare=False)
 
 
@@ -62,6 +63,16 @@ class Store(Protocol):
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         """Create ``key`` with ``data``; same bytes already there is success (``created`` False),
         other bytes :class:`~kiln.release.errors.AlreadyPublishedError`."""
+
+    def put_immutable_file(
+        self, key: str, path: Path, sha256: str, content_type: str, cache_control: str
+    ) -> ObjectInfo:
+        """:meth:`put_immutable` of the file ``path``, streamed, never held whole in memory.
+
+        ``sha256`` is the caller's hash of the file (hex); the store checks that
+        what it wrote is exactly that, and raises
+        :class:`~kiln.release.errors.IntegrityError` when the file changed after
+        it was hashed."""
 
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None

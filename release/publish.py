@@ -82,7 +82,7 @@ from typing import Any, Literal
 
 from kiln.release.dists import Distribution, make_distribution
 from kiln.release.errors import AlreadyPublishedError, IntegrityError, InvalidInputError
-from kiln.release.fsutil import sha256_bytes
+from kiln.release.fsutil import sha256_bytes, sha256_file
 from kiln.release.index import (
     ACTIVE,
     HTML_PAGE,
@@ -101,7 +101,7 @@ from kiln.release.manifest import RunManifest
 from kiln.release.store import Store
 from kiln.release.swap import until_swapped
 from kiln.release.variants import dumps, merge_variants, read_wheel_variant, variants_json_name, wheel_variant_label
-from kiln.release.wheels import describe_wheel, read_wheel
+from kiln.release.wheels import core_metadata, read_wheel
 
 log = logging.getLogger(__name__)
 
@@ -337,15 +337,17 @@ def upload_file(store: Store, upload: Upload) -> UploadResult:
     wheel was there. The same hash there is "present" (a re-run after a
     crash), another hash a conflict. The sidecar of a wheel this call created
     cannot exist yet, so it is written at once; a present wheel's sidecar is
-    looked up first (a crash may have come between the two).
+    looked up first (a crash may have come between the two). The wheel is
+    hashed and sent streaming; the store checks that what it wrote has the
+    hash verified here, so a file changed in between is an IntegrityError.
     """
-    data = upload.source.read_bytes()
-    if sha256_bytes(data) != upload.dist.sha256:
+    digest = sha256_file(upload.source)  # streamed: a wheel of gigabytes is never held in memory
+    metadata = core_metadata(upload.dist.filename, upload.source)  # only its METADATA member, under its limit
+    if digest != upload.dist.sha256 or sha256_bytes(metadata) != upload.dist.metadata_sha256:
         raise IntegrityError(f"{upload.source} changed after it was verified; rebuild it, never publish it")
-    _, metadata = describe_wheel(upload.dist.filename, data, upload.dist.upload_time)
     log.info("publishing %s to %s", upload.key, store.url)
     try:
-        wheel = store.put_immutable(upload.key, data, WHEEL_TYPE, IMMUTABLE_CACHE)
+        wheel = store.put_immutable_file(upload.key, upload.source, digest, WHEEL_TYPE, IMMUTABLE_CACHE)
     except AlreadyPublishedError as exc:
         return UploadResult(upload, "conflict", str(exc))
     _check(wheel.sha256, upload.dist.sha256, upload.key)

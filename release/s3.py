@@ -4,7 +4,8 @@
   and ``ChecksumSHA256``, with no existence check first: a 412 means the key
   exists, and only then its hash decides between "same bytes, success" and
   :class:`AlreadyPublishedError`. (botocore sends ``Expect: 100-continue``, so
-  a server that refuses the precondition need not receive the body.)
+  a server that refuses the precondition need not receive the body.) A wheel
+  is sent from its open file, streamed, with the hash its caller streamed.
 * Whether a write needs reading back is a property of the store,
   ``verifies_checksums``: AWS S3 refuses a body whose SHA-256 differs from the
   ``ChecksumSHA256`` header (``BadDigest``) and echoes the checksum it
@@ -33,9 +34,10 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import boto3
 from botocore.config import Config
@@ -184,10 +186,22 @@ class S3Store:
         return ObjectInfo(key, size, response["ETag"], digest.hexdigest())
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
-        digest = sha256_bytes(data)
+        return self._create(key, data, sha256_bytes(data), len(data), content_type, cache_control)
+
+    def put_immutable_file(
+        self, key: str, path: Path, sha256: str, content_type: str, cache_control: str
+    ) -> ObjectInfo:
+        # An open file as the body: botocore streams it (and seeks back to resend it on a retry). A file
+        # changed since ``sha256`` was taken is refused by a verifying server (BadDigest) or by the read-back.
+        with open(path, "rb") as handle:
+            return self._create(key, handle, sha256, os.fstat(handle.fileno()).st_size, content_type, cache_control)
+
+    def _create(self, key: str, body: bytes | BinaryIO, digest: str, size: int, content_type: str,
+                cache_control: str) -> ObjectInfo:
+        """The create-only write of both put_immutable kinds: ``body`` is sent with ``digest`` as its checksum."""
         checksum = base64.b64encode(bytes.fromhex(digest)).decode()
         params = self._params(
-            key, Body=data, ContentType=content_type, CacheControl=cache_control,
+            key, Body=body, ContentType=content_type, CacheControl=cache_control,
             ChecksumSHA256=checksum, IfNoneMatch="*",
         )
         try:
@@ -195,9 +209,9 @@ class S3Store:
         except (ConflictError, _Missing):
             log.debug("%s/%s exists; comparing hashes", self.url, key)
             return self._existing(key, digest)
-        log.debug("uploaded %s/%s (%d bytes)", self.url, key, len(data))
+        log.debug("uploaded %s/%s (%d bytes)", self.url, key, size)
         if self.verifies_checksums and response.get("ChecksumSHA256") == checksum:
-            return ObjectInfo(key, len(data), response["ETag"], digest, created=True)
+            return ObjectInfo(key, size, response["ETag"], digest, created=True)
         if self.verifies_checksums and not self._warned_unconfirmed:
             self._warned_unconfirmed = True
             log.warning("%s did not confirm the ChecksumSHA256 of a write; reading writes back instead."
@@ -221,7 +235,8 @@ class S3Store:
         if info.sha256 != digest:
             raise IntegrityError(
                 f"{self.url}/{key} holds sha256 {info.sha256}, not {digest} right after it was written:"
-                " the bytes were changed in transit or by another writer; nothing is listed — retry the publish"
+                " the bytes were changed in transit, by another writer or in the file after it was hashed; nothing"
+                " is listed — retry the publish"
             )
         return ObjectInfo(key, info.size, info.etag, digest, created=True)
 

@@ -47,6 +47,16 @@ class StagingStore:
             return existing  # created=False: the target holds it already
         return self.staging.put_immutable(key, data, content_type, cache_control)
 
+    def put_immutable_file(
+        self, key: str, path: Path, sha256: str, content_type: str, cache_control: str
+    ) -> ObjectInfo:
+        existing = self.target.head(key)
+        if existing is not None:
+            if existing.sha256 != sha256:
+                raise AlreadyPublishedError.held(f"{self.url}/{key}", existing.sha256, sha256)
+            return existing  # created=False: the target holds it already
+        return self.staging.put_immutable_file(key, path, sha256, content_type, cache_control)
+
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
     ) -> ObjectInfo:

@@ -3,11 +3,15 @@
 A store holds objects under POSIX keys relative to its root (a directory, or
 an S3 ``bucket/prefix``). Two kinds of writes exist, and nothing else:
 
-* :meth:`Store.put_immutable` — create-only. Writing the same bytes again is
+* :meth:`Store.put_immutable` (bytes) and :meth:`Store.put_immutable_file`
+  (a file, streamed) — create-only. Writing the same bytes again is
   success (so a re-run after a crash is harmless; the returned
   :attr:`ObjectInfo.created` is then False); other bytes under an existing key
-  raise :class:`~kiln.release.errors.AlreadyPublishedError`. Wheels, metadata
-  sidecars and benchmark results are written this way.
+  raise :class:`~kiln.release.errors.AlreadyPublishedError`. Wheels are written
+  from their files, never read whole into memory: the caller passes the hash it
+  streamed, and the store checks that what it wrote has that hash
+  (:class:`~kiln.release.errors.IntegrityError` for a file changed in between).
+  Metadata sidecars and benchmark results are written from bytes.
 * :meth:`Store.put_page` — compare-and-swap on the ETag read earlier
   (``expected_etag=None`` means "the key must not exist yet"). A lost race
   raises :class:`~kiln.release.errors.ConflictError`; the caller re-reads, re-merges
@@ -38,9 +42,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import AlreadyPublishedError, ConflictError, InvalidInputError, UnsafePathError
+from kiln.release.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError, UnsafePathError
 from kiln.release.fsutil import sha256_bytes, sha256_file
-from kiln.release.nofollow import staged
+from kiln.release.nofollow import Staged, staged, staged_copy
 from kiln.release.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger(__name__)
@@ -87,21 +91,34 @@ class LocalStore:
         return ObjectInfo(key, path.stat().st_size, digest, digest)
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
-        path = self._path(key)
         digest = sha256_bytes(data)
+        with staged(self.root, self._path(key), data) as tmp:
+            return self._create(tmp, key, digest, len(data))
+
+    def put_immutable_file(
+        self, key: str, path: Path, sha256: str, content_type: str, cache_control: str
+    ) -> ObjectInfo:
+        with staged_copy(self.root, self._path(key), path) as (tmp, digest, size):
+            if digest != sha256:  # checked on the copy itself: what is linked is what was hashed
+                raise IntegrityError(
+                    f"{path} has sha256 {digest} as copied, not the {sha256} it was hashed as: it changed while being"
+                    f" published; nothing was written to {self.url}/{key}. Rebuild it, never publish it")
+            return self._create(tmp, key, digest, size)
+
+    def _create(self, tmp: Staged, key: str, digest: str, size: int) -> ObjectInfo:
+        """Link the staged file in as ``key`` unless it exists; existing other bytes are AlreadyPublishedError."""
         # link() fails if the target exists, which makes create-only atomic
         # even against another process writing the same key.
-        with staged(self.root, path, data) as tmp:
-            try:
-                tmp.link()
-                log.debug("created %s (%d bytes)", path, len(data))
-                created = True
-            except FileExistsError:
-                existing = tmp.current_sha256()
-                if existing != digest:
-                    raise AlreadyPublishedError.held(f"{self.url}/{key}", existing, digest) from None
-                created = False
-        return ObjectInfo(key, len(data), digest, digest, created)
+        try:
+            tmp.link()
+            log.debug("created %s/%s (%d bytes)", self.url, key, size)
+            created = True
+        except FileExistsError:
+            existing = tmp.current_sha256()
+            if existing != digest:
+                raise AlreadyPublishedError.held(f"{self.url}/{key}", existing, digest) from None
+            created = False
+        return ObjectInfo(key, size, digest, digest, created)
 
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None

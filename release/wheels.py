@@ -154,22 +154,12 @@ def requires_python(metadata: bytes) -> str | None:
     return str(value).strip() if value else None
 
 
-def describe_wheel(filename: str, data: bytes, upload_time: float) -> tuple[Distribution, bytes]:
-    """The index record of a wheel held in memory, and its METADATA bytes."""
-    metadata = core_metadata(filename, data)
-    dist = make_distribution(
-        filename,
-        sha256_bytes(data),
-        len(data),
-        upload_time,
-        requires_python=requires_python(metadata),
-        metadata_sha256=sha256_bytes(metadata),
-    )
-    return dist, metadata
-
-
 def read_wheel(path: Path, upload_time: float | None = None) -> tuple[Distribution, bytes]:
-    """Like :func:`describe_wheel` for a file, hashed streaming; the upload time defaults to its mtime."""
+    """The index record of a wheel file, hashed streaming, and its METADATA bytes (read under their limit).
+
+    The upload time defaults to the file's mtime. Nothing reads a wheel whole: publishing sends the file
+    itself (:meth:`~kiln.release.objects.Store.put_immutable_file`).
+    """
     path = Path(path)
     stat = path.stat()
     size, mtime = stat.st_size, stat.st_mtime

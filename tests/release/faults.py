@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
 
+from kiln.release.fsutil import sha256_file
 from kiln.release.store import ObjectInfo, Store
 
 
@@ -64,8 +67,9 @@ class CorruptingStore:
     """A real store whose immutable writes of keys ending in ``suffix`` land with one byte flipped.
 
     Every later read (the write's own answer, ``head``, ``get``) sees the
-    damaged bytes, so what the store reads back differs from what was
-    uploaded: the publish protocol must notice and list nothing.
+    damaged bytes (a file is damaged past the store's own hash check), so
+    what the store reads back differs from what was uploaded: the publish
+    protocol must notice and list nothing.
     """
 
     def __init__(self, inner: Store, suffix: str) -> None:
@@ -86,6 +90,18 @@ class CorruptingStore:
             self.corrupted.append(key)
             data = data[:-1] + bytes([data[-1] ^ 0xFF])
         return self.inner.put_immutable(key, data, content_type, cache_control)
+
+    def put_immutable_file(self, key: str, path: Path, sha256: str, content_type: str,
+                           cache_control: str) -> ObjectInfo:
+        if not key.endswith(self.suffix):
+            return self.inner.put_immutable_file(key, path, sha256, content_type, cache_control)
+        self.corrupted.append(key)
+        data = path.read_bytes()  # a test's tiny wheel
+        with tempfile.TemporaryDirectory() as tmp:
+            damaged = Path(tmp) / path.name
+            damaged.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+            # damaged past the store's own check, as a faulty disk would: the store holds and reports other bytes
+            return self.inner.put_immutable_file(key, damaged, sha256_file(damaged), content_type, cache_control)
 
     def put_page(self, key: str, data: bytes, content_type: str, cache_control: str,
                  expected_etag: str | None) -> ObjectInfo:

@@ -95,6 +95,10 @@ def test_commit_pages_are_written_after_every_wheel_and_channel_page(tmp_path: P
             writes.append(key)
             return super().put_immutable(key, data, content_type, cache_control)
 
+        def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
+            writes.append(key)
+            return super().put_immutable_file(key, path, sha256, content_type, cache_control)
+
         def put_page(self, key, data, content_type, cache_control, expected_etag):  # type: ignore[no-untyped-def]
             writes.append(key)
             return super().put_page(key, data, content_type, cache_control, expected_etag)

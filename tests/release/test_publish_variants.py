@@ -159,6 +159,12 @@ class _CheckedAfterEveryWrite(LocalStore):
         type(self).checks += 1
         return info
 
+    def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
+        info = super().put_immutable_file(key, path, sha256, content_type, cache_control)
+        assert_links_resolve(self, INDEX, settled=False)
+        type(self).checks += 1
+        return info
+
     def put_page(self, key, data, content_type, cache_control, expected_etag):  # type: ignore[no-untyped-def]
         info = super().put_page(key, data, content_type, cache_control, expected_etag)
         assert_links_resolve(self, INDEX, settled=False)
@@ -190,6 +196,10 @@ class _FailsAfter(LocalStore):
     def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
         self._count(key)
         return super().put_immutable(key, data, content_type, cache_control)
+
+    def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
+        self._count(key)
+        return super().put_immutable_file(key, path, sha256, content_type, cache_control)
 
     def put_page(self, key, data, content_type, cache_control, expected_etag):  # type: ignore[no-untyped-def]
         self._count(key)
@@ -303,11 +313,18 @@ class _RacedBy(LocalStore):
         super().__init__(root)
         self.other, self.raced = other, False
 
-    def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
+    def _race(self, key: str) -> None:
         if not self.raced and key.startswith(f"nightly/{COMBINED}/"):
             self.raced = True
             _publish(self.other, LocalStore(self.root), variants=["cu130"])
+
+    def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
+        self._race(key)
         return super().put_immutable(key, data, content_type, cache_control)
+
+    def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
+        self._race(key)
+        return super().put_immutable_file(key, path, sha256, content_type, cache_control)
 
 
 def test_a_label_defined_otherwise_meanwhile_is_an_upload_conflict_and_every_link_stays_good(tmp_path: Path) -> None:
