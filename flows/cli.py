@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
     _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails or a benchmark got slower, "
                                               "from the wheels runs stored"))
+    p = sub.add_parser("quarantine", help="the flaky tests in quarantine ([testing.quarantine]): they run and are "
+                                          "reported, and do not gate publishing")
+    p.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
 
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))
@@ -357,6 +360,11 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
         print(show_history(load_config(ns.config), kernel=ns.kernel, case=ns.case, variant=ns.variant,
                            metric=ns.metric, limit=ns.limit, plot=ns.plot), end="")
+        return 0
+    if cmd == "quarantine":
+        from kiln.flows.quarantine import show_quarantine
+
+        print(show_quarantine(load_config(ns.config)), end="")
         return 0
     from kiln.flows import cancel
 

@@ -170,3 +170,14 @@ def judge_suite(store: Store, policy: Quarantine, *, run_id: str, commit: str, c
         _log.warning("test quarantine not applied to %s: %s", unit.id, exc)
         return Judged(unit, (f"quarantine not applied: {exc}",))
     return apply(unit, results, decision)
+
+
+def render(quarantine: QuarantineList, where: str) -> str:
+    """``kiln quarantine``: each quarantined test, why and since when, as plain text."""
+    if not quarantine.entries:
+        return f"no test is quarantined ({where})\n"
+    lines = [f"{len(quarantine.entries)} quarantined tests ({where}): they run and are reported, "
+             "and their failures do not gate publishing"]
+    for row in rows(quarantine):
+        lines += [f"  {row['unit']}  {row['test']}", f"    {row['why']}; since run {row['since run']} ({row['since']})"]
+    return "\n".join(lines) + "\n"

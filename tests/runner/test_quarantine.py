@@ -127,3 +127,24 @@ def test_a_malformed_list_is_a_clear_error_naming_its_key(tmp_path: Path):
     store.put_page(quarantine_key(POLICY), b"{\"tests\": 3}", "application/json", "no-cache", None)
     with pytest.raises(InvalidInputError, match="test-history/quarantine.json is not a Kiln quarantine list"):
         read_quarantine(store, POLICY)
+
+
+def test_kiln_quarantine_lists_the_stored_list(tmp_path: Path, capsys):
+    import shutil
+
+    from kiln.flows.cli import main
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.run.runs import artifact_store
+    from tests.helpers.gitrepo import FIXTURES
+
+    shutil.copytree(FIXTURES / "tiny", tmp_path / "tiny", ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+    config_path = tmp_path / "tiny" / "kiln.toml"
+    assert main(["quarantine", "--config", str(config_path)]) == 0
+    assert capsys.readouterr().out.startswith("no test is quarantined (file://")
+    store, policy = artifact_store(load_config(config_path)), load_config(config_path).testing.quarantine
+    for i, outcome in enumerate(["passed", "passed", "failed"]):
+        judge_run(store, policy, "tiny.cpu", RunOutcomes.of(f"run-{i}", UNIT, COMMIT, 1_000.0 + i, _results(outcome)))
+    assert main(["quarantine", "--config", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1:] == [f"  {UNIT}  {NODE}",
+                                    f"    failed 1 of 3 on {COMMIT[:12]}; since run run-2 (1970-01-01 00:16)"]

@@ -1,0 +1,19 @@
+"""``kiln quarantine``: the tests the flaky-test policy holds in quarantine, read from the artifact store.
+
+No flow run: it only reads the list the test stage keeps (:mod:`kiln.tasks.testing.quarantine`), with the
+test step's credentials on S3.
+"""
+
+from __future__ import annotations
+
+from kiln.flows.common import store_session
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.run.runs import artifact_store
+from kiln.tasks.testing import quarantine
+
+
+def show_quarantine(config: KilnConfig) -> str:
+    store = artifact_store(config, store_session(config, "test", config.artifacts.kind))
+    policy = config.testing.quarantine
+    where = f"{store.url}/{quarantine.quarantine_key(policy)}"
+    return quarantine.render(quarantine.read_quarantine(store, policy), where)
