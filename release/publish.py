@@ -373,8 +373,8 @@ def _merge_files(current: list[Distribution], new: Iterable[Distribution], where
     return list(group(by_name.values()).values())[0]
 
 
-def _cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[bytes | None], dict[str, bytes]],
-               sleep: Callable[[float], None]) -> list[str]:
+def cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[bytes | None], dict[str, bytes]],
+              sleep: Callable[[float], None]) -> list[str]:
     """Re-read, re-render and compare-and-swap one HTML+JSON page pair until it sticks.
 
     The HTML ETag is read before the JSON: an HTML written by anyone after our
@@ -455,14 +455,14 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
             pages = project_pages(project, merged, status, _files_at(index, files_in, project))
             return {f"{index}/{k}": v for k, v in pages.items()}
 
-        changed += _cas_pages(store, html_key, json_key, render, sleep)
+        changed += cas_pages(store, html_key, json_key, render, sleep)
 
     def render_root(current: bytes | None) -> dict[str, bytes]:
         listed = [] if current is None else parse_root_json(current, f"{store.url}/{index}/{JSON_PAGE}")
         return {f"{index}/{k}": v for k, v in root_pages([*listed, *projects]).items()}
 
     if projects:
-        changed += _cas_pages(store, f"{index}/{HTML_PAGE}", f"{index}/{JSON_PAGE}", render_root, sleep)
+        changed += cas_pages(store, f"{index}/{HTML_PAGE}", f"{index}/{JSON_PAGE}", render_root, sleep)
     return changed
 
 
@@ -563,7 +563,8 @@ def raise_for_conflict(result: UploadResult) -> UploadResult:
 
 
 __all__ = [
-    "COMBINED", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "collect", "commit_index_prefix",
-    "complete_commit_indexes", "gate", "index_prefix", "publish", "publish_pages", "raise_for_conflict",
-    "refuse_conflicting_labels", "update_pages", "upload_each", "upload_file", "variant_documents",
+    "COMBINED", "PAGE_CACHE", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages", "collect",
+    "commit_index_prefix", "complete_commit_indexes", "gate", "index_prefix", "publish", "publish_pages",
+    "raise_for_conflict", "refuse_conflicting_labels", "update_pages", "upload_each", "upload_file",
+    "variant_documents",
 ]

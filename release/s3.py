@@ -255,6 +255,15 @@ class S3Store:
             raise ConflictError(f"{self.url}/{key} disappeared since it was read") from exc
         return ObjectInfo(key, len(data), response["ETag"], sha256_bytes(data))
 
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (S3 answers success for a missing one). Only a prune deletes
+        (:mod:`kiln.release.prune`), with credentials whose policy allows it under one prefix."""
+        try:
+            self._call("delete_object", f"{self.url}/{key}", **self._params(key))
+        except _Missing:
+            return
+        log.debug("deleted %s/%s", self.url, key)
+
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")

@@ -17,7 +17,9 @@ an S3 ``bucket/prefix``). Two kinds of writes exist, and nothing else:
   raises :class:`~kiln.release.errors.ConflictError`; the caller re-reads, re-merges
   and retries. Index pages and history files are written this way.
 
-There is no delete: nothing Kiln does may remove a published object.
+The protocol has no delete: nothing that publishes may remove a published
+object. The local and S3 stores have a ``delete`` beside it that only a
+prune calls (:mod:`kiln.release.prune`, its own credentials).
 
 The protocol itself (:class:`Store`, :class:`ObjectInfo`, :func:`check_key`) is
 :mod:`kiln.release.objects`, re-exported here. Backends register themselves
@@ -44,7 +46,7 @@ from typing import Any
 
 from kiln.release.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError, UnsafePathError
 from kiln.release.fsutil import sha256_bytes, sha256_file
-from kiln.release.nofollow import Staged, staged, staged_copy
+from kiln.release.nofollow import Staged, open_directory, staged, staged_copy
 from kiln.release.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,17 @@ class LocalStore:
             tmp.replace()
         digest = sha256_bytes(data)
         return ObjectInfo(key, len(data), digest, digest)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; gone already is success. Only a prune deletes (:mod:`kiln.release.prune`); no
+        link below the root is followed. Directories stay: a publisher may be writing into one."""
+        parts = check_key(key).split("/")
+        try:
+            with open_directory(self.root, parts[:-1]) as dir_fd:
+                os.unlink(parts[-1], dir_fd=dir_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        log.debug("deleted %s/%s", self.url, key)
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []
