@@ -147,16 +147,21 @@ def test_the_nightly_keeps_a_regression_against_last_as_a_warning(first_run: Pat
     from kiln.flows.bench import bench_flow
 
     config = load_config(project)
-    nightly = _doctored(first_run / "bench" / "results.json", first_run.parent / "nightly.json",
-                        flow="nightly", run_id="previous-nightly", created="2026-01-01T03:00:00Z")
-    store_results(history_store(config), config, load_results(nightly))
+    # Three earlier nightlies twice as fast: the majority of the policy's window (at most two real runs of this
+    # module are stored beside them), so its median is theirs and this run is judged "regressed" by the window.
+    for night in range(3):
+        nightly = _doctored(first_run / "bench" / "results.json", first_run.parent / f"nightly{night}.json",
+                            flow="nightly", run_id=f"previous-nightly-{night}", created=f"2026-01-0{night + 1}T03:00:00Z")
+        store_results(history_store(config), config, load_results(nightly))
     out = first_run.parent / "run4"
     state = bench_flow(config_path=str(project), out=str(out), compare="last", fail_on_regression=False,
                        store_history=False, return_state=True)
     assert state.is_completed(), state.message
     units = _bench_units(out / "latest")
     assert units["bench/axpy"][0] == "completed"
-    assert units["bench/axpy"][1].startswith("regression (warning only): axpy/n1024 [cpu]")
+    assert units["bench/axpy"][1].startswith("regression (warning only): axpy/n1024 [cpu] window: regressed: +")
+    trend = RunManifest.load(out / "latest").info["bench_trend"]
+    assert len(trend) == 4 and all(" regressed +" in line for line in trend), trend
 
 
 def test_one_crashing_kernel_fails_alone_and_the_flow_ends_failed(project: Path, tmp_path: Path, prefect_server):
