@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,14 @@ from kiln.flows.common import (
     unit_from_state,
 )
 from kiln.flows.runname import name_this_run, run_name
-from kiln.release.errors import ConfigError, IntegrityError
+from kiln.release.closure import ClosureQuery, ClosureResult, resolve
+from kiln.release.errors import ConfigError, IntegrityError, PermanentError
 from kiln.release.index import ProjectStatus
 from kiln.release.manifest import Unit
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.publish import (
     COMBINED,
+    ClosureStep,
     PagesStep,
     Plan,
     Upload,
@@ -54,6 +57,7 @@ from kiln.tasks.project.config import KilnConfig, load_config
 UPLOAD_RETRIES = 3
 RETRY_DELAY_S = 5
 RETRY_JITTER = 1.0  # delays spread over about 0-10 s (mean 5 s), so retrying publishers do not collide
+DEPENDENCY_CACHE = timedelta(hours=12)
 STAGING_DIR = "publish-staging"
 PINS_DIR = "pins"
 RUNTIME_DIR = "runtime"
@@ -152,6 +156,46 @@ def upload_tasks(run: RunRecord, channel: str) -> UploadStep:
     return upload
 
 
+class UnresolvedDependencies(PermanentError):
+    """A variant's wheel would not install with its dependencies; carries pip's answer."""
+
+    def __init__(self, message: str, result: ClosureResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+# The same requirements from the same indexes give the same answer for a while: nightly after nightly
+# asks it again (kiln.release.closure). Only an answer that resolved is kept; a refusal is asked again.
+@task(name="check-dependencies", cache_key_fn=lambda _, params: params["query"].cache_key,
+      cache_expiration=DEPENDENCY_CACHE, task_run_name="dependencies of {query.requirement} ({query.variant})")
+def check_dependencies(query: ClosureQuery) -> ClosureResult:
+    result = resolve(query)
+    if not result.ok:
+        raise UnresolvedDependencies(result.describe(query), result)
+    return result
+
+
+def closure_task(run: RunRecord) -> ClosureStep:
+    """The dependency checks as task runs at once, each answer as the publish/dependencies/<variant> unit."""
+    def step(queries: Sequence[ClosureQuery]) -> list[ClosureResult]:
+        futures = [check_dependencies.submit(query) for query in queries]
+        return [_answer(run, query, future) for query, future in zip(queries, futures, strict=True)]
+    return step
+
+
+def _answer(run: RunRecord, query: ClosureQuery, future: Any) -> ClosureResult:
+    future.wait()
+    state = future.state
+    answer = state.result(raise_on_failure=False)
+    result = answer if isinstance(answer, ClosureResult) else getattr(answer, "result", None)
+    if not isinstance(result, ClosureResult):
+        result = ClosureResult(False, "", f"the check did not finish: {state.message}")
+    cached = " (answered by an identical check within the last 12 h)" if state.name == "Cached" else ""
+    record(run, Unit(f"publish/dependencies/{query.variant}", "publish", "completed" if result.ok else "failed",
+                     variant=query.variant, message=result.describe(query) + cached))
+    return result
+
+
 def pages_task(run: RunRecord) -> PagesStep:
     """The pages step as its task run; a failure is the publish/pages unit's, and no page changed."""
     def pages(store: Store, results: list[UploadResult]) -> list[str]:
@@ -225,7 +269,9 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
                    variants=variants, extra=extra, untested_ok=allowed, dry_run=dry_run,
                    upload=upload_tasks(run, channel), pages=pages_task(run), commit=publish_commit(run, channel),
-                   statuses=project_statuses(config))
+                   statuses=project_statuses(config),
+                   closure=closure_task(run) if config.publish.check_dependencies else None,
+                   dependency_indexes=config.publish.extra_index_urls)
     plan.skipped.update(held)
     report_plan(run, config, plan)
     return finish_stage(run, "publish", "Publish")

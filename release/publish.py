@@ -80,6 +80,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from kiln.release.closure import ClosureQuery, ClosureResult, Staged
 from kiln.release.dists import Distribution, make_distribution
 from kiln.release.errors import AlreadyPublishedError, IntegrityError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes, sha256_file
@@ -118,6 +119,8 @@ _COMMIT = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?\Z")  # a full SHA-1 or SHA-
 COMBINED = "wheel-variants"  # the combined index of a channel's variant wheels (a variant's name has no '-')
 VARIANTS_TYPE = "application/json"
 Documents = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]  # (project, version) -> the wheels' variant.json
+# pip's answers, in order (kiln.release.closure.resolve_all, or the publish flow's cached task runs)
+ClosureStep = Callable[[Sequence[ClosureQuery]], list[ClosureResult]]
 
 
 def index_prefix(channel_prefix: str, variant: str) -> str:
@@ -142,6 +145,7 @@ class Upload:
     source: Path
     commit_index: str = ""  # the per-commit index that also lists it (:func:`commit_index_prefix`), or none
     status: ProjectStatus = ACTIVE  # the PEP 792 status its project's pages state
+    beside: bool = False  # published beside the project's wheels (kiln-runtime, pins), not one of them
 
     @property
     def key(self) -> str:
@@ -260,21 +264,51 @@ def collect(
     unknown = sorted({str(v) for v, _ in wheels if v is not None and v not in variants})
     if unknown:
         log.warning("wheels of variants %s are not in kiln.toml's variants %s; not published", unknown, list(variants))
-    for variant_of_file, path in [*wheels, *extra]:
+    for n, (variant_of_file, path) in enumerate([*wheels, *extra]):
         dist, _ = read_wheel(path, now)  # hashed streaming; METADATA read under its limit
         for variant in publishable:
             if variant_of_file in (None, variant):
                 commit_index = commit_index_prefix(channel_prefix, variant, commit) if commit else ""
                 uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path, commit_index,
-                                      (statuses or {}).get(dist.project, ACTIVE)))
+                                      (statuses or {}).get(dist.project, ACTIVE), beside=n >= len(wheels)))
     variant_wheels = [run.verify(a) for a in run.artifacts_of("variant-wheel")
                       if a.state == "ok" and a.variant in publishable]
     combined_commit = commit_index_prefix(channel_prefix, COMBINED, commit) if commit else ""
     for path in [*variant_wheels, *(p for v, p in extra if v is None)] if variant_wheels else ():
         dist, _ = read_wheel(path, now)
         uploads.append(Upload(COMBINED, index_prefix(channel_prefix, COMBINED), dist, path, combined_commit,
-                              (statuses or {}).get(dist.project, ACTIVE)))
+                              (statuses or {}).get(dist.project, ACTIVE), beside=path not in variant_wheels))
     return uploads, skipped
+
+
+def check_closure(uploads: Sequence[Upload], dependency_indexes: Sequence[str],
+                  step: ClosureStep) -> dict[str, str]:
+    """Per variant, why its wheel would not install with its dependencies (:mod:`kiln.release.closure`).
+
+    Each variant's index as this publish stages it, with ``dependency_indexes`` behind it; ``step`` answers
+    every question at once (they are independent). The combined index is not asked on its own: it holds
+    the same wheels' requirements.
+    """
+    queries = []
+    for variant in sorted({u.variant for u in uploads} - {COMBINED}):
+        mine = [u for u in uploads if u.variant == variant]
+        beside = tuple(Staged(u.dist, u.source) for u in mine if u.beside)
+        queries += [ClosureQuery(variant, Staged(u.dist, u.source), beside, tuple(dependency_indexes))
+                    for u in mine if not u.beside]
+    refused: dict[str, str] = {}
+    for query, result in zip(queries, step(queries), strict=True):
+        if not result.ok and query.variant not in refused:
+            refused[query.variant] = result.describe(query)
+            log.error("variant %s not published: %s", query.variant, refused[query.variant])
+    return refused
+
+
+def hold_unresolvable(uploads: Sequence[Upload], refused: Mapping[str, str]) -> list[Upload]:
+    """The uploads without the refused variants', and without the combined index when any is refused
+    (its page would offer a variant wheel whose dependencies do not resolve)."""
+    if not refused:
+        return list(uploads)
+    return [u for u in uploads if u.variant not in refused and u.variant != COMBINED]
 
 
 def variant_documents(uploads: Iterable[Upload]) -> dict[str, dict[tuple[str, str], list[dict[str, Any]]]]:
@@ -479,7 +513,8 @@ def publish(
     run: RunManifest, store: Store, *, channel: str, channel_prefix: str, variants: Sequence[str],
     clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
     untested_ok: Iterable[str] = (), upload: UploadStep = upload_each, pages: PagesStep | None = None,
-    commit: str = "", statuses: Mapping[str, ProjectStatus] | None = None,
+    commit: str = "", statuses: Mapping[str, ProjectStatus] | None = None, closure: ClosureStep | None = None,
+    dependency_indexes: Sequence[str] = (),
 ) -> Plan:
     """The whole protocol — verify, upload wheel then sidecar, then pages — in one call.
 
@@ -489,12 +524,18 @@ def publish(
     upload is left off the pages. Conflicting files are reported in the plan
     and left off the pages; every other file is published. ``commit`` (a
     nightly's full sha) also writes each variant's per-commit index;
-    ``statuses`` are the PEP 792 statuses of projects by normalised name. Against a
+    ``statuses`` are the PEP 792 statuses of projects by normalised name. ``closure``: before anything
+    is uploaded, each variant's wheel must resolve with its dependencies from its staged index and
+    ``dependency_indexes`` (:func:`check_closure`); a variant that does not is held back, named. Against a
     :class:`~kiln.release.staging.StagingStore` it is the plan of a publish
     (what the release shows its approver), with the target untouched.
     """
     uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses)
-    uploads, refused = refuse_conflicting_labels(store, uploads)
+    unresolved = check_closure(uploads, dependency_indexes, closure) if closure is not None else {}
+    skipped.update(unresolved)
+    if unresolved and any(u.variant == COMBINED for u in uploads):
+        skipped[COMBINED] = f"not published: variants {', '.join(sorted(unresolved))} would not install (above)"
+    uploads, refused = refuse_conflicting_labels(store, hold_unresolvable(uploads, unresolved))
     plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run, variants_refused=refused)
     plan.results = upload(store, uploads)
     ready, plan.commit_held = complete_commit_indexes(uploads, plan.results)
@@ -563,8 +604,8 @@ def raise_for_conflict(result: UploadResult) -> UploadResult:
 
 
 __all__ = [
-    "COMBINED", "PAGE_CACHE", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages", "collect",
-    "commit_index_prefix", "complete_commit_indexes", "gate", "index_prefix", "publish", "publish_pages",
-    "raise_for_conflict", "refuse_conflicting_labels", "update_pages", "upload_each", "upload_file",
-    "variant_documents",
+    "COMBINED", "PAGE_CACHE", "ClosureStep", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
+    "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_unresolvable",
+    "index_prefix", "publish", "publish_pages", "raise_for_conflict", "refuse_conflicting_labels", "update_pages",
+    "upload_each", "upload_file", "variant_documents",
 ]

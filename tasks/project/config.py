@@ -254,6 +254,9 @@ class Publish(_Model):
     # A variant no suite ran on is published marked "PUBLISHED UNTESTED"; false holds it back instead,
     # and also every variant whose suite could not run here, whatever that suite's publish_untested says.
     publish_untested: bool = True
+    # Before anything is uploaded, each variant's wheel must resolve with its dependencies (pip's resolver) from
+    # the index as staged plus extra_index_urls; a variant that does not is held back, naming the requirement.
+    check_dependencies: bool = True
     retention: PublishRetention = PublishRetention()
 
     @model_validator(mode="after")

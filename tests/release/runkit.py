@@ -63,7 +63,8 @@ CLEAN = Checkout(commit="0" * 40, commit_time=1764536823, in_git=True)
 
 
 def make_record(config_path: str | Path, out: Path, wheels: dict[str, list[tuple[str, str]]],
-                units: Sequence[Unit] = (), payload: str = "", source: Checkout = CLEAN) -> RunRecord:
+                units: Sequence[Unit] = (), payload: str = "", source: Checkout = CLEAN,
+                requires: Sequence[str] = ()) -> RunRecord:
     """A run record in the config's artifact store, as a build would leave it (a clean commit by default)."""
     from kiln.tasks.project.config import load_config
 
@@ -73,7 +74,7 @@ def make_record(config_path: str | Path, out: Path, wheels: dict[str, list[tuple
     record = create_record(store, header, out)
     for variant, entries in wheels.items():
         for name, version in entries:
-            path = make_wheel(record.view / "wheels" / variant, name, version, payload=payload)
+            path = make_wheel(record.view / "wheels" / variant, name, version, payload=payload, requires=requires)
             record.add_artifact(path, step="build", kind="wheel", variant=variant)
     for unit in units:
         record.record(unit)

@@ -1,0 +1,112 @@
+"""Dependency closure before publishing: pip's resolver, on the index as staged plus the real dependency indexes.
+
+Every index here is local (the staged one and a ``file://`` dependency index built with ``kiln index``), so
+pip really resolves, offline.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kiln.flows.publish import publish_flow
+from kiln.release.cli import index_command
+from kiln.release.closure import ClosureQuery, Staged, resolve_all
+from kiln.release.manifest import RunManifest, Unit
+from kiln.release.publish import publish
+from kiln.release.store import LocalStore
+from kiln.release.wheels import read_wheel
+
+from .runkit import make_record
+from .test_publish_flow import KILN_TOML
+from .wheelkit import make_wheel
+
+ABSENT = "kiln-test-absent-dependency>=1.0"
+
+
+def _run(root: Path, requires: dict[str, list[str]]) -> RunManifest:
+    """A saved run with a ``demo`` wheel per variant requiring ``requires[variant]``."""
+    run = RunManifest(root=root, run_id=uuid.uuid4().hex, flow="test")
+    for variant, needs in requires.items():
+        path = make_wheel(root / "wheels" / variant, "demo", f"1.0.dev1+{variant}", requires=needs)
+        run.add_artifact(path, step="build", kind="wheel", variant=variant)
+    run.save()
+    return run
+
+
+def _dependency_index(tmp: Path) -> str:
+    """A file:// index holding ``helper 2.0``, as PyPI or a mirror would hold a dependency."""
+    make_wheel(tmp / "dep-wheels", "helper", "2.0")
+    assert index_command(str(tmp / "dep-wheels"), None, str(tmp / "deps")) == 0
+    return (tmp / "deps").as_uri() + "/"
+
+
+def _publish(run: RunManifest, store: LocalStore, variants: list[str], indexes: list[str], extra=()):
+    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=variants, clock=lambda: 1e9,
+                   closure=resolve_all, dependency_indexes=indexes, extra=extra)
+
+
+def test_a_wheel_whose_dependency_no_index_has_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "index")
+    plan = _publish(_run(tmp_path / "run", {"cpu": [ABSENT]}), store, ["cpu"], [_dependency_index(tmp_path)])
+    assert "kiln-test-absent-dependency>=1.0" in plan.skipped["cpu"], plan.skipped
+    assert "demo==1.0.dev1+cpu would not install" in plan.skipped["cpu"]
+    assert plan.uploads == [] and plan.pages == [] and store.list("") == []
+
+
+def test_only_the_variant_that_does_not_resolve_is_held_back(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "index")
+    run = _run(tmp_path / "run", {"cpu": ["helper==2.0"], "cu130": [ABSENT]})
+    plan = _publish(run, store, ["cpu", "cu130"], [_dependency_index(tmp_path)])
+    assert list(plan.skipped) == ["cu130"] and plan.keys("added") == [
+        "nightly/cpu/simple/demo/demo-1.0.dev1+cpu-py3-none-any.whl"]
+    assert store.list("nightly/cu130") == []
+
+
+def test_a_dependency_published_beside_the_wheel_resolves_from_the_staged_index(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "index")
+    pin = make_wheel(tmp_path / "pins", "helper", "2.0")
+    plan = _publish(_run(tmp_path / "run", {"cpu": ["helper==2.0"]}), store, ["cpu"], [], extra=[(None, pin)])
+    assert plan.skipped == {} and len(plan.keys("added")) == 2
+    unpinned = _publish(_run(tmp_path / "run2", {"cpu": ["helper==2.0"]}), LocalStore(tmp_path / "i2"), ["cpu"], [])
+    assert "helper==2.0" in unpinned.skipped["cpu"]  # without the pin or an index that has it: refused
+
+
+def test_the_cache_key_names_the_requirements_not_the_version(tmp_path: Path) -> None:
+    def query(version: str, needs: list[str]) -> ClosureQuery:
+        path = make_wheel(tmp_path / version / "-".join(needs), "demo", version, requires=needs)
+        return ClosureQuery("cpu", Staged(read_wheel(path)[0], path), (), ("https://pypi.org/simple",))
+
+    assert query("1.0.dev1", ["numpy"]).cache_key == query("1.0.dev2", ["numpy"]).cache_key
+    assert query("1.0.dev1", ["numpy"]).cache_key != query("1.0.dev1", ["numpy<2"]).cache_key
+
+
+@pytest.mark.slow
+def test_the_publish_flow_records_the_check_reuses_an_identical_answer_and_holds_back_a_refusal(
+        prefect_server, tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:
+    (tmp_path / "src").mkdir()
+    config = tmp_path / "kiln.toml"
+    deps = _dependency_index(tmp_path)
+    line = 'channels = { nightly = "nightly", release = "release" }'
+    text = KILN_TOML.format(bucket=s3_bucket, endpoint=s3_endpoint)
+    config.write_text(text.replace(line, f'{line}\nextra_index_urls = ["{deps}"]'))
+
+    def nightly(n: int, requires: list[str]) -> tuple[bool, dict[str, Unit]]:
+        out = tmp_path / f"out{n}"
+        run = make_record(config, out, {"cpu": [("demo", f"1.0.dev{n}+cpu")]}, requires=requires)
+        state = publish_flow(config_path=str(config), out=str(out), run_id=run.run_id, return_state=True)
+        return state.is_completed(), {u.id: u for u in RunManifest.load(run.view).units if u.stage == "publish"}
+
+    ok, units = nightly(1, ["helper==2.0"])
+    check = units["publish/dependencies/cpu"]
+    assert ok and check.state == "completed" and "demo==1.0.dev1+cpu resolves" in check.message, check
+    assert "answered by an identical check" not in check.message
+    ok, units = nightly(2, ["helper==2.0"])  # the next nightly asks the same question
+    assert ok and "answered by an identical check" in units["publish/dependencies/cpu"].message
+    ok, units = nightly(3, [ABSENT])
+    assert not ok and units["publish/dependencies/cpu"].state == "failed"
+    assert units["publish/cpu"].state == "skipped" and ABSENT in units["publish/cpu"].message
+    listed = LocalStore(tmp_path / "out3" / "index").get("nightly/cpu/simple/demo/index.json") or b""
+    assert b"1.0.dev3" not in listed
