@@ -1,9 +1,12 @@
 """The release flow: validate → build → test → bench → gate → plan → approve → publish → verify.
 
 Nothing is built before the version and channel are checked against what the
-channel already holds. Benchmarks are compared with the last *published*
-release of the channel (none yet: the gate says so and passes); regressions
-block only on ``[bench] blocking_metrics`` (CPU timings are advisory) unless
+channel already holds. Benchmarks are judged by the regression policy over
+the window of stored nightlies on the same hardware (``[bench.regression]``;
+``suspicious`` and ``insufficient data`` are reported, never blocking); a case
+with too few such runs is compared with the last *published* release of the
+channel (none yet: the gate says so and passes). Regressions block only on
+``[bench] blocking_metrics`` (CPU timings are advisory) unless
 ``allow_regressions`` gives the reason. The approver sees the version, the
 channel, whether it is a dry run and the publish plan (every file to add,
 every page to change) before saying yes. If publishing or verification fails,

@@ -224,8 +224,10 @@ def gate_decision(stages: Mapping[str, tuple[StateName, str]], comparison: Mappi
     ``stages`` maps a stage name to its final state's (type, message);
     ``comparison`` is what the bench stage recorded (:func:`kiln.tasks.bench.compare.comparison_record`).
     A failed build or test always stops the release. A failed bench stops it unless
-    ``allow_regressions`` gives the reason. Regressions on metrics that do not block
-    (CPU timings, by default) are listed as advisory and never stop it.
+    ``allow_regressions`` gives the reason. A regression is the window policy's ``regressed``
+    (or, for a case with too few comparable runs, the single baseline's); ``suspicious`` cases
+    are listed and never stop it. Regressions on metrics that do not block (CPU timings, by
+    default) are listed as advisory and never stop it.
     """
     failed = {name: message for name, (kind, message) in stages.items() if kind != COMPLETED}
     head, blocking, advisory = _bench_lines(comparison)

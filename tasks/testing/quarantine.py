@@ -176,7 +176,8 @@ def render(quarantine: QuarantineList, where: str) -> str:
     """``kiln quarantine``: each quarantined test, why and since when, as plain text."""
     if not quarantine.entries:
         return f"no test is quarantined ({where})\n"
-    lines = [f"{len(quarantine.entries)} quarantined tests ({where}): they run and are reported, "
+    count = len(quarantine.entries)
+    lines = [f"{count} quarantined test{'s' if count != 1 else ''} ({where}): they run and are reported, "
              "and their failures do not gate publishing"]
     for row in rows(quarantine):
         lines += [f"  {row['unit']}  {row['test']}", f"    {row['why']}; since run {row['since run']} ({row['since']})"]
