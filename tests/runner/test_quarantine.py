@@ -148,3 +148,22 @@ def test_kiln_quarantine_lists_the_stored_list(tmp_path: Path, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[1:] == [f"  {UNIT}  {NODE}",
                                     f"    failed 1 of 3 on {COMMIT[:12]}; since run run-2 (1970-01-01 00:16)"]
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"windw": 3}, "unknown key 'testing.quarantine.windw'; did you mean 'window'?"),
+    ({"band_low": 0.7, "band_high": 0.5}, "testing.quarantine: band_low (0.7) cannot exceed band_high (0.5)"),
+    ({"min_runs": 12}, "testing.quarantine: min_runs (12) cannot exceed window (10)"),
+    ({"release_after": 0}, "testing.quarantine.release_after: Input should be greater than or equal to 1"),
+])
+def test_a_bad_quarantine_table_is_refused_naming_the_key(table, message):
+    import tomllib
+
+    from kiln.release.errors import ConfigError
+    from kiln.tasks.project.config import parse_config
+    from tests.helpers.gitrepo import FIXTURES
+
+    data = tomllib.loads((FIXTURES / "tiny" / "kiln.toml").read_text())
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**data, "testing": {"quarantine": table}}, FIXTURES / "tiny")
+    assert message in str(raised.value)
