@@ -1,7 +1,7 @@
 """The install hint and the summary's first lines, rendered from a run's recorded facts alone.
 
 The facts (``run.json`` info ``install``, ``published_untested``,
-``published_without_suite``) are what the publish step read from what it
+``published_without_suite``, ``published_uninstallable``) are what the publish step read from what it
 published (:mod:`kiln.tasks.install_hint`, :mod:`kiln.tasks.releasing`); this
 module only words them, so the terminal and the Prefect UI say the same.
 """
@@ -23,6 +23,8 @@ def first_lines(info: Mapping[str, Any]) -> list[str]:
              for variant, why in sorted(dict(info.get("published_untested") or {}).items())]
     without_suite = dict(info.get("published_without_suite") or {})
     lines += [f"PUBLISHED UNTESTED: {why}" for _, why in sorted(without_suite.items())]
+    lines += [f"PUBLISHED, WILL NOT INSTALL: {variant}: {why}"
+              for variant, why in sorted(dict(info.get("published_uninstallable") or {}).items())]
     install = info.get("install")
     check = install.get("extra_check") if isinstance(install, dict) else None
     if isinstance(install, dict) and isinstance(check, dict) and check.get("state") == "below":

@@ -175,15 +175,16 @@ def check_dependencies(query: ClosureQuery) -> ClosureResult:
     return result
 
 
-def closure_task(run: RunRecord) -> ClosureStep:
-    """The dependency checks as task runs at once, each answer as the publish/dependencies/<variant> unit."""
+def closure_task(run: RunRecord, refuse: bool = True) -> ClosureStep:
+    """The dependency checks as task runs at once, each answer as the publish/dependencies/<variant> unit
+    (failed when it refuses the variant; with ``refuse`` False a warning on a completed unit)."""
     def step(queries: Sequence[ClosureQuery]) -> list[ClosureResult]:
         futures = [check_dependencies.submit(query) for query in queries]
-        return [_answer(run, query, future) for query, future in zip(queries, futures, strict=True)]
+        return [_answer(run, query, future, refuse) for query, future in zip(queries, futures, strict=True)]
     return step
 
 
-def _answer(run: RunRecord, query: ClosureQuery, future: Any) -> ClosureResult:
+def _answer(run: RunRecord, query: ClosureQuery, future: Any, refuse: bool) -> ClosureResult:
     future.wait()
     state = future.state
     answer = state.result(raise_on_failure=False)
@@ -191,8 +192,10 @@ def _answer(run: RunRecord, query: ClosureQuery, future: Any) -> ClosureResult:
     if not isinstance(result, ClosureResult):
         result = ClosureResult(False, "", f"the check did not finish: {state.message}")
     cached = " (answered by an identical check within the last 12 h)" if state.name == "Cached" else ""
-    record(run, Unit(f"publish/dependencies/{query.variant}", "publish", "completed" if result.ok else "failed",
-                     variant=query.variant, message=result.describe(query) + cached))
+    warning = "" if result.ok or refuse else "WARNING, published anyway ([publish] check_dependencies = warn): "
+    record(run, Unit(f"publish/dependencies/{query.variant}", "publish",
+                     "completed" if result.ok or not refuse else "failed", variant=query.variant,
+                     message=warning + result.describe(query) + cached))
     return result
 
 
@@ -237,6 +240,8 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
     run.set_info("index_url" if not plan.dry_run else "dry_run_index_url", indexes)
     run.set_info("commit_index_url" if not plan.dry_run else "dry_run_commit_index_url", commits)
     run.set_info("publish_plan", plan.to_markdown())
+    if not plan.dry_run:
+        run.set_info("published_uninstallable", plan.uninstallable)
     for url in commits:
         get_run_logger().info("per-commit index (this commit's wheels only): %s", url)
     links = "\n".join([*(f"- index: <{url}>" for url in indexes),
@@ -266,12 +271,13 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
         return finish_stage(run, "publish", "Publish")
     store, extra, allowed = prepare_publish(run, config, target, channel, dry_run)
     variants, held = releasing.variants_to_publish(config, run.manifest())  # [publish] publish_untested
+    check = config.publish.check_dependencies
     plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
                    variants=variants, extra=extra, untested_ok=allowed, dry_run=dry_run,
                    upload=upload_tasks(run, channel), pages=pages_task(run), commit=publish_commit(run, channel),
                    statuses=project_statuses(config),
-                   closure=closure_task(run) if config.publish.check_dependencies else None,
-                   dependency_indexes=config.publish.extra_index_urls)
+                   closure=None if check == "off" else closure_task(run, refuse=check == "refuse"),
+                   dependency_indexes=config.publish.extra_index_urls, closure_refuses=check == "refuse")
     plan.skipped.update(held)
     report_plan(run, config, plan)
     return finish_stage(run, "publish", "Publish")

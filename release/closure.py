@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 RESOLVE_TIMEOUT_S = 600.0  # pip reads every dependency's page and metadata from the extra indexes
 PARALLEL = 4  # variants resolved at once
+MAX_CAUSES = 3  # of the conflicting pins pip lists (one per candidate version it tried)
 _NOT_FOUND = re.compile(r"No matching distribution found for (.+)")
 _NO_VERSION = re.compile(r"Could not find a version that satisfies the requirement (\S+)")
 
@@ -112,7 +113,7 @@ def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureR
         report = Path(tmp) / "report.json"
         extras = [flag for url in query.extra_index_urls for flag in ("--extra-index-url", url)]
         cmd = [sys.executable, "-I", "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed",
-               "--disable-pip-version-check", "--no-input", "--quiet", "--report", str(report),
+               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--report", str(report),
                "--index-url", index, *extras, query.requirement]
         log.info("resolving %s: %s", query.requirement, " ".join(cmd))
         try:
@@ -122,10 +123,20 @@ def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureR
         if done.returncode == 0:
             installs = json.loads(report.read_text()).get("install", [])
             return ClosureResult(True, "", f"{len(installs)} distributions")
-        text = done.stderr or done.stdout
-        found = _NOT_FOUND.search(text) or _NO_VERSION.search(text)
-        tail = " ".join(line.strip() for line in text.strip().splitlines()[-3:])
-        return ClosureResult(False, found.group(1).strip() if found else "", tail[-800:])
+        return _refusal(done.stdout + "\n" + done.stderr)
+
+
+def _refusal(text: str) -> ClosureResult:
+    """pip's refusal: the requirement no index has, or the conflicting pins pip lists."""
+    found = _NOT_FOUND.search(text) or _NO_VERSION.search(text)
+    conflict = text.split("The conflict is caused by:", 1)[1].strip().split("\n\n", 1)[0] \
+        if "The conflict is caused by:" in text else ""
+    if conflict:
+        causes = list(dict.fromkeys(line.strip() for line in conflict.splitlines() if line.strip()))
+        more = f"; and {len(causes) - MAX_CAUSES} more" if len(causes) > MAX_CAUSES else ""
+        return ClosureResult(False, "", f"conflicting pins: {'; '.join(causes[:MAX_CAUSES])}{more}")
+    errors = [line.strip() for line in text.splitlines() if line.startswith("ERROR:")]
+    return ClosureResult(False, found.group(1).strip() if found else "", " ".join(errors)[-800:])
 
 
 def resolve_all(queries: Sequence[ClosureQuery], timeout: float = RESOLVE_TIMEOUT_S) -> list[ClosureResult]:

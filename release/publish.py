@@ -182,6 +182,7 @@ class Plan:
     commit_indexes: list[str] = field(default_factory=list)  # per-commit index roots on the target after the pages
     commit_held: dict[str, str] = field(default_factory=dict)  # variant -> why its per-commit index is not written
     variants_refused: dict[str, str] = field(default_factory=dict)  # project -> why the combined index refused it
+    uninstallable: dict[str, str] = field(default_factory=dict)  # variant -> why it will not install (published)
 
     def commit_index_urls(self) -> list[str]:
         return [f"{self.target}/{index}/" for index in self.commit_indexes]
@@ -204,6 +205,8 @@ class Plan:
         lines.extend(f"- per-commit index of `{v}` not written: {why}" for v, why in sorted(self.commit_held.items()))
         lines.extend(f"- `{p}` not published to the combined index `{COMBINED}`: {why}"
                      for p, why in sorted(self.variants_refused.items()))
+        lines.extend(f"- variant `{v}` published although it will not install: {why}"
+                     for v, why in sorted(self.uninstallable.items()))
         return "\n".join(lines) + "\n"
 
 
@@ -514,7 +517,7 @@ def publish(
     clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
     untested_ok: Iterable[str] = (), upload: UploadStep = upload_each, pages: PagesStep | None = None,
     commit: str = "", statuses: Mapping[str, ProjectStatus] | None = None, closure: ClosureStep | None = None,
-    dependency_indexes: Sequence[str] = (),
+    dependency_indexes: Sequence[str] = (), closure_refuses: bool = True,
 ) -> Plan:
     """The whole protocol — verify, upload wheel then sidecar, then pages — in one call.
 
@@ -526,17 +529,22 @@ def publish(
     nightly's full sha) also writes each variant's per-commit index;
     ``statuses`` are the PEP 792 statuses of projects by normalised name. ``closure``: before anything
     is uploaded, each variant's wheel must resolve with its dependencies from its staged index and
-    ``dependency_indexes`` (:func:`check_closure`); a variant that does not is held back, named. Against a
+    ``dependency_indexes`` (:func:`check_closure`); a variant that does not is held back, named (with
+    ``closure_refuses`` False it is published and listed in the plan's ``uninstallable``). Against a
     :class:`~kiln.release.staging.StagingStore` it is the plan of a publish
     (what the release shows its approver), with the target untouched.
     """
     uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses)
     unresolved = check_closure(uploads, dependency_indexes, closure) if closure is not None else {}
-    skipped.update(unresolved)
-    if unresolved and any(u.variant == COMBINED for u in uploads):
-        skipped[COMBINED] = f"not published: variants {', '.join(sorted(unresolved))} would not install (above)"
-    uploads, refused = refuse_conflicting_labels(store, hold_unresolvable(uploads, unresolved))
-    plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run, variants_refused=refused)
+    uninstallable = {} if closure_refuses else unresolved
+    if closure_refuses:
+        skipped.update(unresolved)
+        if unresolved and any(u.variant == COMBINED for u in uploads):
+            skipped[COMBINED] = f"not published: variants {', '.join(sorted(unresolved))} would not install (above)"
+        uploads = hold_unresolvable(uploads, unresolved)
+    uploads, refused = refuse_conflicting_labels(store, uploads)
+    plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run, variants_refused=refused,
+                uninstallable=uninstallable)
     plan.results = upload(store, uploads)
     ready, plan.commit_held = complete_commit_indexes(uploads, plan.results)
     if refused and commit:  # a commit's combined index would lack the refused project: complete or absent

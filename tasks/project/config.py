@@ -255,8 +255,10 @@ class Publish(_Model):
     # and also every variant whose suite could not run here, whatever that suite's publish_untested says.
     publish_untested: bool = True
     # Before anything is uploaded, each variant's wheel must resolve with its dependencies (pip's resolver) from
-    # the index as staged plus extra_index_urls; a variant that does not is held back, naming the requirement.
-    check_dependencies: bool = True
+    # the index as staged plus extra_index_urls. "refuse": a variant that does not is held back, naming the
+    # requirement or the conflict; "warn": it is published, and the summary's first lines say it will not
+    # install; "off": no check.
+    check_dependencies: Literal["refuse", "warn", "off"] = "refuse"
     retention: PublishRetention = PublishRetention()
 
     @model_validator(mode="after")

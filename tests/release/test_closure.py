@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.flows.hint import first_lines
 from kiln.flows.publish import publish_flow
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, resolve_all
@@ -110,3 +111,22 @@ def test_the_publish_flow_records_the_check_reuses_an_identical_answer_and_holds
     assert units["publish/cpu"].state == "skipped" and ABSENT in units["publish/cpu"].message
     listed = LocalStore(tmp_path / "out3" / "index").get("nightly/cpu/simple/demo/index.json") or b""
     assert b"1.0.dev3" not in listed
+
+
+def test_conflicting_pins_are_named_and_warn_publishes_the_variant_marked(tmp_path: Path) -> None:
+    make_wheel(tmp_path / "dep-wheels", "helper", "1.0")
+    make_wheel(tmp_path / "dep-wheels", "helper", "2.0")
+    make_wheel(tmp_path / "dep-wheels", "other", "1.0", requires=["helper==1.0"])
+    assert index_command(str(tmp_path / "dep-wheels"), None, str(tmp_path / "deps")) == 0
+    deps = [(tmp_path / "deps").as_uri() + "/"]
+    run = _run(tmp_path / "run", {"cpu": ["helper==2.0", "other"]})
+    refused = _publish(run, LocalStore(tmp_path / "a"), ["cpu"], deps)
+    why = refused.skipped["cpu"]
+    assert "conflicting pins:" in why and "depends on helper==2.0" in why and "other 1.0 depends on helper==1.0" in why
+    store = LocalStore(tmp_path / "b")
+    warned = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"], clock=lambda: 1e9,
+                     closure=resolve_all, dependency_indexes=deps, closure_refuses=False)
+    assert warned.skipped == {} and list(warned.uninstallable) == ["cpu"] and warned.keys("added")
+    assert "published although it will not install" in warned.to_markdown()
+    assert first_lines({"published_uninstallable": warned.uninstallable})[0].startswith(
+        "PUBLISHED, WILL NOT INSTALL: cpu: demo==1.0.dev1+cpu would not install")
