@@ -86,6 +86,11 @@ def plot_trend(history: Sequence[BenchResults], path: Path) -> Path:
         ax.set_xticks(range(len(history)), ticks, fontsize=6, rotation=45, ha="right")
     top.set_ylabel("kernel time (µs, median)")
     top.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter  # matplotlib is imported lazily (see _figure)
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 1.5, not 1.5 × 10⁰: a narrow range gets minor ticks only
+    top.yaxis.set_major_formatter(plain)
+    top.yaxis.set_minor_formatter(plain)
     bottom.set_ylabel("speed-up vs reference (×)")
     top.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.set_title(f"history: {len(history)} runs · {history[-1].variant} · {history[-1].decision_metric}")
