@@ -154,7 +154,10 @@ def prune(store: DeletingStore, *, channel: str, channel_prefix: str, retention:
     due = {ix.root: _yank_phase(store, ix, retention, now, plan, dry_run, sleep) for ix in indexes}
     for ix in indexes:
         _remove_phase(store, ix, due[ix.root], plan, dry_run, sleep)
-    linked = {} if dry_run else links_under(store, prefix)
+    # A dry run changed no page: what still links a due object is any page but the ones the prune rewrites
+    # (the channel's, which drop it) or deletes (the per-commit indexes listing it).
+    unseen = {ix.root for ix in indexes} | set(plan.commit_indexes) if dry_run else set()
+    linked = links_under(store, prefix, unseen)
     for ix in indexes:
         _delete_phase(store, ix, due[ix.root], linked, plan, dry_run, sleep)
     log.info("prune of %s/%s%s: %d yanked, %d removed, %d objects deleted", store.url, prefix,
@@ -358,10 +361,13 @@ def page_links(store: Store, page_key: str) -> list[str]:
         raise InvalidInputError(f"{store.url}/{page_key} is not a PEP 691 page: {exc!r}") from exc
 
 
-def links_under(store: Store, prefix: str) -> dict[str, str]:
-    """``{object key: a page linking it}`` over every JSON page under ``prefix``, with their sidecars."""
+def links_under(store: Store, prefix: str, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
+    """``{object key: a page linking it}`` over every JSON page under ``prefix`` (but the index roots in
+    ``skip``), with their sidecars."""
     linked: dict[str, str] = {}
-    for pages in _pages_by_root(store, f"{prefix}/").values():
+    for root, pages in _pages_by_root(store, f"{prefix}/").items():
+        if root in skip:
+            continue
         for page in pages:
             for key in page_links(store, page):
                 linked.setdefault(key, page)

@@ -171,8 +171,10 @@ def test_an_object_another_page_still_links_is_not_deleted(two: LocalStore, tmp_
     page = two.get(f"{commit_index_prefix('nightly', 'cpu', COMMITS[0])}/demo/index.json") or b""
     alias = "nightly/cpu/aliases/first/simple"
     two.put_page(f"{alias}/demo/index.json", page, "application/json", "no-cache", None)  # same depth
-    plan = _prune(two)
     old = f"{CPU}/demo/demo-1.0.dev1-py3-none-any.whl"
+    ahead = _prune(two, dry_run=True)
+    assert old in ahead.held and old not in ahead.deleted  # the dry run sees the alias too
+    plan = _prune(two)
     assert old in plan.held and f"{alias}/demo/index.json" in plan.held[old]
     assert two.get(old) is not None and broken_links(_local_read(two.root), two.list("")) == []
 
