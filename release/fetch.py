@@ -352,10 +352,11 @@ def open_source(url: str, timeout: float, settings: StoreSettings | None = None,
         return StoreSource(LocalStore(local_path(scope)), root, limits, scope)
     if scheme == "s3":
         settings = settings or StoreSettings()
-        # Its own keys only: the verifier serves this store to pip from its root (a per-commit index's
-        # links to its channel are refused here, and reported).
-        store = open_store(root.rstrip("/"), root=Path("."), region=settings.region, endpoint=settings.endpoint,
+        # Its own keys only (a per-commit index's: its variant's directory, where its links lead); the verifier
+        # serves this store to pip from the scope, and pip reads the index at its path below it.
+        scope = commit_index_scope(root)
+        store = open_store(scope.rstrip("/"), root=Path("."), region=settings.region, endpoint=settings.endpoint,
                            expected_owner=settings.expected_owner, session=settings.session)
         log.info("reading %s through %s", root, store.url)
-        return StoreSource(store, root, limits)
+        return StoreSource(store, root, limits, scope)
     raise InvalidInputError(f"index URL {url!r}: scheme must be http://, https://, file:// or s3://")

@@ -341,7 +341,7 @@ def _install_url(source: IndexSource, report: VerifyReport) -> Iterator[str]:
     if isinstance(source, StoreSource) and urlsplit(source.root).scheme == "s3":
         with IndexServer(source.store) as server:
             report.notes.append(f"pip and uv installed through Kiln's server on loopback over {source.store.url}")
-            yield server.url
+            yield server.url + source.root[len(source.scope):]  # a per-commit index: its path below the scope
     else:
         yield source.root
 

@@ -11,6 +11,7 @@ import pytest
 
 from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_markdown, render_text
+from kiln.release.fetch import StoreSettings
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.manifest import RunManifest
 from kiln.release.record import Checkout
@@ -84,3 +85,10 @@ def test_on_s3_the_commit_index_resolves_and_a_variant_with_a_conflict_gets_none
     target = posixpath.normpath(posixpath.dirname(page_key) + "/" + unquote(entry["url"]))
     assert target == "nightly/cpu/simple/other/other-2.0-py3-none-any.whl"
     assert sha256_bytes(store.get(target)) == entry["hashes"]["sha256"]
+    # `kiln verify s3://…/commits/<commit12>/simple/` reads the channel objects its pages link, and pip and uv
+    # install through Kiln's loopback server at the commit index's path
+    settings = StoreSettings("us-east-1", s3_endpoint, session=s3_session)
+    report = verify_index(f"s3://{s3_bucket}/simple/nightly/cpu/commits/c0ffee012345/simple/", install=True,
+                          timeout=300, settings=settings)
+    assert not report.problems and not report.refused, report.problems
+    assert report.installs == {"pip other==2.0": "ok", "uv other==2.0": "ok"}
