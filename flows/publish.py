@@ -167,7 +167,9 @@ class UnresolvedDependencies(PermanentError):
 # The same requirements from the same indexes give the same answer for a while: nightly after nightly
 # asks it again (kiln.release.closure). Only an answer that resolved is kept; a refusal is asked again.
 @task(name="check-dependencies", cache_key_fn=lambda _, params: params["query"].cache_key,
-      cache_expiration=DEPENDENCY_CACHE, task_run_name="dependencies of {query.requirement} ({query.variant})")
+      cache_expiration=DEPENDENCY_CACHE, task_run_name="dependencies of {query.requirement} ({query.variant})",
+      retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_jitter_factor=RETRY_JITTER,
+      retry_condition_fn=retry_on_retryable)  # an index that did not answer, a full disk: asked again
 def check_dependencies(query: ClosureQuery) -> ClosureResult:
     result = resolve(query)
     if not result.ok:

@@ -34,6 +34,7 @@ from email.parser import BytesParser
 from pathlib import Path
 
 from kiln.release.dists import Distribution
+from kiln.release.errors import InfrastructureError
 from kiln.release.index import generate
 from kiln.release.wheels import core_metadata
 
@@ -112,22 +113,28 @@ def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureR
         index = stage_index([query.wheel, *query.beside], Path(tmp))
         report = Path(tmp) / "report.json"
         extras = [flag for url in query.extra_index_urls for flag in ("--extra-index-url", url)]
+        # fast-deps: each wheel's metadata by HTTP range requests where the index serves no PEP 658 sidecar,
+        # never the whole wheel (a CUDA torch's closure is gigabytes); pip >= 25.3 keeps a dry run at that.
         cmd = [sys.executable, "-I", "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed",
-               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--report", str(report),
-               "--index-url", index, *extras, query.requirement]
+               "--use-feature=fast-deps", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+               "--report", str(report), "--index-url", index, *extras, query.requirement]
         log.info("resolving %s: %s", query.requirement, " ".join(cmd))
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            return ClosureResult(False, "", f"pip did not finish resolving in {timeout:.0f} s")
+        except subprocess.TimeoutExpired as exc:
+            raise InfrastructureError(f"pip did not finish resolving {query.requirement} in {timeout:.0f} s") from exc
         if done.returncode == 0:
             installs = json.loads(report.read_text()).get("install", [])
             return ClosureResult(True, "", f"{len(installs)} distributions")
-        return _refusal(done.stdout + "\n" + done.stderr)
+        return read_refusal(query, done.stdout + "\n" + done.stderr)
 
 
-def _refusal(text: str) -> ClosureResult:
-    """pip's refusal: the requirement no index has, or the conflicting pins pip lists."""
+def read_refusal(query: ClosureQuery, text: str) -> ClosureResult:
+    """pip's refusal: the requirement no index has, or the conflicting pins pip lists.
+
+    Anything else (a full disk, an index that did not answer) is no answer about the dependencies:
+    an :class:`InfrastructureError`, which the publish flow's task retries.
+    """
     found = _NOT_FOUND.search(text) or _NO_VERSION.search(text)
     conflict = text.split("The conflict is caused by:", 1)[1].strip().split("\n\n", 1)[0] \
         if "The conflict is caused by:" in text else ""
@@ -135,16 +142,25 @@ def _refusal(text: str) -> ClosureResult:
         causes = list(dict.fromkeys(line.strip() for line in conflict.splitlines() if line.strip()))
         more = f"; and {len(causes) - MAX_CAUSES} more" if len(causes) > MAX_CAUSES else ""
         return ClosureResult(False, "", f"conflicting pins: {'; '.join(causes[:MAX_CAUSES])}{more}")
-    errors = [line.strip() for line in text.splitlines() if line.startswith("ERROR:")]
-    return ClosureResult(False, found.group(1).strip() if found else "", " ".join(errors)[-800:])
+    errors = " ".join(line.strip() for line in text.splitlines() if line.startswith("ERROR:"))[-800:]
+    if found is None and "ResolutionImpossible" not in text:
+        raise InfrastructureError(f"pip could not check {query.requirement}: {errors or text.strip()[-800:]}")
+    return ClosureResult(False, found.group(1).strip() if found else "", errors)
 
 
 def resolve_all(queries: Sequence[ClosureQuery], timeout: float = RESOLVE_TIMEOUT_S) -> list[ClosureResult]:
     """:func:`resolve` for every query at once (pip mostly waits on the indexes), answers in order."""
     if not queries:
         return []
+    def answer(query: ClosureQuery) -> ClosureResult:
+        try:
+            return resolve(query, timeout)
+        except InfrastructureError as exc:  # no answer is not a yes: the variant is not shown to install
+            return ClosureResult(False, "", f"the check did not run to an answer: {exc}")
+
     with ThreadPoolExecutor(max_workers=min(len(queries), PARALLEL)) as pool:
-        return list(pool.map(lambda query: resolve(query, timeout), queries))
+        return list(pool.map(answer, queries))
 
 
-__all__ = ["ClosureQuery", "ClosureResult", "RESOLVE_TIMEOUT_S", "Staged", "resolve", "resolve_all", "stage_index"]
+__all__ = ["ClosureQuery", "ClosureResult", "RESOLVE_TIMEOUT_S", "Staged", "read_refusal", "resolve", "resolve_all",
+           "stage_index"]

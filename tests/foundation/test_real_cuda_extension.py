@@ -89,7 +89,9 @@ def test_torchsort_as_published_goes_through_kiln_init_and_the_nightly_and_insta
     assert units["test/gpu/cu130"].state == "not_run"
     assert sorted(uid.split("/")[1] for uid, u in units.items()
                   if uid.startswith("publish/") and uid != "publish/pages" and u.state == "completed"
-                  and not uid.startswith("publish/wheel-variants/")) == ["cpu", "cu130"]  # the combined index's aside
+                  and not uid.startswith(("publish/wheel-variants/", "publish/dependencies/"))) == ["cpu", "cu130"]
+    # each variant's wheel resolves with its dependencies (the CUDA torch for cu130) from PyPI before it is published
+    assert [units[f"publish/dependencies/{v}"].state for v in ("cpu", "cu130")] == ["completed", "completed"]
     wheels = {a.variant: run.root / a.path for a in run.artifacts_of("wheel")}
     assert set(wheels) == {"cu130", "cpu"}
 

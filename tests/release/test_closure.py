@@ -14,7 +14,8 @@ import pytest
 from kiln.flows.hint import first_lines
 from kiln.flows.publish import publish_flow
 from kiln.release.cli import index_command
-from kiln.release.closure import ClosureQuery, Staged, resolve_all
+from kiln.release.closure import ClosureQuery, Staged, read_refusal, resolve_all
+from kiln.release.errors import InfrastructureError
 from kiln.release.manifest import RunManifest, Unit
 from kiln.release.publish import publish
 from kiln.release.store import LocalStore
@@ -85,7 +86,7 @@ def test_the_cache_key_names_the_requirements_not_the_version(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_the_publish_flow_records_the_check_reuses_an_identical_answer_and_holds_back_a_refusal(
+def test_the_publish_flow_records_the_check_reuses_an_identical_answer_and_holds_back_aread_refusal(
         prefect_server, tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:
     (tmp_path / "src").mkdir()
     config = tmp_path / "kiln.toml"
@@ -130,3 +131,13 @@ def test_conflicting_pins_are_named_and_warn_publishes_the_variant_marked(tmp_pa
     assert "published although it will not install" in warned.to_markdown()
     assert first_lines({"published_uninstallable": warned.uninstallable})[0].startswith(
         "PUBLISHED, WILL NOT INSTALL: cpu: demo==1.0.dev1+cpu would not install")
+
+
+def test_a_pip_failure_that_is_no_answer_is_an_infrastructure_error_not_a_verdict(tmp_path: Path) -> None:
+    path = make_wheel(tmp_path, "demo", "1.0")
+    query = ClosureQuery("cpu", Staged(read_wheel(path)[0], path), (), ())
+    full_disk = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n"
+    with pytest.raises(InfrastructureError, match="No space left on device"):
+        read_refusal(query, full_disk)
+    missing = "ERROR: No matching distribution found for torch==9.9\n"
+    assert read_refusal(query, missing).missing == "torch==9.9"
