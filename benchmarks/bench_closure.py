@@ -3,11 +3,12 @@
 - **check** (what every publish runs per variant unless the Prefect task cache answers):
   :func:`kiln.release.closure.resolve` — stage the variant's index (pages, sidecars, links to the files),
   then ``pip install --isolated --dry-run --report`` of the wheel from it plus the dependency indexes.
-- **baseline** (measured in the same run, alternating): ``pip install --isolated --dry-run`` of the wheel's
-  requirements alone from the same dependency indexes — the resolution any check must pay.
+- **baseline** (measured in the same run, alternating): the plain ``pip install --isolated --dry-run`` of the
+  wheel's requirements alone from the same dependency indexes, without ``fast-deps``: where an index serves no
+  PEP 658 metadata (this machine's PyPI) pip downloads every wheel of the closure to read its metadata.
 
 The wheel carries the default project's requirements (torch, triton, numpy, kiln-runtime beside it); the
-dependency index is PyPI, so both sides are network-bound and pip's HTTP cache is warm after the first.
+dependency index is PyPI, so both sides are network-bound.
 Usage::
 
     python benchmarks/bench_closure.py [--runs 3] [--index https://pypi.org/simple]
