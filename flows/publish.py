@@ -230,6 +230,8 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
     """Skipped variants as units; the plan, index links and install hint in the record and as an artifact."""
     for variant, why in plan.skipped.items():
         record(run, Unit(f"publish/{variant}", "publish", "skipped", variant=variant, message=why))
+    for key, why in sorted(plan.frozen.items()):  # a new file of an archived project: not uploaded, said
+        record(run, Unit(f"publish/{key}", "publish", "skipped", variant=key.split("/", 1)[0], message=why))
     for project, why in sorted(plan.variants_refused.items()):  # a conflicting variant label: this unit fails
         record(run, Unit(f"publish/{COMBINED}/{project}", "publish", "failed", message=why))
     facts = releasing.publish_facts(config, run.manifest(), plan)

@@ -183,6 +183,7 @@ class Plan:
     commit_held: dict[str, str] = field(default_factory=dict)  # variant -> why its per-commit index is not written
     variants_refused: dict[str, str] = field(default_factory=dict)  # project -> why the combined index refused it
     uninstallable: dict[str, str] = field(default_factory=dict)  # variant -> why it will not install (published)
+    frozen: dict[str, str] = field(default_factory=dict)  # "<variant>/<file>" -> why not uploaded (PEP 792)
 
     def commit_index_urls(self) -> list[str]:
         return [f"{self.target}/{index}/" for index in self.commit_indexes]
@@ -207,6 +208,7 @@ class Plan:
                      for p, why in sorted(self.variants_refused.items()))
         lines.extend(f"- variant `{v}` published although it will not install: {why}"
                      for v, why in sorted(self.uninstallable.items()))
+        lines.extend(f"- `{k}` not uploaded: {why}" for k, why in sorted(self.frozen.items()))
         return "\n".join(lines) + "\n"
 
 
@@ -282,6 +284,26 @@ def collect(
         uploads.append(Upload(COMBINED, index_prefix(channel_prefix, COMBINED), dist, path, combined_commit,
                               (statuses or {}).get(dist.project, ACTIVE), beside=path not in variant_wheels))
     return uploads, skipped
+
+
+FROZEN = ("archived", "quarantined")  # PEP 792 statuses whose project takes no new file
+
+
+def hold_frozen(store: Store, uploads: Sequence[Upload]) -> tuple[list[Upload], dict[str, str]]:
+    """The uploads without the new files of an archived or quarantined project (PEP 792: no new uploads).
+
+    A file the target already holds stays: its pages are rewritten (with the new status marker).
+    """
+    kept, frozen = [], {}
+    for item in uploads:
+        if item.status.status in FROZEN and store.head(item.key) is None:
+            why = f"{item.dist.project} is {item.status.status} ([project] status, PEP 792): it takes no new files"
+            frozen[f"{item.variant}/{item.dist.filename}"] = why
+        else:
+            kept.append(item)
+    if frozen:
+        log.warning("not uploaded (%s): %s", "PEP 792 status", ", ".join(sorted(frozen)))
+    return kept, frozen
 
 
 def check_closure(uploads: Sequence[Upload], dependency_indexes: Sequence[str],
@@ -535,6 +557,7 @@ def publish(
     (what the release shows its approver), with the target untouched.
     """
     uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses)
+    uploads, frozen = hold_frozen(store, uploads)
     unresolved = check_closure(uploads, dependency_indexes, closure) if closure is not None else {}
     uninstallable = {} if closure_refuses else unresolved
     if closure_refuses:
@@ -544,7 +567,7 @@ def publish(
         uploads = hold_unresolvable(uploads, unresolved)
     uploads, refused = refuse_conflicting_labels(store, uploads)
     plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run, variants_refused=refused,
-                uninstallable=uninstallable)
+                uninstallable=uninstallable, frozen=frozen)
     plan.results = upload(store, uploads)
     ready, plan.commit_held = complete_commit_indexes(uploads, plan.results)
     if refused and commit:  # a commit's combined index would lack the refused project: complete or absent
@@ -613,7 +636,7 @@ def raise_for_conflict(result: UploadResult) -> UploadResult:
 
 __all__ = [
     "COMBINED", "PAGE_CACHE", "ClosureStep", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
-    "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_unresolvable",
-    "index_prefix", "publish", "publish_pages", "raise_for_conflict", "refuse_conflicting_labels", "update_pages",
-    "upload_each", "upload_file", "variant_documents",
+    "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_frozen",
+    "hold_unresolvable", "index_prefix", "publish", "publish_pages", "raise_for_conflict", "refuse_conflicting_labels",
+    "update_pages", "upload_each", "upload_file", "variant_documents",
 ]

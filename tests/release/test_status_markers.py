@@ -94,14 +94,33 @@ def test_a_publish_writes_the_configured_status_on_its_project_and_active_on_the
     store = LocalStore(tmp_path / "index")
     publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"],
             extra=[(None, tmp_path / "pins" / pinned.path)],
-            statuses={"demo": ProjectStatus("archived", "moved to demo2")})
+            statuses={"demo": ProjectStatus("deprecated", "moved to demo2")})
     demo = store.get("nightly/cpu/simple/demo/index.json")
     helper = store.get("nightly/cpu/simple/helper/index.json")
     assert demo is not None and helper is not None
-    assert parse_json(demo)["project-status"] == {"status": "archived", "reason": "moved to demo2"}
+    assert parse_json(demo)["project-status"] == {"status": "deprecated", "reason": "moved to demo2"}
     assert parse_json(helper)["project-status"] == {"status": "active"}
     html = store.get("nightly/cpu/simple/demo/index.html")
-    assert html is not None and parse_html(html)[0]["pypi:project-status"] == "archived"
+    assert html is not None and parse_html(html)[0]["pypi:project-status"] == "deprecated"
+
+
+@pytest.mark.parametrize("status", ["archived", "quarantined"])
+def test_an_archived_or_quarantined_project_takes_no_new_file_but_its_pages_state_the_status(
+        tmp_path: Path, status: str) -> None:
+    store = LocalStore(tmp_path / "index")
+    first = make_run(tmp_path / "one", {"cpu": [("demo", "1.0")]})
+    publish(first, store, channel="nightly", channel_prefix="nightly", variants=["cpu"])
+    frozen = {"demo": ProjectStatus(status, "moved to demo2")}
+    newer = publish(make_run(tmp_path / "two", {"cpu": [("demo", "1.1")]}), store, channel="nightly",
+                    channel_prefix="nightly", variants=["cpu"], statuses=frozen)
+    assert newer.frozen == {"cpu/demo-1.1-py3-none-any.whl": f"demo is {status} ([project] status, PEP 792): it "
+                                                              "takes no new files"}
+    assert newer.keys("added") == [] and store.get("nightly/cpu/simple/demo/demo-1.1-py3-none-any.whl") is None
+    assert "`cpu/demo-1.1-py3-none-any.whl` not uploaded" in newer.to_markdown()
+    again = publish(first, store, channel="nightly", channel_prefix="nightly", variants=["cpu"], statuses=frozen)
+    assert again.keys("present") and not again.frozen  # what it already holds stays, its page states the status
+    page = parse_json(store.get("nightly/cpu/simple/demo/index.json") or b"{}")
+    assert page["project-status"]["status"] == status and page["versions"] == ["1.0"]
 
 
 def test_a_changed_status_rewrites_the_page_of_an_already_published_project(tmp_path: Path) -> None:
