@@ -49,6 +49,7 @@ from kiln.release.errors import InvalidInputError
 from kiln.release.index import (
     HTML_PAGE,
     JSON_PAGE,
+    VARIANTS_DIR,
     ProjectStatus,
     parse_project_json,
     parse_root_json,
@@ -259,9 +260,7 @@ def _delete_phase(store: DeletingStore, ix: _Index, due: Mapping[str, Any], link
     """Delete the due files' objects no page links any more; then forget the entries whose objects are gone."""
     done = []
     for entry, value in sorted(due.items()):
-        keys = [_object_key(ix, entry, value)]
-        if not entry.endswith(VARIANTS_JSON_SUFFIX):
-            keys.append(keys[0] + ".metadata")
+        keys = _object_keys(store, ix, entry, value)
         held = [k for k in keys if k in linked]
         for key in held:
             plan.held[key] = f"still linked by {linked[key]}"
@@ -274,6 +273,17 @@ def _delete_phase(store: DeletingStore, ix: _Index, due: Mapping[str, Any], link
         done.append(entry)
     if done and not dry_run:
         _swap_ledger(store, ix.ledger_key, lambda current: {k: v for k, v in current.items() if k not in done}, sleep)
+
+
+def _object_keys(store: Store, ix: _Index, entry: str, value: Mapping[str, Any]) -> list[str]:
+    """What a removed entry leaves in the store: a wheel and its sidecar; a variants file's every content
+    copy (one per time labels were added to it, each under its own hash)."""
+    key = _object_key(ix, entry, value)
+    if not entry.endswith(VARIANTS_JSON_SUFFIX):
+        return [key, key + ".metadata"]
+    project, filename = entry.split("/", 1)
+    copies = [k for k in store.list(f"{ix.root}/{project}/{VARIANTS_DIR}/") if k.endswith(f"/{filename}")]
+    return sorted({key, *copies})
 
 
 def _object_key(ix: _Index, entry: str, value: Mapping[str, Any]) -> str:

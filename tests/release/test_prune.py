@@ -30,7 +30,7 @@ from kiln.release.store import LocalStore
 from tests.helpers.s3 import S3_ENV
 
 from .pageparse import parse_html, parse_json
-from .runkit import make_run, run_at_once
+from .runkit import CU130, make_run, make_variant_run, run_at_once
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120
@@ -279,3 +279,19 @@ def test_a_prune_racing_a_publish_loses_no_new_entry(tmp_path: Path) -> None:
         assert "demo-1.0.dev3-py3-none-any.whl" in listed and "demo-1.0.dev1-py3-none-any.whl" not in listed
         assert store.get(f"{commit_index_prefix('nightly', 'cpu', COMMITS[2])}/demo/index.json") is not None
         assert broken_links(_local_read(store.root), store.list("")) == []
+
+
+def test_the_combined_index_loses_an_old_version_with_every_copy_of_its_variants_file(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "index")
+    publish(make_variant_run(tmp_path / "a", "k", "1.0.dev1", {"cpu": {}}), store, channel="nightly",
+            channel_prefix="nightly", variants=["cpu"], clock=lambda: T0)
+    publish(make_variant_run(tmp_path / "b", "k", "1.0.dev1", {"cu130": CU130, "cpu": {}}), store,  # a label more
+            channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=lambda: T0)
+    publish(make_variant_run(tmp_path / "c", "k", "1.0.dev2", {"cu130": CU130, "cpu": {}}), store,
+            channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=lambda: T0)
+    copies = [k for k in store.list("nightly/wheel-variants/simple/k/variants/") if "1.0.dev1" in k]
+    assert len(copies) == 2  # one immutable copy per content the file had
+    plan = _prune(store)
+    assert set(copies) <= set(plan.deleted) and not plan.held
+    assert [k for k in store.list("nightly/") if "1.0.dev1" in k] == []
+    assert broken_links(_local_read(store.root), store.list("")) == []
