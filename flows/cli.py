@@ -183,12 +183,17 @@ def _bisect_command(ns: argparse.Namespace) -> int:
     from kiln.flows.bisect import bisect_flow
     from kiln.flows.common import sync_state
 
-    state = sync_state(bisect_flow(good=ns.good, bad=ns.bad, test=ns.test, bench=ns.bench, config_path=ns.config,
-                                   variant=ns.variant, return_state=True))
+    return _print_result("bisect", sync_state(bisect_flow(good=ns.good, bad=ns.bad, test=ns.test, bench=ns.bench,
+                                                          config_path=ns.config, variant=ns.variant,
+                                                          return_state=True)))
+
+
+def _print_result(name: str, state: Any) -> int:
+    """A flow that answers with text: print its result, or how it ended; the exit status."""
     if state.is_completed():
         print(state.result(), end="")
         return EXIT_OK
-    print(f"\nbisect ended {state.name}: {state.message}", file=sys.stderr)
+    print(f"\n{name} ended {state.name}: {state.message}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -295,13 +300,8 @@ def _prune_command(ns: argparse.Namespace) -> int:
     from kiln.flows.common import sync_state
     from kiln.flows.prune import prune_flow
 
-    state = sync_state(prune_flow(config_path=ns.config, channel=ns.channel, target=ns.target, dry_run=ns.dry_run,
-                                  out=ns.out, return_state=True))
-    if state.is_completed():
-        print(state.result(), end="")
-        return EXIT_OK
-    print(f"\nprune ended {state.name}: {state.message}", file=sys.stderr)
-    return EXIT_FAILED
+    return _print_result("prune", sync_state(prune_flow(config_path=ns.config, channel=ns.channel, target=ns.target,
+                                                        dry_run=ns.dry_run, out=ns.out, return_state=True)))
 
 
 def _store_settings(url: str, config_path: str) -> StoreSettings | None:

@@ -63,18 +63,11 @@ def kill_after(client: Any, requests: int) -> list[int]:
     return sent
 
 
-class CorruptingStore:
-    """A real store whose immutable writes of keys ending in ``suffix`` land with one byte flipped.
+class ForwardingStore:
+    """A real store behind every Store method; a fault-injecting wrapper overrides only the calls it changes."""
 
-    Every later read (the write's own answer, ``head``, ``get``) sees the
-    damaged bytes (a file is damaged past the store's own hash check), so
-    what the store reads back differs from what was uploaded: the publish
-    protocol must notice and list nothing.
-    """
-
-    def __init__(self, inner: Store, suffix: str) -> None:
-        self.inner, self.suffix, self.url = inner, suffix, inner.url
-        self.corrupted: list[str] = []
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
 
     def get(self, key: str) -> bytes | None:
         return self.inner.get(key)
@@ -84,6 +77,35 @@ class CorruptingStore:
 
     def head(self, key: str) -> ObjectInfo | None:
         return self.inner.head(key)
+
+    def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
+        return self.inner.put_immutable(key, data, content_type, cache_control)
+
+    def put_immutable_file(self, key: str, path: Path, sha256: str, content_type: str,
+                           cache_control: str) -> ObjectInfo:
+        return self.inner.put_immutable_file(key, path, sha256, content_type, cache_control)
+
+    def put_page(self, key: str, data: bytes, content_type: str, cache_control: str,
+                 expected_etag: str | None) -> ObjectInfo:
+        return self.inner.put_page(key, data, content_type, cache_control, expected_etag)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
+
+
+class CorruptingStore(ForwardingStore):
+    """A real store whose immutable writes of keys ending in ``suffix`` land with one byte flipped.
+
+    Every later read (the write's own answer, ``head``, ``get``) sees the
+    damaged bytes (a file is damaged past the store's own hash check), so
+    what the store reads back differs from what was uploaded: the publish
+    protocol must notice and list nothing.
+    """
+
+    def __init__(self, inner: Store, suffix: str) -> None:
+        super().__init__(inner)
+        self.suffix = suffix
+        self.corrupted: list[str] = []
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         if key.endswith(self.suffix):
@@ -102,13 +124,6 @@ class CorruptingStore:
             damaged.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
             # damaged past the store's own check, as a faulty disk would: the store holds and reports other bytes
             return self.inner.put_immutable_file(key, damaged, sha256_file(damaged), content_type, cache_control)
-
-    def put_page(self, key: str, data: bytes, content_type: str, cache_control: str,
-                 expected_etag: str | None) -> ObjectInfo:
-        return self.inner.put_page(key, data, content_type, cache_control, expected_etag)
-
-    def list(self, prefix: str = "") -> list[str]:
-        return self.inner.list(prefix)
 
 
 def echo_checksums(client: Any) -> None:

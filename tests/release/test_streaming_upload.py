@@ -30,6 +30,7 @@ from kiln.release.staging import StagingStore
 from kiln.release.store import LocalStore
 from tests.helpers.s3 import S3_ENV
 
+from .faults import ForwardingStore
 from .test_publish_local import page_keys
 from .wheelkit import make_wheel
 
@@ -123,24 +124,9 @@ def test_publishing_a_large_wheel_holds_a_small_fraction_of_it_in_memory(store: 
     assert published is not None and (published.sha256, published.size) == (sha256_file(_wheel(run)), size)
 
 
-class _ChangesTheWheelFirst:
+class _ChangesTheWheelFirst(ForwardingStore):
     """Fault injection: a real store, but the wheel's file is changed after the publish hashed it, just before
     the store reads it (another process rewriting the build output)."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
-
-    def get_page(self, key: str) -> tuple[bytes, str] | None:
-        return self.inner.get_page(key)
-
-    def head(self, key: str) -> ObjectInfo | None:
-        return self.inner.head(key)
-
-    def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
-        return self.inner.put_immutable(key, data, content_type, cache_control)
 
     def put_immutable_file(self, key: str, path: Path, sha256: str, content_type: str,
                            cache_control: str) -> ObjectInfo:
@@ -148,13 +134,6 @@ class _ChangesTheWheelFirst:
             handle.seek(0, os.SEEK_END)
             handle.write(b"appended later")
         return self.inner.put_immutable_file(key, path, sha256, content_type, cache_control)
-
-    def put_page(self, key: str, data: bytes, content_type: str, cache_control: str,
-                 expected_etag: str | None) -> ObjectInfo:
-        return self.inner.put_page(key, data, content_type, cache_control, expected_etag)
-
-    def list(self, prefix: str = "") -> list[str]:
-        return self.inner.list(prefix)
 
 
 def test_a_wheel_changed_after_it_was_hashed_is_an_integrity_error_and_nothing_is_listed(
