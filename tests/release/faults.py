@@ -19,7 +19,7 @@ from typing import Any
 from botocore.awsrequest import AWSResponse
 
 from kiln.release.fsutil import sha256_file
-from kiln.release.store import ObjectInfo, Store
+from kiln.release.store import LocalStore, ObjectInfo, Store
 
 
 class _Raw:
@@ -61,6 +61,32 @@ def kill_after(client: Any, requests: int) -> list[int]:
 
     client.meta.events.register_first("before-send.s3", count)
     return sent
+
+
+class HookedLocalStore(LocalStore):
+    """A real local store that calls :meth:`before_write` with the key before every write and delete
+    (fault injection, or noting the order of writes); subclasses override only the hook."""
+
+    def before_write(self, key: str) -> None:
+        """Called first by every write and delete; nothing by default."""
+
+    def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
+        self.before_write(key)
+        return super().put_immutable(key, data, content_type, cache_control)
+
+    def put_immutable_file(self, key: str, path: Path, sha256: str, content_type: str,
+                           cache_control: str) -> ObjectInfo:
+        self.before_write(key)
+        return super().put_immutable_file(key, path, sha256, content_type, cache_control)
+
+    def put_page(self, key: str, data: bytes, content_type: str, cache_control: str,
+                 expected_etag: str | None) -> ObjectInfo:
+        self.before_write(key)
+        return super().put_page(key, data, content_type, cache_control, expected_etag)
+
+    def delete(self, key: str) -> None:
+        self.before_write(key)
+        super().delete(key)
 
 
 class ForwardingStore:

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import boto3
 
@@ -22,30 +21,22 @@ from kiln.release.prune import Retention, prune
 from kiln.release.s3 import S3Store, make_client
 from kiln.release.store import LocalStore
 
-from .faults import kill_after
+from .faults import HookedLocalStore, kill_after
 
 NEVER = 1 << 40
 
 
-class KillingLocalStore(LocalStore):
+class KillingLocalStore(HookedLocalStore):
     """A local store that SIGKILLs the process before its (limit+1)-th write or delete (crash injection)."""
 
     def __init__(self, root: Path, limit: int) -> None:
         super().__init__(root)
         self.limit, self.sent = limit, 0
 
-    def _count(self) -> None:
+    def before_write(self, key: str) -> None:
         if self.sent >= self.limit:
             os.kill(os.getpid(), signal.SIGKILL)
         self.sent += 1
-
-    def put_page(self, *args: Any, **kwargs: Any) -> Any:
-        self._count()
-        return super().put_page(*args, **kwargs)
-
-    def delete(self, key: str) -> None:
-        self._count()
-        super().delete(key)
 
 
 def main() -> int:

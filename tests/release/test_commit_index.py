@@ -15,6 +15,7 @@ from kiln.release.publish import UploadResult, commit_index_prefix, publish, upl
 from kiln.release.store import LocalStore, Store
 from tests.helpers.indexcheck import check_local_index
 
+from .faults import HookedLocalStore
 from .pageparse import parse_html, parse_json
 from .runkit import make_run
 
@@ -90,18 +91,9 @@ def test_every_page_of_the_target_passes_the_independent_index_checker(tmp_path:
 def test_commit_pages_are_written_after_every_wheel_and_channel_page(tmp_path: Path) -> None:
     writes: list[str] = []
 
-    class Recorded(LocalStore):  # a real store that notes the order of its writes
-        def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
+    class Recorded(HookedLocalStore):  # a real store that notes the order of its writes
+        def before_write(self, key: str) -> None:
             writes.append(key)
-            return super().put_immutable(key, data, content_type, cache_control)
-
-        def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
-            writes.append(key)
-            return super().put_immutable_file(key, path, sha256, content_type, cache_control)
-
-        def put_page(self, key, data, content_type, cache_control, expected_etag):  # type: ignore[no-untyped-def]
-            writes.append(key)
-            return super().put_page(key, data, content_type, cache_control, expected_etag)
 
     run = make_run(tmp_path / "a", {"cpu": [("demo", "1.0.dev1")], "cu130": [("demo", "1.0.dev1+cu130")]})
     _publish(run, Recorded(tmp_path / "index"), variants=("cpu", "cu130"))

@@ -23,6 +23,7 @@ from kiln.release.verify import verify_index
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.indexcheck import check_local_index
 
+from .faults import HookedLocalStore
 from .pageparse import parse_html, parse_json
 from .runkit import CU130, make_variant_run, run_at_once
 
@@ -181,29 +182,17 @@ def test_every_link_resolves_after_every_write_while_labels_are_added(tmp_path: 
     assert list(_variants(store)["variants"]) == ["cu126", "cu130", "null"]
 
 
-class _FailsAfter(LocalStore):
+class _FailsAfter(HookedLocalStore):
     """Fault injection: the store goes away (a transient error) at write number ``limit``."""
 
     def __init__(self, root: Path, limit: int) -> None:
         super().__init__(root)
         self.limit, self.writes = limit, 0
 
-    def _count(self, key: str) -> None:
+    def before_write(self, key: str) -> None:
         self.writes += 1
         if self.writes > self.limit:
             raise TransientStoreError(f"{key}: injected outage")
-
-    def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
-        self._count(key)
-        return super().put_immutable(key, data, content_type, cache_control)
-
-    def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
-        self._count(key)
-        return super().put_immutable_file(key, path, sha256, content_type, cache_control)
-
-    def put_page(self, key, data, content_type, cache_control, expected_etag):  # type: ignore[no-untyped-def]
-        self._count(key)
-        return super().put_page(key, data, content_type, cache_control, expected_etag)
 
 
 def test_a_publish_stopped_at_any_write_leaves_every_link_good_and_a_rerun_completes_it(tmp_path: Path) -> None:
@@ -304,27 +293,19 @@ def test_on_s3_publishers_at_once_lose_no_label(tmp_path: Path, s3_endpoint: str
     assert list(_variants(store, commit_index)["variants"]) == names
 
 
-class _RacedBy(LocalStore):
+class _RacedBy(HookedLocalStore):
     """Fault injection: just before this publisher's first combined-index upload lands, another publisher
     publishes the same version with the cu130 label defined otherwise (between this one's label check and
-    its page write)."""
+    its page write; every upload comes before any page, so the first write there is an upload)."""
 
     def __init__(self, root: Path, other: Any) -> None:
         super().__init__(root)
         self.other, self.raced = other, False
 
-    def _race(self, key: str) -> None:
+    def before_write(self, key: str) -> None:
         if not self.raced and key.startswith(f"nightly/{COMBINED}/"):
             self.raced = True
             _publish(self.other, LocalStore(self.root), variants=["cu130"])
-
-    def put_immutable(self, key, data, content_type, cache_control):  # type: ignore[no-untyped-def]
-        self._race(key)
-        return super().put_immutable(key, data, content_type, cache_control)
-
-    def put_immutable_file(self, key, path, sha256, content_type, cache_control):  # type: ignore[no-untyped-def]
-        self._race(key)
-        return super().put_immutable_file(key, path, sha256, content_type, cache_control)
 
 
 def test_a_label_defined_otherwise_meanwhile_is_an_upload_conflict_and_every_link_stays_good(tmp_path: Path) -> None:
