@@ -132,6 +132,11 @@ class _Index:
     ledger: dict[str, dict[str, Any]]  # "<project>/<filename>" -> {"yanked_at", "sha256"}
 
     @property
+    def listed(self) -> set[str]:
+        """``"<project>/<filename>"`` of every file the channel's pages list."""
+        return {f"{project}/{d.filename}" for project, files in self.pages.items() for d in files}
+
+    @property
     def ledger_key(self) -> str:
         return f"{posixpath.dirname(self.root)}/{LEDGER}"
 
@@ -213,7 +218,7 @@ def _yank_phase(store: Store, ix: _Index, retention: Retention, now: int, plan: 
                 sleep: Callable[[float], None]) -> dict[str, dict[str, Any]]:
     """Yank new candidates and record them; un-yank what ``keep`` now covers. Returns the entries due."""
     old = candidates(ix.pages, retention.keep)
-    listed = {f"{p}/{d.filename}" for p, files in ix.pages.items() for d in files}
+    listed = ix.listed
     stale = sorted(e for e in ix.ledger if e in listed and e not in old)
     new = sorted(e for e, d in old.items() if e not in ix.ledger)
     grace = int(retention.grace_days * _DAY)
@@ -243,7 +248,7 @@ def _remove_phase(store: DeletingStore, ix: _Index, due: Mapping[str, Any], plan
     """Take the due files off the channel's pages, then delete every per-commit index that lists one."""
     if not due:
         return
-    listed = {f"{p}/{d.filename}" for p, files in ix.pages.items() for d in files}
+    listed = ix.listed
     plan.removed += [ix.key(e) for e in sorted(due) if e in listed]
     gone = {ix.key(e) for e in due} | {_object_key(ix, e, v) for e, v in due.items()}
     commit_roots = _commit_indexes_linking(store, posixpath.dirname(ix.root), gone)
