@@ -46,13 +46,17 @@ if mode == "slow_grandchild":  # obeys SIGTERM, but takes a moment to shut down
         "open(sys.argv[1], 'w').write('ready'); time.sleep(3600)", state + ".gc.ready"])
     while not os.path.exists(state + ".gc.ready"):
         time.sleep(0.01)
-open(state, "w").write(str(os.getpid()))
+def ready():
+    open(state, "w").write(str(os.getpid()))
 if mode == "exit":
+    ready()
     sys.exit(3)
 if mode == "exit_later":
+    ready()
     time.sleep(0.5)
     sys.exit(3)
 def sleep_in_a_named_function():
+    ready()  # from here on, a dump of this thread shows this function (the test waits for ready, then dumps)
     time.sleep(3600)
 sleep_in_a_named_function()
 """
