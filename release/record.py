@@ -168,7 +168,7 @@ class RunRecord:
                              list(items))
 
     def set_info(self, key: str, value: Any) -> None:
-        self._put_json(f"{self.prefix}/info/{_escape(key)}.json", {"key": key, "value": value})
+        self._put_json(info_key(self.run_id, key), {"key": key, "value": value})
 
     def mark_latest(self) -> None:
         """Point ``runs/latest.json`` at this run (the newest run that built wheels)."""
@@ -275,6 +275,29 @@ def open_record(store: Store, run_id: str, out: str | Path) -> RunRecord:
     view = Path(out).resolve() / run_id
     view.mkdir(parents=True, exist_ok=True)
     return RunRecord(store, header, view)
+
+
+def info_key(run_id: str, key: str) -> str:
+    """Where run ``run_id`` keeps its info entry ``key``."""
+    return f"runs/{check_run_id(run_id)}/info/{_escape(key)}.json"
+
+
+def info_json(key: str, value: Any) -> bytes:
+    """An info entry's stored bytes (what :meth:`RunRecord.set_info` writes)."""
+    return (json.dumps({"key": key, "value": value}, indent=2, sort_keys=True) + "\n").encode()
+
+
+def load_info(store: Store, run_id: str, key: str) -> Any:
+    """Run ``run_id``'s info entry ``key``, or None when it has none (or it is not one)."""
+    where = info_key(run_id, key)
+    data = store.get(where)
+    if data is None:
+        return None
+    try:
+        entry = json.loads(data)
+    except ValueError as exc:
+        raise InvalidInputError(f"{store.url}/{where} is not JSON: {exc}") from exc
+    return entry.get("value") if isinstance(entry, dict) and entry.get("key") == key else None
 
 
 def load_header(store: Store, run_id: str) -> RunHeader | None:

@@ -8,11 +8,14 @@ with it, once, at the edge.
 from __future__ import annotations
 
 import difflib
+import logging
 from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.tasks.project.config_fields import LocalPath, ProjectPath, StorePrefix
+
+_log = logging.getLogger(__name__)
 
 # kiln: Kiln writes the wheel from the package's files and its compiled artifacts.
 # pep517: the project's own build backend (pyproject.toml) builds each variant's wheel;
@@ -134,12 +137,13 @@ DEFAULT_SELECT_ALL: tuple[str, ...] = (
 class Quarantine(_Model):
     """``[testing.quarantine]``: when a test is flaky, and when it is trusted again (kiln.tasks.testing.flaky).
 
-    Flaky: it passed and failed on one commit, or, over its last ``window`` runs (at least
-    ``min_runs``), its fail rate lies within ``band_low``..``band_high`` and it passed again after
-    failing (a test that starts failing and stays failing is broken, not flaky). A quarantined test
-    still runs and is reported, but its failure does not gate publishing; ``release_after``
-    consecutive passes end its quarantine. Per-test outcomes and the list live under ``history``
-    in the artifact store.
+    Flaky: it passed and failed on one commit within its last ``window`` runs. A quarantined test still
+    runs and is reported, but its failure does not gate publishing; ``release_after`` consecutive passes
+    end its quarantine, and so does the window passing its last same-commit pass and fail. A test that
+    fails on ``broken_after`` consecutive commits is broken, not flaky: it leaves quarantine and gates.
+    Per-test outcomes and the list live under ``history`` in the artifact store; each entry is checked
+    against the run records it cites. ``min_runs``, ``band_low`` and ``band_high`` are no longer used (a
+    fail rate across commits is not evidence of a flake) and are accepted with a warning.
     """
 
     window: int = Field(default=10, ge=2, le=200)
@@ -147,6 +151,7 @@ class Quarantine(_Model):
     band_low: float = Field(default=0.05, gt=0, lt=1)
     band_high: float = Field(default=0.6, gt=0, lt=1)
     release_after: int = Field(default=3, ge=1, le=100)
+    broken_after: int = Field(default=3, ge=2, le=50)
     history: StorePrefix = "test-history"
     enabled: bool = True
 
@@ -156,6 +161,10 @@ class Quarantine(_Model):
             raise ValueError(f"min_runs ({self.min_runs}) cannot exceed window ({self.window})")
         if self.band_low > self.band_high:
             raise ValueError(f"band_low ({self.band_low}) cannot exceed band_high ({self.band_high})")
+        unused = sorted(self.model_fields_set & {"min_runs", "band_low", "band_high"})
+        if unused:
+            _log.warning("testing.quarantine: %s no longer decide anything (only a pass and a fail on one commit "
+                         "quarantine a test); remove them", ", ".join(unused))
         return self
 
 

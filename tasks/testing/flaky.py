@@ -3,12 +3,15 @@
 Pure: every function here takes the outcomes of earlier runs and the quarantine list as data and returns
 the new list; :mod:`kiln.tasks.testing.quarantine` reads and writes them in the artifact store.
 
-A test is **flaky** when it passed and failed on one commit (the code did not change, the outcome did), or
-when, over its last ``window`` runs (at least ``min_runs``), its fail rate lies inside the band and it
-passed again after failing: a test that starts failing and keeps failing is broken, not flaky, and must
-keep gating. A flaky test is quarantined: it still runs and is reported, but its failure does not gate
-publishing. ``release_after`` consecutive passes since it was quarantined end the quarantine; evidence
-from before a release is not held against it again.
+A test is **flaky** when it passed and failed on one commit (the code did not change, the outcome did)
+within its last ``window`` runs. A flaky test is quarantined: it still runs and is reported, but its
+failure does not gate publishing. ``release_after`` consecutive passes since it was quarantined end the
+quarantine, and so does the window moving past its last same-commit pass and fail (it expires); evidence
+from before a release is not held against it again. A test that fails on ``broken_after`` consecutive
+commits is broken, not flaky: it is never quarantined, and a quarantined one leaves and gates again.
+
+The runs and the list given here must already be checked against the run records they cite
+(:mod:`kiln.tasks.testing.quarantine`): this module trusts its inputs.
 
 Tests are keyed per unit (``test/<suite>/<variant>``) and node id: one variant's flaky test says nothing
 about the same test on other hardware.
@@ -99,23 +102,42 @@ class UnitDecision:
     quarantined: tuple[Entry, ...]  # newly quarantined by this run
     released: tuple[tuple[Entry, int], ...]  # released by this run, with the passes that released it
     excused: tuple[Entry, ...]  # failed in this run while quarantined: they do not gate publishing
+    gating: tuple[tuple[Entry, str], ...] = ()  # left quarantine by this run without passing: why they gate again
+    ignored: tuple[str, ...] = ()  # stored outcomes and entries that did not check out, and why
+
+
+def _flaky_commit(history: Sequence[tuple[RunOutcomes, Verdict]], policy: Quarantine) -> str:
+    """The newest commit with both a pass and a fail among the last ``window`` runs (oldest first), or ""."""
+    window = history[-policy.window:]
+    for run, _ in reversed(window):
+        seen = {v for r, v in window if run.commit and r.commit == run.commit}
+        if seen == {"pass", "fail"}:
+            return run.commit
+    return ""
+
+
+def _broken(history: Sequence[tuple[RunOutcomes, Verdict]], policy: Quarantine) -> str:
+    """Why the test is broken, not flaky: its last ``broken_after`` commits each only failed; or ""."""
+    commits: list[str] = []
+    for run, _ in reversed(history):
+        if run.commit and run.commit not in commits:
+            commits.append(run.commit)
+    newest = commits[:policy.broken_after]
+    if len(newest) < policy.broken_after:
+        return ""
+    if any(v == "pass" for run, v in history if run.commit in newest):
+        return ""
+    shown = ", ".join(c[:12] for c in reversed(newest))
+    return f"failed on {len(newest)} consecutive commits ({shown}): a real break, not a flake"
 
 
 def _flaky_reason(history: Sequence[tuple[RunOutcomes, Verdict]], policy: Quarantine) -> str:
     """Why the test's outcomes (oldest first, the current run last) make it flaky, or ""."""
-    current_commit = history[-1][0].commit
-    on_commit = [v for run, v in history if current_commit and run.commit == current_commit]
-    if "pass" in on_commit and "fail" in on_commit:
-        return f"failed {on_commit.count('fail')} of {len(on_commit)} on {current_commit[:12]}"
-    window = [v for _, v in history[-policy.window:]]
-    if len(window) < policy.min_runs or "fail" not in window:
+    commit = _flaky_commit(history, policy)
+    if not commit or _broken(history, policy):
         return ""
-    rate = window.count("fail") / len(window)
-    recovered = "pass" in window[window.index("fail"):]
-    if recovered and policy.band_low <= rate <= policy.band_high:
-        return (f"failed {window.count('fail')} of its last {len(window)} runs ({rate:.0%}, inside the flaky band "
-                f"{policy.band_low:.0%}–{policy.band_high:.0%})")
-    return ""
+    on_commit = [v for run, v in history[-policy.window:] if run.commit == commit]
+    return f"failed {on_commit.count('fail')} of {len(on_commit)} on {commit[:12]}"
 
 
 def _outcomes_of(unit: str, nodeid: str, runs: Sequence[RunOutcomes],
@@ -134,19 +156,30 @@ def _passes_since(entry: Entry, history: Sequence[tuple[RunOutcomes, Verdict]]) 
     return count
 
 
+def _still_quarantined(entry: Entry, history: Sequence[tuple[RunOutcomes, Verdict]],
+                       policy: Quarantine) -> str:
+    """Why ``entry`` must gate again although it did not pass its way out (broken, or expired), or ""."""
+    broken = _broken(history, policy)
+    if broken:
+        return broken
+    if not _flaky_commit(history, policy):
+        return (f"no pass and fail on one commit in its last {policy.window} runs: its quarantine expired "
+                f"(since run {entry.since_run})")
+    return ""
+
+
 def decide(quarantine: QuarantineList, runs: Sequence[RunOutcomes], current: RunOutcomes,
            policy: Quarantine) -> UnitDecision:
     """The list after ``current`` (one suite unit's run), judged with the stored ``runs`` before it (any order)."""
     ordered = sorted([r for r in runs if r.run_id != current.run_id] + [current], key=lambda r: r.created)
     entries = {e.key: e for e in quarantine.entries}
     released = dict(quarantine.released)
-    new, freed, excused = [], [], []
+    new, freed, excused, gating = [], [], [], []
     for nodeid, outcome in current.outcomes.items():
         key = (current.unit, nodeid)
         entry = entries.get(key)
+        history = _outcomes_of(current.unit, nodeid, ordered, released.get(released_key(*key), float("-inf")))
         if entry is None:
-            after = released.get(released_key(*key), float("-inf"))
-            history = _outcomes_of(current.unit, nodeid, ordered, after)
             reason = _flaky_reason(history, policy)
             if not reason:
                 continue
@@ -156,16 +189,20 @@ def decide(quarantine: QuarantineList, runs: Sequence[RunOutcomes], current: Run
             new.append(entry)
         else:
             passes = _passes_since(entry, _outcomes_of(current.unit, nodeid, ordered, entry.since))
-            if passes >= policy.release_after:
+            why = "" if passes >= policy.release_after else _still_quarantined(entry, history, policy)
+            if passes >= policy.release_after or why:
                 del entries[key]
                 released[released_key(*key)] = current.created
-                freed.append((entry, passes))
+                if why:
+                    gating.append((entry, why))
+                else:
+                    freed.append((entry, passes))
                 continue
         if outcome == "fail":
             excused.append(entry)
     kept = tuple(sorted(entries.values(), key=lambda e: e.key))
     return UnitDecision(replace(quarantine, entries=kept, released=released), tuple(new), tuple(freed),
-                        tuple(excused))
+                        tuple(excused), tuple(gating))
 
 
 def excused_line(entry: Entry) -> str:
@@ -180,6 +217,10 @@ def quarantined_line(entry: Entry) -> str:
 
 def released_line(entry: Entry, passes: int) -> str:
     return f"released from quarantine: {entry.nodeid} ({passes} consecutive passes since run {entry.since_run})"
+
+
+def gating_line(entry: Entry, why: str) -> str:
+    return f"gates again: {entry.nodeid} left quarantine — {why}"
 
 
 def to_json(quarantine: QuarantineList) -> dict[str, object]:

@@ -7,6 +7,10 @@ compare-and-swap (``put_page`` on the ETag read), so suites finishing at once ea
 It is data: a test enters and leaves quarantine by the policy (:mod:`kiln.tasks.testing.flaky`), never
 by an edit of the code. A quarantined test's failure turns its suite's unit from ``failed`` into
 ``flaky``, which does not gate publishing, and the unit's message says so.
+
+Both are written here, by Kiln's step process after the suite's tests ended, never from inside the test
+environment; and both are read through :mod:`kiln.tasks.testing.provenance`: a stored outcomes file or a list
+entry that the run records it cites do not back is left out of the decision and named in the summary.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from kiln.tasks.testing.flaky import (
     decide,
     excused_line,
     from_json,
+    gating_line,
     quarantined_line,
     released_line,
     to_json,
 )
+from kiln.tasks.testing.provenance import RunRecords, check_list, check_runs, record_outcomes
 
 _log = logging.getLogger(__name__)
 
@@ -79,15 +85,15 @@ def store_outcomes(store: Store, policy: Quarantine, unit_name: str, run: RunOut
     return key
 
 
-def load_outcomes(store: Store, policy: Quarantine, unit_name: str, limit: int) -> list[RunOutcomes]:
-    """The newest ``limit`` stored runs of the unit, oldest first (keys sort by time)."""
+def _stored_outcomes(store: Store, policy: Quarantine, unit_name: str, limit: int) -> list[tuple[str, RunOutcomes]]:
+    """The newest ``limit`` stored runs of the unit with where each is, oldest first (keys sort by time)."""
     keys = store.list(f"{_prefix(policy)}/outcomes/{unit_name}/")[-limit:]
     found = []
     for key in keys:
         data = store.get(key)
         parsed = None if data is None else _parse_outcomes(data, f"{store.url}/{key}")
         if parsed is not None:
-            found.append(parsed)
+            found.append((key, parsed))
     return found
 
 
@@ -106,20 +112,28 @@ def read_quarantine(store: Store, policy: Quarantine) -> QuarantineList:
     return QuarantineList() if data is None else _parse_list(data, f"{store.url}/{key}")
 
 
+def _history_limit(policy: Quarantine) -> int:
+    return policy.window + policy.broken_after + policy.release_after + 1
+
+
 def judge_run(store: Store, policy: Quarantine, unit_name: str, current: RunOutcomes) -> UnitDecision:
-    """Store ``current``'s outcomes, then update the quarantine list by compare-and-swap and say what changed."""
+    """Record ``current``'s outcomes in its run record and the history, then update the quarantine list by
+    compare-and-swap and say what changed; only outcomes and entries the run records back are used."""
+    record_outcomes(store, current)
     store_outcomes(store, policy, unit_name, current)
-    history = load_outcomes(store, policy, unit_name, policy.window + policy.release_after + 1)
+    records = RunRecords(store)
+    history, ignored = check_runs(records, _stored_outcomes(store, policy, unit_name, _history_limit(policy)))
     key = quarantine_key(policy)
 
     def attempt() -> UnitDecision:
         page = store.get_page(key)
-        before = QuarantineList() if page is None else _parse_list(page[0], f"{store.url}/{key}")
+        stored = QuarantineList() if page is None else _parse_list(page[0], f"{store.url}/{key}")
+        before, dropped = check_list(records, stored, lambda e: e.unit == current.unit)
         decision = decide(before, history, current, policy)
-        if decision.quarantined or decision.released:
+        if decision.quarantined or decision.released or decision.gating or dropped:
             data = (json.dumps(to_json(decision.quarantine), indent=2) + "\n").encode()
             store.put_page(key, data, CONTENT_TYPE, NO_CACHE, None if page is None else page[1])
-        return decision
+        return replace(decision, ignored=(*ignored, *dropped))
 
     return until_swapped(f"{store.url}/{key}", attempt)
 
@@ -138,7 +152,8 @@ def apply(unit: Unit, results: Sequence[TestResult], decision: UnitDecision) -> 
     excused = {e.nodeid for e in decision.excused}
     lines = ([excused_line(e) for e in decision.excused] + [quarantined_line(e) for e in decision.quarantined
                                                               if e.nodeid not in excused]
-             + [released_line(e, n) for e, n in decision.released])
+             + [released_line(e, n) for e, n in decision.released]
+             + [gating_line(e, why) for e, why in decision.gating] + list(decision.ignored))
     failing = {r.nodeid for r in results if r.outcome in FAILING}
     if not lines:
         return Judged(unit, ())

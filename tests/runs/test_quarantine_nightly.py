@@ -1,7 +1,7 @@
 """A flaky test through the real nightly: quarantined by the policy, its failure does not block publishing.
 
 The tiny fixture gains a test that fails while a flag file exists. The history already holds two passing
-runs of it on the same commit (stored as a test stage stores them); the nightly's run fails it, so it
+runs of it on the same commit (their run records and outcomes written as a test stage writes them); the nightly's run fails it, so it
 failed 1 of 3 on one commit: flaky. The nightly quarantines it, its suite is ``flaky`` instead of
 ``failed``, the CPU variant is published, and the summary and the Prefect UI say so.
 """
@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from kiln.release.manifest import RunManifest
+from kiln.release.record import Checkout, RunHeader, create_record
 from kiln.tasks.bench.history import history_store
 from kiln.tasks.project.config import load_config
 from kiln.tasks.testing.flaky import RunOutcomes
+from kiln.tasks.testing.provenance import record_outcomes
 from kiln.tasks.testing.quarantine import read_quarantine, store_outcomes
 from tests.helpers.gitrepo import git, git_project
 
@@ -36,7 +38,7 @@ def flagged(tmp_path: Path) -> tuple[Path, Path]:
         head, _, rest = text.partition("[[variants]]")
         (repo / "kiln.toml").write_text(head + '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
                                         + rest[rest.index("[build]"):]
-                                        + "\n[testing.quarantine]\nwindow = 5\nmin_runs = 3\nrelease_after = 2\n")
+                                        + "\n[testing.quarantine]\nwindow = 5\nrelease_after = 2\n")
         (repo / "tests" / "test_flag.py").write_text(
             "from pathlib import Path\n\n\n"
             f"def test_fails_while_flagged():\n    assert not Path({str(flag)!r}).exists(), 'flagged'\n")
@@ -64,8 +66,11 @@ def test_a_quarantined_failure_does_not_block_publishing_and_the_summary_says_so
     commit = git(config_path.parent, "rev-parse", "HEAD")
     store, policy = history_store(config), config.testing.quarantine
     for i in range(2):  # two earlier nightlies of this commit passed it
-        store_outcomes(store, policy, "tiny.cpu", RunOutcomes(f"earlier-{i}", "test/tiny/cpu", commit,
-                                                              time.time() - 100 + i, {NODE: "pass"}))
+        earlier = RunOutcomes(f"earlier-{i}", "test/tiny/cpu", commit, time.time() - 100 + i, {NODE: "pass"})
+        header = RunHeader(earlier.run_id, "nightly", "0.1.0", Checkout(commit, 0, (), True), earlier.created)
+        create_record(store, header, tmp_path / "earlier")
+        record_outcomes(store, earlier)
+        store_outcomes(store, policy, "tiny.cpu", earlier)
     flag.write_text("")
     out = tmp_path / "out"
     state = nightly_flow(config_path=str(config_path), out=str(out), return_state=True)
