@@ -142,12 +142,17 @@ def relative_sources(package: str, root: Path) -> None:
 
 
 def _relative(jit: Any, root: Path) -> None:
-    if not Path(jit.file_name).is_absolute():
+    """Triton 3.9 reads the path from ``jit.file_name``, 3.6/3.7 from the function's code object: set both."""
+    code = jit.fn.__code__
+    if not Path(code.co_filename).is_absolute():
         return
     try:
-        jit.file_name = Path(jit.file_name).resolve().relative_to(root.resolve()).as_posix()
+        relative = Path(code.co_filename).resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
-        pass  # defined outside the project (a library's helper): not ours to rename
+        return  # defined outside the project (a library's helper): not ours to rename
+    jit.fn.__code__ = code.replace(co_filename=relative)
+    if hasattr(jit, "file_name"):
+        jit.file_name = relative
 
 
 def _import_root(config_path: str) -> Path:
