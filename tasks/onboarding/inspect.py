@@ -12,7 +12,7 @@ from __future__ import annotations
 import configparser
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -20,6 +20,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from kiln.release.errors import ConfigError
+from kiln.tasks.onboarding.names import Declared, declared_metadata, package_bases, parse_setup_py
+from kiln.tasks.onboarding.switches import read_switches
 
 # registry: Kiln compiles the Triton kernels a kiln.runtime registry names (Kiln's own wheel builder);
 # pep517: the package builds itself (setuptools, CMake, a torch C++/CUDA extension), one wheel per variant;
@@ -42,7 +44,6 @@ _CMAKE_TORCH = re.compile(r"find_package\s*\(\s*Torch\b")
 _OWN_ARCHS = re.compile(r"arch=compute_\d+|-arch=sm_\d+|CUDA_ARCHITECTURES\s+\"?\d")
 _GPU_MARKERS = ("gpu", "cuda", "multi_gpu", "distributed")
 _CONFTEST_MARKER = re.compile(r"""addinivalue_line\(\s*["']markers["']\s*,\s*["']([A-Za-z_][A-Za-z0-9_]*)""")
-_SETUP_FIELD = r"""\b{0}\s*=\s*["']([^"']+)["']"""
 _DUNDER_VERSION = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.M)
 
 
@@ -77,6 +78,8 @@ class Findings:
     suites: tuple[SuitePlan, ...]
     reasons: tuple[str, ...]  # what was inferred and why, one line each
     own_archs: bool = False  # its build hard-codes its own -gencode list: the wheel may hold more archs
+    cpu_build: bool = True  # the build has a CPU path (a cpu variant is worth building)
+    gpu_env: tuple[tuple[str, str], ...] = ()  # the build_env its GPU variants need (build switches)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -93,15 +96,6 @@ def _text(path: Path) -> str:
         return ""
 
 
-def _setup_cfg(root: Path) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(root / "setup.cfg", encoding="utf-8")
-    except configparser.Error:
-        pass  # an unreadable setup.cfg says nothing kiln init needs; the build reports it
-    return parser
-
-
 def _packages_in(base: Path) -> list[Path]:
     if not base.is_dir():
         return []
@@ -109,9 +103,11 @@ def _packages_in(base: Path) -> list[Path]:
                   and d.name.isidentifier() and d.name not in _SKIP_DIRS and not d.name.startswith("."))
 
 
-def _find_package(root: Path, distribution: str | None) -> tuple[Path, str]:
-    """The import package's directory and the reason: the src layout first, the distribution's name first."""
-    for base, layout in ((root / "src", "src layout"), (root, "flat layout")):
+def _find_package(root: Path, distribution: str | None, pyproject: dict[str, Any],
+                  setup_py: str) -> tuple[Path, str]:
+    """The import package's directory and the reason: where the build config says, then the src layout, then
+    the flat one; the package named like the distribution first, else the only one (whatever its name)."""
+    for base, layout in package_bases(root, pyproject, setup_py):
         found = _packages_in(base)
         if not found:
             continue
@@ -119,7 +115,8 @@ def _find_package(root: Path, distribution: str | None) -> tuple[Path, str]:
         match = [p for p in found if p.name.lower() == wanted]
         chosen = (match or found)[0]
         why = "named like the distribution" if match else (
-            "the only package" if len(found) == 1 else f"the first of {[p.name for p in found]}")
+            "the only package" if len(found) == 1 else
+            f"the first of {[p.name for p in found]}: if it is not the one, set [project] package and source")
         return chosen, f"{layout}: {chosen.relative_to(root).as_posix()}/ ({why})"
     raise OnboardingError(f"{root} holds no Python package: no src/<name>/__init__.py and no <name>/__init__.py;"
                           " run kiln init in the repository of a Python package")
@@ -141,21 +138,6 @@ def _registry(package_dir: Path, package: str) -> str | None:
     return None
 
 
-def _metadata(root: Path, pyproject: dict[str, Any], setup_py: str) -> dict[str, str]:
-    """Name, version and requires-python as the package declares them (pyproject, setup.cfg, setup.py)."""
-    project = pyproject.get("project", {})
-    cfg = _setup_cfg(root)
-    found: dict[str, str] = {}
-    for key, setup_key in (("name", "name"), ("version", "version"), ("requires-python", "python_requires")):
-        value = project.get(key) or cfg.get("metadata", key, fallback=None) or cfg.get("options", setup_key,
-                                                                                           fallback=None)
-        match = re.search(_SETUP_FIELD.format(setup_key), setup_py) if not value else None
-        value = value or (match.group(1) if match else None)
-        if isinstance(value, str) and value and not value.startswith(("attr:", "file:")):
-            found[key] = value
-    return found
-
-
 def _native(root: Path, pyproject: dict[str, Any], setup_py: str) -> tuple[bool, bool, str]:
     """(builds native code, is a torch extension, why)."""
     backend = str(pyproject.get("build-system", {}).get("build-backend", ""))
@@ -167,6 +149,8 @@ def _native(root: Path, pyproject: dict[str, Any], setup_py: str) -> tuple[bool,
         return True, False, f"its build backend {backend!r} compiles native code"
     if (root / "CMakeLists.txt").is_file():
         return True, False, "a CMakeLists.txt builds native code"
+    if pyproject.get("tool", {}).get("setuptools", {}).get("ext-modules"):
+        return True, False, "pyproject.toml declares C extensions ([tool.setuptools] ext-modules)"
     if _NATIVE_BUILD.search(setup_py):
         return True, False, "setup.py compiles native code (nvcc, Extension or CMake)"
     return False, False, ""
@@ -177,29 +161,53 @@ def _cuda_sources(root: Path) -> bool:
                if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-def _kind(root: Path, package_dir: Path, package: str, pyproject: dict[str, Any],
-          setup_py: str) -> tuple[Kind, str | None, bool, bool, str]:
-    """(kind, registry, torch extension, cuda build, why)."""
+@dataclass(frozen=True)
+class _Build:
+    kind: Kind
+    why: str
+    registry: str | None = None
+    torch_extension: bool = False
+    cuda_build: bool = False
+    cpu_build: bool = True
+    gpu_env: tuple[tuple[str, str], ...] = ()
+    switches_why: tuple[str, ...] = ()
+
+
+def _native_build(root: Path, pyproject: dict[str, Any], setup_py: str, why: str, torch_ext: bool) -> _Build:
+    """A package that compiles: GPU and CPU variants as far as its build can make each, and its switches."""
+    switches = read_switches(setup_py, parse_setup_py(setup_py))
+    why = f"kind pep517: {why}; its own backend builds one wheel per variant"
+    if not (switches.cuda_extension or switches.cpu_extension):  # no cpp_extension class (CMake, nvcc): as before
+        return _Build("pep517", why, None, torch_ext, _cuda_sources(root) or torch_ext, True, switches.gpu_env,
+                      switches.reasons)
+    notes = list(switches.reasons)
+    if not switches.cuda_extension:
+        notes.append("no GPU variant: setup.py builds a CppExtension and no CUDAExtension (no device code)")
+    if not switches.cpu_extension:
+        notes.append("no CPU variant: setup.py builds a CUDAExtension and no CppExtension (no CPU path)")
+    return _Build("pep517", why, None, torch_ext, switches.cuda_extension, switches.cpu_extension,
+                  switches.gpu_env if switches.cuda_extension else (), tuple(notes))
+
+
+def _kind(root: Path, package_dir: Path, package: str, pyproject: dict[str, Any], setup_py: str) -> _Build:
     registry = _registry(package_dir, package)
     if registry is not None:
-        return "registry", registry, False, True, (f"kind registry: {registry} describes kernels with kiln.runtime;"
-                                                   " Kiln compiles them ahead of time per arch")
+        return _Build("registry", f"kind registry: {registry} describes kernels with kiln.runtime; Kiln compiles"
+                      " them ahead of time per arch", registry, cuda_build=True)
     native, torch_ext, why = _native(root, pyproject, setup_py)
     has_build = bool(pyproject) or bool(setup_py)
     if native:
-        return "pep517", None, torch_ext, _cuda_sources(root) or torch_ext, (
-            f"kind pep517: {why}; its own backend builds one wheel per variant")
+        return _native_build(root, pyproject, setup_py, why, torch_ext)
     files = _py_files(package_dir)
     triton = _first_match(files, _TRITON_KERNEL) or _first_match(files, _TRITON)
     if triton is not None and has_build:
-        return "triton-jit", None, False, False, (
-            f"kind triton-jit: {triton.relative_to(root).as_posix()} uses Triton and nothing compiles native code;"
-            " one portable wheel, kernels compiled at run time")
+        return _Build("triton-jit", f"kind triton-jit: {triton.relative_to(root).as_posix()} uses Triton and nothing"
+                      " compiles native code; one portable wheel, kernels compiled at run time")
     if not has_build:
         raise OnboardingError(f"{root} has no pyproject.toml or setup.py and no Kiln kernel registry"
                               f" ({package_dir.relative_to(root).as_posix()}/registry.py): nothing says how to build"
                               " it; add a pyproject.toml, then run kiln init again")
-    return "pep517", None, False, False, "kind pep517: a pure-Python package built by its own backend (cpu variant)"
+    return _Build("pep517", "kind pep517: a pure-Python package built by its own backend (cpu variant)")
 
 
 def _markers(root: Path, pyproject: dict[str, Any], tests: list[Path]) -> set[str]:
@@ -258,6 +266,18 @@ def _suites(root: Path, pyproject: dict[str, Any], kind: Kind) -> tuple[tuple[Su
         f"suite unit from {rel}/ ({len(files)} files): it runs on the CPU{how}")
 
 
+def _gpu_only(suites: tuple[SuitePlan, ...]) -> tuple[SuitePlan, ...]:
+    """A package without a CPU build: its CPU suites can only run against a GPU wheel, on a GPU pool."""
+    return tuple(s if s.gpus else replace(s, gpus=1, publish_untested=True, why=f"{s.why}; no CPU build, so on a"
+                                          " GPU") for s in suites)
+
+
+def _distribution(meta: dict[str, Declared], package: str) -> tuple[str, str]:
+    if "name" in meta:
+        return meta["name"].value, f"distribution {meta['name'].value!r}: {meta['name'].where}"
+    return package, f"distribution {package!r}: the package declares no name, so its import name"
+
+
 def inspect_project(root: Path) -> Findings:
     """What ``root`` (a package's repository) says about how to build and test it; raise :class:`OnboardingError`."""
     root = root.resolve()
@@ -265,29 +285,29 @@ def inspect_project(root: Path) -> Findings:
         raise OnboardingError(f"{root} is not a directory; run kiln init in (or on) a package's repository")
     pyproject = _read_toml(root / "pyproject.toml")
     setup_py = _text(root / "setup.py")
-    meta = _metadata(root, pyproject, setup_py)
-    package_dir, layout = _find_package(root, meta.get("name"))
+    meta = declared_metadata(root, pyproject, setup_py)
+    name = meta["name"].value if "name" in meta else None
+    package_dir, layout = _find_package(root, name, pyproject, setup_py)
     package = package_dir.name
-    kind, registry, torch_ext, cuda_build, kind_why = _kind(root, package_dir, package, pyproject, setup_py)
-    if kind != "registry" and not (root / "pyproject.toml").is_file():
-        raise OnboardingError(f"{root} has a setup.py but no pyproject.toml, which Kiln's pep517 build reads;"
-                              " add one with a [build-system] table (e.g. requires = [\"setuptools\"]), then run"
-                              " kiln init again")
-    version, version_why = _version(meta.get("version") or _version_in(package_dir))
-    reasons = [layout, kind_why, *version_why]
-    if "name" not in meta:
-        reasons.append(f"distribution {package!r}: the package declares no name, so its import name")
-    suites, suites_why = _suites(root, pyproject, kind)
-    own = next((name for name in ("setup.py", "CMakeLists.txt") if kind == "pep517" and cuda_build
+    build = _kind(root, package_dir, package, pyproject, setup_py)
+    declared = meta["version"].value if "version" in meta else _version_in(package_dir)
+    version, version_why = _version(declared)
+    distribution, distribution_why = _distribution(meta, package)
+    reasons = [distribution_why, layout, build.why, *build.switches_why, *version_why]
+    suites, suites_why = _suites(root, pyproject, build.kind)
+    if build.kind == "pep517" and build.cuda_build and not build.cpu_build:
+        suites = _gpu_only(suites)
+    own = next((name for name in ("setup.py", "CMakeLists.txt") if build.kind == "pep517" and build.cuda_build
                 and _OWN_ARCHS.search(_text(root / name))), None)
     if own:
         reasons.append(f"arch_policy at_least: {own} names its own CUDA archs, so its wheel may hold more than the"
                        " variant's (each one is recorded)")
     reasons.append(suites_why)
     runtime = any("kiln.runtime" in _text(f) for f in _py_files(package_dir) if f.name != "registry.py")
-    return Findings(root, kind, package, meta.get("name", package), version,
-                    package_dir.relative_to(root).as_posix(), meta.get("requires-python", ">=3.10"), registry,
-                    runtime, torch_ext, cuda_build, suites, tuple(reasons), own_archs=own is not None)
+    requires_python = meta["requires-python"].value if "requires-python" in meta else ">=3.10"
+    return Findings(root, build.kind, package, distribution, version, package_dir.relative_to(root).as_posix(),
+                    requires_python, build.registry, runtime, build.torch_extension, build.cuda_build, suites,
+                    tuple(reasons), own_archs=own is not None, cpu_build=build.cpu_build, gpu_env=build.gpu_env)
 
 
 def _version(declared: str | None) -> tuple[str, list[str]]:
@@ -303,15 +323,16 @@ def _version(declared: str | None) -> tuple[str, list[str]]:
 
 
 def _next_version(declared: str | None) -> str | None:
-    """The nightly base: after a final release ``1.2.3`` -> ``1.2.4``; a pre- or post-release stays, a
-    ``.devN`` or ``+local`` part goes (the nightly adds its own); None when it is no PEP 440 version."""
+    """The nightly base: after a final or post-release ``1.2.3(.post1)`` -> ``1.2.4`` (``1.2.3.post1.devN`` would
+    sort below the post-release); a pre-release stays, a ``.devN`` or ``+local`` part goes (the nightly adds its
+    own); None when it is no PEP 440 version."""
     try:
         parsed = Version(declared or "")
     except InvalidVersion:
         return None
     if parsed.dev is not None or parsed.local:
         return str(parsed.public).split(".dev")[0]
-    if parsed.is_prerelease or parsed.is_postrelease:
+    if parsed.pre is not None:
         return str(parsed)
     release = list(parsed.release) + [0] * (3 - len(parsed.release))
     release[-1] += 1

@@ -47,6 +47,10 @@ def _list(values: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join(_q(v) for v in values) + "]"
 
 
+def _table(pairs: tuple[tuple[str, str], ...]) -> str:
+    return "{ " + ", ".join(f"{name} = {_q(value)}" for name, value in pairs) + " }"
+
+
 def _header(f: Findings) -> list[str]:
     lines = ["# Written by `kiln init`: what it inferred from this repository, and why:"]
     lines += [f"#   - {reason}" for reason in f.reasons]
@@ -75,8 +79,11 @@ def _variants(f: Findings, d: Defaults) -> list[str]:
             lines.append(f"build_requires = {_list([d.cuda_torch])}   # its CUDAExtension builds against a CUDA torch")
         if f.own_archs:
             lines.append('arch_policy = "at_least"          # its build picks its own archs too: recorded, not refused')
-    lines += ["", "[[variants]]", f"name = {_q(d.cpu_variant)}", 'backend = "cpu"                   # Kiln\'s own'
-              " (CPU) torch"]
+        if f.gpu_env:
+            lines.append(f"build_env = {_table(f.gpu_env)}   # its build switches: build from source, with CUDA")
+    if f.cpu_build or not f.cuda_build:
+        lines += ["", "[[variants]]", f"name = {_q(d.cpu_variant)}", 'backend = "cpu"                   # Kiln\'s'
+                  " own (CPU) torch"]
     return lines
 
 

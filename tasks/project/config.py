@@ -396,8 +396,12 @@ def _check_paths(config: KilnConfig, source: str) -> None:
     missing = []
     if not config.path(config.project.source).is_dir():
         missing.append(f"project.source = {config.project.source!r}")
-    if config.build.backend == "pep517" and not (config.path(config.build.project_dir) / "pyproject.toml").is_file():
-        missing.append(f"build.project_dir = {config.build.project_dir!r} has no pyproject.toml (backend = 'pep517')")
+    project_dir = config.path(config.build.project_dir)
+    builds = ("pyproject.toml", "setup.py")
+    if config.build.backend == "pep517" and not any((project_dir / n).is_file() for n in builds):
+        # a setup.py alone builds too: through setuptools' legacy backend, PEP 517's fallback (as pip does)
+        missing.append(f"build.project_dir = {config.build.project_dir!r} has no pyproject.toml or setup.py"
+                       " (backend = 'pep517')")
     if config.publish.pins and not config.path(config.publish.pins).is_file():
         missing.append(f"publish.pins = {config.publish.pins!r}")
     toolchain = config.build.toolchain

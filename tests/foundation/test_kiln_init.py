@@ -94,15 +94,88 @@ def test_kiln_init_on_a_directory_that_is_no_python_package_says_so_and_writes_n
     assert not (tmp_path / "kiln.toml").exists()
 
 
-def test_kiln_init_on_a_missing_directory_or_a_setup_py_without_pyproject_is_refused(tmp_path):
+def test_kiln_init_on_a_missing_directory_is_refused_and_a_setup_py_alone_is_accepted(tmp_path):
     with pytest.raises(OnboardingError, match="is not a directory"):
         init_project(tmp_path / "nowhere")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("import triton\n")
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='pkg', version='1.0')\n")
-    with pytest.raises(OnboardingError, match="has a setup.py but no pyproject.toml"):
-        init_project(tmp_path)
-    assert not (tmp_path / "kiln.toml").exists()
+    config = load_config(init_project(tmp_path).path)  # pip builds it through setuptools' legacy backend
+    assert config.build.backend == "pep517" and config.project.distribution == "pkg"
+
+
+# fixture -> (distribution, import package, variants, the GPU variant's build_env, a reason kiln init gives)
+_BUILDS = {
+    "cudaonly": ("cuda_only_ops", "coops", ["cu130"], {"CUDA_ONLY_OPS_FORCE_BUILD": "TRUE"},
+                 "no CPU variant: setup.py builds a CUDAExtension and no CppExtension"),
+    "forcecuda": ("force-cuda-ops", "fcops", ["cu130", "cpu"], {"FORCE_CUDA": "1"},
+                  "build_env FORCE_CUDA=1: setup.py compiles its CUDA code only when it sees a GPU"),
+    "cpponly": ("cpp-only-ops", "cppops", ["cpu"], {}, "no GPU variant: setup.py builds a CppExtension and no"),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(_BUILDS))
+def test_kiln_init_gives_each_variant_the_build_can_make_with_the_switches_it_needs(fixture, tmp_path):
+    distribution, package, variants, env, reason = _BUILDS[fixture]
+    result = init_project(_package(fixture, tmp_path))
+    config = load_config(result.path)
+    assert (config.project.distribution, config.project.package) == (distribution, package)
+    assert [v.name for v in config.variants] == variants
+    gpu = [v for v in config.variants if v.backend == "cuda"]
+    assert (gpu[0].build_env if gpu else {}) == env
+    assert any(r.startswith(reason) for r in result.findings.reasons), result.findings.reasons
+
+
+def test_kiln_init_reads_the_distribution_from_setup_never_from_the_extension_module(tmp_path):
+    """cudaonly: setup(name=PACKAGE_NAME) through a module constant; CUDAExtension(name="cuda_only_ops_C") and
+    the import package coops are other names; setup.py only; its requires-python from python_requires."""
+    result = init_project(_package("cudaonly", tmp_path))
+    config = load_config(result.path)
+    assert config.project.distribution == "cuda_only_ops" and config.project.source == "coops"
+    assert config.project.requires_python == ">=3.9" and config.project.version == "0.3.1"
+    assert "distribution 'cuda_only_ops': setup.py setup(name=...)" in result.findings.reasons
+    assert "CUDA_ONLY_OPS_SKIP_CUDA_BUILD makes a wheel without its kernels (for sdists): no CPU variant" in (
+        result.findings.reasons)
+    assert "# its build switches" in result.text
+
+
+@pytest.mark.parametrize(("source", "where"), [
+    ("setup.cfg", "setup.cfg [metadata] name"),
+    ("PKG-INFO", "PKG-INFO Name:"),
+    ("pyproject", "pyproject.toml [project] name"),
+])
+def test_kiln_init_reads_the_distribution_name_where_the_ecosystem_keeps_it(source, where, tmp_path):
+    (tmp_path / "src" / "imp").mkdir(parents=True)
+    (tmp_path / "src" / "imp" / "__init__.py").write_text("")
+    (tmp_path / "setup.py").write_text("from setuptools import setup, Extension\n"
+                                       "setup(ext_modules=[Extension(name='imp_native', sources=['x.c'])])\n")
+    files = {"setup.cfg": ("setup.cfg", "[metadata]\nname = real-name\nversion = 1.0\n"),
+             "PKG-INFO": ("PKG-INFO", "Metadata-Version: 2.1\nName: real-name\nVersion: 1.0\n"),
+             "pyproject": ("pyproject.toml", '[project]\nname = "real-name"\nversion = "1.0"\n')}
+    name, text = files[source]
+    (tmp_path / name).write_text(text)
+    result = init_project(tmp_path)
+    assert result.findings.distribution == "real-name" and result.findings.package == "imp"
+    assert f"distribution 'real-name': {where}" in result.findings.reasons
+
+
+def test_kiln_init_takes_c_extensions_declared_in_pyproject_for_native_code(tmp_path):
+    (tmp_path / "fastc").mkdir()
+    (tmp_path / "fastc" / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "fastc"\nversion = "1.0"\n[tool.setuptools]\n'
+                                             'ext-modules = [{name = "fastc._c", sources = ["fastc/c.c"]}]\n')
+    result = init_project(tmp_path)
+    assert result.findings.kind == "pep517"
+    assert any("[tool.setuptools] ext-modules" in r for r in result.findings.reasons)
+
+
+def test_kiln_init_finds_the_import_package_where_package_dir_puts_it(tmp_path):
+    (tmp_path / "python" / "deep_ops").mkdir(parents=True)
+    (tmp_path / "python" / "deep_ops" / "__init__.py").write_text("import triton\n@triton.jit\ndef k(): pass\n")
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='deep-kernels', version='1.0',"
+                                       " package_dir={'': 'python'}, packages=['deep_ops'])\n")
+    result = init_project(tmp_path)
+    assert result.findings.source == "python/deep_ops" and result.findings.package == "deep_ops"
 
 
 def _jit_config(tmp_path: Path, build: str, variants: str = "") -> dict:
