@@ -8,13 +8,14 @@ module only words them, so the terminal and the Prefect UI say the same.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.release.install import index_options
+from kiln.release.install import index_options, pip_steps
 
 
 def first_lines(info: Mapping[str, Any]) -> list[str]:
@@ -42,20 +43,33 @@ def _facts(index_url: str, install: Mapping[str, Any]) -> dict[str, Any] | None:
 UV_VARIANTS = ("uv", "pip", "install", "--preview-features", "wheel-variants")
 
 
-def install_command(index_url: str, install: Mapping[str, Any]) -> str:
-    """The command that installs what the run published to ``index_url`` (options as ``kiln verify`` passes them).
+def held_requires(facts: Mapping[str, Any]) -> list[str]:
+    """The published wheel's ``Requires-Dist`` lines naming a project the index holds (``kiln-runtime``, pins)."""
+    held = {canonicalize_name(h) for h in facts.get("holds") or []}
+    found = []
+    for text in facts.get("requires") or []:
+        name, optional = _name(str(text))
+        if not optional and canonicalize_name(name) in held:
+            found.append(str(text))
+    return found
 
-    pip for a variant's index; for the combined index of variant wheels (PEP 825), uv with its
-    ``wheel-variants`` preview, which chooses the variant wheel the machine supports (pip, which knows no
-    variants, would take the default CPU wheel there). A nightly's requirement is pinned to the exact
-    version it published.
+
+def install_command(index_url: str, install: Mapping[str, Any]) -> str:
+    """The command that installs what the run published to ``index_url``, every name the index holds from it only.
+
+    pip for a variant's index, in the steps of :func:`kiln.release.install.pip_steps` (pip merges every index's
+    candidates, so the names the index holds go in from it alone first); for the combined index of variant
+    wheels (PEP 825), uv with its ``wheel-variants`` preview and its first-index strategy, which chooses the
+    variant wheel the machine supports (pip, which knows no variants, would take the default CPU wheel
+    there). A nightly's requirement is pinned to the exact version it published.
     """
     facts = _facts(index_url, install) or {}
     requirement = str(facts.get("requirement") or install.get("distribution", ""))
     extras = install.get("extra_index_urls") or []
     if facts.get("variants"):
-        return " ".join([*UV_VARIANTS, *index_options("uv", index_url, extras), requirement])
-    return " ".join(["pip", "install", *index_options("pip", index_url, extras), requirement])
+        return shlex.join([*UV_VARIANTS, *index_options("uv", index_url, extras), requirement])
+    steps = pip_steps(index_url, requirement, held_requires(facts), extras)
+    return " && ".join(shlex.join(["pip", "install", *step]) for step in steps)
 
 
 def _name(text: str) -> tuple[str, bool]:

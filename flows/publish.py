@@ -29,7 +29,7 @@ from kiln.flows.common import (
     unit_from_state,
 )
 from kiln.flows.runname import name_this_run, run_name
-from kiln.release.closure import ClosureQuery, ClosureResult, resolve
+from kiln.release.closure import ClosureQuery, ClosureResult, resolve, unique_queries
 from kiln.release.errors import ConfigError, IntegrityError, PermanentError
 from kiln.release.index import ProjectStatus
 from kiln.release.manifest import Unit
@@ -181,8 +181,9 @@ def closure_task(run: RunRecord, refuse: bool = True) -> ClosureStep:
     """The dependency checks as task runs at once, each answer as the publish/dependencies/<variant> unit
     (failed when it refuses the variant; with ``refuse`` False a warning on a completed unit)."""
     def step(queries: Sequence[ClosureQuery]) -> list[ClosureResult]:
-        futures = [check_dependencies.submit(query) for query in queries]
-        return [_answer(run, query, future, refuse) for query, future in zip(queries, futures, strict=True)]
+        # one task run per distinct question: two variants whose wheels ask the same are resolved once
+        futures = {key: check_dependencies.submit(query) for key, query in unique_queries(queries).items()}
+        return [_answer(run, query, futures[query.cache_key], refuse) for query in queries]
     return step
 
 

@@ -11,6 +11,15 @@ exact ``name==version`` in an isolated pip (no configuration file, no
 environment variables). A wheel whose dependencies do not resolve is refused,
 naming the requirement pip could not find.
 
+Nothing from an extra index runs while checking: pip reads wheels only
+(``--only-binary :all:``; a dependency of which the indexes hold only an
+sdist is reported as such, never built) in the scrubbed environment of
+:mod:`kiln.release.installenv`. And a name the staged index holds (the
+project, ``kiln-runtime``, pins) must resolve to one of its files: when pip's
+report takes it from another index (a higher version, a same-version wheel
+with a more specific tag) the check refuses, naming the file and the index
+(:mod:`kiln.release.provenance`).
+
 The question depends on the wheel's requirements, not on its version, so
 :attr:`ClosureQuery.cache_key` leaves the version out: the publish flow runs
 the check as a Prefect task cached on that key for a while (nightly after
@@ -33,15 +42,19 @@ from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from kiln.release.dists import Distribution
-from kiln.release.errors import InfrastructureError
+from kiln.release.errors import InfrastructureError, InvalidInputError
 from kiln.release.index import generate
+from kiln.release.provenance import foreign, pip_dry_run
 from kiln.release.wheels import core_metadata
 
 log = logging.getLogger(__name__)
 
 RESOLVE_TIMEOUT_S = 600.0  # pip reads every dependency's page and metadata from the extra indexes
 PARALLEL = 4  # variants resolved at once
+CHECK_REVISION = 2  # in the cache key: an answer of an older check (which built sdists, took any index) is not kept
 MAX_CAUSES = 3  # of the conflicting pins pip lists (one per candidate version it tried)
 _NOT_FOUND = re.compile(r"No matching distribution found for (.+)")
 _NO_VERSION = re.compile(r"Could not find a version that satisfies the requirement (\S+)")
@@ -76,7 +89,7 @@ class ClosureQuery:
         facts = {"requires": sorted(metadata.get_all("Requires-Dist") or []),
                  "python": metadata.get("Requires-Python") or "", "tags": self.wheel.dist.filename.split("-")[-3:],
                  "beside": sorted(s.dist.sha256 for s in self.beside), "indexes": list(self.extra_index_urls),
-                 "interpreter": sys.version_info[:2]}
+                 "interpreter": sys.version_info[:2], "check": CHECK_REVISION}
         return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
@@ -107,30 +120,50 @@ def stage_index(files: Sequence[Staged], directory: Path) -> str:
     return root.as_uri() + "/"
 
 
+def kiln_files(query: ClosureQuery) -> dict[str, frozenset[str]]:
+    """Every name the staged index holds, with the SHA-256 of its files there: what must come from it alone."""
+    found: dict[str, set[str]] = {}
+    for item in (query.wheel, *query.beside):
+        found.setdefault(item.dist.project, set()).add(item.dist.sha256)
+    return {name: frozenset(hashes) for name, hashes in found.items()}
+
+
+def pip_cache_dir() -> Path:
+    """pip's HTTP cache for the checks (index pages and metadata, never code that runs): owner-only, Kiln's own,
+    so the checks' answers from the extra indexes are not fetched twice although every check gets a fresh HOME."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kiln" / "closure-pip"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return root
+
+
 def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureResult:
-    """Ask pip's resolver; what it says, with the missing requirement when it names one."""
+    """Ask pip's resolver (wheels only, scrubbed environment); what it says, with the missing requirement
+    when it names one, and a refusal naming the file and index when a held name would come from elsewhere."""
     with tempfile.TemporaryDirectory(prefix="kiln-closure-") as tmp:
         index = stage_index([query.wheel, *query.beside], Path(tmp))
-        report = Path(tmp) / "report.json"
         extras = [flag for url in query.extra_index_urls for flag in ("--extra-index-url", url)]
         # fast-deps: each wheel's metadata by HTTP range requests where the index serves no PEP 658 sidecar,
         # never the whole wheel (a CUDA torch's closure is gigabytes); pip >= 25.3 keeps a dry run at that.
-        cmd = [sys.executable, "-I", "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed",
-               "--use-feature=fast-deps", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-               "--report", str(report), "--index-url", index, *extras, query.requirement]
-        log.info("resolving %s: %s", query.requirement, " ".join(cmd))
+        args = ["--isolated", "--ignore-installed", "--use-feature=fast-deps", "--cache-dir", str(pip_cache_dir()),
+                "--index-url", index, *extras, query.requirement]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+            done = pip_dry_run([sys.executable, "-I"], args, Path(tmp), timeout)
         except subprocess.TimeoutExpired as exc:
             raise InfrastructureError(f"pip did not finish resolving {query.requirement} in {timeout:.0f} s") from exc
-        if done.returncode == 0:
-            installs = json.loads(report.read_text()).get("install", [])
-            return ClosureResult(True, "", f"{len(installs)} distributions")
-        return read_refusal(query, done.stdout + "\n" + done.stderr)
+        except InvalidInputError as exc:
+            raise InfrastructureError(f"pip could not check {query.requirement}: {exc}") from exc
+        if done.returncode != 0:
+            return read_refusal(query, done.output, done.sdists)
+        shadowed = foreign(done.chosen, f"the staged {query.variant} index", kiln_files(query),
+                           [index, *query.extra_index_urls])
+        if shadowed:
+            return ClosureResult(False, "", "; ".join(shadowed))
+        return ClosureResult(True, "", f"{len(done.chosen)} distributions")
 
 
-def read_refusal(query: ClosureQuery, text: str) -> ClosureResult:
-    """pip's refusal: the requirement no index has, or the conflicting pins pip lists.
+def read_refusal(query: ClosureQuery, text: str, sdists: Sequence[str] = ()) -> ClosureResult:
+    """pip's refusal: the requirement no index has (said to have only an sdist when pip skipped one of it:
+    ``sdists``, never built while checking), or the conflicting pins pip lists.
 
     Anything else (a full disk, an index that did not answer) is no answer about the dependencies:
     an :class:`InfrastructureError`, which the publish flow's task retries.
@@ -145,11 +178,23 @@ def read_refusal(query: ClosureQuery, text: str) -> ClosureResult:
     errors = " ".join(line.strip() for line in text.splitlines() if line.startswith("ERROR:"))[-800:]
     if found is None and "ResolutionImpossible" not in text:
         raise InfrastructureError(f"pip could not check {query.requirement}: {errors or text.strip()[-800:]}")
-    return ClosureResult(False, found.group(1).strip() if found else "", errors)
+    missing = found.group(1).strip() if found else ""
+    name = re.split(r"[\s<>=!~;\[(]", missing, maxsplit=1)[0]
+    if name and canonicalize_name(name) in sdists:
+        missing += " (the indexes hold only an sdist of it: not built while checking, wheels only)"
+    return ClosureResult(False, missing, errors)
+
+
+def unique_queries(queries: Sequence[ClosureQuery]) -> dict[str, ClosureQuery]:
+    """The distinct questions among ``queries`` by :attr:`ClosureQuery.cache_key`, the first asker of each."""
+    unique: dict[str, ClosureQuery] = {}
+    for query in queries:
+        unique.setdefault(query.cache_key, query)
+    return unique
 
 
 def resolve_all(queries: Sequence[ClosureQuery], timeout: float = RESOLVE_TIMEOUT_S) -> list[ClosureResult]:
-    """:func:`resolve` for every query at once (pip mostly waits on the indexes), answers in order."""
+    """:func:`resolve` for every distinct query at once (pip mostly waits on the indexes), answers in order."""
     if not queries:
         return []
     def answer(query: ClosureQuery) -> ClosureResult:
@@ -158,9 +203,11 @@ def resolve_all(queries: Sequence[ClosureQuery], timeout: float = RESOLVE_TIMEOU
         except InfrastructureError as exc:  # no answer is not a yes: the variant is not shown to install
             return ClosureResult(False, "", f"the check did not run to an answer: {exc}")
 
-    with ThreadPoolExecutor(max_workers=min(len(queries), PARALLEL)) as pool:
-        return list(pool.map(answer, queries))
+    unique = unique_queries(queries)
+    with ThreadPoolExecutor(max_workers=min(len(unique), PARALLEL)) as pool:
+        answers = dict(zip(unique, pool.map(answer, unique.values()), strict=True))
+    return [answers[query.cache_key] for query in queries]
 
 
-__all__ = ["ClosureQuery", "ClosureResult", "RESOLVE_TIMEOUT_S", "Staged", "read_refusal", "resolve", "resolve_all",
-           "stage_index"]
+__all__ = ["ClosureQuery", "ClosureResult", "RESOLVE_TIMEOUT_S", "Staged", "kiln_files", "read_refusal", "resolve",
+           "resolve_all", "stage_index", "unique_queries"]

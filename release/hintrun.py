@@ -1,17 +1,24 @@
 """Run a printed install hint as a user would, and say which version it installed.
 
-The hint a run prints (``pip install --index-url … --extra-index-url … NAME==VERSION``,
+The hint a run prints (``pip install --index-url KILN --no-deps NAME==VERSION kiln-runtime==…
+&& pip install --index-url KILN --extra-index-url … NAME==VERSION``,
 :func:`kiln.flows.hint.install_command`) is what users paste. pip merges the
 candidates of every index it is given, so an unpinned name can install a
 higher release from an extra index instead of what was published; only
 running the hint shows which. :func:`run_hint` does so in a fresh virtual
 environment, with its interpreter in isolated mode (``-I``), in an empty
-working directory, with no pip configuration file, every command under a
-timeout; :func:`check_hint` compares the installed version with the published one.
+working directory, with no pip configuration file, in the scrubbed
+environment of :mod:`kiln.release.installenv`, wheels only, every command
+under a timeout; :func:`check_hint` compares the installed version with the
+published one. Given what the index holds, each step is resolved first
+(``--dry-run --report``) and not run when it would take a name the index
+holds from another index: the attacker's ``.pth`` never gets to run inside
+the check.
 
-Only the options Kiln prints are accepted (``--index-url``/``-i``,
-``--extra-index-url``) and exactly one requirement: anything else is refused
-before anything runs, naming the hint.
+Only the commands and options Kiln prints are accepted (``pip install`` steps
+joined by ``&&``; ``--index-url``/``-i``, ``--extra-index-url``,
+``--no-deps``) and one requirement per step (several with ``--no-deps``):
+anything else is refused before anything runs, naming the hint.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,20 +39,51 @@ from packaging.version import InvalidVersion, Version
 
 from kiln.release.errors import InvalidInputError
 from kiln.release.install import check_index_url, python_command
+from kiln.release.installenv import run_installer
+from kiln.release.provenance import foreign, pip_dry_run
 
 log = logging.getLogger(__name__)
 
 _OPTIONS = {"--index-url", "-i", "--extra-index-url"}
+_FLAGS = {"--no-deps"}
+_AND = "&&"
 _TAIL = 1500  # characters of a failed command's output in the report
 
 
 @dataclass(frozen=True)
+class Step:
+    """One ``pip install`` of a hint: its options (as given) and its requirements."""
+
+    options: tuple[str, ...]
+    requirements: tuple[Requirement, ...]
+
+    @property
+    def index_url(self) -> str:
+        urls = [self.options[i + 1] for i, flag in enumerate(self.options) if flag in ("--index-url", "-i")]
+        return urls[-1] if urls else ""
+
+    @property
+    def indexes(self) -> list[str]:
+        return [self.options[i + 1] for i, flag in enumerate(self.options) if flag in _OPTIONS]
+
+    def argv(self) -> list[str]:
+        return [*self.options, *map(str, self.requirements)]
+
+
+@dataclass(frozen=True)
 class Hint:
-    """A parsed ``pip install`` hint: its options (as given) and its one requirement."""
+    """A parsed install hint: its ``pip install`` steps (joined by ``&&``) and the requirement it is for."""
 
     text: str
-    options: tuple[str, ...]
-    requirement: Requirement
+    steps: tuple[Step, ...]
+
+    @property
+    def requirement(self) -> Requirement:
+        return self.steps[0].requirements[0]
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return self.steps[0].options
 
     @property
     def project(self) -> str:
@@ -52,13 +91,28 @@ class Hint:
 
 
 def parse_hint(text: str) -> Hint:
-    """The hint ``text`` as pip would read it; InvalidInputError naming it when it is not one Kiln prints."""
+    """The hint ``text`` as a shell and pip would read it; InvalidInputError naming it when it is not one
+    Kiln prints: one or more ``pip install`` commands joined by ``&&``, of Kiln's options only."""
     try:
         argv = shlex.split(text)
     except ValueError as exc:
         raise InvalidInputError(f"install hint {text!r}: {exc}") from exc
+    commands: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == _AND:
+            commands.append([])
+        else:
+            commands[-1].append(arg)
+    steps = tuple(_parse_step(text, command) for command in commands)
+    names = {canonicalize_name(step.requirements[0].name) for step in steps}
+    if len(names) != 1:
+        raise InvalidInputError(f"install hint {text!r}: its steps install different projects first ({sorted(names)})")
+    return Hint(text, steps)
+
+
+def _parse_step(text: str, argv: list[str]) -> Step:
     if argv[:2] != ["pip", "install"]:
-        raise InvalidInputError(f"install hint {text!r}: must start with 'pip install'")
+        raise InvalidInputError(f"install hint {text!r}: each command must start with 'pip install'")
     options: list[str] = []
     requirements: list[str] = []
     rest = iter(argv[2:])
@@ -70,26 +124,27 @@ def parse_hint(text: str) -> Hint:
                 options += [flag, check_index_url(url)]
             except InvalidInputError as exc:
                 raise InvalidInputError(f"install hint {text!r}: {exc}") from exc
+        elif arg in _FLAGS:
+            options.append(arg)
         elif arg.startswith("-"):
             raise InvalidInputError(f"install hint {text!r}: option {arg!r} is not one Kiln prints "
-                                    f"({', '.join(sorted(_OPTIONS))})")
+                                    f"({', '.join(sorted(_OPTIONS | _FLAGS))})")
         else:
             requirements.append(arg)
-    if len(requirements) != 1:
-        raise InvalidInputError(f"install hint {text!r}: names {len(requirements)} requirements, not exactly one")
+    if not requirements or (len(requirements) > 1 and "--no-deps" not in options):
+        raise InvalidInputError(f"install hint {text!r}: names {len(requirements)} requirements, not exactly one "
+                                "(several only with --no-deps: the project and what the index holds of its "
+                                "dependencies)")
     try:
-        requirement = Requirement(requirements[0])
+        return Step(tuple(options), tuple(Requirement(r) for r in requirements))
     except InvalidRequirement as exc:
         raise InvalidInputError(f"install hint {text!r}: {exc}") from exc
-    return Hint(text, tuple(options), requirement)
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float, what: str) -> tuple[bool, str]:
-    """(succeeded, stdout or what failed) of ``cmd`` in ``cwd``, with no pip configuration of the caller's."""
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-    log.info("running %s (in %s)", shlex.join(cmd), cwd)
+    """(succeeded, stdout or what failed) of ``cmd`` in ``cwd``: scrubbed environment, no pip configuration file."""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        done = run_installer(cmd, cwd, timeout, {"PIP_CONFIG_FILE": os.devnull})
     except subprocess.TimeoutExpired:
         return False, f"{what}: timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -99,16 +154,44 @@ def _run(cmd: list[str], cwd: Path, timeout: float, what: str) -> tuple[bool, st
     return True, done.stdout
 
 
-def run_hint(hint: Hint, workdir: Path, timeout: float) -> tuple[str | None, str]:
-    """Run ``hint`` in a fresh venv under ``workdir``: (the version of its project it installed, or None; why not)."""
+def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float) -> str:
+    """"ok" when ``step`` would take every held name from its own ``--index-url`` (by content), wheels only;
+    else what it would take from where, or the sdist-only dependency it would have to build."""
+    try:
+        done = pip_dry_run(python_command(python), [*step.argv()], cwd, timeout)
+    except subprocess.TimeoutExpired:
+        return f"resolving {shlex.join(step.argv())}: timed out after {timeout:.0f} s"
+    except InvalidInputError as exc:
+        return f"resolving {shlex.join(step.argv())}: {exc}"
+    if done.returncode != 0:
+        sdists = f" (only an sdist of {', '.join(done.sdists)}: not built, wheels only)" if done.sdists else ""
+        errors = " ".join(line.strip() for line in done.output.splitlines() if line.startswith("ERROR:"))
+        return f"resolving {shlex.join(step.argv())} failed{sdists}: {errors[-_TAIL:]}"
+    problems = foreign(done.chosen, step.index_url, held, step.indexes)
+    return "; ".join(problems) or "ok"
+
+
+def run_hint(hint: Hint, workdir: Path, timeout: float,
+             held: Mapping[str, frozenset[str]] | None = None) -> tuple[str | None, str]:
+    """Run ``hint`` in a fresh venv under ``workdir``: (the version of its project it installed, or None; why not).
+
+    Wheels only. With ``held`` (each name the index holds -> the SHA-256 of its files there), every step is
+    first resolved without installing, and a step that would take a held name from another index is not run.
+    """
     venv, cwd = workdir / "venv", workdir / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
     ok, out = _run([*python_command(sys.executable), "-m", "venv", str(venv)], cwd, timeout, "create a venv")
     python = venv / "bin" / "python"
-    if ok:
-        install = [*python_command(python), "-m", "pip", "install", "--no-cache-dir", *hint.options,
-                   str(hint.requirement)]
-        ok, out = _run(install, cwd, timeout, f"run the hint {hint.text!r}")
+    for step in hint.steps if ok else ():
+        if held is not None:
+            out = _precheck(python, step, held, cwd, timeout)
+            ok = out == "ok"
+        if ok:
+            install = [*python_command(python), "-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:",
+                       *step.argv()]
+            ok, out = _run(install, cwd, timeout, f"run the hint {hint.text!r}")
+        if not ok:
+            break
     if ok:
         show = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
         ok, out = _run([*python_command(python), "-c", show, hint.requirement.name], cwd, timeout,
@@ -116,10 +199,10 @@ def run_hint(hint: Hint, workdir: Path, timeout: float) -> tuple[str | None, str
     return (out.strip(), "") if ok else (None, out)
 
 
-def check_hint(hint: Hint, published: str, timeout: float) -> str:
+def check_hint(hint: Hint, published: str, timeout: float, held: Mapping[str, frozenset[str]] | None = None) -> str:
     """"ok" when running ``hint`` installs exactly the ``published`` version of its project, else what it did."""
     with tempfile.TemporaryDirectory(prefix="kiln-verify-hint-") as tmp:
-        installed, why = run_hint(hint, Path(tmp), timeout)
+        installed, why = run_hint(hint, Path(tmp), timeout, held)
     if installed is None:
         return why
     try:

@@ -1,25 +1,26 @@
 """Install a requirement from an index with pip or uv into a fresh virtual environment.
 
-:func:`index_options` is the one place that knows how each tool is told
-which indexes to use; the install hint at the end of a run
-(:mod:`kiln.flows.summary`) and the installs of :mod:`kiln.release.verify`
-both take their options from it.
+:func:`index_options` and :func:`pip_steps` are the one place that knows
+how each tool is told which indexes to use so that a name the Kiln index
+holds installs from it alone; the install hint at the end of a run
+(:mod:`kiln.flows.hint`) and the installs of :mod:`kiln.release.verify`
+both take their options from them.
 
 A Kiln index holds the project's own wheels, not its dependencies (torch,
 triton, numpy…). Two ways to install from it:
 
 * with extra indexes (``--extra-index-url``, e.g. PyPI or a company mirror):
   dependencies are resolved for real into an isolated venv;
-* without: ``--no-deps`` into a venv that sees this interpreter's
-  site-packages through a ``.pth`` file placed after its own, so the import
-  still proves that the wheel from the index is the one that loads, without
-  downloading gigabytes that are not under test.
+* without: ``--no-deps`` of the project and the dependencies the index
+  holds (``kiln-runtime``, pins) into a venv that sees this interpreter's
+  site-packages (editable installs included) after its own, so the import
+  still proves that the wheels from the index are the ones that load,
+  without downloading gigabytes that are not under test.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from kiln.release.errors import InvalidInputError
+from kiln.release.installenv import run_installer
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class InstallSpec:
     modules: tuple[str, ...]  # imported afterwards (read from the wheel); each must load from the fresh venv
     extra_index_urls: tuple[str, ...] = ()
     wheel_variants: bool = False  # uv chooses among PEP 825 variant wheels (its preview feature)
+    held: tuple[str, ...] = ()  # the requirement's own Requires-Dist lines naming projects the index holds
 
     @property
     def resolves_dependencies(self) -> bool:
@@ -66,10 +69,13 @@ def check_index_url(url: str) -> str:
 def index_options(tool: Tool, index_url: str, extra_index_urls: Sequence[str] = ()) -> list[str]:
     """The index options of ``tool``, with ``index_url`` winning for every project it holds.
 
-    pip merges ``--index-url`` and ``--extra-index-url`` candidates. uv ranks
-    its ``--extra-index-url`` above its ``--index-url`` and takes a project
-    from the first index that has it, so there the index under test goes
-    first (``--index``) and the last extra becomes uv's ``--default-index``.
+    uv ranks its ``--extra-index-url`` above its ``--index-url``; with its
+    first-index strategy (its default, stated so a configuration file cannot
+    change it) it takes a project from the first index that has it, so there
+    the index under test goes first (``--index``) and the last extra becomes
+    uv's ``--default-index``. pip merges the candidates of every index, so
+    for pip these options alone do not keep a held name on the index under
+    test: :func:`pip_steps` does.
     """
     extras = list(extra_index_urls)
     if tool == "pip":
@@ -77,15 +83,32 @@ def index_options(tool: Tool, index_url: str, extra_index_urls: Sequence[str] = 
     if not extras:
         return ["--default-index", index_url]
     ranked = [index_url, *extras[:-1]]
-    return [*(flag for url in ranked for flag in ("--index", url)), "--default-index", extras[-1]]
+    return ["--index-strategy", "first-index", *(flag for url in ranked for flag in ("--index", url)),
+            "--default-index", extras[-1]]
+
+
+def pip_steps(index_url: str, requirement: str, held: Sequence[str] = (),
+              extra_index_urls: Sequence[str] = ()) -> list[list[str]]:
+    """The arguments of each ``pip install`` that installs ``requirement`` with held names from ``index_url`` only.
+
+    pip takes any index's file for any name (a higher version, or the same version with a more specific tag),
+    so one command with ``--extra-index-url`` lets another index shadow the Kiln index. Two steps cannot: the
+    first installs ``requirement`` and the names of ``held`` (its own ``Requires-Dist`` lines naming projects
+    the Kiln index holds: ``kiln-runtime``, pins) from the Kiln index alone, with ``--no-deps``; the second
+    resolves the rest with the extra indexes, and pip keeps an installed distribution that satisfies a
+    requirement, so what the first step installed is not replaced. Without extra indexes one step suffices.
+    """
+    if not extra_index_urls:
+        return [["--index-url", index_url, requirement]]
+    return [["--index-url", index_url, "--no-deps", requirement, *held],
+            index_options("pip", index_url, extra_index_urls) + [requirement]]
 
 
 def _run(cmd: list[str], timeout: float, what: str, cwd: Path) -> str:
-    """Run ``cmd`` in ``cwd`` (a directory of Kiln's own, never the caller's: see :func:`python_command`)."""
-    log.info("running %s (in %s)", " ".join(cmd), cwd)
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    """Run ``cmd`` in ``cwd`` (a directory of Kiln's own, never the caller's: see :func:`python_command`),
+    in the scrubbed environment every installer gets (:mod:`kiln.release.installenv`)."""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        done = run_installer(cmd, cwd, timeout)
     except subprocess.TimeoutExpired:
         return f"{what}: timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -108,30 +131,40 @@ def uv_command() -> list[str]:
 
 
 def _inherit(python: Path, timeout: float, cwd: Path) -> str:
-    """Let the venv at ``python`` see this interpreter's site-packages, after its own."""
+    """Let the venv at ``python`` see this interpreter's site-packages, after its own.
+
+    Through :func:`site.addsitedir`, not a bare path line: that also runs the ``.pth`` files there, so an
+    editable install (a setuptools ``__editable__`` finder, a path ``.pth``) is visible as it is here.
+    Its finders go after the venv's own path entries, so what the venv installed from the index still wins.
+    """
     query = [*python_command(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-    log.info("running %s (in %s)", " ".join(query), cwd)
     try:
-        purelib = subprocess.run(query, capture_output=True, text=True, timeout=timeout, check=True,
-                                 cwd=cwd).stdout.strip()
+        done = run_installer(query, cwd, timeout)
     except (subprocess.SubprocessError, OSError) as exc:
         return f"cannot locate the fresh venv's site-packages: {exc}"
-    # after the venv's own site-packages, so the wheel installed from the index wins
-    Path(purelib, "zz_kiln_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    if done.returncode != 0:
+        return f"cannot locate the fresh venv's site-packages: {done.stderr.strip()[-500:]}"
+    parent = sysconfig.get_paths()["purelib"]
+    Path(done.stdout.strip(), "zz_kiln_parent.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
     return "ok"
 
 
-def install_command(tool: Tool, python: Path, spec: InstallSpec) -> list[str]:
-    """The install command line for the venv of ``python``."""
-    flags = [] if spec.resolves_dependencies else ["--no-deps"]
-    if tool == "pip" and not spec.resolves_dependencies:
-        flags.append("--ignore-installed")  # pip would keep an inherited copy of the same project
-    options = index_options(tool, spec.index_url, spec.extra_index_urls)
+def install_commands(tool: Tool, python: Path, spec: InstallSpec) -> list[list[str]]:
+    """The install commands for the venv of ``python``, in order: wheels only (nothing is built while
+    checking), and every name the index holds from it alone (:func:`pip_steps`, uv's first index)."""
     if tool == "pip":
-        return [*python_command(python), "-m", "pip", "install", "--no-cache-dir", *options, *flags, spec.requirement]
+        pip = [*python_command(python), "-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:"]
+        if not spec.resolves_dependencies:  # pip would keep an inherited copy of the same project
+            return [[*pip, "--ignore-installed", "--no-deps", "--index-url", spec.index_url, spec.requirement,
+                     *spec.held]]
+        return [[*pip, *step] for step in pip_steps(spec.index_url, spec.requirement, spec.held,
+                                                    spec.extra_index_urls)]
     preview = ["--preview-features", "wheel-variants"] if spec.wheel_variants else []
-    return [*uv_command(), "pip", "install", *preview, "--no-cache", "--python", str(python), *options, *flags,
-            spec.requirement]
+    uv = [*uv_command(), "pip", "install", *preview, "--no-cache", "--no-build", "--python", str(python),
+          *index_options(tool, spec.index_url, spec.extra_index_urls)]
+    if not spec.resolves_dependencies:
+        return [[*uv, "--no-deps", spec.requirement, *spec.held]]
+    return [[*uv, spec.requirement]]
 
 
 def install_and_import(tool: Tool, spec: InstallSpec, workdir: Path, timeout: float) -> str:
@@ -153,9 +186,10 @@ def install_and_import(tool: Tool, spec: InstallSpec, workdir: Path, timeout: fl
         result = _inherit(python, timeout, cwd)
         if result != "ok":
             return f"{tool}: {result}"
-    result = _run(install_command(tool, python, spec), timeout, f"{tool}: install {spec.requirement}", cwd)
-    if result != "ok":
-        return result
+    for command in install_commands(tool, python, spec):
+        result = _run(command, timeout, f"{tool}: install {spec.requirement}", cwd)
+        if result != "ok":
+            return result
     if not spec.modules:
         return "ok"
     check = (f"import importlib, sys; mods = [importlib.import_module(m) for m in {list(spec.modules)!r}]; "

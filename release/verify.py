@@ -38,14 +38,18 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from packaging.metadata import parse_email
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -54,13 +58,14 @@ from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, L
 from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.hintrun import Hint, check_hint, parse_hint
-from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
+from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, index_options, install_and_import
 from kiln.release.objects import Store
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
+from kiln.release.provenance import foreign, pip_dry_run
 from kiln.release.publish import COMBINED
 from kiln.release.serve import IndexServer
 from kiln.release.variants import VARIANT_JSON_LIMIT, merge_variants, read_wheel_variant, wheel_variant_label
-from kiln.release.wheels import import_names, member_limit, record_problems
+from kiln.release.wheels import core_metadata, import_names, member_limit, record_problems
 
 log = logging.getLogger(__name__)
 
@@ -198,20 +203,26 @@ def _read(source: IndexSource, url: str, report: VerifyReport, html_only: list[s
 
 @dataclass(frozen=True)
 class Newest:
-    """The newest installable version of a project and the modules its wheel makes importable."""
+    """The newest installable version of a project, the modules its wheel makes importable and its
+    ``Requires-Dist``; and the SHA-256 of every file the project's page lists (what is this index's)."""
 
     version: str
     modules: tuple[str, ...]
+    requires: tuple[str, ...] = ()
+    files: frozenset[str] = frozenset()
 
 
-def _check_wheel(page_url: str, filename: str, path: Path, report: VerifyReport) -> tuple[str, ...]:
-    """RECORD against the wheel's members (every lie is a problem); the modules the wheel makes importable."""
+def _check_wheel(page_url: str, filename: str, path: Path,
+                 report: VerifyReport) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """RECORD against the wheel's members (every lie is a problem); the modules the wheel makes importable,
+    and its ``Requires-Dist``."""
     try:
         report.problems.extend(f"{page_url}: {problem}" for problem in record_problems(filename, path))
-        return import_names(filename, path)
+        raw, _ = parse_email(core_metadata(filename, path))
+        return import_names(filename, path), tuple(str(r) for r in raw.get("requires_dist") or [])
     except InvalidInputError as exc:
         report.problems.append(f"{page_url}: {exc}")
-        return ()
+        return (), ()
 
 
 def _check_project(source: IndexSource, name: str, report: VerifyReport, html_only: list[str],
@@ -224,13 +235,15 @@ def _check_project(source: IndexSource, name: str, report: VerifyReport, html_on
     data = json_files(page, report.problems) if page.json is not None else {}
     if page.json is not None:
         compare_forms(page, html, data, report.problems)
-    versions: dict[Version, tuple[str, ...]] = {}
+    versions: dict[Version, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    hashes = frozenset(r.sha256 for refs in (html, data) for r in refs.values() if r.sha256)
     variants = _Variants()
     for filename in sorted(set(html) | set(data)):
         refs = [r for r in (html.get(filename), data.get(filename)) if r]
         body = _check_file(page.url, filename, refs, source, report, workdir)
         try:
-            modules = _check_wheel(page.url, filename, body, report) if body and filename.endswith(".whl") else ()
+            wheel = body is not None and filename.endswith(".whl")
+            modules = _check_wheel(page.url, filename, body, report) if body and wheel else ((), ())
             if body is not None:
                 variants.read(page.url, filename, body, report)
         finally:
@@ -242,12 +255,13 @@ def _check_project(source: IndexSource, name: str, report: VerifyReport, html_on
             except InvalidInputError as exc:
                 report.problems.append(f"{page.url}: {exc}")
                 continue
-            versions[version] = versions.get(version) or modules
+            if not versions.get(version, ((), ()))[0]:  # the first of its wheels that makes a module importable
+                versions[version] = modules
     variants.check(page.url, report)
     if not versions:
         return None
     newest = max(versions)
-    return Newest(str(newest), versions[newest])
+    return Newest(str(newest), versions[newest][0], versions[newest][1], hashes)
 
 
 class _Variants:
@@ -346,20 +360,66 @@ def _install_url(source: IndexSource, report: VerifyReport) -> Iterator[str]:
         yield source.root
 
 
+def held_files(newest: Mapping[str, Newest]) -> dict[str, frozenset[str]]:
+    """Every name the index holds, with the SHA-256 of its files there: what must install from it alone."""
+    return {name: found.files for name, found in newest.items()}
+
+
+def held_requires(found: Newest, newest: Mapping[str, Newest]) -> tuple[str, ...]:
+    """The wheel's ``Requires-Dist`` lines naming another project this index holds (``kiln-runtime``, pins)."""
+    held = []
+    for text in found.requires:
+        requirement = Requirement(text)
+        optional = requirement.marker is not None and "extra" in str(requirement.marker)
+        if not optional and canonicalize_name(requirement.name) in newest:
+            held.append(text)
+    return tuple(held)
+
+
+def _shadow_check(index_url: str, newest: dict[str, Newest], report: VerifyReport,
+                  extra_index_urls: tuple[str, ...], timeout: float, workdir: Path) -> None:
+    """Resolve each project as one plain ``pip install --index-url … --extra-index-url …`` would (wheels only,
+    nothing installed): a held name another index would win is a problem naming the file and that index."""
+    held = held_files(newest)
+    for project, found in sorted(newest.items()):
+        args = ["--isolated", "--ignore-installed", "--no-cache-dir",
+                *index_options("pip", index_url, extra_index_urls), f"{project}=={found.version}"]
+        try:
+            done = pip_dry_run([sys.executable, "-I"], args, workdir, timeout)
+        except (subprocess.TimeoutExpired, InvalidInputError) as exc:
+            report.problems.append(f"{project}=={found.version}: resolving it from {index_url} and "
+                                   f"{list(extra_index_urls)} did not finish: {exc}")
+            continue
+        if done.returncode != 0:
+            sdists = f"; the indexes hold only an sdist of {', '.join(done.sdists)} (not built: wheels only)" \
+                if done.sdists else ""
+            errors = " ".join(line.strip() for line in done.output.splitlines() if line.startswith("ERROR:"))
+            report.problems.append(f"{project}=={found.version} does not resolve from {index_url} and "
+                                   f"{list(extra_index_urls)}{sdists}: {errors[-800:]}")
+            continue
+        report.problems.extend(f"{project}=={found.version}: {problem}"
+                               for problem in foreign(done.chosen, index_url, held, [index_url, *extra_index_urls]))
+
+
 def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyReport,
                  extra_index_urls: tuple[str, ...], tools: Sequence[Tool], timeout: float) -> None:
     if extra_index_urls:
-        report.notes.append(f"dependencies resolved from {', '.join(extra_index_urls)} (--extra-index-url)")
+        report.notes.append(f"dependencies resolved from {', '.join(extra_index_urls)} (--extra-index-url), wheels "
+                            "only; every name this index holds installed from it alone")
     else:
-        report.notes.append("dependencies were not resolved: installed with --no-deps into venvs that see this "
-                            "interpreter's site-packages; pass --extra-index-url URL (e.g. https://pypi.org/simple) "
-                            "to resolve them")
+        report.notes.append("dependencies were not resolved (those this index holds were installed from it): "
+                            "installed with --no-deps into venvs that see this interpreter's site-packages; pass "
+                            "--extra-index-url URL (e.g. https://pypi.org/simple) to resolve them")
     with _install_url(source, report) as index_url, tempfile.TemporaryDirectory(prefix="kiln-verify-") as tmp:
+        if extra_index_urls:
+            _shadow_check(index_url, newest, report, extra_index_urls, timeout, Path(tmp))
+            if report.problems:
+                return  # nothing is installed from indexes that shadow this one
         for project, found in sorted(newest.items()):
             if not found.modules:
                 report.notes.append(f"{project} {found.version}: its wheel makes no module importable; installed only")
             spec = InstallSpec(index_url, f"{project}=={found.version}", found.modules, extra_index_urls,
-                               wheel_variants=report.wheel_variants)
+                               wheel_variants=report.wheel_variants, held=held_requires(found, newest))
             for tool in tools:
                 workdir = Path(tmp) / f"{project}-{tool}"
                 workdir.mkdir()
@@ -367,14 +427,15 @@ def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyR
 
 
 def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyReport, timeout: float) -> None:
-    """Run each hint; it must install the newest version this index publishes of its project."""
+    """Run each hint; it must install the newest version this index publishes of its project, every name this
+    index holds from it (a step that would take one from another index is refused before it runs)."""
     for hint in hints:
         key = f"hint {hint.text}"
         published = newest.get(hint.project)
         if published is None:
             report.installs[key] = f"this index publishes no installable {hint.project}; the hint cannot install it"
             continue
-        report.installs[key] = check_hint(hint, published.version, timeout)
+        report.installs[key] = check_hint(hint, published.version, timeout, held_files(newest))
 
 
 def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOUT_S,

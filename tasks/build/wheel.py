@@ -34,6 +34,7 @@ import time
 import zipfile
 import zlib
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import CacheDriftError, InvalidInputError
+from kiln.release.errors import CacheDriftError, ConfigError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
@@ -120,7 +121,23 @@ def requirements(config: KilnConfig, variant: Variant, toolchain: dict[str, str]
     torch = toolchain.get("torch", "absent")
     if torch_extension and torch != "absent":
         reqs = _pin(reqs, "torch", Version(torch).public)
+    if config.project.ships_runtime and any(canonicalize_name(r.name) == RUNTIME for r in reqs):
+        # exactly the kiln-runtime published beside it: no other version, from no other index, can satisfy it
+        reqs = _pin(reqs, RUNTIME, runtime_version())
     return [str(r) for r in reqs]
+
+
+RUNTIME = "kiln-runtime"
+
+
+def runtime_version() -> str:
+    """The version of the ``kiln-runtime`` wheel a run publishes beside its wheels (the one this Kiln runs)."""
+    try:
+        return str(Version(metadata.version(RUNTIME)))
+    except metadata.PackageNotFoundError as exc:
+        raise ConfigError(f"{RUNTIME} is not installed beside Kiln, so the wheels cannot require the one published "
+                          f"beside them (install it: pip install -e ./runtime), or set [project] runtime = false "
+                          f"in kiln.toml if the package does not import kiln.runtime") from exc
 
 
 def metadata_text(config: KilnConfig, version: str, requires: list[str]) -> str:

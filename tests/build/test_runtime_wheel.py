@@ -46,3 +46,16 @@ def test_pip_installs_the_runtime_wheel_into_a_bare_venv_and_it_imports(tmp_path
                            capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert str(tmp_path / "venv") in probe.stdout
+
+
+def test_a_built_wheel_requires_exactly_the_kiln_runtime_published_beside_it():
+    from pathlib import Path
+
+    from kiln.tasks.build.wheel import requirements
+    from kiln.tasks.project.config import load_config
+
+    config = load_config(Path(__file__).parents[1] / "fixtures" / "projects" / "tiny" / "kiln.toml")
+    assert config.project.ships_runtime
+    requires = requirements(config, config.variants[0], {}, compiled=False)
+    assert f"kiln-runtime=={metadata.version('kiln-runtime')}" in requires  # no other version, from no other index
+    assert "kiln-runtime" not in requires

@@ -97,6 +97,7 @@ def test_a_nightlys_hint_pins_the_exact_version_and_a_releases_does_not(tmp_path
     run, plan, _ = publish_run(tmp_path / "n")
     url = record(run, plan, install_facts("demo-kernels", ["https://pypi.example/simple"], plan, check=False))
     assert install_command(url, run.info["install"]) == (
+        f"pip install --index-url {url} --no-deps demo-kernels=={NIGHTLY}+cpu demo-runtime==1.0 && "
         f"pip install --index-url {url} --extra-index-url https://pypi.example/simple demo-kernels=={NIGHTLY}+cpu")
     run, plan, _ = publish_run(tmp_path / "r", channel="release", version="0.9.0")
     url = record(run, plan, install_facts("demo-kernels", ["https://pypi.example/simple"], plan, check=False))
@@ -203,16 +204,19 @@ def test_the_newest_release_across_extra_indexes_is_the_one_named():
 
 
 def _pip_install(python: Path, command: str, home: Path) -> str:
-    """Run a printed ``pip install …`` hint with ``python``'s pip; the version of demo-kernels it installed."""
+    """Run a printed ``pip install … [&& pip install …]`` hint with ``python``'s pip; the version of demo-kernels
+    it installed."""
+    import shlex
     import subprocess
 
-    argv = command.split()
-    assert argv[:2] == ["pip", "install"], command
     env = {"PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PATH": "/usr/bin:/bin",
            "HOME": str(home)}
-    done = subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", *argv[2:]], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for step in command.split(" && "):
+        argv = shlex.split(step)
+        assert argv[:2] == ["pip", "install"], command
+        done = subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", *argv[2:]], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     shown = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('demo-kernels'))"],
                            env=env, capture_output=True, text=True, timeout=60)
     return shown.stdout.strip()
@@ -234,5 +238,6 @@ def test_the_printed_hint_installs_the_nightly_where_an_unpinned_name_takes_the_
         subprocess.run([sys.executable, "-m", "venv", str(tmp_path / name)], check=True, timeout=300)
         venvs.append(tmp_path / name / "bin" / "python")
     assert _pip_install(venvs[0], hint, tmp_path) == f"{NIGHTLY}+cpu"
-    # The premise: the same command naming the project alone installs the extra index's release.
-    assert _pip_install(venvs[1], hint.rsplit("==", 1)[0], tmp_path) == "0.8.5"
+    # The premise: one pip command with both indexes, naming the project alone, installs the extra index's release.
+    one_command = hint.split(" && ")[1]
+    assert _pip_install(venvs[1], one_command.rsplit("==", 1)[0], tmp_path) == "0.8.5"

@@ -240,7 +240,7 @@ def test_the_install_hint_of_the_combined_index_is_uvs_with_the_preview_and_pip_
     combined, cpu = f"{plan.target}/{INDEX}/", f"{plan.target}/nightly/cpu/simple/"
     assert install["indexes"][combined]["version"] == VERSION and install["indexes"][combined]["variants"]
     assert install_command(combined, install) == (
-        f"uv pip install --preview-features wheel-variants --index {combined} "
+        f"uv pip install --preview-features wheel-variants --index-strategy first-index --index {combined} "
         f"--default-index https://pypi.org/simple k=={VERSION}")
     assert install_command(cpu, install).startswith(f"pip install --index-url {cpu} ")
     assert "uv's preview installs the one this machine supports" in install_reason(combined, install)

@@ -117,7 +117,8 @@ def test_a_tampered_sidecar_on_a_static_server_is_named_with_both_hashes(alpha: 
 def test_pip_gets_every_extra_index_and_uv_ranks_the_index_under_test_first() -> None:
     assert index_options("pip", "A", ["B", "C"]) == ["--index-url", "A", "--extra-index-url", "B",
                                                      "--extra-index-url", "C"]
-    assert index_options("uv", "A", ["B", "C"]) == ["--index", "A", "--index", "B", "--default-index", "C"]
+    assert index_options("uv", "A", ["B", "C"]) == ["--index-strategy", "first-index", "--index", "A", "--index", "B",
+                                                    "--default-index", "C"]
     assert index_options("uv", "A") == ["--default-index", "A"]
 
 

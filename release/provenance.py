@@ -1,0 +1,114 @@
+"""Where a resolution takes each file from: a name a Kiln index holds comes from that index, or it is refused.
+
+pip's ``--report`` names every distribution it would install with the URL of
+the file it chose and that file's hash. A name the Kiln index holds (the
+project, ``kiln-runtime``, pins) is Kiln's when the file's SHA-256 is one the
+Kiln index lists for it; any other file of that name — a higher version, a
+same-version wheel with a more specific tag, a file without a hash — came from
+another index and is the dependency-confusion attack (PEP 708's problem). The
+comparison is by content, so it holds whatever URL form an index links with.
+
+:func:`sdist_only` reads pip's verbose log of a wheels-only resolution
+(``--only-binary :all:``): the projects it skipped an sdist of, which it would
+otherwise have built (and run the build hook of) to read metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from packaging.utils import canonicalize_name
+
+from kiln.release.errors import InvalidInputError
+from kiln.release.installenv import run_installer
+
+_NO_BINARY = re.compile(r"Skipping link: No binaries permitted for ([A-Za-z0-9._-]+)")
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """One distribution a resolution installs: its name, version, file URL and SHA-256 (empty when unstated)."""
+
+    name: str
+    version: str
+    url: str
+    sha256: str
+
+
+def read_report(path: Path) -> list[Chosen]:
+    """The ``install`` entries of a pip ``--report`` file; InvalidInputError naming it when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+        return [_chosen(item) for item in data.get("install", [])]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InvalidInputError(f"pip's report {path} is not a pip installation report: {exc}") from exc
+
+
+def _chosen(item: dict[str, Any]) -> Chosen:
+    info = item.get("download_info") or {}
+    archive = info.get("archive_info") or {}
+    hashes = archive.get("hashes") or {}
+    sha = hashes.get("sha256") or str(archive.get("hash") or "").removeprefix("sha256=")
+    meta = item["metadata"]
+    return Chosen(canonicalize_name(meta["name"]), str(meta["version"]), str(info.get("url", "")), sha)
+
+
+def _index_of(url: str, indexes: Sequence[str]) -> str:
+    """The index ``url`` was offered by, as well as its address tells: the one under which it lies, or on its host."""
+    under = [index for index in indexes if url.startswith(index.rstrip("/") + "/")]
+    if under:
+        return under[0]
+    host = urlsplit(url)[:2]
+    same = [index for index in indexes if urlsplit(index)[:2] == host]
+    return same[0] if len(same) == 1 else "an index other than the Kiln index"
+
+
+def foreign(chosen: Sequence[Chosen], kiln_index: str, kiln_files: Mapping[str, frozenset[str]],
+            indexes: Sequence[str]) -> list[str]:
+    """Each held name (a key of ``kiln_files``: project -> the SHA-256 of its files there) the resolution
+    takes from anywhere but ``kiln_index``: what, which file, from which of ``indexes``."""
+    problems = []
+    for item in chosen:
+        held = kiln_files.get(item.name)
+        if held is not None and item.sha256 not in held:
+            problems.append(f"{item.name} {item.version} would come from {item.url} ({_index_of(item.url, indexes)})"
+                            f", not from the Kiln index {kiln_index}, which holds {item.name}: another index "
+                            "shadows it (dependency confusion); a name the Kiln index holds must install from it only")
+    return problems
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What one wheels-only ``pip install --dry-run --report`` said."""
+
+    returncode: int
+    chosen: tuple[Chosen, ...]  # empty unless it resolved
+    output: str  # stdout and stderr
+    sdists: tuple[str, ...]  # projects of which it skipped an sdist (it would otherwise have built it)
+
+
+def pip_dry_run(python: Sequence[str], args: Sequence[str], cwd: Path, timeout: float) -> Resolution:
+    """Resolve ``args`` (pip install options and requirements) with pip in ``python``: wheels only, nothing
+    installed, in the scrubbed environment; :class:`subprocess.TimeoutExpired` past ``timeout``."""
+    report = Path(cwd) / "pip-report.json"
+    report.unlink(missing_ok=True)
+    cmd = [*python, "-m", "pip", "install", "--dry-run", "--only-binary", ":all:", "-v", "--progress-bar", "off",
+           "--report", str(report), *args]
+    done = run_installer(cmd, Path(cwd), timeout)
+    output = done.stdout + "\n" + done.stderr
+    chosen = tuple(read_report(report)) if done.returncode == 0 else ()
+    return Resolution(done.returncode, chosen, output, tuple(sdist_only(output)))
+
+
+def sdist_only(log_text: str) -> list[str]:
+    """The projects pip skipped an sdist of in a wheels-only resolution (its ``-v`` log), in order."""
+    return list(dict.fromkeys(canonicalize_name(m.group(1)) for m in _NO_BINARY.finditer(log_text)))
+
+
+__all__ = ["Chosen", "Resolution", "foreign", "pip_dry_run", "read_report", "sdist_only"]
