@@ -44,7 +44,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote
 
-from kiln.release.dists import VARIANTS_JSON_SUFFIX, Distribution
+from packaging.utils import canonicalize_name
+
+from kiln.release.dists import VARIANTS_JSON_SUFFIX, Distribution, check_sha256, parse_filename
 from kiln.release.errors import InvalidInputError
 from kiln.release.index import (
     HTML_PAGE,
@@ -100,6 +102,7 @@ class PrunePlan:
     commit_indexes: list[str] = field(default_factory=list)  # per-commit index roots deleted
     deleted: list[str] = field(default_factory=list)  # objects deleted
     held: dict[str, str] = field(default_factory=dict)  # object -> why it was not deleted (yet)
+    ignored: dict[str, str] = field(default_factory=dict)  # ledger entry -> why it is not one Kiln wrote
     waiting: dict[str, str] = field(default_factory=dict)  # file -> when its grace period ends
 
     @property
@@ -118,6 +121,7 @@ class PrunePlan:
             lines.extend(f"  - `{k}`" for k in sorted(keys))
         lines.extend(f"- yanked, removed after {when}: `{k}`" for k, when in sorted(self.waiting.items()))
         lines.extend(f"- not deleted: `{k}`: {why}" for k, why in sorted(self.held.items()))
+        lines.extend(f"- ignored ledger entry `{k}`: {why}" for k, why in sorted(self.ignored.items()))
         if not self.changed:
             lines.append("- nothing to prune")
         return "\n".join(lines) + "\n"
@@ -156,7 +160,7 @@ def prune(store: DeletingStore, *, channel: str, channel_prefix: str, retention:
                                 f"{release!r}: releases are never pruned")
     now = int(clock())
     plan = PrunePlan(store.url, channel, retention, dry_run)
-    indexes = [_read_index(store, root) for root in variant_indexes(store, prefix)]
+    indexes = [_read_index(store, root, plan) for root in variant_indexes(store, prefix)]
     due = {ix.root: _yank_phase(store, ix, retention, now, plan, dry_run, sleep) for ix in indexes}
     for ix in indexes:
         _remove_phase(store, ix, due[ix.root], plan, dry_run, sleep)
@@ -181,7 +185,7 @@ def variant_indexes(store: Store, prefix: str) -> list[str]:
     return sorted(roots)
 
 
-def _read_index(store: Store, root: str) -> _Index:
+def _read_index(store: Store, root: str, plan: PrunePlan) -> _Index:
     data = store.get(f"{root}/{JSON_PAGE}")
     projects = [] if data is None else parse_root_json(data, f"{store.url}/{root}/{JSON_PAGE}")
     pages = {}
@@ -190,7 +194,45 @@ def _read_index(store: Store, root: str) -> _Index:
         if page is not None:
             pages[project] = parse_project_json(page, f"{store.url}/{root}/{project}/{JSON_PAGE}")
     ledger_data = store.get(f"{posixpath.dirname(root)}/{LEDGER}")
-    return _Index(root, pages, {} if ledger_data is None else _parse_ledger(ledger_data, root))
+    ledger = {} if ledger_data is None else _parse_ledger(ledger_data, root)
+    return _Index(root, pages, _checked_ledger(ledger, pages, root, plan))
+
+
+def _checked_ledger(ledger: Mapping[str, dict[str, Any]], pages: Mapping[str, list[Distribution]], root: str,
+                    plan: PrunePlan) -> dict[str, dict[str, Any]]:
+    """The ledger's entries that name a distribution file of a project this index lists; the others are
+    ignored and named in the plan. The ledger is a page anyone with the publisher's rights can write: an
+    entry naming a page (``kiln-kernels/index.html``), a path out of its project or another project's
+    file must never become a delete."""
+    kept = {}
+    for entry, value in ledger.items():
+        why = ledger_entry_problem(entry, value, pages)
+        if why is None:
+            kept[entry] = value
+        else:
+            plan.ignored[f"{root}/{entry}"] = why
+            log.warning("prune: ignored %s/%s in %s: %s", root, entry, LEDGER, why)
+    return kept
+
+
+def ledger_entry_problem(entry: str, value: Mapping[str, Any], pages: Mapping[str, list[Distribution]]) -> str | None:
+    """Why ``entry`` is not a retention entry Kiln wrote for this index, or None."""
+    project, _, filename = entry.partition("/")
+    if project not in pages:
+        return f"{project!r} is not a project of this index"
+    if not filename or "/" in filename:
+        return "not <project>/<filename>"
+    try:
+        name, _ = parse_filename(filename)
+        check_sha256(value.get("sha256"), "sha256")
+    except InvalidInputError as exc:
+        return str(exc)
+    if canonicalize_name(name) != canonicalize_name(project):
+        return f"{filename!r} is a file of {name!r}, not of {project!r}"
+    listed = {d.filename: d.sha256 for d in pages[project]}
+    if filename in listed and listed[filename] != value["sha256"]:
+        return f"its sha256 is not the {listed[filename]} the page lists for {filename!r}"
+    return None
 
 
 def _parse_ledger(data: bytes, root: str) -> dict[str, dict[str, Any]]:
@@ -271,6 +313,10 @@ def _delete_phase(store: DeletingStore, ix: _Index, due: Mapping[str, Any], link
             plan.held[key] = f"still linked by {linked[key]}"
         if held:
             continue
+        changed = _changed_object(store, ix, entry, value)
+        if changed is not None:
+            plan.held[changed[0]] = changed[1]
+            continue
         plan.deleted += keys
         if not dry_run:
             for key in keys:
@@ -289,6 +335,15 @@ def _object_keys(store: Store, ix: _Index, entry: str, value: Mapping[str, Any])
     project, filename = entry.split("/", 1)
     copies = [k for k in store.list(f"{ix.root}/{project}/{VARIANTS_DIR}/") if k.endswith(f"/{filename}")]
     return sorted({key, *copies})
+
+
+def _changed_object(store: Store, ix: _Index, entry: str, value: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(key, why) when the object the entry names holds other bytes than the ledger recorded for it."""
+    key = _object_key(ix, entry, value)
+    info = store.head(key)
+    if info is None or info.sha256 is None or info.sha256 == value["sha256"]:
+        return None
+    return key, f"its sha256 {info.sha256} is not the {value['sha256']} {LEDGER} recorded for it"
 
 
 def _object_key(ix: _Index, entry: str, value: Mapping[str, Any]) -> str:
@@ -391,11 +446,14 @@ def links_under(store: Store, prefix: str, skip: set[str] | frozenset[str] = fro
 
 
 def delete_index(store: DeletingStore, root: str) -> None:
-    """Delete an index root's pages: the root page first (HTML, then JSON), then every project page."""
+    """Delete a per-commit index's pages: the root page first (HTML, then JSON), then every project page.
+    A per-commit index stores only pages (its links reach the channel's objects), so only pages are
+    deleted: anything else under its root is not Kiln's and stays."""
     for name in (HTML_PAGE, JSON_PAGE):
         store.delete(f"{root}/{name}")
     for key in store.list(f"{root}/"):
-        store.delete(key)
+        if posixpath.basename(key) in (HTML_PAGE, JSON_PAGE):
+            store.delete(key)
 
 
 def _date(when: int) -> str:

@@ -179,6 +179,38 @@ def test_an_object_another_page_still_links_is_not_deleted(two: LocalStore, tmp_
     assert two.get(old) is not None and broken_links(_local_read(two.root), two.list("")) == []
 
 
+def test_a_crafted_ledger_deletes_no_page_and_no_other_file(two: LocalStore) -> None:
+    """retention.json is a page the publisher can write: entries naming the project's own pages, a path out of
+    the project, another project's file or a file whose bytes changed are ignored (or held) and reported."""
+    pages = [f"{CPU}/demo/index.json", f"{CPU}/demo/index.html", f"{CPU}/index.json"]
+    helper = f"{CPU}/helper/helper-2.0-py3-none-any.whl"
+    old = f"{CPU}/demo/demo-1.0.dev1-py3-none-any.whl"
+    forged = {"demo/index.json": "0" * 64, "demo/index.html": "0" * 64, "demo/../index.json": "0" * 64,
+              "demo/helper-2.0-py3-none-any.whl": "0" * 64, "helper/helper-2.0-py3-none-any.whl": "not-a-hash",
+              "demo/demo-1.0.dev1-py3-none-any.whl": "f" * 64}  # a real candidate, but not the bytes stored
+    ledger = {"files": {k: {"yanked_at": 0, "sha256": v} for k, v in forged.items()}}
+    two.put_page(f"nightly/cpu/{LEDGER}", json.dumps(ledger).encode(), "application/json", "no-cache", None)
+    helper_bytes = two.get(helper)
+    plan = _prune(two, keep=1)
+    assert helper_bytes is not None and two.get(helper) == helper_bytes and two.get(pages[2]) is not None
+    assert two.get(pages[0]) is not None and two.get(pages[1]) is not None  # rewritten by the prune, never deleted
+    ignored = {k.removeprefix(f"{CPU}/"): why for k, why in plan.ignored.items()}
+    assert set(ignored) == set(forged), plan.ignored
+    assert "sha256" in ignored["demo/demo-1.0.dev1-py3-none-any.whl"]
+    assert sorted(plan.deleted) == [old, old + ".metadata"]  # the real candidate, recorded anew with its own hash
+    assert "ignored ledger entry" in plan.to_markdown()
+    assert broken_links(_local_read(two.root), two.list("")) == []
+
+
+def test_a_per_commit_index_loses_only_its_pages(two: LocalStore) -> None:
+    first = commit_index_prefix("nightly", "cpu", COMMITS[0])
+    stray = f"{first}/demo/notes.txt"  # not a page Kiln wrote there
+    two.put_immutable(stray, b"kept", "text/plain", "no-cache")
+    plan = _prune(two)
+    assert plan.commit_indexes == [first]
+    assert two.get(f"{first}/demo/index.json") is None and two.get(stray) == b"kept"
+
+
 def test_bad_retention_and_the_release_channel_are_refused(two: LocalStore) -> None:
     with pytest.raises(InvalidInputError, match="at least 1"):
         Retention(0, 0)
