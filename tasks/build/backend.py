@@ -14,7 +14,8 @@ packages: the torch a cpp_extension build compiles against, which an
 isolated build could not fetch offline; build requirements it lacks are
 installed into it. The variant's filtered arch list is exported in the forms
 the ecosystem reads, the toolchain settings through the compilers' own
-variables (:func:`build_environ`), the variant's ``build_env`` as it is. The
+variables (:func:`build_environ`), the variant's ``build_env`` as it is; no
+download host is reachable from the build (:func:`without_network`). The
 wheel then goes through :func:`kiln.tasks.build.devicecode.check_wheel` under
 the variant's ``arch_policy``; the archs it holds travel with the wheel as
 :data:`DEVICE_CODE`, so the build results record them on a hit too.
@@ -66,6 +67,13 @@ DEVICE_CODE = "kiln-device-code.json"  # beside a pep517 unit's wheel: the archs
 # CUDA_HOME) builds its CPU extension only.
 _CUDA_TOOLS = ("nvcc",)
 _CUDA_VARS = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX")
+# A project's build reaches no download host: every proxy variable names a loopback port nothing serves, and no
+# host is exempt, so a bdist_wheel that fetches someone else's prebuilt wheel (flash-attention's pattern) fails
+# to connect and can never be published as Kiln's. Its build requirements are installed before, with Kiln's own
+# environment (the configured indexes). A variant's build_env may set these variables back, deliberately.
+REFUSING_PROXY = "http://127.0.0.1:9"
+_PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy")
+_NO_PROXY_VARS = ("no_proxy", "NO_PROXY")
 
 
 def cmake_arch(name: str) -> str:
@@ -117,6 +125,12 @@ def hide_cuda_toolkit(environ: Mapping[str, str], shadow: Path) -> dict[str, str
     if "PATH" in env:
         env["PATH"] = os.pathsep.join(entries)
     return env
+
+
+def without_network(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with every URL fetch routed to :data:`REFUSING_PROXY` (both spellings of each variable)."""
+    env = {k: v for k, v in environ.items() if k not in _NO_PROXY_VARS}
+    return env | {name: REFUSING_PROXY for var in _PROXY_VARS for name in (var, var.upper())}
 
 
 def cuda_home(nvcc: str) -> str | None:
@@ -188,7 +202,7 @@ class ProjectBuilder:
                                 self.cuda_home, os.environ)
         if unit.backend == "cpu" and shadow is not None:
             environ = hide_cuda_toolkit(environ, shadow)
-        environ |= dict(self.variant_env.get(unit.variant, {}))
+        environ = without_network(environ) | dict(self.variant_env.get(unit.variant, {}))
         if made is not None:  # its scripts (ninja, cmake) before anything else of that name
             environ["PATH"] = os.pathsep.join(filter(None, [str(made.bin_dir), environ.get("PATH", "")]))
         return environ
