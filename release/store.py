@@ -39,6 +39,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,11 +58,28 @@ class LocalStore:
 
     Writes never go through a symbolic link below the root (:mod:`kiln.release.nofollow`);
     reads may follow one only while it stays inside the root.
+
+    Owner-only unless ``public``: the first write makes the root directory ``0700`` (run records,
+    wheels and pages are nobody else's to read on a shared machine); a ``public`` store (an index
+    another user's web server serves) keeps its root readable and searchable by all (``0755``).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, public: bool = False) -> None:
         self.root = Path(root).resolve()
         self.url = self.root.as_uri()
+        self.public = public
+        self._prepared = False
+
+    def _prepare(self) -> None:
+        """Create the root with the store's mode, or set that mode on a root this user owns."""
+        if self._prepared:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(self.root.stat().st_mode)
+        wanted = (mode | 0o755) if self.public else (mode & 0o700)
+        if wanted != mode and self.root.stat().st_uid == os.geteuid():
+            os.chmod(self.root, wanted)
+        self._prepared = True
 
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))
@@ -93,6 +111,7 @@ class LocalStore:
         return ObjectInfo(key, path.stat().st_size, digest, digest)
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
+        self._prepare()
         digest = sha256_bytes(data)
         with staged(self.root, self._path(key), data) as tmp:
             return self._create(tmp, key, digest, len(data))
@@ -100,6 +119,7 @@ class LocalStore:
     def put_immutable_file(
         self, key: str, path: Path, sha256: str, content_type: str, cache_control: str
     ) -> ObjectInfo:
+        self._prepare()
         with staged_copy(self.root, self._path(key), path) as (tmp, digest, size):
             if digest != sha256:  # checked on the copy itself: what is linked is what was hashed
                 raise IntegrityError(
@@ -125,6 +145,7 @@ class LocalStore:
     def put_page(
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
     ) -> ObjectInfo:
+        self._prepare()
         path = self._path(key)
         # Written and fsynced before the lock: writers of other keys in the directory wait only for a rename.
         with staged(self.root, path, data) as tmp, _dir_lock(tmp.dir_fd):
@@ -175,16 +196,17 @@ def _dir_lock(dir_fd: int) -> Iterator[None]:
         fcntl.flock(dir_fd, fcntl.LOCK_UN)
 
 
-def _open_local(url: str, *, root: Path, **_: Any) -> Store:
+def _open_local(url: str, *, root: Path, public: bool = False, **_: Any) -> Store:
     path = url[len("file://"):]
     if not path:
         raise InvalidInputError(f"store URL {url!r} names no directory")
     if any(ord(ch) < 32 for ch in path):
         raise InvalidInputError(f"store URL {url!r} contains a control character")
-    return LocalStore(Path(path) if path.startswith("/") else Path(root) / path)
+    return LocalStore(Path(path) if path.startswith("/") else Path(root) / path, public)
 
 
-def _open_s3(url: str, **kwargs: Any) -> Store:
+def _open_s3(url: str, *, public: bool = False, **kwargs: Any) -> Store:
+    # ``public`` is a file:// setting: who reads an S3 prefix is the bucket policy's business.
     from kiln.release.s3 import open_s3_store  # boto3 is imported only when S3 is used
 
     return open_s3_store(url, **kwargs)
@@ -202,6 +224,7 @@ def open_store(
     expected_owner: str | None = None,
     session: Any = None,
     verifies_checksums: bool | None = None,
+    public: bool = False,
 ) -> Store:
     """Open the store a ``file://`` or ``s3://`` URL names.
 
@@ -210,7 +233,7 @@ def open_store(
     backend. ``session`` is a ``boto3.Session`` holding the step's credentials.
     ``verifies_checksums``: whether the S3 server checks the ``ChecksumSHA256``
     it is sent (None: true on AWS, false on a custom ``endpoint``), see
-    :mod:`kiln.release.s3`.
+    :mod:`kiln.release.s3`. ``public``: a ``file://`` store readable by every local user (else owner-only).
     """
     scheme = url.split("://", 1)[0] if "://" in url else ""
     backend = BACKENDS.get(scheme)
@@ -218,7 +241,7 @@ def open_store(
         raise InvalidInputError(f"store URL {url!r}: scheme must be one of {sorted(s + '://' for s in BACKENDS)}")
     return backend(
         url, root=Path(root), region=region, endpoint=endpoint, expected_owner=expected_owner, session=session,
-        verifies_checksums=verifies_checksums,
+        verifies_checksums=verifies_checksums, public=public,
     )
 
 

@@ -56,7 +56,7 @@ def open_target(config: KilnConfig, out: str, session: Any = None, target: str |
     url = spec.url.replace("{out}", str(Path(out).resolve()))
     return open_store(url, root=config.root, region=spec.region, endpoint=spec.endpoint,
                       expected_owner=spec.expected_owner, session=session,
-                      verifies_checksums=spec.verifies_checksums)
+                      verifies_checksums=spec.verifies_checksums, public=spec.public)
 
 
 def store_settings_for(config: KilnConfig, url: str, session: Any = None) -> StoreSettings:

@@ -223,6 +223,9 @@ class Target(_Model):
     # Whether the S3 server checks the ChecksumSHA256 it is sent (then a write needs no
     # read-back). Unset: true on AWS, false with a custom endpoint (moto does not check).
     verifies_checksums: bool | None = None
+    # A file:// store is owner-only (its root 0700); public = true keeps it readable by every local
+    # user, for an index another user's web server serves.
+    public: bool = False
 
     @property
     def kind(self) -> Literal["file", "s3"]:
@@ -232,6 +235,8 @@ class Target(_Model):
     def _s3_only(self) -> Target:
         if self.verifies_checksums is not None and self.kind != "s3":
             raise ValueError(f"verifies_checksums applies to s3:// targets only, not {self.url!r}")
+        if self.public and self.kind != "file":
+            raise ValueError(f"public applies to file:// targets only (a bucket policy decides), not {self.url!r}")
         return self
 
 

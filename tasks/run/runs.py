@@ -28,7 +28,7 @@ def artifact_store(config: KilnConfig, session: Any = None) -> Store:
     target = config.artifacts
     return open_store(target.url, root=config.root, region=target.region, endpoint=target.endpoint,
                       expected_owner=target.expected_owner, session=session,
-                      verifies_checksums=target.verifies_checksums)
+                      verifies_checksums=target.verifies_checksums, public=target.public)
 
 
 def start_run(config: KilnConfig, store: Store, *, run_id: str, flow: str, out: str | Path,

@@ -150,3 +150,39 @@ def test_an_atomic_write_replaces_whole_and_fsyncs_only_when_durable(tmp_path, m
     assert target.read_bytes() == b"new bytes"
     assert [p.name for p in target.parent.iterdir()] == ["unit.cubin"]  # no temporary file left behind
     assert len(synced) == (2 if durable else 0)
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_local_store_is_owner_only_from_its_first_write(tmp_path: Path) -> None:
+    store = open_store("file://artifacts", root=tmp_path)
+    store.put_immutable("runs/r1/wheel.whl", b"w", "application/octet-stream", "no-cache")
+    assert _mode(tmp_path / "artifacts") == 0o700
+
+
+def test_an_existing_open_store_root_is_closed_by_its_owner(tmp_path: Path) -> None:
+    root = tmp_path / "index"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o775)
+    LocalStore(root).put_page("simple/index.html", b"<html/>", "text/html", "no-cache", None)
+    assert _mode(root) == 0o700
+
+
+def test_a_public_store_stays_readable_by_every_local_user(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    root.mkdir(mode=0o700)
+    store = open_store(f"file://{root}", root=tmp_path, public=True)
+    store.put_immutable("simple/demo/demo-1.0-py3-none-any.whl", b"w", "application/octet-stream", "no-cache")
+    assert _mode(root) == 0o755
+
+
+def test_public_is_refused_on_an_s3_target() -> None:
+    from pydantic import ValidationError
+
+    from kiln.tasks.project.config import Target
+
+    with pytest.raises(ValidationError, match="public applies to file:// targets only"):
+        Target(url="s3://bucket/simple", public=True)
+    assert Target(url="file://.kiln/index", public=True).public
