@@ -30,7 +30,7 @@ from kiln.flows.common import (
 )
 from kiln.flows.runname import name_this_run, run_name
 from kiln.release.closure import ClosureQuery, ClosureResult, resolve, unique_queries
-from kiln.release.errors import ConfigError, IntegrityError, PermanentError
+from kiln.release.errors import IMMUTABLE_HINT, ConfigError, IntegrityError, PermanentError
 from kiln.release.index import ProjectStatus
 from kiln.release.manifest import Unit
 from kiln.release.pins import fetch_pins, load_pins
@@ -122,8 +122,8 @@ def upload_wheel(store: Store, upload: Upload, channel: str) -> UploadResult:
 
 def conflict_message(result: UploadResult, channel: str) -> str:
     """Why the same file name with other bytes is an error, and what to do."""
-    if channel == "release":
-        return f"{result.message}; published files are immutable — bump the version instead"
+    if channel == "release":  # the store's message ends with the hint already (AlreadyPublishedError.held)
+        return result.message if IMMUTABLE_HINT in result.message else f"{result.message}; {IMMUTABLE_HINT}"
     return (f"{result.message}; this build has sha256 {result.upload.dist.sha256}. A nightly version names its "
             f"commit and two builds of one clean commit are byte-identical, so the bytes changed without a new "
             f"commit: the toolchain (Triton, nvcc) or a build input outside git changed — compare the two wheels' "

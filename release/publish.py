@@ -627,16 +627,9 @@ def publish_pages(store: Store, results: Iterable[UploadResult | BaseException])
     return changed
 
 
-def raise_for_conflict(result: UploadResult) -> UploadResult:
-    """The conflict as the unit's error; its message is the store's, which says why already."""
-    if result.outcome == "conflict":
-        raise IntegrityError(result.message)
-    return result
-
-
 __all__ = [
     "COMBINED", "PAGE_CACHE", "ClosureStep", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
     "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_frozen",
-    "hold_unresolvable", "index_prefix", "publish", "publish_pages", "raise_for_conflict", "refuse_conflicting_labels",
+    "hold_unresolvable", "index_prefix", "publish", "publish_pages", "refuse_conflicting_labels",
     "update_pages", "upload_each", "upload_file", "variant_documents",
 ]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kiln.release.dists import make_distribution
-from kiln.release.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError
+from kiln.release.errors import ConflictError, IntegrityError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.manifest import RunManifest, Unit
-from kiln.release.publish import UploadResult, gate, publish, raise_for_conflict, update_pages
+from kiln.release.publish import gate, publish, update_pages
 from kiln.release.staging import StagingStore
 from kiln.release.store import LocalStore
 from kiln.release.swap import CAS_ATTEMPTS
@@ -186,18 +186,25 @@ def test_a_page_that_keeps_losing_its_race_stops_after_bounded_attempts_with_gro
     assert all(0.01 * 2**i <= s <= 0.05 * 2**i for i, s in enumerate(sleeps)), sleeps
 
 
-def test_a_conflict_fails_its_upload_unit_and_other_outcomes_pass_through(tmp_path: Path) -> None:
-    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]})
-    upload = publish(run, LocalStore(tmp_path / "target"), channel="nightly", channel_prefix="nightly",
-                     variants=["cu130"], clock=CLOCK).uploads[0]
-    for outcome in ("added", "present"):
-        result = UploadResult(upload, outcome)
-        assert raise_for_conflict(result) is result
-    message = str(AlreadyPublishedError.held("k-1.0", "x", "y"))
+def test_a_release_conflict_fails_its_upload_unit_saying_bump_the_version_once(tmp_path: Path) -> None:
+    """Through the upload task the publish flow runs: the same file name with other bytes on the release channel."""
+    from kiln.flows.publish import upload_wheel
+
+    target = LocalStore(tmp_path / "target")
+    first = make_run(tmp_path / "run1", {"cu130": [("k", "1.0")]})
+    publish(first, target, channel="release", channel_prefix="release", variants=["cu130"], clock=CLOCK)
+    second = make_run(tmp_path / "run2", {"cu130": [("k", "1.0")]}, payload="other bytes")
+    plan = publish(second, LocalStore(tmp_path / "staging"), channel="release", channel_prefix="release",
+                   variants=["cu130"], clock=CLOCK)
     with pytest.raises(IntegrityError) as raised:
-        raise_for_conflict(UploadResult(upload, "conflict", message))
-    assert str(raised.value) == message  # the store's reason, its last clause said once
-    assert message.count("published files are immutable") == 1 and message.endswith("bump the version instead")
+        upload_wheel.fn(target, plan.uploads[0], "release")
+    message = str(raised.value)
+    assert "already holds sha256" in message
+    assert message.count("bump the version instead") == 1 and message.endswith("bump the version instead"), message
+    present = upload_wheel.fn(target, publish(first, LocalStore(tmp_path / "s2"), channel="release",
+                                              channel_prefix="release", variants=["cu130"], clock=CLOCK).uploads[0],
+                              "release")
+    assert present.outcome == "present"
 
 
 def test_manifest_hash_mismatch_refuses_and_writes_nothing(tmp_path: Path) -> None:
