@@ -11,7 +11,9 @@ import difflib
 import hashlib
 import threading
 import tomllib
+import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -166,6 +168,27 @@ class Variant(_Model):
         return self
 
 
+# Keys renamed in an earlier release: the old spelling still loads, for one release, with a warning.
+SUITE_RENAMES = {"timeout_s": "test_timeout_s"}
+
+
+def renamed_keys(data: Any, renames: Mapping[str, str], table: str) -> Any:
+    """``data`` with each deprecated key of ``renames`` under its new name, warning once per key; both
+    spellings at once is an error (which one is meant is not Kiln's guess)."""
+    if not isinstance(data, Mapping) or not any(old in data for old in renames):
+        return data
+    out = dict(data)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{table}: both {old!r} (deprecated) and {new!r} are set; keep only {new!r}")
+        warnings.warn(f"kiln.toml {table}: {old!r} is deprecated and will be removed in a later release;"
+                      f" rename it to {new!r}", FutureWarning, stacklevel=2)
+        out[new] = out.pop(old)
+    return out
+
+
 class Suite(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     paths: tuple[ProjectPath, ...]
@@ -185,6 +208,11 @@ class Suite(_Model):
     # A required suite that could not run here (no GPU of its kind) holds its variant
     # back unless this says the variant may be published untested on its hardware.
     publish_untested: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, SUITE_RENAMES, "[[suites]]")
 
 
 class RegressionPolicy(_Model):

@@ -281,3 +281,23 @@ def test_kiln_sets_where_a_config_lives_never_the_file(key):
     data = tomllib.loads((REPO / "kiln.toml").read_text())
     with pytest.raises(ConfigError, match=f"'{key}' is not a key of kiln.toml"):
         parse_config({**data, key: "/elsewhere"}, REPO)
+
+
+def test_a_renamed_suite_key_still_loads_with_a_warning_naming_the_new_one():
+    """Last round renamed [[suites]] timeout_s to test_timeout_s: an existing kiln.toml keeps loading for a release."""
+    old = default_data()
+    old["suites"][0].pop("test_timeout_s", None)
+    old["suites"][0]["timeout_s"] = 120
+    with pytest.warns(FutureWarning, match="'timeout_s' is deprecated.*rename it to 'test_timeout_s'"):
+        config = parse_config(old, REPO)
+    assert config.suites[0].test_timeout_s == 120
+    new = default_data()
+    new["suites"][0]["test_timeout_s"] = 120
+    assert parse_config(new, REPO).suites[0] == config.suites[0]  # both spellings give one suite
+
+
+def test_the_old_and_the_new_spelling_together_are_refused():
+    data = default_data()
+    data["suites"][0]["timeout_s"] = 60
+    with pytest.raises(ConfigError, match="both 'timeout_s' \\(deprecated\\) and 'test_timeout_s' are set"):
+        parse_config(data, REPO)
