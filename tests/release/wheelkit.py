@@ -29,6 +29,7 @@ def make_wheel(
     body: str = "",
     label: str | None = None,
     variant_json: bytes | None = None,
+    files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write ``<name>-<version>-<tag>.whl`` with an importable module and return its path.
 
@@ -36,6 +37,7 @@ def make_wheel(
     ``requires`` become ``Requires-Dist`` lines and ``body`` is appended to the module
     (e.g. an import of a dependency, so importing proves the dependency was installed).
     ``label`` makes it a PEP 825 variant wheel (``…-<tag>-<label>.whl``) holding ``variant_json``.
+    ``files``: more members by path (e.g. a ``.pth`` file, which runs at every interpreter start).
     """
     dist = canonicalize_name(name).replace("-", "_")
     module = module or dist
@@ -44,19 +46,20 @@ def make_wheel(
     if requires_python:
         metadata += f"Requires-Python: {requires_python}\n"
     metadata += "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
-    files = {
+    members = {
         f"{module}/__init__.py": f"__version__ = {version!r}\nPAYLOAD = {payload!r}\n{body}".encode(),
         f"{info}/METADATA": metadata.encode(),
         f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: kiln-tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode(),
     }
     if variant_json is not None:
-        files[f"{info}/variant.json"] = variant_json
-    record = [_record_line(p, d) for p, d in files.items()] + [f"{info}/RECORD,,"]
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+        members[f"{info}/variant.json"] = variant_json
+    members.update(files or {})
+    record = [_record_line(p, d) for p, d in members.items()] + [f"{info}/RECORD,,"]
+    members[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
     path = Path(directory) / f"{dist}-{version}-{tag}{'-' + label if label else ''}.whl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as archive:
-        for member, data in files.items():
+        for member, data in members.items():
             # fixed timestamps: the same call gives the same bytes
             archive.writestr(zipfile.ZipInfo(member, date_time=(2020, 1, 1, 0, 0, 0)), data)
     return path
