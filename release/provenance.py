@@ -9,7 +9,7 @@ another index and is the dependency-confusion attack (PEP 708's problem). The
 comparison is by content, so it holds whatever URL form an index links with.
 
 :func:`sdist_only` reads pip's verbose log of a wheels-only resolution
-(``--only-binary :all:``): the projects it skipped an sdist of, which it would
+(``--only-binary :all:``, logged at ``-vv``): the projects it skipped an sdist of, which it would
 otherwise have built (and run the build hook of) to read metadata.
 """
 
@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name
 from kiln.release.errors import InvalidInputError
 from kiln.release.installenv import run_installer
 
-_NO_BINARY = re.compile(r"Skipping link: No binaries permitted for ([A-Za-z0-9._-]+)")
+_NO_SOURCE = re.compile(r"Skipping link: No (?:sources|binaries) permitted for ([A-Za-z0-9._-]+)")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def pip_dry_run(python: Sequence[str], args: Sequence[str], cwd: Path, timeout: 
     installed, in the scrubbed environment; :class:`subprocess.TimeoutExpired` past ``timeout``."""
     report = Path(cwd) / "pip-report.json"
     report.unlink(missing_ok=True)
-    cmd = [*python, "-m", "pip", "install", "--dry-run", "--only-binary", ":all:", "-v", "--progress-bar", "off",
+    cmd = [*python, "-m", "pip", "install", "--dry-run", "--only-binary", ":all:", "-vv", "--progress-bar", "off",
            "--report", str(report), *args]
     done = run_installer(cmd, Path(cwd), timeout)
     output = done.stdout + "\n" + done.stderr
@@ -107,8 +107,8 @@ def pip_dry_run(python: Sequence[str], args: Sequence[str], cwd: Path, timeout: 
 
 
 def sdist_only(log_text: str) -> list[str]:
-    """The projects pip skipped an sdist of in a wheels-only resolution (its ``-v`` log), in order."""
-    return list(dict.fromkeys(canonicalize_name(m.group(1)) for m in _NO_BINARY.finditer(log_text)))
+    """The projects pip skipped an sdist of in a wheels-only resolution (its ``-vv`` log), in order."""
+    return list(dict.fromkeys(canonicalize_name(m.group(1)) for m in _NO_SOURCE.finditer(log_text)))
 
 
 __all__ = ["Chosen", "Resolution", "foreign", "pip_dry_run", "read_report", "sdist_only"]

@@ -11,10 +11,14 @@ run with real pip and uv into fresh venvs.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 import subprocess
 import sys
+import tarfile
+from io import BytesIO
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,7 @@ from kiln.flows.cli import main
 from kiln.flows.summary import render_text
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, resolve
+from kiln.release.installenv import run_installer, scrubbed_env
 from kiln.release.manifest import RunManifest
 from kiln.release.publish import Plan, publish
 from kiln.release.store import LocalStore
@@ -185,3 +190,62 @@ def test_kiln_verify_and_its_hint_refuse_the_attackers_index_as_an_extra_index(t
     assert main(["verify", url, "--no-install", "--hint", printed]) == 0, capsys.readouterr().out
     assert f"install hint {printed}: ok" in capsys.readouterr().out
     assert not markers.exists(), sorted(p.read_text() for p in markers.iterdir())
+
+
+def evil_sdist_index(root: Path, markers: Path) -> str:
+    """A file:// index whose only file of ``evil-sdist`` is an sdist; its in-tree build backend writes a marker
+    holding the environment it ran with (what it could steal) when it is imported."""
+    backend = (f"import json, os, pathlib\npathlib.Path({str(markers)!r}).mkdir(exist_ok=True)\n"
+               f"pathlib.Path({str(markers)!r}, str(os.getpid())).write_text(json.dumps(dict(os.environ)))\n")
+    members = {"pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+               "backend.py": backend, "PKG-INFO": "Metadata-Version: 2.1\nName: evil-sdist\nVersion: 1.0\n"}
+    page = root / "simple" / "evil-sdist"
+    page.mkdir(parents=True)
+    sdist = page / "evil_sdist-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, text in members.items():
+            info = tarfile.TarInfo(f"evil_sdist-1.0/{name}")
+            info.size = len(text.encode())
+            archive.addfile(info, BytesIO(text.encode()))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    (page / "index.html").write_text(f'<a href="{sdist.name}#sha256={digest}">{sdist.name}</a>\n')
+    (root / "simple" / "index.html").write_text('<a href="evil-sdist/">evil-sdist</a>\n')
+    return (root / "simple").as_uri() + "/"
+
+
+def test_an_sdist_only_dependency_is_reported_and_its_build_hook_never_runs(tmp_path, monkeypatch, capsys):
+    markers = tmp_path / "markers"
+    evil = evil_sdist_index(tmp_path / "evil", markers)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "publish-step-secret")
+    monkeypatch.setenv("PREFECT_API_KEY", "prefect-secret")
+    wheel = make_wheel(tmp_path / "run", "kiln-kernels", f"{NIGHTLY}+cpu", module="kiln_k", requires=["evil-sdist"])
+    query = ClosureQuery("cpu", Staged(read_wheel(wheel)[0], wheel), (), (evil,))
+    result = resolve(query)
+    assert not result.ok and "evil-sdist" in result.missing and "only an sdist" in result.missing, result
+    assert index_command(str(wheel.parent), None, str(tmp_path / "kiln")) == 0
+    assert main(["verify", (tmp_path / "kiln").as_uri() + "/", "--extra-index-url", evil]) != 0
+    out = capsys.readouterr().out
+    assert "the indexes hold only an sdist of evil-sdist (not built: wheels only)" in out, out
+    assert not markers.exists()
+    # the premise, and the scrub: pip left to itself builds the sdist; even then the hook sees no secret
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    run_installer([sys.executable, "-I", "-m", "pip", "install", "--dry-run", "--isolated", "--no-cache-dir",
+                   "--index-url", evil, "evil-sdist"], cwd, TIMEOUT_S)
+    seen = [json.loads(p.read_text()) for p in markers.iterdir()]
+    assert seen and all("AWS_SECRET_ACCESS_KEY" not in env and "PREFECT_API_KEY" not in env for env in seen)
+    assert all(env["HOME"] != os.environ.get("HOME") for env in seen)
+
+
+def test_the_installer_environment_keeps_what_reaches_an_index_and_drops_every_secret(tmp_path):
+    source = {"PATH": "/usr/bin", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "s", "AWS_PROFILE": "p",
+              "GOOGLE_APPLICATION_CREDENTIALS": "/g.json", "PREFECT_API_KEY": "k", "PREFECT_HOME": "/p",
+              "KILN_ARTIFACTS": "s3://b", "HTTPS_PROXY": "http://proxy:3128", "PIP_INDEX_URL": "https://mirror/simple",
+              "UV_INDEX_URL": "https://mirror/simple", "SSL_CERT_FILE": "/etc/ca.pem", "LC_ALL": "C.UTF-8",
+              "UV_PUBLISH_TOKEN": "t", "GITHUB_TOKEN": "g"}
+    env = scrubbed_env(tmp_path, source)
+    assert env["HOME"] == str(tmp_path)
+    assert {k: env[k] for k in ("PATH", "HTTPS_PROXY", "PIP_INDEX_URL", "UV_INDEX_URL", "SSL_CERT_FILE", "LC_ALL")} \
+        == {k: source[k] for k in ("PATH", "HTTPS_PROXY", "PIP_INDEX_URL", "UV_INDEX_URL", "SSL_CERT_FILE", "LC_ALL")}
+    assert not {"AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "GOOGLE_APPLICATION_CREDENTIALS", "PREFECT_API_KEY",
+                "PREFECT_HOME", "KILN_ARTIFACTS", "UV_PUBLISH_TOKEN", "GITHUB_TOKEN"} & set(env)
