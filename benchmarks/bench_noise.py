@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from kiln.tasks.bench.compare import compare_results  # noqa: E402
 from kiln.tasks.bench.harness import CpuTimer, assemble, bench_kernel, bench_specs, resolve_metric  # noqa: E402
+from kiln.tasks.bench.results import iso_time  # noqa: E402
 from kiln.tasks.project.config import load_config  # noqa: E402
 
 
@@ -59,7 +60,7 @@ class SequentialWallTimer:
 def one_run(config, specs, timer, run_id: str):
     plan = resolve_metric("cpu", cuda_available=False)
     cases = [c for spec in specs for c in bench_kernel(spec, "small", plan, timers={"cpu": timer})]
-    return assemble(config, plan, "small", cases, run_id=run_id, flow="bench")
+    return assemble(config, plan, "small", cases, run_id=run_id, flow="bench", created=iso_time(time.time()))
 
 
 def pair_stats(runs, threshold: float) -> dict:

@@ -63,7 +63,7 @@ from kiln.tasks.bench.forking import MeasureServer
 from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_variant, nothing_to_bench, prepare
 from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.bench.report import build_report
-from kiln.tasks.bench.results import BenchResults, CaseResult, load_results, save_results
+from kiln.tasks.bench.results import BenchResults, CaseResult, iso_time, load_results, save_results
 from kiln.tasks.bench.window import window_cases
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.testing.envs import make_env
@@ -120,7 +120,8 @@ def _outcome(kernel: str, state: State) -> KernelOutcome:
 def results_task(config: KilnConfig, setup: BenchSetup, outcomes: list[KernelOutcome], run: RunRecord,
                  results_path: str | None) -> BenchResults:
     cases = [case for outcome in outcomes for case in outcome.cases]
-    results = assemble(config, setup.plan, setup.size, cases, run_id=run.run_id, flow=run.header.flow)
+    results = assemble(config, setup.plan, setup.size, cases, run_id=run.run_id, flow=run.header.flow,
+                       created=iso_time(run.header.created))
     path = save_results(results, run.view / RESULTS)
     run.add_artifact(path, step="bench", kind="bench", variant=results.variant)
     if results_path:
@@ -132,19 +133,23 @@ def results_task(config: KilnConfig, setup: BenchSetup, outcomes: list[KernelOut
 def compare_task(config: KilnConfig, choice: benchhistory.BaselineChoice, results: BenchResults, store: Store | None,
                  run: RunRecord, fail_on_regression: bool, blocking: list[str] | None) -> Comparison:
     """The regression policy over the stored window of comparable runs, with ``choice``'s single
-    baseline for the cases whose window is too short; the trend lines go to the summary."""
-    baseline = benchhistory.resolve_baseline(choice, results, config, store)
+    baseline for the cases whose window is too short; the trend lines go to the summary, and so do the
+    history entries left out because their run records do not back them."""
+    reader = benchhistory.reader_for(store, run.header)
+    baseline = benchhistory.resolve_baseline(choice, results, config, reader)
     missing = choice.missing(results.variant, results.decision_metric)
     windows = () if choice.kind not in ("last", "published") else window_cases(
-        benchhistory.window_history(store, config, results), results, config.bench.regression, config.bench.threshold)
+        benchhistory.window_history(reader, config, results), results, config.bench.regression,
+        config.bench.threshold)
     comparison = compare_results(baseline, results, config.bench.threshold, missing, windows)
     for regression in comparison.regressions():
         logger.warning("benchmark regression: %s", regression.describe())
     for suspicious in comparison.suspicious():
         logger.info("benchmark suspicious (not blocking): %s", suspicious.describe())
     run.set_info("bench_comparison", comparison_record(comparison, fail_on_regression, blocking))
-    if windows:
-        run.set_info(BENCH_TREND_INFO, [w.trend_line() for w in windows if w.decides])
+    ignored = reader.ignored if reader is not None else []
+    if windows or ignored:
+        run.set_info(BENCH_TREND_INFO, [w.trend_line() for w in windows if w.decides] + ignored)
     return comparison
 
 
@@ -170,15 +175,15 @@ def _kernel_unit(outcome: KernelOutcome, comparison: Comparison, fail_on_regress
 
 @task(name="bench-store-history", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5,
       retry_condition_fn=retry_on_retryable)
-def store_task(config: KilnConfig, results: BenchResults, store: Store | None, enabled: bool) -> str:
-    return benchhistory.store_if(enabled, store, config, results)
+def store_task(config: KilnConfig, results: BenchResults, store: Store | None, enabled: bool, run: RunRecord) -> str:
+    return benchhistory.store_if(enabled, store, config, results, run.header)
 
 
 @task(name="bench-report", cache_policy=NO_CACHE)
 def report_task(config: KilnConfig, run: RunRecord, results: BenchResults, comparison: Comparison,
                 outcomes: list[KernelOutcome], store: Store | None) -> None:
     """A table artifact per kernel; the summary markdown with the speed-up and trend plots."""
-    history = benchhistory.history_with(store, config, results)
+    history = benchhistory.history_with(benchhistory.reader_for(store, run.header), config, results)
     report = build_report(results, comparison, outcomes, history, run.view / RESULTS.parent, run.run_id)
     for key, (description, rows) in report.tables.items():
         _table(key, rows, description)
@@ -239,7 +244,7 @@ def bench_flow(
     for outcome in outcomes:
         record(run, _kernel_unit(outcome, comparison, fail_on_regression, blocking_metrics))
     report_task(config, run, results, comparison, outcomes, store)
-    store_task(config, results, store, store_history)
+    store_task(config, results, store, store_history, run)
     return finish_stage(run, "bench", "Benchmarks")
 
 
@@ -260,15 +265,18 @@ def _measure_all(config: KilnConfig, config_path: str, size: str | None, metric:
 @task(name="keep-release-baseline", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5,
       retry_condition_fn=retry_on_retryable)
 def store_release_baseline(config: KilnConfig, run: RunRecord, channel: str) -> str:
-    """Keep a published release's benchmark results as the baseline of ``channel``'s next release."""
+    """Keep a published release's benchmark results as the baseline of ``channel``'s next release.
+
+    With the release publisher's credentials: no other step's policy may write ``published/`` (release/policies.py),
+    and :func:`kiln.tasks.bench.history.store_results` keeps only a release run's own results there."""
     recorded = [a for a in run.artifacts() if a.kind == "bench" and a.path == RESULTS.as_posix()]
     if not recorded:
         return "no benchmark results in this run to keep as the next release's baseline"
     results = load_results(run.fetch(recorded[0]))
-    store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "bench"))
+    store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "publish-release"))
     if store is None:
         raise BenchmarkError("the artifact store could not be opened to keep this release's benchmark baseline")
-    key = benchhistory.store_results(store, config, results, channel=channel)
+    key = benchhistory.store_results(store, config, results, run.header, channel=channel)
     return f"benchmark results kept as the {channel} channel's next baseline ({key})"
 
 

@@ -9,6 +9,14 @@ Besides the allows, each document carries explicit ``Deny`` statements: an
 explicit deny wins over any allow another policy attached to the same
 principal might grant, so a step stays inside its box even when an operator
 attaches something broader by mistake.
+
+The release baseline (``<bench.history>/published/``: the benchmark results a
+release is judged against) is written only by the release publisher, after a
+verified release: its document allows that prefix, and every other step's
+denies it — the bench step writes the rest of the history, never a baseline.
+Likewise the build ledger (``build-ledger/`` under each prefix the build step
+writes: the sha256 of every wheel it built, which is all ``kiln bisect``
+trusts) is denied to every step but the build.
 """
 
 from __future__ import annotations
@@ -26,6 +34,11 @@ STEPS: tuple[Step, ...] = get_args(Step)
 # Which channel each publishing step owns; every other step owns none.
 CHANNEL_OF_STEP: Mapping[str, str] = {"publish-nightly": "nightly", "publish-release": "release",
                                       "prune-nightly": "nightly"}
+# The one step that writes the release baseline (benchmark results of published releases).
+BASELINE_STEP = "publish-release"
+# The build ledger, in the artifact store: only the build step writes it (kiln.tasks.run.ledger).
+LEDGER_STEP = "build"
+BUILD_LEDGER = "build-ledger/"
 # The steps that may delete, only under their own write prefixes (kiln.release.prune); no step deletes a release.
 DELETING_STEPS = frozenset({"prune-nightly"})
 DELETE_ACTIONS = ("s3:DeleteObject",)
@@ -84,10 +97,14 @@ def _overlaps(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
-def _validate(steps: Mapping[str, StepAccess], channels: Mapping[str, str]) -> None:
+def _validate(steps: Mapping[str, StepAccess], channels: Mapping[str, str], baselines: str | None) -> None:
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         raise ConfigError(f"[permissions] names unknown steps {unknown}; known steps: {list(STEPS)}")
+    for channel, prefix in channels.items():
+        if baselines is not None and _overlaps(baselines, prefix):
+            raise ConfigError(f"the release baseline prefix {baselines!r} overlaps the {channel} index prefix "
+                              f"{prefix!r}; keep [bench] history outside every channel")
     for name in CHANNEL_OF_STEP.values():
         if name not in channels:
             raise ConfigError(f"[publish] channels has no {name!r} prefix; policies need one per channel")
@@ -115,7 +132,16 @@ def _statement(sid: str, effect: str, actions: Sequence[str], resources: Sequenc
     return statement
 
 
-def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels: Mapping[str, str]) -> dict[str, Any]:
+def _baseline_statement(step: str, bucket: str, base: str, baselines: str) -> dict[str, Any]:
+    """The release publisher writes the release baseline; every other step is denied it."""
+    resources = _object_arns(bucket, base, (baselines,))
+    if step == BASELINE_STEP:
+        return _statement("WriteReleaseBaseline", "Allow", (*READ_ACTIONS, *WRITE_ACTIONS), resources)
+    return _statement("DenyReleaseBaselineWrites", "Deny", ("s3:PutObject*",), resources)
+
+
+def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels: Mapping[str, str],
+                 baselines: str | None = None, ledgers: Sequence[str] = ()) -> dict[str, Any]:
     statements = []
     if access.read:
         statements.append(_statement("Read", "Allow", READ_ACTIONS, _object_arns(bucket, base, access.read)))
@@ -131,6 +157,11 @@ def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels
     if foreign:
         denied = ("s3:Delete*", "s3:PutObject*") if deletes else ("s3:PutObject*",)
         statements.append(_statement("DenyForeignIndexWrites", "Deny", denied, _object_arns(bucket, base, foreign)))
+    if baselines is not None:
+        statements.append(_baseline_statement(step, bucket, base, baselines))
+    if ledgers and step != LEDGER_STEP:
+        statements.append(_statement("DenyBuildLedgerWrites", "Deny", ("s3:PutObject*",),
+                                     _object_arns(bucket, base, ledgers)))
     destructive = [a for a in DESTRUCTIVE_ACTIONS if a != "s3:Delete*"] + ["s3:DeleteBucket*"] if deletes \
         else DESTRUCTIVE_ACTIONS
     statements.append(_statement("DenyDestructive", "Deny", destructive,
@@ -139,8 +170,9 @@ def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels
 
 
 def policies_for(bucket: str, base_prefix: str, steps: Mapping[str, StepAccess],
-                 channels: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """``{step: IAM policy document}`` for every step in ``steps``.
+                 channels: Mapping[str, str], baselines: str | None = None) -> dict[str, dict[str, Any]]:
+    """``{step: IAM policy document}`` for every step in ``steps``; with ``baselines`` (the release baseline
+    prefix), only ``publish-release`` may write it; only ``build`` may write its build ledger.
 
     Raises :class:`ConfigError` (and returns nothing) when a step's declared
     access would break the least-privilege rules: build, test and bench write
@@ -157,8 +189,12 @@ def policies_for(bucket: str, base_prefix: str, steps: Mapping[str, StepAccess],
         )
         for step, access in steps.items()
     }
-    _validate(norm_steps, norm_channels)
-    return {step: _step_policy(step, norm_steps[step], bucket, base, norm_channels) for step in sorted(norm_steps)}
+    norm_baselines = None if baselines is None else _prefix(baselines, "bench.history (the release baseline)")
+    _validate(norm_steps, norm_channels, norm_baselines)
+    build = norm_steps.get(LEDGER_STEP, StepAccess())
+    ledgers = tuple(f"{prefix}{BUILD_LEDGER}" for prefix in build.write)
+    return {step: _step_policy(step, norm_steps[step], bucket, base, norm_channels, norm_baselines, ledgers)
+            for step in sorted(norm_steps)}
 
 
 def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
@@ -189,10 +225,21 @@ def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
 
 
 def policies_from_config(config: Any, target: str | None = None) -> dict[str, dict[str, Any]]:
-    """Policies for every step ``config.permissions`` declares."""
+    """Policies for every step ``config.permissions`` declares; the release baseline is
+    ``<[bench] history>/published/`` (kiln.tasks.bench.history), relative to the base like every prefix."""
     bucket, base = s3_target(config, target)
     steps = {step: StepAccess(tuple(p.read), tuple(p.write)) for step, p in config.permissions.items()}
-    return policies_for(bucket, base, steps, dict(config.publish.channels))
+    baselines = f"{config.bench.history.strip('/')}/published/"
+    return policies_for(bucket, base, steps, dict(config.publish.channels), baselines)
+
+
+def read_only(document: Mapping[str, Any], bucket: str) -> dict[str, Any]:
+    """``document`` narrowed to its reads (a session that must change nothing: ``kiln bisect``): its
+    ``Read`` and ``List`` allows and every deny, plus an explicit deny of every write in ``bucket``."""
+    kept = [s for s in document["Statement"] if s["Effect"] == "Deny" or s.get("Sid") in ("Read", "List")]
+    writes = ("s3:AbortMultipartUpload", "s3:Delete*", "s3:PutObject*")
+    kept.append(_statement("DenyEveryWrite", "Deny", writes, [f"arn:aws:s3:::{bucket}/*"]))
+    return {"Version": document["Version"], "Statement": kept}
 
 
 def render(document: Mapping[str, Any]) -> str:

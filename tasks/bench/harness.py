@@ -30,7 +30,6 @@ from kiln.tasks.bench.results import (
     git_commit,
     hardware,
     library_versions,
-    utc_now,
 )
 from kiln.tasks.bench.stats import summarize
 from kiln.tasks.project.config import BENCH_SIZES, KilnConfig
@@ -256,12 +255,14 @@ def result_variant(config: KilnConfig, plan: MetricPlan) -> str:
 
 
 def assemble(
-    config: KilnConfig, plan: MetricPlan, size: str, cases: Sequence[CaseResult], *, run_id: str, flow: str
+    config: KilnConfig, plan: MetricPlan, size: str, cases: Sequence[CaseResult], *, run_id: str, flow: str,
+    created: str,
 ) -> BenchResults:
-    """The results document, with the metadata a later comparison needs."""
+    """The results document, with the metadata a later comparison needs; ``created`` is the run's start as its
+    record says (:func:`kiln.tasks.bench.results.iso_time`), never a clock of the measuring process."""
     return BenchResults(
         commit=git_commit(config.root), variant=result_variant(config, plan), flow=flow, run_id=run_id,
-        created=utc_now(), size=size, decision_metric=plan.decision, hardware=hardware(plan.device),
+        created=created, size=size, decision_metric=plan.decision, hardware=hardware(plan.device),
         versions=library_versions(config.project.distribution), cases=tuple(cases),
     )
 

@@ -1,10 +1,14 @@
 """Benchmark history in the artifact store: one immutable results file per run.
 
 Keys are ``<bench.history>/<UTC timestamp>-<run id>.json``; the timestamp is
-fixed-width, so the store's sorted listing is chronological and ``last``
-never needs to read more than the files it skips. Results are written
-create-only (same bytes again is success), so a retried task cannot rewrite
-history.
+the producing run's start as its run record says (written by Kiln's step
+process, never by the measured package) and fixed-width, so the store's
+sorted listing is chronological and ``last`` never needs to read more than
+the files it skips. Results are written create-only (same bytes again is
+success), so a retried task cannot rewrite history; only results that are
+what their run produced are stored (:func:`kiln.tasks.bench.trust.written_by`),
+and every entry is read through a :class:`~kiln.tasks.bench.trust.HistoryReader`,
+which leaves out (and reports) one its run record does not back.
 
 ``last`` is the newest stored *nightly* result of the same variant and
 decision metric: an ad-hoc ``kiln bench`` on a laptop must not become the
@@ -13,8 +17,9 @@ baseline the next release is judged against.
 A release is judged against the last *published release* of its channel
 (``published:<channel>``), never a nightly or a dry run: after a release is
 published and verified, its results are stored again under
-``<bench.history>/published/<channel>/`` (same key scheme), and only those
-entries are read for that baseline. Nightly history lists only the direct
+``<bench.history>/published/<channel>/`` (same key scheme) with the release
+step's credentials (no other step's IAM policy may write there), and only
+those entries of release runs are read for that baseline. Nightly history lists only the direct
 children of ``<bench.history>/``.
 """
 
@@ -25,9 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kiln.release.errors import InvalidInputError, KilnError
+from kiln.release.errors import AlreadyPublishedError, InvalidInputError, KilnError
+from kiln.release.record import RunHeader
 from kiln.release.store import Store, open_store
 from kiln.tasks.bench.results import BenchResults, load_results, parse_results
+from kiln.tasks.bench.trust import RELEASE_FLOW, HistoryReader, key_name, written_by
 from kiln.tasks.project.config import KilnConfig
 
 _log = logging.getLogger(__name__)
@@ -55,43 +62,52 @@ def _published_prefix(config: KilnConfig, channel: str) -> str:
     return f"{_prefix(config)}{PUBLISHED}/{channel}/"
 
 
-def history_key(config: KilnConfig, results: BenchResults, channel: str | None = None) -> str:
-    """``<history>/<stamp>-<run>.json``; a published release's copy lives under ``published/<channel>/``."""
-    stamp = results.created.replace("-", "").replace(":", "")  # 2026-11-29T19:02:27Z -> 20261129T190227Z
-    run_id = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in results.run_id)
+def history_key(config: KilnConfig, header: RunHeader, channel: str | None = None) -> str:
+    """``<history>/<stamp>-<run>.json`` of the run ``header`` starts; a published release's copy lives under
+    ``published/<channel>/``."""
     prefix = _prefix(config) if channel is None else _published_prefix(config, channel)
-    return f"{prefix}{stamp}-{run_id}.json"
+    return f"{prefix}{key_name(header)}"
 
 
-def store_results(store: Store, config: KilnConfig, results: BenchResults, channel: str | None = None) -> str:
-    """Store ``results`` create-only; with ``channel``, as that channel's published release baseline."""
-    key = history_key(config, results, channel)
+def store_results(store: Store, config: KilnConfig, results: BenchResults, header: RunHeader,
+                  channel: str | None = None) -> str:
+    """Store ``results`` of the run ``header`` starts, create-only; with ``channel``, as that channel's published
+    release baseline (a release run's only). Results that are not that run's are refused, naming why."""
+    problem = written_by(results, header)
+    if problem:
+        raise InvalidInputError(f"benchmark results not stored as history: {problem}")
+    if channel is not None and header.flow != RELEASE_FLOW:
+        raise InvalidInputError(f"run {header.run_id} is a {header.flow!r} run: only a release run's results become "
+                                f"the {channel} channel's release baseline")
+    key = history_key(config, header, channel)
     _log.info("storing benchmark results as %s/%s", store.url, key)
     store.put_immutable(key, results.to_json().encode("utf-8"), CONTENT_TYPE, CACHE_CONTROL)
     return key
 
 
-def _read(store: Store, key: str) -> BenchResults | None:
-    """A stored result, or None (with a warning) when it vanished or does not validate."""
-    data = store.get(key)
+def _read(reader: HistoryReader, key: str, *, published: bool = False) -> BenchResults | None:
+    """A stored result the reader admits, or None (with a warning) when it vanished, does not validate, or
+    its run record does not back it."""
+    data = reader.store.get(key)
     if data is None:
         return None
     try:
-        return parse_results(data, f"{store.url}/{key}")
+        results = parse_results(data, f"{reader.store.url}/{key}")
     except InvalidInputError as exc:
         _log.warning("skipping unreadable history entry: %s", exc)
         return None
+    return results if reader.admits(key, results, published=published) else None
 
 
 def load_history(
-    store: Store, config: KilnConfig, *, variant: str, metric: str, limit: int = HISTORY_LIMIT
+    reader: HistoryReader, config: KilnConfig, *, variant: str, metric: str, limit: int = HISTORY_LIMIT
 ) -> list[BenchResults]:
     """Up to ``limit`` stored results of ``variant``/``metric``, oldest first."""
     found: list[BenchResults] = []
-    for key in reversed(_nightly_keys(store, config)):
+    for key in reversed(_nightly_keys(reader.store, config)):
         if len(found) >= limit:
             break
-        results = _read(store, key)
+        results = _read(reader, key)
         if results is not None and results.variant == variant and results.decision_metric == metric:
             found.append(results)
     return found[::-1]
@@ -103,36 +119,36 @@ def _nightly_keys(store: Store, config: KilnConfig) -> list[str]:
     return [k for k in store.list(prefix) if "/" not in k[len(prefix):]]
 
 
-def last_nightly(store: Store, config: KilnConfig, *, variant: str, metric: str,
+def last_nightly(reader: HistoryReader, config: KilnConfig, *, variant: str, metric: str,
                  exclude_run: str = "") -> BenchResults | None:
     """The newest stored nightly result of ``variant``/``metric``, or None when there is none yet."""
-    for key in reversed(_nightly_keys(store, config)):
-        results = _read(store, key)
+    for key in reversed(_nightly_keys(reader.store, config)):
+        results = _read(reader, key)
         if (results is not None and results.flow == "nightly" and results.run_id != exclude_run
                 and results.variant == variant and results.decision_metric == metric):
-            _log.info("baseline 'last': %s/%s (run %s)", store.url, key, results.run_id)
+            _log.info("baseline 'last': %s/%s (run %s)", reader.store.url, key, results.run_id)
             return results
     return None
 
 
-def newest_stored(store: Store, config: KilnConfig) -> BenchResults | None:
+def newest_stored(reader: HistoryReader, config: KilnConfig) -> BenchResults | None:
     """The newest result stored under the history prefix (a nightly's, or a ``kiln bench`` run's that stored
     it), of any variant: whose variant and metric ``kiln history`` shows by default."""
-    for key in reversed(_nightly_keys(store, config)):
-        results = _read(store, key)
+    for key in reversed(_nightly_keys(reader.store, config)):
+        results = _read(reader, key)
         if results is not None:
             return results
     return None
 
 
-def last_published(store: Store, config: KilnConfig, channel: str, *, variant: str,
+def last_published(reader: HistoryReader, config: KilnConfig, channel: str, *, variant: str,
                    metric: str) -> BenchResults | None:
     """The results of the newest published release on ``channel`` of ``variant``/``metric``, or None."""
     prefix = _published_prefix(config, channel)
-    for key in reversed(store.list(prefix)):
-        results = _read(store, key)
+    for key in reversed(reader.store.list(prefix)):
+        results = _read(reader, key, published=True)
         if results is not None and results.variant == variant and results.decision_metric == metric:
-            _log.info("baseline: the last published %s release, %s/%s (run %s)", channel, store.url, key,
+            _log.info("baseline: the last published %s release, %s/%s (run %s)", channel, reader.store.url, key,
                       results.run_id)
             return results
     return None
@@ -174,7 +190,7 @@ def parse_compare(compare: str | None) -> BaselineChoice:
 
 
 def resolve_baseline(choice: BaselineChoice, current: BenchResults, config: KilnConfig,
-                     store: Store | None) -> BenchResults | None:
+                     reader: HistoryReader | None) -> BenchResults | None:
     """No comparison; ``"last"`` → the previous nightly (None on the first night);
     ``"published:<channel>"`` → that channel's last published release (None before the first); else a file.
     ``choice`` is :func:`parse_compare`'s, made once where ``--compare`` enters."""
@@ -182,15 +198,16 @@ def resolve_baseline(choice: BaselineChoice, current: BenchResults, config: Kiln
         return None
     if choice.kind == "file":
         return load_results(choice.value)
-    if store is None:
+    if reader is None:
         raise InvalidInputError(f"--compare {choice.spelled()} needs the artifact store, which could not be opened")
     if choice.kind == "last":
-        found = last_nightly(store, config, variant=current.variant, metric=current.decision_metric,
+        found = last_nightly(reader, config, variant=current.variant, metric=current.decision_metric,
                              exclude_run=current.run_id)
     else:
-        found = last_published(store, config, choice.value, variant=current.variant, metric=current.decision_metric)
+        found = last_published(reader, config, choice.value, variant=current.variant,
+                               metric=current.decision_metric)
     if found is None:
-        _log.warning("%s (%s/%s)", choice.missing(current.variant, current.decision_metric), store.url,
+        _log.warning("%s (%s/%s)", choice.missing(current.variant, current.decision_metric), reader.store.url,
                      _prefix(config))
     return found
 
@@ -216,27 +233,36 @@ def open_history(config: KilnConfig, session_factory: Callable[[], Any] | None =
         return None
 
 
-def store_if(enabled: bool, store: Store | None, config: KilnConfig, results: BenchResults) -> str:
-    """Store ``results`` when asked to and a store is open; say which happened."""
+def reader_for(store: Store | None, header: RunHeader) -> HistoryReader | None:
+    """The history as the run ``header`` starts may read it (None: no store)."""
+    return None if store is None else HistoryReader(store, header.created)
+
+
+def store_if(enabled: bool, store: Store | None, config: KilnConfig, results: BenchResults, header: RunHeader) -> str:
+    """Store ``results`` of the run ``header`` starts when asked to and a store is open; say which happened."""
     if not enabled:
         return "history not stored (store_history is off)"
     if store is None:
         return "history not stored (the artifact store could not be opened)"
-    return f"stored as {store_results(store, config, results)}"
+    try:
+        return f"stored as {store_results(store, config, results, header)}"
+    except AlreadyPublishedError:  # a second benchmark of one run: its first results stay its history
+        return (f"history not stored: run {header.run_id} already has other results stored as "
+                f"{history_key(config, header)} (a run's history entry is written once)")
 
 
-def window_history(store: Store | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
+def window_history(reader: HistoryReader | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
     """The stored runs (oldest first) the regression policy may judge ``current`` against: same variant and
     metric, a few more than its window (runs on other hardware are left out later)."""
-    if store is None:
+    if reader is None:
         return []
     wanted = config.bench.regression.window * 2
-    return [r for r in load_history(store, config, variant=current.variant, metric=current.decision_metric,
+    return [r for r in load_history(reader, config, variant=current.variant, metric=current.decision_metric,
                                     limit=wanted + 1) if r.run_id != current.run_id][-wanted:]
 
 
-def history_with(store: Store | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
+def history_with(reader: HistoryReader | None, config: KilnConfig, current: BenchResults) -> list[BenchResults]:
     """Stored history of the current variant/metric (oldest first) with ``current`` last."""
-    stored = [] if store is None else load_history(
-        store, config, variant=current.variant, metric=current.decision_metric, limit=HISTORY_LIMIT - 1)
+    stored = [] if reader is None else load_history(
+        reader, config, variant=current.variant, metric=current.decision_metric, limit=HISTORY_LIMIT - 1)
     return [r for r in stored if r.run_id != current.run_id] + [current]

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kiln.release.errors import InvalidInputError
 from kiln.release.fsutil import atomic_write_text
@@ -28,6 +28,20 @@ Metric = Literal["graph_replay", "eager", "cpu"]
 # What ``--metric`` accepts: a measured metric, or auto (graph replay on a GPU, else cpu).
 MetricChoice = Literal["auto", "graph_replay", "eager", "cpu"]
 _log = logging.getLogger(__name__)
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # ``created``: the producing run's start, UTC, to the second
+
+
+def iso_time(when: float) -> str:
+    """``when`` (Unix seconds) as ``created`` spells it."""
+    return datetime.fromtimestamp(when, UTC).strftime(TIME_FORMAT)
+
+
+def parse_time(text: str) -> float:
+    """``created`` as Unix seconds; a ValueError names what is wrong."""
+    try:
+        return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        raise ValueError(f"{text!r} is not a UTC time of the form 2026-11-29T19:02:27Z") from None
 
 
 class _Model(BaseModel):
@@ -92,12 +106,18 @@ class BenchResults(_Model):
     variant: str
     flow: str  # "nightly", "release", "bench": `last` only trusts nightlies
     run_id: str
-    created: str  # ISO 8601, UTC
+    created: str  # the producing run's start (its run record's, written by Kiln's step process): TIME_FORMAT
     size: str
     decision_metric: Metric
     hardware: Hardware
     versions: dict[str, str]
     cases: tuple[CaseResult, ...]
+
+    @field_validator("created")
+    @classmethod
+    def _a_time(cls, value: str) -> str:
+        parse_time(value)
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> BenchResults:
@@ -206,7 +226,3 @@ def library_versions(distribution: str) -> dict[str, str]:
     versions["cuda"] = torch.version.cuda or "none"
     versions["hip"] = torch.version.hip or "none"
     return versions
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

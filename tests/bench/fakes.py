@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from kiln.release.record import Checkout, RunHeader, create_record
+from kiln.release.store import Store
 from kiln.tasks.bench.harness import MetricPlan, measure_case
-from kiln.tasks.bench.results import BenchResults, Hardware
+from kiln.tasks.bench.results import BenchResults, Hardware, parse_time
 
 CPU_PLAN = MetricPlan("cpu", "cpu", ("cpu",))
 
@@ -77,3 +79,18 @@ def fake_run(timer: FakeTimer, run_id: str = "run", flow: str = "nightly", varia
         decision_metric="cpu", hardware=Hardware(device="cpu", driver="none", cpu="fake"),
         versions={"torch": "test"}, cases=tuple(results),
     )
+
+
+def run_header(results: BenchResults) -> RunHeader:
+    """The header of the run that produced ``results``: its id, flow, commit and start time."""
+    return RunHeader(results.run_id, results.flow, "0.1.0", Checkout(results.commit, 0, (), True),
+                     parse_time(results.created))
+
+
+def keep(store: Store, config: Any, results: BenchResults, channel: str | None = None) -> str:
+    """Store ``results`` as their run does: its record started (header), then its history entry."""
+    from kiln.tasks.bench.history import store_results
+
+    header = run_header(results)
+    create_record(store, header, config.root / "views")
+    return store_results(store, config, results, header, channel)

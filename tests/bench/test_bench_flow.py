@@ -14,10 +14,11 @@ import pytest
 
 from kiln.release.manifest import RunManifest
 from kiln.tasks.bench.harness import stats_of
-from kiln.tasks.bench.history import history_store, store_results
+from kiln.tasks.bench.history import history_store
 from kiln.tasks.bench.results import load_results, save_results
 from kiln.tasks.project.config import load_config
 from tests.bench.conftest import FIXTURE
+from tests.bench.fakes import keep
 from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.slow
@@ -152,7 +153,7 @@ def test_the_nightly_keeps_a_regression_against_last_as_a_warning(first_run: Pat
     for night in range(3):
         nightly = _doctored(first_run / "bench" / "results.json", first_run.parent / f"nightly{night}.json",
                             flow="nightly", run_id=f"previous-nightly-{night}", created=f"2026-01-0{night + 1}T03:00:00Z")
-        store_results(history_store(config), config, load_results(nightly))
+        keep(history_store(config), config, load_results(nightly))
     out = first_run.parent / "run4"
     state = bench_flow(config_path=str(project), out=str(out), compare="last", fail_on_regression=False,
                        store_history=False, return_state=True)

@@ -9,6 +9,7 @@ import boto3
 import pytest
 
 from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.release.record import create_record
 from kiln.tasks.bench.history import (
     check_compare,
     history_key,
@@ -20,15 +21,20 @@ from kiln.tasks.bench.history import (
     parse_compare,
     resolve_baseline,
     store_if,
-    store_results,
 )
-from kiln.tasks.bench.results import save_results
+from kiln.tasks.bench.results import parse_time, save_results
+from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.bench.fakes import FakeTimer, fake_run, keep, run_header
 
 
 def _run(run_id: str, created: str, flow: str = "nightly", variant: str = "cpu", seed: int = 1):
     return fake_run(FakeTimer(seed=seed), run_id=run_id, flow=flow, variant=variant, created=created)
+
+
+def _reader(store, until: str = "2026-12-01T00:00:00Z") -> HistoryReader:
+    """History as a run that started at ``until`` reads it."""
+    return HistoryReader(store, parse_time(until))
 
 
 @pytest.fixture
@@ -38,23 +44,23 @@ def config(benchproj: Path):
 
 def test_results_are_stored_under_the_history_prefix_by_time_and_run(config):
     store = history_store(config)
-    key = store_results(store, config, _run("abc-123", "2026-11-29T03:04:05Z"))
+    key = keep(store, config, _run("abc-123", "2026-11-29T03:04:05Z"))
     assert key == "bench-history/20261129T030405Z-abc-123.json"
     assert (config.root / "artifacts" / key).is_file()  # file:// is relative to kiln.toml
 
 
 def test_a_run_id_cannot_smuggle_a_path_into_the_key(config):
-    key = history_key(config, _run("../../etc/passwd", "2026-11-29T03:04:05Z"))
+    key = history_key(config, run_header(_run("../../etc/passwd", "2026-11-29T03:04:05Z")))
     assert key.startswith("bench-history/") and ".." not in key and key.count("/") == 1
 
 
 def test_stored_results_are_immutable(config):
     store = history_store(config)
     results = _run("r1", "2026-11-29T03:04:05Z")
-    store_results(store, config, results)
-    store_results(store, config, results)  # same bytes again: a retried task is harmless
+    keep(store, config, results)
+    keep(store, config, results)  # same bytes again: a retried task is harmless
     with pytest.raises(IntegrityError):
-        store_results(store, config, _run("r1", "2026-11-29T03:04:05Z", seed=2))
+        keep(store, config, _run("r1", "2026-11-29T03:04:05Z", seed=2))
 
 
 def test_last_is_the_newest_nightly_of_the_same_variant_and_metric(config):
@@ -65,20 +71,20 @@ def test_last_is_the_newest_nightly_of_the_same_variant_and_metric(config):
         _run("ad-hoc", "2026-11-28T12:00:00Z", flow="bench"),
         _run("gpu-nightly", "2026-11-28T13:00:00Z", variant="cu130"),
     ):
-        store_results(store, config, results)
-    found = last_nightly(store, config, variant="cpu", metric="cpu")
+        keep(store, config, results)
+    found = last_nightly(_reader(store), config, variant="cpu", metric="cpu")
     assert found is not None and found.run_id == "new-nightly"
-    again = last_nightly(store, config, variant="cpu", metric="cpu", exclude_run="new-nightly")
+    again = last_nightly(_reader(store), config, variant="cpu", metric="cpu", exclude_run="new-nightly")
     assert again is not None and again.run_id == "old-nightly"
-    assert last_nightly(store, config, variant="rocm", metric="cpu") is None
+    assert last_nightly(_reader(store), config, variant="rocm", metric="cpu") is None
 
 
 def test_a_corrupt_history_entry_is_skipped_with_a_warning(config, caplog):
     store = history_store(config)
-    store_results(store, config, _run("good", "2026-11-27T03:00:00Z"))
+    keep(store, config, _run("good", "2026-11-27T03:00:00Z"))
     store.put_immutable("bench-history/20261128T030000Z-bad.json", b"{broken", "application/json", "no-cache")
     with caplog.at_level(logging.WARNING, logger="kiln.tasks.bench.history"):
-        found = last_nightly(store, config, variant="cpu", metric="cpu")
+        found = last_nightly(_reader(store), config, variant="cpu", metric="cpu")
     assert found is not None and found.run_id == "good"
     assert "20261128T030000Z-bad.json" in caplog.text
 
@@ -86,23 +92,23 @@ def test_a_corrupt_history_entry_is_skipped_with_a_warning(config, caplog):
 def test_history_is_oldest_first_and_ends_with_the_current_run(config):
     store = history_store(config)
     for day in (25, 26, 27):
-        store_results(store, config, _run(f"n{day}", f"2026-11-{day}T03:00:00Z"))
-    history = history_with(store, config, _run("now", "2026-11-29T03:00:00Z"))
+        keep(store, config, _run(f"n{day}", f"2026-11-{day}T03:00:00Z"))
+    history = history_with(_reader(store), config, _run("now", "2026-11-29T03:00:00Z"))
     assert [r.run_id for r in history] == ["n25", "n26", "n27", "now"]
-    assert [r.run_id for r in load_history(store, config, variant="cpu", metric="cpu", limit=2)] == ["n26", "n27"]
+    assert [r.run_id for r in load_history(_reader(store), config, variant="cpu", metric="cpu", limit=2)] == ["n26", "n27"]
 
 
 def test_resolve_baseline_reads_a_file_or_the_last_nightly_or_nothing(config, tmp_path):
     store = history_store(config)
     current = _run("now", "2026-11-29T03:00:00Z")
-    assert resolve_baseline(parse_compare(None), current, config, store) is None
-    assert resolve_baseline(parse_compare("last"), current, config, store) is None  # first night: nothing yet
-    store_results(store, config, _run("n1", "2026-11-28T03:00:00Z"))
-    assert resolve_baseline(parse_compare("last"), current, config, store).run_id == "n1"
+    assert resolve_baseline(parse_compare(None), current, config, _reader(store)) is None
+    assert resolve_baseline(parse_compare("last"), current, config, _reader(store)) is None  # first night: nothing yet
+    keep(store, config, _run("n1", "2026-11-28T03:00:00Z"))
+    assert resolve_baseline(parse_compare("last"), current, config, _reader(store)).run_id == "n1"
     path = save_results(_run("file", "2026-11-01T00:00:00Z"), tmp_path / "base.json")
-    assert resolve_baseline(parse_compare(str(path)), current, config, store).run_id == "file"
+    assert resolve_baseline(parse_compare(str(path)), current, config, _reader(store)).run_id == "file"
     with pytest.raises(InvalidInputError, match="does not exist"):
-        resolve_baseline(parse_compare(str(tmp_path / "nope.json")), current, config, store)
+        resolve_baseline(parse_compare(str(tmp_path / "nope.json")), current, config, _reader(store))
     with pytest.raises(InvalidInputError, match="artifact store"):
         resolve_baseline(parse_compare("last"), current, config, None)
 
@@ -116,9 +122,13 @@ def test_compare_is_checked_before_anything_is_measured(tmp_path):
 
 def test_store_if_says_what_it_did(config):
     results = _run("r", "2026-11-29T03:00:00Z")
-    assert "store_history is off" in store_if(False, history_store(config), config, results)
-    assert "could not be opened" in store_if(True, None, config, results)
-    assert store_if(True, history_store(config), config, results).startswith("stored as bench-history/")
+    store, header = history_store(config), run_header(results)
+    create_record(store, header, config.root / "views")
+    assert "store_history is off" in store_if(False, store, config, results, header)
+    assert "could not be opened" in store_if(True, None, config, results, header)
+    assert store_if(True, store, config, results, header).startswith("stored as bench-history/")
+    again = results.model_copy(update={"cases": results.cases[:1]})  # a second benchmark of the same run
+    assert store_if(True, store, config, again, header).startswith("history not stored: run r already has other")
 
 
 def _s3_config(benchproj: Path, endpoint: str, bucket: str):
@@ -135,12 +145,12 @@ def test_history_round_trips_through_s3_on_loopback(benchproj, s3_endpoint):
     asked = []
     store = open_history(config, session_factory=lambda: asked.append("bench") or session)
     assert asked == ["bench"], "an s3:// store must use the bench step's session"
-    store_results(store, config, _run("n1", "2026-11-27T03:00:00Z"))
-    store_results(store, config, _run("n2", "2026-11-28T03:00:00Z"))
+    keep(store, config, _run("n1", "2026-11-27T03:00:00Z"))
+    keep(store, config, _run("n2", "2026-11-28T03:00:00Z"))
     keys = session.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket="bench-history-test")["Contents"]
-    assert sorted(k["Key"] for k in keys) == ["kiln/bench-history/20261127T030000Z-n1.json",
+    assert sorted(k["Key"] for k in keys if "/runs/" not in k["Key"]) == ["kiln/bench-history/20261127T030000Z-n1.json",
                                               "kiln/bench-history/20261128T030000Z-n2.json"]
-    assert last_nightly(store, config, variant="cpu", metric="cpu").run_id == "n2"
+    assert last_nightly(_reader(store), config, variant="cpu", metric="cpu").run_id == "n2"
 
 
 def test_a_local_store_needs_no_credentials(config):

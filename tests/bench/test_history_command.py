@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,11 @@ import pytest
 from kiln.flows.cli import main
 from kiln.flows.history import show_history
 from kiln.release.errors import InvalidInputError
-from kiln.tasks.bench.history import history_store, store_results
+from kiln.tasks.bench.history import history_store
 from kiln.tasks.bench.series import series
+from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.bench.fakes import FakeTimer, fake_run, keep
 
 
 def _stored(config, runs: list[tuple[str, str, float]]) -> None:
@@ -20,7 +22,7 @@ def _stored(config, runs: list[tuple[str, str, float]]) -> None:
     store = history_store(config)
     for i, (commit, created, kernel_s) in enumerate(runs):
         results = fake_run(FakeTimer(kernel=kernel_s, seed=i), run_id=f"n{i}", created=created)
-        store_results(store, config, results.model_copy(update={"commit": commit * 40}))
+        keep(store, config, results.model_copy(update={"commit": commit * 40}))
 
 
 @pytest.fixture
@@ -67,7 +69,7 @@ def test_series_keeps_every_case_and_compares_each_with_its_own_previous_run(con
     store = history_store(config)
     from kiln.tasks.bench.history import load_history
 
-    points = series(load_history(store, config, variant="cpu", metric="cpu"))
+    points = series(load_history(HistoryReader(store, time.time()), config, variant="cpu", metric="cpu"))
     assert {(p.kernel, p.case) for p in points} == {("axpy", "n1024"), ("axpy", "n4096"), ("rownorm", "m8_n128")}
     assert all((p.change is None) == (p.commit == "a" * 40) for p in points)
 

@@ -44,10 +44,12 @@ def test_each_step_writes_only_its_declared_prefixes():
 def test_non_publishers_are_denied_every_index_and_publishers_the_other_channel():
     docs = policies_for("b", "simple", STEPS, CHANNELS)
     both = ["arn:aws:s3:::b/simple/nightly/*", "arn:aws:s3:::b/simple/release/*"]
-    for step in ("build", "test", "bench"):
-        assert _resources(docs[step], "Deny", "s3:PutObject*") == both
-    assert _resources(docs["publish-nightly"], "Deny", "s3:PutObject*") == ["arn:aws:s3:::b/simple/release/*"]
-    assert _resources(docs["publish-release"], "Deny", "s3:PutObject*") == ["arn:aws:s3:::b/simple/nightly/*"]
+    ledger = "arn:aws:s3:::b/simple/artifacts/build-ledger/*"  # only the build writes what bisect trusts
+    assert _resources(docs["build"], "Deny", "s3:PutObject*") == both
+    for step in ("test", "bench"):
+        assert _resources(docs[step], "Deny", "s3:PutObject*") == [ledger, *both]
+    assert _resources(docs["publish-nightly"], "Deny", "s3:PutObject*") == [ledger, "arn:aws:s3:::b/simple/release/*"]
+    assert _resources(docs["publish-release"], "Deny", "s3:PutObject*") == [ledger, "arn:aws:s3:::b/simple/nightly/*"]
 
 
 def test_every_step_is_denied_deletes_and_bucket_settings_and_never_allowed_them():
@@ -100,7 +102,25 @@ def test_policies_command_writes_one_file_per_step(tmp_path):
     assert files == ["bench.json", "build.json", "prune-nightly.json", "publish-nightly.json", "publish-release.json",
                      "test.json"]
     doc = json.loads((tmp_path / "pol" / "publish-release.json").read_text())
-    assert _resources(doc, "Allow", "s3:PutObject") == ["arn:aws:s3:::kiln-wheels/simple/release/*"]
+    assert _resources(doc, "Allow", "s3:PutObject") == ["arn:aws:s3:::kiln-wheels/simple/bench-history/published/*",
+                                                        "arn:aws:s3:::kiln-wheels/simple/release/*"]
+
+
+def test_only_the_release_publisher_may_write_the_release_baseline(tmp_path):
+    """The bench step writes benchmark history, never the baseline a release is judged against: its document,
+    and every other step's but publish-release's, denies ``<history>/published/`` explicitly."""
+    assert policies_command(str(REPO / "kiln.toml"), str(tmp_path / "pol")) == 0
+    baseline = "arn:aws:s3:::kiln-wheels/simple/bench-history/published/*"
+    for path in sorted((tmp_path / "pol").iterdir()):
+        doc = json.loads(path.read_text())
+        denied = baseline in _resources(doc, "Deny", "s3:PutObject*")
+        allowed = baseline in _resources(doc, "Allow", "s3:PutObject")
+        assert (allowed, denied) == ((True, False) if path.stem == "publish-release" else (False, True)), path.stem
+        session_policy(doc)  # still fits STS's session policy limit
+    bench = json.loads((tmp_path / "pol" / "bench.json").read_text())
+    assert _resources(bench, "Allow", "s3:PutObject") == ["arn:aws:s3:::kiln-wheels/simple/bench-history/*"]
+    with pytest.raises(ConfigError, match="release baseline prefix 'release/published/' overlaps the release index"):
+        policies_for("b", "simple", STEPS, CHANNELS, baselines="release/published/")
 
 
 def test_policies_command_with_a_bad_config_writes_nothing(tmp_path):

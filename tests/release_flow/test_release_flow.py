@@ -213,9 +213,11 @@ def _artifact(flow_run_id, key: str) -> str:
 @pytest.mark.timeout(900)  # two whole releases (build, tests, bench, publish, verify) on a busy 2-core machine
 def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_baseline(prefect_server, benchproj,
                                                                                     tmp_path):
-    from kiln.tasks.bench.history import history_store, last_published, store_results
-    from kiln.tasks.bench.results import load_results
+    from kiln.tasks.bench.history import history_store, last_published
+    from kiln.tasks.bench.results import iso_time, load_results
+    from kiln.tasks.bench.trust import HistoryReader
     from kiln.tasks.project.config import load_config
+    from tests.bench.fakes import keep
 
     out = tmp_path / "out"
     first = approved_release_flow(version="0.1.0", config_path=str(benchproj), out=str(out), return_state=True)
@@ -225,16 +227,16 @@ def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_base
             "nothing to compare against; the gate passes on build and tests") in summary
     config = load_config(benchproj)
     store = history_store(config)
-    kept = last_published(store, config, "release", variant="cpu", metric="cpu")
+    kept = last_published(HistoryReader(store, time.time()), config, "release", variant="cpu", metric="cpu")
     assert kept is not None and kept.run_id == str(first.state_details.flow_run_id)
     assert "benchmark results kept as the release channel's next baseline" in summary
 
-    # The last release was twice as fast (a doctored copy, published later): this CPU run regresses on
+    # The last release was twice as fast (a doctored copy of a release run started since): this CPU run regresses on
     # every case, and CPU timings are advisory by default, so the gate lists them and lets the release on.
     faster = tuple(c.model_copy(update={"stats": stats_of([s * 0.5 for s in c.stats.samples], c.name)})
                    for c in kept.cases)
-    store_results(store, config, kept.model_copy(update={"cases": faster, "run_id": "doctored-0.1.0",
-                                                          "created": "2099-01-01T00:00:00Z"}), channel="release")
+    keep(store, config, kept.model_copy(update={"cases": faster, "run_id": "doctored-0.1.0",
+                                                 "created": iso_time(time.time())}), channel="release")
     second = approved_release_flow(version="0.2.0", config_path=str(benchproj), out=str(out), return_state=True)
     assert second.is_completed(), second.message
     summary = _artifact(second.state_details.flow_run_id, "kiln-release-summary")
