@@ -3,7 +3,8 @@ benchmark got slower than at ``--good``.
 
 Each tried commit is a task run of its own in the Prefect UI (``try <commit>``), with where its wheel
 came from (a stored run, or built now because no run stored one) and the test's outcome. The plain
-steps live in :mod:`kiln.tasks.run.bisect`.
+steps live in :mod:`kiln.tasks.run.bisect`. The store is read through a read-only wrapper with read-only
+credentials; only a wheel bisect built is kept, with the build step's credentials.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kiln.flows.build import build_flow
 from kiln.flows.common import store_session, sync_state, unwalked
 from kiln.release.errors import InvalidInputError, KilnError, PermanentError
 from kiln.release.objects import Store
+from kiln.release.readonly import ReadOnlyStore
 from kiln.release.record import RunHeader, open_record
 from kiln.tasks.bench.compare import compare_case
 from kiln.tasks.bench.measure import run_measure
@@ -52,6 +54,12 @@ def _drop_worktree(root: Path, tree: Path) -> None:
         get_run_logger().warning("git worktree prune failed: %s", exc)
 
 
+def _read_only(config: KilnConfig) -> Store:
+    """The artifact store as bisect reads it: writes refused, and on S3 the test step's reads alone."""
+    session = store_session(config, "test", config.artifacts.kind, read_only=True)
+    return ReadOnlyStore(artifact_store(config, session), "kiln bisect only reads stored runs and wheels")
+
+
 def _build_at(config: KilnConfig, commit: str, variant: str, work: Path) -> Path:
     """Build ``variant`` at ``commit`` in a git worktree of it; the wheel it wrote."""
     tree = work / "worktree"
@@ -63,7 +71,7 @@ def _build_at(config: KilnConfig, commit: str, variant: str, work: Path) -> Path
         if not state.is_completed():
             raise PermanentError(f"building {variant} at {commit[:12]} failed: {state.message}")
         built = load_config(there)
-        store = artifact_store(built, store_session(built, "build", built.artifacts.kind))
+        store = _read_only(built)
         run = open_record(store, str(state.state_details.flow_run_id), work / "out")
         found = bisect.stored_wheel(store, [run.header], variant, work)
         if found is None:
@@ -87,7 +95,8 @@ def _wheel_for(config: KilnConfig, store: Store, runs: dict[str, list[RunHeader]
     get_run_logger().warning("no stored %s wheel of %s: building it once (kept for later bisects)", variant,
                              commit[:12])
     built = _build_at(config, commit, variant, work)
-    bisect.keep_build(store, commit, variant, built)
+    bisect.keep_build(artifact_store(config, store_session(config, "build", config.artifacts.kind)), commit,
+                      variant, built)
     return built, bisect.BUILT_NOW
 
 
@@ -186,7 +195,7 @@ def bisect_flow(good: str, bad: str, test: str | None = None, bench: str | None 
     if variant not in {v.name for v in config.variants}:
         raise InvalidInputError(f"--variant {variant!r}: kiln.toml defines {[v.name for v in config.variants]}")
     good_sha, candidates = bisect.commit_range(config.root, good, bad)
-    store = artifact_store(config, store_session(config, "test", config.artifacts.kind))
+    store = _read_only(config)
     runs = bisect.runs_by_commit(store)
     trials: dict[str, bisect.Trial] = {}
     baseline: list[dict[str, CaseResult]] = []

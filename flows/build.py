@@ -37,6 +37,7 @@ from kiln.tasks.build.plan import CompileUnit
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import BuildEnv, UnitResult
 from kiln.tasks.project.config import load_config
+from kiln.tasks.run import ledger
 
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.
@@ -117,7 +118,9 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
         record(run, output.unit)
         built |= any(kind == "wheel" for _, kind in output.files)
     # One batch for every variant: the record's writers are busy throughout, not three times ramping up.
-    run.add_artifacts((path, "build", kind, variant.name) for variant, output in outputs for path, kind in output.files)
+    artifacts = run.add_artifacts((path, "build", kind, variant.name) for variant, output in outputs
+                                  for path, kind in output.files)
+    ledger.record_wheels(run.store, run.header, artifacts)  # what bisect may install: the build step's word alone
     with side_reports() as report:  # sent to the server while the record is written
         report(table_report, "kiln-build", build_stage.table_rows(units, outcomes, records),
                f"Build units — run {run.run_id}")

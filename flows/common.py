@@ -49,14 +49,15 @@ cancel.arm()
 TABLE_COLUMNS = ("id", "state", "message", "variant", "arch", "kernel", "suite", "cache", "duration_s")
 
 
-def store_session(config: KilnConfig, step: str, kind: str = "s3") -> Any:
-    """The boto3 session ``step`` reaches a store of ``kind`` with (its own ``[permissions]`` credentials);
-    None for a local store. The one place a flow opens credentials: boto3 is imported only for S3."""
+def store_session(config: KilnConfig, step: str, kind: str = "s3", *, read_only: bool = False) -> Any:
+    """The boto3 session ``step`` reaches a store of ``kind`` with (its own ``[permissions]`` credentials,
+    narrowed to reads with ``read_only``); None for a local store. The one place a flow opens credentials:
+    boto3 is imported only for S3."""
     if kind != "s3":
         return None
     from kiln.flows.credentials import session_for
 
-    return session_for(config, step)
+    return session_for(config, step, read_only=read_only)
 
 
 def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str | None = None,

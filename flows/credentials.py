@@ -22,7 +22,8 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from kiln.release.errors import AccessDeniedError, ConfigError, TransientStoreError
-from kiln.release.policies import policies_from_config, session_policy
+from kiln.release.policies import policies_from_config, s3_target, session_policy
+from kiln.release.policies import read_only as read_only_policy
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.config_permissions import Permission
 
@@ -58,9 +59,15 @@ def _from_block(name: str, step: str) -> boto3.Session:
     return session
 
 
+def _session_document(config: KilnConfig, step: str, read_only: bool) -> str:
+    """The step's generated policy as an STS session policy; ``read_only``: its reads alone."""
+    document = policies_from_config(config)[step]
+    return session_policy(read_only_policy(document, s3_target(config)[0]) if read_only else document)
+
+
 def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | None, endpoint: str | None,
-                 sts_client: Any = None) -> boto3.Session:
-    policy = session_policy(policies_from_config(config)[step])
+                 sts_client: Any = None, read_only: bool = False) -> boto3.Session:
+    policy = _session_document(config, step, read_only)
     # MinIO and moto serve STS on the store's endpoint; AWS ignores endpoint=None.
     sts = sts_client or boto3.client("sts", region_name=region, endpoint_url=endpoint)
     log.info("step %s: assuming role %s with its generated session policy", step, role_arn)
@@ -84,8 +91,9 @@ def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | Non
                          aws_session_token=creds["SessionToken"], region_name=region)
 
 
-def session_for(config: KilnConfig, step: str, *, sts_client: Any = None) -> boto3.Session:
-    """The boto3 session ``step`` talks to the store with.
+def session_for(config: KilnConfig, step: str, *, sts_client: Any = None, read_only: bool = False) -> boto3.Session:
+    """The boto3 session ``step`` talks to the store with; ``read_only``: narrowed to its reads where the
+    credentials allow it (an assumed role's session policy), else said in the log.
 
     Raises :class:`ConfigError` when the step has no ``[permissions]`` entry or
     names no credentials source, the block does not exist or is empty, or the
@@ -103,10 +111,13 @@ def session_for(config: KilnConfig, step: str, *, sts_client: Any = None) -> bot
         raise ConfigError(f"[permissions.{step}] names no credentials, so step {step} may not talk to S3; "
                           f"write credentials = {{ block = ... }}, {{ role_arn = ... }} or {{ ambient = true }} there")
     region, endpoint = _target_settings(config)
+    if read_only and not source.role_arn:
+        log.warning("step %s's credentials cannot be narrowed to reads (only an assumed role's can): the "
+                    "read-only store still refuses every write", step)
     if source.block:
         return _from_block(source.block, step)
     if source.role_arn:
-        return _assume_role(config, step, source.role_arn, region, endpoint, sts_client)
+        return _assume_role(config, step, source.role_arn, region, endpoint, sts_client, read_only)
     # Credentials holds exactly one source: what is left is ambient = true, written in kiln.toml.
     log.warning("step %s uses the worker's ambient credentials, as [permissions.%s] credentials = "
                 "{ ambient = true } says", step, step)

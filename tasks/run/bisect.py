@@ -5,6 +5,14 @@ commit it built, so a commit's wheel is installed, never rebuilt. A commit no ru
 once in a ``git worktree`` of it, and its wheel kept under ``bisect-wheels/<commit>/<variant>/`` in
 the same store for the next bisect. Each tried commit gets a fresh environment (the wheel, what it
 declares, pytest: :func:`kiln.tasks.testing.envs.make_env`) and the test files of that commit.
+
+Bisect installs and runs what it finds, so it trusts only bytes the build step vouched for: a stored or
+kept wheel is used only when its sha256 is the one the build ledger (:mod:`kiln.tasks.run.ledger`, written
+by the build step alone) holds for that commit; a run record or a ``.sha256`` beside a wheel vouches for
+nothing, since other steps can write them. A wheel that contradicts the ledger, or one kept where bisect
+keeps its builds that the ledger does not know, is refused (:class:`IntegrityError`) before anything is
+installed. Bisect reads the store through a read-only wrapper (and read-only credentials on S3); only the
+build step's own credentials keep what it builds.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from kiln.release.errors import (
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.release.objects import Store
 from kiln.release.record import RunHeader, load_header, open_record
+from kiln.tasks.run.ledger import ledger_key, record_wheel, recorded_sha256
 
 log = logging.getLogger(__name__)
 
@@ -101,44 +110,74 @@ def runs_by_commit(store: Store) -> dict[str, list[RunHeader]]:
     return found
 
 
+def _vouched(store: Store, commit: str, variant: str, name: str, sha256: str, what: str) -> bool:
+    """Whether the build ledger vouches for ``sha256`` as ``commit``'s ``variant`` wheel ``name``: False when it
+    holds nothing for it; an :class:`IntegrityError` (refused) when it holds another hash."""
+    recorded = recorded_sha256(store, commit, variant, name)
+    if recorded is None:
+        return False
+    if recorded != sha256:
+        raise IntegrityError(f"refusing {what}: its sha256 is {sha256}, but the build step recorded {recorded} in "
+                             f"{store.url}/{ledger_key(commit, variant, name)} — the store was changed after the "
+                             f"build; nothing was installed")
+    return True
+
+
 def stored_wheel(store: Store, headers: Sequence[RunHeader], variant: str, work: Path) -> tuple[Path, str] | None:
-    """The newest run's wheel of ``variant`` among ``headers`` (fetched and hash-checked), and which run."""
+    """The newest run's wheel of ``variant`` among ``headers`` that the build ledger vouches for (fetched and
+    hash-checked), and which run; a wheel the ledger contradicts is refused."""
     for header in headers:
         run = open_record(store, header.run_id, work / "runs")
         wheels = [a for a in run.artifacts() if a.kind == "wheel" and a.variant == variant and a.state == "ok"
                   and a.path.endswith(".whl")]
-        if wheels:
+        for wheel in wheels[:1]:
+            what = f"run {header.run_id}'s {variant} wheel {wheel.path}"
+            if not _vouched(store, header.source.commit, variant, wheel.path.rsplit("/", 1)[-1], wheel.sha256, what):
+                log.warning("not using %s: the build ledger holds no hash for it", what)
+                continue
             try:
-                return run.fetch(wheels[0]), f"run {header.run_id}"
+                return run.fetch(wheel), f"run {header.run_id}"
             except IntegrityError as exc:  # missing or changed in the store: the next run, or a build
-                log.warning("not using run %s's %s wheel: %s", header.run_id, variant, exc)
+                log.warning("not using %s: %s", what, exc)
     return None
 
 
 def cached_build(store: Store, commit: str, variant: str, work: Path) -> Path | None:
-    """A wheel an earlier bisect built for ``commit`` and kept in the store (its sha256 checked)."""
+    """A wheel an earlier bisect built for ``commit`` and kept in the store, when the build ledger vouches for
+    its bytes; one it does not vouch for was not kept by bisect and is refused."""
     prefix = f"{BISECT_WHEELS}/{commit}/{variant}/"
     for key in store.list(prefix):
-        if key.endswith(".whl.sha256"):
+        if not key.endswith(".whl"):
             continue
-        data, digest = store.get(key), store.get(f"{key}.sha256")
-        if data is None or digest is None or sha256_bytes(data) != digest.decode().strip():
-            log.warning("ignoring %s/%s: missing or not matching its recorded sha256", store.url, key)
+        data = store.get(key)
+        if data is None:
             continue
-        path = work / "cached" / commit[:12] / key.rsplit("/", 1)[-1]
+        name = key.rsplit("/", 1)[-1]
+        what = f"{store.url}/{key}"
+        if not _vouched(store, commit, variant, name, sha256_bytes(data), what):
+            raise IntegrityError(f"refusing {what}: the build ledger holds no hash for it, so bisect did not keep it "
+                                 f"(it keeps the hash first); delete it — nothing was installed")
+        path = work / "cached" / commit[:12] / name
         atomic_write_bytes(path, data, durable=False)
         return path
     return None
 
 
 def keep_build(store: Store, commit: str, variant: str, wheel: Path) -> None:
-    """Keep a wheel bisect built, for the next bisect (the wheel first, then its hash: a half-kept one is
-    ignored). Best effort: a wheel that cannot be kept is built again next time, and the log says why."""
+    """Keep a wheel bisect built, for the next bisect: its hash in the build ledger first, then the wheel (a
+    half-kept one is a ledger entry without a wheel: built again). ``store`` holds the build step's
+    credentials. Best effort: a wheel that cannot be kept is built again next time, and the log says why."""
     key = f"{BISECT_WHEELS}/{commit}/{variant}/{wheel.name}"
     data = wheel.read_bytes()
+    digest = sha256_bytes(data)
     try:
+        recorded = recorded_sha256(store, commit, variant, wheel.name)
+        if recorded not in (None, digest):  # an earlier build of this commit did not reproduce: its bytes stand
+            log.warning("not keeping the %s wheel built for %s: the build ledger holds another build's sha256 "
+                        "%s for it", variant, commit[:12], recorded)
+            return
+        record_wheel(store, commit, variant, wheel.name, digest)
         store.put_immutable(key, data, "application/octet-stream", "no-cache")
-        store.put_immutable(f"{key}.sha256", sha256_bytes(data).encode(), "text/plain", "no-cache")
     except KilnError as exc:
         log.warning("could not keep the %s wheel built for %s in %s: %s", variant, commit[:12], store.url, exc)
 
