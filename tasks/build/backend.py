@@ -29,12 +29,15 @@ gives the same wheel in any clone, on any worker (invariant 8).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import tempfile
 import tomllib
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +77,8 @@ _CUDA_VARS = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX")
 REFUSING_PROXY = "http://127.0.0.1:9"
 _PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy")
 _NO_PROXY_VARS = ("no_proxy", "NO_PROXY")
+# A compiled library in a wheel (a shared object, a Python extension on any platform).
+_BINARY = re.compile(r"\.(so(\.[0-9]+)*|pyd|dylib)$")
 
 
 def cmake_arch(name: str) -> str:
@@ -131,6 +136,31 @@ def without_network(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` with every URL fetch routed to :data:`REFUSING_PROXY` (both spellings of each variable)."""
     env = {k: v for k, v in environ.items() if k not in _NO_PROXY_VARS}
     return env | {name: REFUSING_PROXY for var in _PROXY_VARS for name in (var, var.upper())}
+
+
+def _setuptools(project_dir: Path) -> bool:
+    """Whether setuptools builds the project (its backend, or no pyproject.toml: the legacy fallback)."""
+    pyproject = project_dir / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text()) if pyproject.is_file() else {}
+    return str(data.get("build-system", {}).get("build-backend", "setuptools")).startswith("setuptools")
+
+
+def _digests(root: Path, skip: Path) -> set[str]:
+    return {hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*")
+            if p.is_file() and _BINARY.search(p.name) and not p.is_relative_to(skip) and ".git" not in p.parts}
+
+
+def foreign_binaries(wheel: Path, source: Path, dist: Path) -> list[str]:
+    """The compiled libraries of ``wheel`` that a setuptools build of ``source`` did not leave in its tree.
+
+    setuptools compiles into, or copies package data through, ``build/`` of the project it builds; a library
+    found nowhere in that tree came from elsewhere (a ``bdist_wheel`` that fetched a prebuilt wheel)."""
+    with zipfile.ZipFile(wheel) as archive:
+        members = {n: hashlib.sha256(archive.read(n)).hexdigest() for n in archive.namelist() if _BINARY.search(n)}
+    if not members:
+        return []
+    here = _digests(source, dist)
+    return sorted(n for n, digest in members.items() if digest not in here)
 
 
 def cuda_home(nvcc: str) -> str | None:
@@ -191,6 +221,7 @@ class ProjectBuilder:
                 raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
                                    f" its log ends:\n{_tail(result.stdout)}")
             wheel = self._one_wheel(dist, what)
+            self._built_here(wheel, source, dist, what)
             found = check_wheel(wheel, unit.backend, unit.archs, self.cuobjdump, policy=unit.arch_policy,
                                 variant=unit.variant)
             return {wheel.name: wheel.read_bytes(), DEVICE_CODE: device_code_json(found, unit.arch_policy)}
@@ -218,6 +249,17 @@ class ProjectBuilder:
             if done.returncode != 0:
                 raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")
         return python
+
+    def _built_here(self, wheel: Path, source: Path, dist: Path, what: str) -> None:
+        """Refuse a wheel whose libraries this build did not make (checked where setuptools builds: the
+        prebuilt-wheel download is a setuptools ``bdist_wheel`` pattern; other backends build out of tree)."""
+        if not _setuptools(source):
+            return
+        foreign = foreign_binaries(wheel, source, dist)
+        if foreign:
+            raise CompileError(f"the build of {what} put libraries in its wheel that it did not compile: {foreign}"
+                               " (none is in its build tree; a bdist_wheel that downloads a prebuilt wheel does"
+                               " this): set the package's *_FORCE_BUILD switch in the variant's build_env")
 
     def _one_wheel(self, dist: Path, what: str) -> Path:
         wheels = sorted(dist.glob("*.whl"))

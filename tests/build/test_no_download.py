@@ -19,22 +19,37 @@ from tests.build.conftest import copy_project
 
 
 class _Counting(BaseHTTPRequestHandler):
-    """A download host: answers 404 and counts each request."""
+    """A download host: serves its wheel (404 without one) and counts each request."""
 
     requests: list[str] = []
+    wheel: bytes = b""
 
     def do_GET(self) -> None:
         type(self).requests.append(self.path)
-        self.send_error(404)
+        if not self.wheel:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.wheel)))
+        self.end_headers()
+        self.wfile.write(self.wheel)
 
     def log_message(self, format: str, *args: object) -> None:
         pass
 
 
 @pytest.fixture
-def download_host() -> Iterator[tuple[str, list[str]]]:
+def prebuilt_wheel(tmp_path) -> bytes:
+    """Someone else's wheel of the package: a library no build of this project compiled."""
+    from tests.release.wheelkit import make_wheel
+
+    return make_wheel(tmp_path / "elsewhere", "prebuilt_ops", "1.0.0", module="pbops",
+                      files={"pbops/_native.so": b"\x7fELF not built here"}).read_bytes()
+
+
+def _serve(wheel: bytes) -> Iterator[tuple[str, list[str]]]:
     requests: list[str] = []
-    handler = type("Handler", (_Counting,), {"requests": requests})
+    handler = type("Handler", (_Counting,), {"requests": requests, "wheel": wheel})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -43,6 +58,16 @@ def download_host() -> Iterator[tuple[str, list[str]]]:
     finally:
         server.shutdown()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def download_host() -> Iterator[tuple[str, list[str]]]:
+    yield from _serve(b"")
+
+
+@pytest.fixture
+def serving_host(prebuilt_wheel) -> Iterator[tuple[str, list[str]]]:
+    yield from _serve(prebuilt_wheel)
 
 
 def test_a_builds_environment_routes_every_fetch_to_a_refusing_proxy_unless_build_env_says_otherwise():
@@ -72,3 +97,25 @@ def test_a_prebuilt_wheel_download_in_the_build_never_reaches_its_host_and_the_w
     with zipfile.ZipFile(wheel) as archive:
         assert b"def double" in archive.read("pbops/__init__.py")  # built from its source, here
     assert requests == ["/prebuilt_ops.whl"]  # the build's download attempt never arrived
+
+
+def test_a_wheel_holding_a_library_the_build_did_not_compile_fails_its_unit_naming_it(
+        prefect_server, tmp_path, monkeypatch, serving_host):
+    """The network opened on purpose (the variant's build_env exempts the host from the refusing proxy): the
+    download arrives, and the unit still refuses to publish what it did not build."""
+    from kiln.flows.build import build_flow
+
+    url, requests = serving_host
+    monkeypatch.setenv("PREBUILT_OPS_WHEEL_URL", url)
+    config = copy_project("prebuilt", tmp_path)
+    text = config.read_text().replace('backend = "cpu"\n', 'backend = "cpu"\nbuild_env = { no_proxy = "127.0.0.1" }\n')
+    config.write_text(text)
+    out = tmp_path / "out"
+    state = build_flow(str(config), str(out), version="1.0.1.dev20261206", return_state=True)
+    assert requests == ["/prebuilt_ops.whl"]  # it did download
+    assert state.is_failed()
+    run = RunManifest.load(out / str(state.state_details.flow_run_id))
+    [unit] = [u for u in run.units if u.id.endswith("/pep517")]
+    assert unit.state == "failed"
+    assert "put libraries in its wheel that it did not compile: ['pbops/_native.so']" in unit.message, unit.message
+    assert run.artifacts_of("wheel") == []
