@@ -42,6 +42,7 @@ from kiln.tasks.process import (
     run_with_deadline,
     terminate,
     unregister,
+    without_secrets,
 )
 from kiln.tasks.testing.workers import ForkedChild
 
@@ -134,8 +135,8 @@ class MeasureServer:
                 logger.info("starting the measuring server: %s", " ".join(self.command))
                 self.log.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.log, "ab") as log:
-                    proc = subprocess.Popen(self.command, cwd=self.cwd, stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+                    proc = subprocess.Popen(self.command, cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=log, text=True, start_new_session=True, env=without_secrets())
                 self._session = _Session(proc)
                 register(self._session.child, grace_s=GRACE_S)  # a cancellation ends the server's group
             return self._session

@@ -32,6 +32,7 @@ from kiln.tasks.process import (
     run_with_deadline,
     terminate,
     unregister,
+    without_secrets,
 )
 from kiln.tasks.testing.jobs import Job, RunOptions
 
@@ -44,8 +45,9 @@ WORKER = ("-P", "-m", "kiln.tasks.testing.pytest_server")
 
 
 def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
-    """The test processes' environment: this one's, plus ``extra`` (Kiln adds no path of its own)."""
-    env = dict(os.environ)
+    """The test processes' environment: this one's without the step's credentials (the tests run the package's
+    code), plus ``extra`` (Kiln adds no path of its own)."""
+    env = without_secrets()
     env.update(extra)
     return env
 
