@@ -84,6 +84,11 @@ unset PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_CONSTRAINT UV_INDEX UV_INDEX_URL UV_
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$CARRY" PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 export UV_NO_INDEX=1 UV_FIND_LINKS="$CARRY" UV_OFFLINE=1 UV_NO_CONFIG=1 UV_PYTHON_DOWNLOADS=never \
     UV_CACHE_DIR="$WORK/uv-cache"
+# What the machine provides (torch, Triton, numpy) uv never resolves nor installs: the bench stage's
+# environment sees the machine's own through its base layer, as a wheel built against them expects.
+"$PYTHON" -c "import json, sys; print(''.join(f'{n} ; sys_platform == \"never\"\n' for n in \
+json.load(open(sys.argv[1]))['provided']), end='')" "$CARRY/carry.json" >"$WORK/provided-overrides.txt"
+export UV_OVERRIDE="$WORK/provided-overrides.txt"
 # Kiln's state for this check only: its Prefect server's home, the test environments, no daemon.
 export PREFECT_HOME="$WORK/prefect" KILN_TEST_ENV_CACHE="$WORK/test-envs" KILN_DAEMON=off
 export PATH="$VENV/bin:$WORK/bin:$PATH" PYTHON CARRY VENV WORK OUT_DIR
