@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 
 from kiln.release.errors import InvalidInputError
+from kiln.release.install import index_options
 from kiln.release.installenv import run_installer
 
 _NO_SOURCE = re.compile(r"Skipping link: No (?:sources|binaries) permitted for ([A-Za-z0-9._-]+)")
@@ -106,9 +109,36 @@ def pip_dry_run(python: Sequence[str], args: Sequence[str], cwd: Path, timeout: 
     return Resolution(done.returncode, chosen, output, tuple(sdist_only(output)))
 
 
+def shadowed(index_url: str, versions: Mapping[str, str], held: Mapping[str, frozenset[str]],
+             extra_index_urls: Sequence[str], timeout: float, workdir: Path) -> list[str]:
+    """Resolve each ``project==version`` as one plain ``pip install --index-url … --extra-index-url …`` would
+    (wheels only, nothing installed): each held name another index would win, naming the file and that index;
+    a project that does not resolve, naming the sdist-only dependency where that is why."""
+    problems = []
+    for project, version in sorted(versions.items()):
+        what = f"{project}=={version}"
+        args = ["--isolated", "--ignore-installed", "--no-cache-dir",
+                *index_options("pip", index_url, extra_index_urls), what]
+        try:
+            done = pip_dry_run([sys.executable, "-I"], args, workdir, timeout)
+        except (subprocess.TimeoutExpired, InvalidInputError) as exc:
+            problems.append(f"{what}: resolving it from {index_url} and {list(extra_index_urls)} did not finish: {exc}")
+            continue
+        if done.returncode != 0:
+            sdists = f"; the indexes hold only an sdist of {', '.join(done.sdists)} (not built: wheels only)" \
+                if done.sdists else ""
+            errors = " ".join(line.strip() for line in done.output.splitlines() if line.startswith("ERROR:"))
+            problems.append(f"{what} does not resolve from {index_url} and {list(extra_index_urls)}{sdists}: "
+                            f"{errors[-800:]}")
+            continue
+        problems += [f"{what}: {problem}"
+                     for problem in foreign(done.chosen, index_url, held, [index_url, *extra_index_urls])]
+    return problems
+
+
 def sdist_only(log_text: str) -> list[str]:
     """The projects pip skipped an sdist of in a wheels-only resolution (its ``-vv`` log), in order."""
     return list(dict.fromkeys(canonicalize_name(m.group(1)) for m in _NO_SOURCE.finditer(log_text)))
 
 
-__all__ = ["Chosen", "Resolution", "foreign", "pip_dry_run", "read_report", "sdist_only"]
+__all__ = ["Chosen", "Resolution", "foreign", "pip_dry_run", "read_report", "sdist_only", "shadowed"]

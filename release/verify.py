@@ -38,8 +38,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -58,10 +56,10 @@ from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, L
 from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.hintrun import Hint, check_hint, parse_hint
-from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, index_options, install_and_import
+from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
 from kiln.release.objects import Store
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
-from kiln.release.provenance import foreign, pip_dry_run
+from kiln.release.provenance import shadowed
 from kiln.release.publish import COMBINED
 from kiln.release.serve import IndexServer
 from kiln.release.variants import VARIANT_JSON_LIMIT, merge_variants, read_wheel_variant, wheel_variant_label
@@ -376,31 +374,6 @@ def held_requires(found: Newest, newest: Mapping[str, Newest]) -> tuple[str, ...
     return tuple(held)
 
 
-def _shadow_check(index_url: str, newest: dict[str, Newest], report: VerifyReport,
-                  extra_index_urls: tuple[str, ...], timeout: float, workdir: Path) -> None:
-    """Resolve each project as one plain ``pip install --index-url … --extra-index-url …`` would (wheels only,
-    nothing installed): a held name another index would win is a problem naming the file and that index."""
-    held = held_files(newest)
-    for project, found in sorted(newest.items()):
-        args = ["--isolated", "--ignore-installed", "--no-cache-dir",
-                *index_options("pip", index_url, extra_index_urls), f"{project}=={found.version}"]
-        try:
-            done = pip_dry_run([sys.executable, "-I"], args, workdir, timeout)
-        except (subprocess.TimeoutExpired, InvalidInputError) as exc:
-            report.problems.append(f"{project}=={found.version}: resolving it from {index_url} and "
-                                   f"{list(extra_index_urls)} did not finish: {exc}")
-            continue
-        if done.returncode != 0:
-            sdists = f"; the indexes hold only an sdist of {', '.join(done.sdists)} (not built: wheels only)" \
-                if done.sdists else ""
-            errors = " ".join(line.strip() for line in done.output.splitlines() if line.startswith("ERROR:"))
-            report.problems.append(f"{project}=={found.version} does not resolve from {index_url} and "
-                                   f"{list(extra_index_urls)}{sdists}: {errors[-800:]}")
-            continue
-        report.problems.extend(f"{project}=={found.version}: {problem}"
-                               for problem in foreign(done.chosen, index_url, held, [index_url, *extra_index_urls]))
-
-
 def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyReport,
                  extra_index_urls: tuple[str, ...], tools: Sequence[Tool], timeout: float) -> None:
     if extra_index_urls:
@@ -412,7 +385,8 @@ def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyR
                             "--extra-index-url URL (e.g. https://pypi.org/simple) to resolve them")
     with _install_url(source, report) as index_url, tempfile.TemporaryDirectory(prefix="kiln-verify-") as tmp:
         if extra_index_urls:
-            _shadow_check(index_url, newest, report, extra_index_urls, timeout, Path(tmp))
+            versions = {project: found.version for project, found in newest.items()}
+            report.problems += shadowed(index_url, versions, held_files(newest), extra_index_urls, timeout, Path(tmp))
             if report.problems:
                 return  # nothing is installed from indexes that shadow this one
         for project, found in sorted(newest.items()):
