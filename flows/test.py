@@ -36,6 +36,7 @@ from kiln.tasks.testing import quarantine
 from kiln.tasks.testing.changes import suites_to_run
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import Isolation, RunOptions
+from kiln.tasks.testing.provenance import RunRecords, check_list
 from kiln.tasks.testing.reports import problem_rows
 from kiln.tasks.testing.suite import (
     SuiteRun,
@@ -109,8 +110,10 @@ def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, 
 
 @task(name="quarantine-report", cache_policy=NO_CACHE)
 def quarantine_report(config: KilnConfig, run: RunRecord) -> int:
-    """The quarantine list as it stands after this run's suites: a table artifact in the Prefect UI."""
-    listed = quarantine.rows(quarantine.read_quarantine(run.store, config.testing.quarantine))
+    """The quarantine list as it stands after this run's suites, the entries its run records back: a table
+    artifact in the Prefect UI."""
+    stored = quarantine.read_quarantine(run.store, config.testing.quarantine)
+    listed = quarantine.rows(check_list(RunRecords(run.store), stored)[0])
     table_report("kiln-quarantine", listed or [{"unit": "", "test": "(none quarantined)", "why": "", "since run": "",
                                                 "since": ""}],
                  f"Quarantined tests after run {run.run_id}: they run, are reported, and do not gate publishing")
