@@ -80,6 +80,7 @@ class Findings:
     own_archs: bool = False  # its build hard-codes its own -gencode list: the wheel may hold more archs
     cpu_build: bool = True  # the build has a CPU path (a cpu variant is worth building)
     gpu_env: tuple[tuple[str, str], ...] = ()  # the build_env its GPU variants need (build switches)
+    setup_py_only: bool = False  # no pyproject.toml: PEP 517's fallback, setuptools' legacy backend, builds it
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -307,7 +308,8 @@ def inspect_project(root: Path) -> Findings:
     requires_python = meta["requires-python"].value if "requires-python" in meta else ">=3.10"
     return Findings(root, build.kind, package, distribution, version, package_dir.relative_to(root).as_posix(),
                     requires_python, build.registry, runtime, build.torch_extension, build.cuda_build, suites,
-                    tuple(reasons), own_archs=own is not None, cpu_build=build.cpu_build, gpu_env=build.gpu_env)
+                    tuple(reasons), own_archs=own is not None, cpu_build=build.cpu_build, gpu_env=build.gpu_env,
+                    setup_py_only=not (root / "pyproject.toml").is_file() and bool(setup_py))
 
 
 def _version(declared: str | None) -> tuple[str, list[str]]:

@@ -90,7 +90,8 @@ def _variants(f: Findings, d: Defaults) -> list[str]:
 def _build(f: Findings) -> list[str]:
     if f.kind == "registry":
         return ["", "[build]", "jobs = 2"]
-    lines = ["", "[build]", 'backend = "pep517"                # the package\'s own pyproject.toml builds each wheel']
+    own = "setup.py (setuptools' legacy backend)" if f.setup_py_only else "pyproject.toml"
+    lines = ["", "[build]", f'backend = "pep517"                # the package\'s own {own} builds each wheel']
     if f.kind == "triton-jit":
         lines.append('kind = "triton-jit"               # kernels compile at run time: no device code expected')
     if f.torch_extension:

@@ -136,7 +136,7 @@ def test_kiln_init_reads_the_distribution_from_setup_never_from_the_extension_mo
     assert "distribution 'cuda_only_ops': setup.py setup(name=...)" in result.findings.reasons
     assert "CUDA_ONLY_OPS_SKIP_CUDA_BUILD makes a wheel without its kernels (for sdists): no CPU variant" in (
         result.findings.reasons)
-    assert "# its build switches" in result.text
+    assert "# its build switches" in result.text and "own setup.py (setuptools' legacy backend) builds" in result.text
     unit = config.suites_by_name["unit"]  # no CPU build: even its CPU-looking tests need the GPU wheel and a GPU
     assert unit.gpus == 1 and unit.publish_untested
 
