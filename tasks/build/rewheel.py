@@ -1,7 +1,9 @@
 """A backend-built wheel, made the variant's: its local version, its dependencies, Kiln's AOT artifacts.
 
 The project's own metadata stays as its backend wrote it (summary,
-description, license, entry points, extras, the ``WHEEL`` file and tag);
+description, license, entry points, extras, the ``WHEEL`` file and tag, but
+a plain ``linux_<machine>`` platform, which becomes the manylinux one its
+binaries allow: :mod:`kiln.tasks.build.manylinux`);
 only ``Version`` and ``Requires-Dist`` are rewritten (the backend's own lines
 merged with ``[project] dependencies`` by :func:`merged_requires`, the torch
 line pinned to the torch the binary was built against, :func:`pins_torch`), with the standard
@@ -39,6 +41,7 @@ from kiln.release.wheels import MEMBER_LIMITS, member_limit, read_member
 from kiln.tasks.build.buildenv import requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
+from kiln.tasks.build.manylinux import manylinux_tag, wheel_file_tagged
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
 from kiln.tasks.build.wheel import (
     WheelInput,
@@ -173,6 +176,10 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
     contents = [(name, data) for name, data in out.items() if not name.startswith(f"{new}.dist-info/")]
     out[sbom_arcname(f"{new}.dist-info")] = wheel_sbom(config.project.distribution, str(Version(version)), variant,
                                                        stamp.commit, stamp.epoch, stamp.toolchain, contents)
+    audited = manylinux_tag(tag, contents, variant.backend, cache)  # the platform its binaries allow
+    if audited != tag:
+        filename = wheel_filename(config.project.distribution, version, audited)
+        out[f"{new}.dist-info/WHEEL"] = wheel_file_tagged(wheel_file, audited)
     # dist-info last, as wheel builders write it (RECORD is added after it by WheelFile)
     order = sorted(out, key=lambda n: (n.startswith(f"{new}.dist-info/"), n))
     final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp, cache=cache)

@@ -25,6 +25,7 @@ from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
 from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
 from kiln.tasks.build.pool import WorkerPool
@@ -226,6 +227,8 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
                                           Path(out).resolve() / VARIANT_WHEELS_DIR, stamp, cache=cache)
     kinds = tuple((f, kind) for r in results for f in r.files if (kind := _kind(f)))  # type: ignore[union-attr]
     held = "".join(f"; {r.device_code}" for r in results if r.device_code)  # type: ignore[union-attr]
+    if why := why_not_manylinux(wheel, config.variant(variant.name).backend, cache):
+        held += f"; not manylinux: {why}"
     unit = Unit(uid, "build", "completed", variant=variant.name,
                 message=f"{wheel.name} ({len(entries)} compiled artifacts{held})")
     extra: tuple[tuple[Path, ArtifactKind], ...] = tuple((p, "variant-wheel") for p in variant_wheels)

@@ -11,8 +11,9 @@ package vendors a shared library, which every wheel keeps).
 Reproducible: two builds of one commit give byte-identical wheels. Every
 member (RECORD included) carries one timestamp — ``SOURCE_DATE_EPOCH`` when
 set, else the commit's time — and members are written in sorted order. The
-platform tag is honest: ``linux_<machine>``, never a manylinux tag no
-``auditwheel`` check has proven, and the same on every worker.
+platform tag is honest and the same on every worker: the manylinux tag
+``auditwheel``'s analysis of the wheel's binaries allows
+(:mod:`kiln.tasks.build.manylinux`), else ``linux_<machine>``.
 
 Given the build cache, a wheel is written once per content: its key hashes the
 file name, the stamp and every member's name and sha256 in order, and a warm
@@ -46,6 +47,7 @@ from wheel.wheelfile import WheelFile
 from kiln.release.errors import CacheDriftError, ConfigError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
+from kiln.tasks.build.manylinux import manylinux_tag
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
 from kiln.tasks.project.config import KilnConfig, Variant
 
@@ -226,6 +228,9 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
         members.append((f"{package}/_aot/manifest.json", manifest.encode()))
     sbom = wheel_sbom(config.project.distribution, version, variant, stamp.commit, stamp.epoch, stamp.toolchain,
                       members)
+    if not pure:  # the tag its binaries allow (the dist-info's name does not depend on it)
+        tag = manylinux_tag(tag, members, variant.backend, cache)
+        filename = wheel_filename(config.project.distribution, version, tag)
     members += [(f"{dist_info}/METADATA", metadata_text(config, version, requires).encode()),
                 (f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode()),
                 (sbom_arcname(dist_info), sbom),
