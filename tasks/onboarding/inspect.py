@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from kiln.release.errors import ConfigError
-from kiln.tasks.onboarding.names import Declared, declared_metadata, package_bases, parse_setup_py
+from kiln.tasks.onboarding.names import Declared, declared_metadata, declared_packages, package_bases, parse_setup_py
 from kiln.tasks.onboarding.switches import read_switches
 
 # registry: Kiln compiles the Triton kernels a kiln.runtime registry names (Kiln's own wheel builder);
@@ -113,9 +113,10 @@ def _find_package(root: Path, distribution: str | None, pyproject: dict[str, Any
         if not found:
             continue
         wanted = canonicalize_name(distribution).replace("-", "_") if distribution else ""
-        match = [p for p in found if p.name.lower() == wanted]
+        listed = [p for p in found if p.name in declared_packages(root, pyproject, setup_py)]
+        match = listed or [p for p in found if p.name.lower() == wanted]
         chosen = (match or found)[0]
-        why = "named like the distribution" if match else (
+        why = "the package its build config lists" if listed else "named like the distribution" if match else (
             "the only package" if len(found) == 1 else
             f"the first of {[p.name for p in found]}: if it is not the one, set [project] package and source")
         return chosen, f"{layout}: {chosen.relative_to(root).as_posix()}/ ({why})"

@@ -131,3 +131,14 @@ def package_bases(root: Path, pyproject: dict[str, Any], setup_py: str) -> list[
     bases = [(root / d, f"{why} = {d!r}") for d, why in declared if isinstance(d, str) and d.strip(". /")]
     return [(b, why) for b, why in bases if b.resolve().is_relative_to(root)] + [
         (root / "src", "src layout"), (root, "flat layout")]
+
+
+def declared_packages(root: Path, pyproject: dict[str, Any], setup_py: str) -> set[str]:
+    """The top-level import packages the build config lists (``packages=``), if it lists them."""
+    listed = pyproject.get("tool", {}).get("setuptools", {}).get("packages")
+    names = listed if isinstance(listed, list) else []
+    names += setup_cfg(root).get("options", "packages", fallback="").split()
+    tree = parse_setup_py(setup_py)
+    packages = literal(tree, setup_keywords(tree).get("packages"))
+    names += packages if isinstance(packages, list | tuple) else []
+    return {str(n).split(".")[0] for n in names if isinstance(n, str) and n.split(".")[0].isidentifier()}

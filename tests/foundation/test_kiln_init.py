@@ -171,13 +171,17 @@ def test_kiln_init_takes_c_extensions_declared_in_pyproject_for_native_code(tmp_
     assert any("[tool.setuptools] ext-modules" in r for r in result.findings.reasons)
 
 
-def test_kiln_init_finds_the_import_package_where_package_dir_puts_it(tmp_path):
+def test_kiln_init_finds_the_import_package_where_package_dir_puts_it_and_packages_names_it(tmp_path):
     (tmp_path / "python" / "deep_ops").mkdir(parents=True)
     (tmp_path / "python" / "deep_ops" / "__init__.py").write_text("import triton\n@triton.jit\ndef k(): pass\n")
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='deep-kernels', version='1.0',"
                                        " package_dir={'': 'python'}, packages=['deep_ops'])\n")
+    (tmp_path / "python" / "helpers").mkdir()
+    (tmp_path / "python" / "helpers" / "__init__.py").write_text("")  # first by name, but not what it ships
     result = init_project(tmp_path)
     assert result.findings.source == "python/deep_ops" and result.findings.package == "deep_ops"
+    assert "setup.py package_dir = 'python': python/deep_ops/ (the package its build config lists)" in (
+        result.findings.reasons)
 
 
 def _jit_config(tmp_path: Path, build: str, variants: str = "") -> dict:
