@@ -1,7 +1,8 @@
 """Variant wheels (PEP 825) beside each variant's ``+local`` wheel: one project page can then hold them all.
 
-For every GPU variant the build's finished wheel (``tiny_kernels-0.1.0.dev…+cu130-py3-none-linux_x86_64.whl``)
-is written again as ``tiny_kernels-0.1.0.dev…-py3-none-linux_x86_64-cu130.whl``: the same members under the
+For every GPU variant the build's finished wheel (``tiny_kernels-0.1.0.dev…+cu130-py3-none-manylinux_2_5_x86_64.whl``)
+is written again as ``tiny_kernels-0.1.0.dev…-py3-none-manylinux_2_5_x86_64-cu130.whl``: the same members (the
+platform tag too: :mod:`kiln.tasks.build.manylinux`) under the
 public version (no ``+local`` label), its SBOM made again for that version, and a ``*.dist-info/variant.json``
 mapping the label (the variant's name) to properties from the variant's backend, toolkit and archs:
 

@@ -28,7 +28,6 @@ import fnmatch
 import json
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -47,7 +46,7 @@ from wheel.wheelfile import WheelFile
 from kiln.release.errors import CacheDriftError, ConfigError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
-from kiln.tasks.build.manylinux import manylinux_tag
+from kiln.tasks.build.manylinux import linux_platform, manylinux_tag
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
 from kiln.tasks.project.config import KilnConfig, Variant
 
@@ -88,9 +87,9 @@ class WheelStamp:
 
 
 def platform_tag() -> str:
-    """``linux_x86_64`` style: what the build machine is, claiming no manylinux compatibility."""
-    system, machine = platform.system().lower(), platform.machine().lower()
-    return f"{system}_{machine}".replace("-", "_").replace(".", "_")
+    """``linux_x86_64`` style: what the build machine is, claiming no manylinux compatibility (until
+    :func:`kiln.tasks.build.manylinux.manylinux_tag` has judged the wheel's binaries)."""
+    return linux_platform()
 
 
 def wheel_filename(distribution: str, version: str, tag: str) -> str:
