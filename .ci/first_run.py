@@ -37,7 +37,6 @@ from pathlib import Path
 
 FIRST_COMMAND = re.compile(r"^    (python3 -m venv .*kiln nightly.*)$", re.MULTILINE)
 INDEX_LINE = re.compile(r"--index-url (file://\S+/nightly/(\w[\w.-]*)/simple/)")
-STAGE_LINE = re.compile(r"Finished in state (\w+)\(")
 
 
 def first_command(readme: Path) -> str:
@@ -90,20 +89,23 @@ def run_logged(command: list[str], cwd: Path, env: dict[str, str], timeout: floa
     return status, "\n".join(text for _, text in lines), lines
 
 
+BEGIN_LINE = re.compile(r"Beginning (?:sub)?flow run '([^']+)' for flow '([^']+)'")
+END_LINE = re.compile(r"Flow run '([^']+)' - Finished in state (\w+)")
+
+
 def stage_times(lines: list[tuple[float, str]]) -> dict[str, float]:
-    """Seconds from the nightly's first line to each stage's end, read from the flow's own log lines."""
-    start = next((t for t, text in lines if "Beginning flow run" in text), None)
+    """Seconds each flow of the nightly took (its stages are subflows), read from Prefect's own log lines,
+    and when the nightly began (the install before it)."""
+    began: dict[str, tuple[str, float]] = {}
     out: dict[str, float] = {}
-    if start is None:
-        return out
-    out["nightly start (after install)"] = start
     for t, text in lines:
-        for stage in ("build", "test", "bench", "publish"):
-            if re.search(rf"Finished in state \w+\(" , text) and f"'{stage}" in text.lower():
-                out.setdefault(f"{stage} done", t - start)
-    end = next((t for t, text in reversed(lines) if "nightly" in text.lower() and STAGE_LINE.search(text)), None)
-    if end is not None:
-        out["nightly done"] = end - start
+        if (begin := BEGIN_LINE.search(text)) is not None:
+            began[begin.group(1)] = (begin.group(2), t)
+            if begin.group(2) == "nightly":
+                out["install (before the nightly's first line)"] = t
+        elif (end := END_LINE.search(text)) is not None and end.group(1) in began:
+            flow, t0 = began[end.group(1)]
+            out[f"{flow} ({end.group(2)})"] = t - t0
     return out
 
 
