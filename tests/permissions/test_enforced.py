@@ -141,6 +141,16 @@ def test_session_for_assumes_the_step_role(enforced, monkeypatch):
     assert _code(_put(server.client_as("worker"), "release/")) == "AccessDenied"
 
 
+def test_only_the_build_writes_the_build_ledger_and_only_the_release_publisher_the_release_baseline(enforced):
+    server, _ = enforced
+    assert _code(_put(server.client_as("build"), "artifacts/build-ledger/")) == "OK"
+    assert _code(_put(server.client_as("test"), "artifacts/")) == "OK"
+    assert _code(_put(server.client_as("test"), "artifacts/build-ledger/")) == "AccessDenied"
+    assert _code(_put(server.client_as("bench"), "bench-history/")) == "OK"
+    assert _code(_put(server.client_as("bench"), "bench-history/published/")) == "AccessDenied"
+    assert _code(_put(server.client_as("publish-release"), "bench-history/published/")) == "OK"
+
+
 def test_session_for_names_a_missing_permissions_entry(enforced):
     server, _ = enforced
     config = kiln_config(server.url, {})
