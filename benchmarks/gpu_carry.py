@@ -27,6 +27,7 @@ distribution. ``benchmarks/gpu_check.sh`` then, on the machine:
 from __future__ import annotations
 
 import argparse
+import email.message
 import email.parser
 import importlib
 import json
@@ -142,31 +143,57 @@ def parse_version(text: str, what: str) -> str:
 # --- prepare (here, with an index) -------------------------------------------------------------
 
 
-def _run(cmd: Sequence[str], what: str, timeout_s: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(cmd: Sequence[str], what: str, timeout_s: float,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     log.info("running %s", " ".join(cmd))
     try:
-        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False, cwd=cwd)
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise CarryError(f"{what} did not finish within {timeout_s:g}s") from exc
 
 
-def pinned_needs(spec: CarrySpec) -> list[str]:
-    """``name==version`` of each need, at the version this interpreter has (what Kiln is tested with)."""
+def _wheel_metadata(wheel: Path) -> email.message.Message:
+    from kiln.release.wheels import core_metadata  # the one bounded METADATA reader
+
+    return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
+
+
+def needed_names(spec: CarrySpec, project: Sequence[Path], target: Target) -> list[str]:
+    """What Kiln's wheels declare for the target, and the check's own ``needs``, less what is not carried."""
+    ours = {canonicalize_name(_wheel_metadata(w)["Name"]) for w in project}
+    left_out = ours | {canonicalize_name(n) for n in (*spec.provided, *spec.omitted)}
+    names = [canonicalize_name(n) for n in spec.needs]
+    for wheel in project:
+        for text in _wheel_metadata(wheel).get_all("Requires-Dist") or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate(target.marker_environment()):
+                names.append(canonicalize_name(req.name))
+    return sorted(set(names) - left_out)
+
+
+def pinned(names: Sequence[str]) -> list[str]:
+    """``name==version`` of each, at the version this interpreter has (what Kiln is tested with)."""
     pins = []
-    for name in spec.needs:
+    for name in names:
         try:
             pins.append(f"{name}=={metadata.version(name)}")
         except metadata.PackageNotFoundError as exc:
-            raise CarryError(f"{name} (benchmarks/gpu_carry.toml `needs`) is not installed in {sys.executable}; "
-                             "prepare the carry from Kiln's dev environment") from exc
+            raise CarryError(f"{name} (a dependency of Kiln's wheels or a `needs` of benchmarks/gpu_carry.toml) "
+                             f"is not installed in {sys.executable}; prepare the carry from Kiln's dev environment"
+                             ) from exc
     return pins
 
 
 def build_project_wheels(dest: Path, root: Path = ROOT) -> list[Path]:
-    """Kiln's three wheels, built from this checkout."""
+    """Kiln's three wheels, built from this checkout (setuptools' build and egg-info folders kept out of it)."""
     dest.mkdir(parents=True, exist_ok=True)
+    scratch = dest / "setuptools"
+    config = dest / "setuptools.cfg"
+    config.write_text(f"[build]\nbuild_base = {scratch / 'build'}\n[egg_info]\negg_base = {scratch}\n")
+    (scratch / "build").mkdir(parents=True)
     done = _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(dest),
-                 *(str(root / p) for p in PROJECTS)], "building Kiln's wheels", BUILD_TIMEOUT_S)
+                 *(str(root / p) for p in PROJECTS)], "building Kiln's wheels", BUILD_TIMEOUT_S,
+                env={**os.environ, "DIST_EXTRA_CONFIG": str(config)})
     if done.returncode != 0:
         raise CarryError(f"building Kiln's wheels failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     return sorted(dest.glob("*.whl"))
@@ -174,9 +201,7 @@ def build_project_wheels(dest: Path, root: Path = ROOT) -> list[Path]:
 
 def check_project_wheel(wheel: Path, target: Target) -> None:
     """Refuse a target whose Python, torch or Triton the wheel does not accept, naming the wheel."""
-    from kiln.release.wheels import core_metadata  # the one bounded METADATA reader
-
-    meta = email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
+    meta = _wheel_metadata(wheel)
     name = meta["Name"]
     requires_python = SpecifierSet(meta.get("Requires-Python") or "")
     if not requires_python.contains(f"{target.python_version}.0"):
@@ -259,7 +284,8 @@ def prepare(target: Target, out: Path, spec: CarrySpec) -> dict[str, object]:
         for wheel in project:
             check_project_wheel(wheel, target)
         left_out = {canonicalize_name(n) for n in (*spec.provided, *spec.omitted)}
-        resolved = [(n, v) for n, v in resolve(pinned_needs(spec), target, work) if n not in left_out]
+        pins = pinned(needed_names(spec, project, target))
+        resolved = [(n, v) for n, v in resolve(pins, target, work) if n not in left_out]
         staged = work / "carry"
         download(resolved, target, staged)
         for wheel in project:
