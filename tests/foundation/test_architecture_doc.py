@@ -34,3 +34,35 @@ def test_every_path_the_architecture_doc_names_exists():
     named = _PATH.findall(DOC.read_text(encoding="utf-8"))
     assert named
     assert [p for p in named if not (ROOT / p).exists()] == []
+
+
+_FLOW = re.compile(r"^@flow\(name=\"([^\"]+)\"", re.MULTILINE)
+# Kiln's own packages; kernels/ and runtime/ are distributions of their own, named by their top folder.
+_PACKAGE_ROOTS = ("core", "flows", "tasks", "release")
+
+
+def _package_folders() -> list[str]:
+    folders = [top for top in ("kernels", "runtime") if (ROOT / top).is_dir()]
+    for top in _PACKAGE_ROOTS:
+        if (ROOT / top).is_dir():
+            folders += sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / top).rglob("__init__.py"))
+    return folders
+
+
+def test_the_map_names_every_package_folder_and_every_flow():
+    """One map: a newcomer finds every package and every flow in docs/architecture.md."""
+    named = _PATH.findall(DOC.read_text(encoding="utf-8"))
+    folders = _package_folders()
+    assert "tasks/build" in folders and "flows/local" in folders  # the scan sees nested packages
+    unnamed = [f for f in folders if not any(p == f + "/" or p.startswith(f + "/") for p in named)]
+    assert unnamed == [], f"package folders docs/architecture.md does not name: {unnamed}"
+    flows = {path.relative_to(ROOT).as_posix(): _FLOW.findall(path.read_text(encoding="utf-8"))
+             for path in sorted((ROOT / "flows").glob("*.py"))}
+    flow_files = [path for path, names in flows.items() if names]
+    assert "flows/nightly.py" in flow_files
+    assert [p for p in flow_files if p not in named] == [], "every file defining a flow is named"
+
+
+def test_the_readme_links_the_map_at_its_top():
+    head = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
+    assert "docs/architecture.md" in head
