@@ -28,7 +28,7 @@ from kiln.flows.local.environment import apply_defaults
 
 apply_defaults()  # before anything imports prefect
 
-from kiln.release.errors import InvalidInputError, KilnError  # noqa: E402
+from kiln.release.errors import EXIT_FAILED, EXIT_OK, KilnError  # noqa: E402
 from kiln.tasks.bench.results import MetricChoice  # noqa: E402
 from kiln.tasks.project.config import BENCH_SIZES, CHANNELS  # noqa: E402
 from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
     from kiln.release.fetch import StoreSettings
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _add_config(parser: argparse.ArgumentParser, out_default: str | None = "out") -> None:
@@ -460,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = _dispatch(ns)
     except KilnError as exc:
         print(f"kiln {ns.command}: {exc}", file=sys.stderr)
-        status = EXIT_USAGE if isinstance(exc, InvalidInputError) else EXIT_FAILED
+        status = exc.exit_status
     if argv is None:  # the process is this command: callers in-process (tests) get the status back
         _exit_now(status)
     return status

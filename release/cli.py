@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from kiln.release import nofollow
 from kiln.release.dists import Distribution, from_records
-from kiln.release.errors import IntegrityError, InvalidInputError, KilnError
+from kiln.release.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, IntegrityError, InvalidInputError, KilnError
 from kiln.release.fsutil import write_new_tree
 from kiln.release.index import generate
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln i
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 WRITE_THREADS = 32
 
 
@@ -154,7 +153,7 @@ def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int
         written, unchanged = write_index(out_dir, pages)
     except KilnError as exc:
         print(f"kiln index: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, InvalidInputError) else EXIT_FAILED
+        return exc.exit_status
     except OSError as exc:
         print(f"kiln index: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -179,6 +178,6 @@ def verify_command(url: str, install: bool = True, extra_index_urls: Sequence[st
                               hints=hints)
     except KilnError as exc:
         print(f"kiln verify: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, InvalidInputError) else EXIT_FAILED
+        return exc.exit_status
     print(report.summary())
     return EXIT_OK if report.ok else EXIT_FAILED

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+# The exit statuses of every Kiln command line, one table: an error carries its own (exit_status).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
 
 class KilnError(Exception):
     """Root of every error Kiln raises on purpose."""
 
     retryable: ClassVar[bool] = False
+    exit_status: ClassVar[int] = EXIT_FAILED  # what a command that ends on this error exits with
 
 
 class RetryableError(KilnError):
@@ -37,6 +41,8 @@ class PermanentError(KilnError):
 
 class InvalidInputError(PermanentError):
     """Input that is malformed: a bad name, version, path or value."""
+
+    exit_status = EXIT_USAGE
 
 
 class ConfigError(InvalidInputError):

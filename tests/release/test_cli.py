@@ -106,3 +106,16 @@ def test_a_line_holding_two_json_values_is_refused_naming_it(tmp_path: Path, cap
     (tmp_path / "list.jsonl").write_text(_line() + "\n" + _line().strip() + ", 3\n")
     assert index_command(None, str(tmp_path / "list.jsonl"), str(tmp_path / "out")) == EXIT_USAGE
     assert "list.jsonl:3" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_every_error_carries_the_exit_status_both_command_lines_use() -> None:
+    """One table (kiln.release.errors): bad input exits 2, every other Kiln error 1, in `kiln` and `kiln index`."""
+    from kiln.release import errors
+
+    def subclasses(cls: type) -> list[type]:
+        return [cls, *(c for sub in cls.__subclasses__() for c in subclasses(sub))]
+
+    for cls in subclasses(errors.KilnError):
+        expected = errors.EXIT_USAGE if issubclass(cls, errors.InvalidInputError) else errors.EXIT_FAILED
+        assert cls.exit_status == expected, cls
+    assert errors.ConfigError.exit_status == errors.UnsafePathError.exit_status == EXIT_USAGE
