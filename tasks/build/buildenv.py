@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.release.errors import PermanentError
+from kiln.release.errors import PermanentError, UnsafePathError
 from kiln.release.fsutil import polled_lock
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
@@ -149,8 +149,30 @@ def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, tim
     (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
-def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> BuildEnvironment:
-    """The environment of ``requirements`` under ``envs_root``, made now unless another builder made it first."""
+def owner_only_dir(path: Path) -> Path:
+    """``path``, made owner-only if missing; refused when another user owns it or may write it.
+
+    An environment cache whose entries another user can plant or edit would run their code as whoever uses it.
+    """
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = path.stat()
+    if found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        owner = "another user" if found.st_uid != os.geteuid() else "its group or every user can write it"
+        raise UnsafePathError(
+            f"environment cache {path} is not owner-only ({owner}: mode {found.st_mode & 0o7777:04o}, uid "
+            f"{found.st_uid}): another user could plant or edit the environments run from it; use a directory "
+            f"only you own and write (chmod 700 {path}), or another one")
+    return path
+
+
+def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeout_s: float,
+               finish: Callable[[Path], None] | None = None) -> BuildEnvironment:
+    """The environment of ``requirements`` under ``envs_root``, made now unless another builder made it first.
+
+    ``finish`` is called on a new environment's directory before it is published (renamed into place).
+    """
+    owner_only_dir(envs_root)
     reqs = tuple(sorted(str(Requirement(r)) for r in requirements))
     key = env_key(reqs)
     final = envs_root / key
@@ -168,6 +190,8 @@ def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeo
         _log.info("creating the %s: %s", what, ", ".join(reqs))
         try:
             _make(tmp, final, reqs, variant, timeout_s)
+            if finish is not None:
+                finish(tmp)
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -13,21 +13,41 @@ site-packages after its own. The versions are those of Kiln's interpreter
 ``build_requires`` pins instead.
 
 Where: ``$KILN_TEST_ENV_CACHE`` (the tests point it at one directory per
-user), else ``~/.cache/kiln/test-envs``.
+user), else ``~/.cache/kiln/test-envs``, in ``bases/``; a cache directory another user owns
+or may write is refused, naming it (:func:`~kiln.tasks.build.buildenv.owner_only_dir`).
+
+Suites share the base, so nothing of it may be writable from one suite to the
+next (a test that edits pytest in place must not reach another package's
+suite): before it is published a new base is byte-compiled, made read-only
+and its every file hashed into ``kiln-base-files.json`` (:func:`freeze`);
+every use checks it against that (:func:`changed_files`: a file whose size,
+times and inode are unchanged keeps its recorded hash, as git's index does; a
+write changes the ``ctime``, which no unprivileged process can set back). A
+base that changed — or that has no such list — is logged, naming it and the
+files, moved aside, deleted and made again. Read-only stops an accidental
+in-place edit by a non-root test; the hash check is what catches the rest.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shutil
+import stat
+import subprocess
 import sysconfig
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from kiln.tasks.build.buildenv import ensure_env, pinned_version
+from kiln.release.errors import InfrastructureError
+from kiln.release.fsutil import polled_lock
+from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir, pinned_version
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +55,10 @@ CACHE_ENV = "KILN_TEST_ENV_CACHE"
 # The large dependencies a kernel package's suite shares, and what Kiln's harness needs inside the environment.
 BASE_DISTRIBUTIONS = ("torch", "triton", "numpy", "pytest", "pydantic")
 CREATE_TIMEOUT_S = 1800.0  # a cold base: torch and Triton from pip's sources
+COMPILE_TIMEOUT_S = 600.0
+BASES = "bases"  # frozen bases (each with its MANIFEST) live here, apart from the unchecked ones of before
+MANIFEST = "kiln-base-files.json"
+_SHOWN = 5  # changed files named in the log
 
 
 @dataclass(frozen=True)
@@ -70,12 +94,97 @@ def site_packages(root: Path) -> Path:
 
 
 def base_env(pins: Sequence[str], variant: str = "cpu") -> BaseEnv:
-    """The base environment of ``pins`` (made now, or found); its creation is logged with its time."""
+    """The base environment of ``pins`` (made now, or found and unchanged); its creation is logged with its time."""
     start = time.perf_counter()
+    root = owner_only_dir(cache_root()) / BASES
     log.info("test base environment of %s (%s): finding or creating it under %s (a cold one takes minutes)",
-             variant, ", ".join(pins), cache_root())
-    made = ensure_env(cache_root(), pins, variant, CREATE_TIMEOUT_S)
+             variant, ", ".join(pins), root)
+    made = ensure_env(root, pins, variant, CREATE_TIMEOUT_S, finish=freeze)
+    changed = None if made.created else changed_files(made.root)
+    if changed:
+        _discard(made.root, changed)
+        made = ensure_env(root, pins, variant, CREATE_TIMEOUT_S, finish=freeze)
     log.info("test base environment %s %s in %.1f s", made.root.name[:16], "created" if made.created else "found",
              time.perf_counter() - start)
     return BaseEnv(made.root, site_packages(made.root), made.requirements)
 
+
+def _files(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(path relative to ``root``, lstat) of every file and symbolic link under ``root``, the manifest aside."""
+    todo = [""]
+    while todo:
+        prefix = todo.pop()
+        with os.scandir(root / prefix if prefix else root) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(rel + os.sep)
+                elif rel != MANIFEST:
+                    yield rel, entry.stat(follow_symlinks=False)
+
+
+def _content(path: Path, found: os.stat_result) -> str:
+    if stat.S_ISLNK(found.st_mode):
+        return "link:" + os.readlink(path)
+    with open(path, "rb") as handle:
+        return "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _stamp(found: os.stat_result) -> list[int]:
+    return [found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino]
+
+
+def freeze(root: Path) -> None:
+    """Byte-compile the base at ``root`` (so no test needs to write into it), make it read-only, hash its files."""
+    python = root / "bin" / "python"
+    try:
+        done = subprocess.run([str(python), "-I", "-m", "compileall", "-q", str(site_packages(root))],
+                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise InfrastructureError(f"byte-compiling the test base {root} took over {COMPILE_TIMEOUT_S:g}s") from exc
+    if done.returncode != 0:  # a module that does not compile cannot be imported either: not the base's problem
+        log.info("byte-compiling the test base %s: some files do not compile: %s", root, done.stdout.strip()[-500:])
+    for here, dirs, names in os.walk(root):
+        for name in [*names, *dirs]:
+            path = os.path.join(here, name)
+            if not os.path.islink(path):
+                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~0o222)
+    files = {rel: [_content(root / rel, found), *_stamp(found)] for rel, found in _files(root)}
+    (root / MANIFEST).write_text(json.dumps(files, sort_keys=True) + "\n")
+    os.chmod(root / MANIFEST, 0o444)
+
+
+def changed_files(root: Path) -> list[str]:
+    """What differs in the base at ``root`` from what :func:`freeze` recorded: changed, added, removed files."""
+    try:
+        recorded: dict[str, list[str | int]] = json.loads((root / MANIFEST).read_text())
+        found = dict(_files(root))
+    except (OSError, ValueError) as exc:
+        return [f"{MANIFEST} ({exc.__class__.__name__}: {exc})"]
+    changed = sorted(set(recorded) ^ set(found))
+    for rel, now in found.items():
+        entry = recorded.get(rel)
+        if entry is not None and entry[1:] != _stamp(now) and entry[0] != _content(root / rel, now):
+            changed.append(rel)
+    return sorted(changed)
+
+
+def _discard(root: Path, changed: Sequence[str]) -> None:
+    """Move the changed base at ``root`` aside (under its creation lock) and delete it."""
+    more = f" and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else ""
+    log.warning("test base environment %s changed since it was made (%s%s): discarding it and making it again",
+                root, ", ".join(changed[:_SHOWN]), more)
+    what = f"discarding the changed test base {root}"
+    with polled_lock(root.parent / f"{root.name}.lock", time.monotonic() + CREATE_TIMEOUT_S, what,
+                     BuildEnvironmentError, mode=0o644):
+        if not root.exists() or not changed_files(root):  # another suite replaced it meanwhile
+            return
+        aside = root.parent / f".changed-{root.name[:16]}-{uuid.uuid4().hex[:8]}"
+        os.chmod(root, 0o755)  # renaming a directory to another name needs no more; deleting needs its parts
+        os.rename(root, aside)
+    for here, dirs, _ in os.walk(aside):
+        for name in dirs:
+            path = os.path.join(here, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755)
+    shutil.rmtree(aside)

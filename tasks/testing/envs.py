@@ -16,7 +16,9 @@ not download torch for every suite):
   machine's sources (:mod:`.baseenv`), and layered *after* the environment's
   own site-packages (:mod:`.layers`); uv sees them as installed and keeps
   their versions as constraints, so it installs only the rest (from its
-  cache when warm);
+  cache when warm, as copies: ``--link-mode copy``, since uv's default
+  hard links would make a test's in-place edit of an installed file an edit
+  of uv's cache and of every other environment linked to it);
 - because the base holds more than the wheel declares (pytest's own
   ``packaging``, numpy for a wheel that does not ask for it), an import guard
   (:mod:`.importguard`) refuses, for imports made by the wheel's modules,
@@ -25,8 +27,12 @@ not download torch for every suite):
   under the project root are held to the closure of the wheel, pytest and
   the suite's ``requires``;
 - Kiln's harness that runs inside the environment (the test worker, the
-  bench server) imports Kiln from a directory holding only ``kiln``'s own
-  packages (:func:`.layers.expose_harness`).
+  bench server) imports Kiln from a directory of the environment holding a
+  copy of only ``kiln``'s own packages (:func:`.layers.expose_harness`).
+
+So a suite's environment shares nothing writable with another's: its own
+files are copies, the base is read-only and checked by hash before each use
+(:mod:`.baseenv`).
 
 :func:`make_build_env` is different: a project's own build backend
 (``[build] backend = "pep517"``) still sees Kiln's packages after its own.
@@ -209,13 +215,14 @@ def make_build_env(root: Path) -> Path:
 
 
 def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,
-             indexes: Sequence[str] = DEFAULT_INDEXES, tests_root: Path | None = None, backend: str = "cpu",
-             build_requires: Sequence[str] = ()) -> TestEnv:
+             indexes: Sequence[str] = DEFAULT_INDEXES, tests_root: Path | None = None, test_paths: Sequence[str] = (),
+             backend: str = "cpu", build_requires: Sequence[str] = ()) -> TestEnv:
     """A fresh, isolated environment at ``root``: ``wheels``, what they declare, ``requirements``, pytest.
 
     The base of ``backend``/``build_requires`` is layered after the environment's own site-packages, Kiln's
-    harness is exposed, and the import guard refuses, for the first wheel's modules (and for test files under
-    ``tests_root``), what they do not declare. Errors name the wheel and the requirements that failed.
+    harness is exposed, and the import guard refuses, for the first wheel's modules (and for the test files
+    under ``test_paths`` of ``tests_root``, all of it when none), what they do not declare. Errors name the
+    wheel and the requirements that failed.
     """
     base = base_env(base_pins(backend, build_requires), backend)
     if root.exists():
@@ -229,7 +236,7 @@ def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (
     _install(root, python, wheels, requirements, indexes, base.site, names)
     if wheels:
         layers.install_guard(site, python, wheels[0].name, wheel_distribution(wheels[0]),
-                             ["pytest", *requirements], tests_root)
+                             ["pytest", *requirements], tests_root, test_paths, installed=(root, base.root))
     log.info("test environment %s: %s, on base %s", root, names, base.root.name[:16])
     return TestEnv(root, python, tuple(w.name for w in wheels))
 
@@ -247,7 +254,8 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
     what = f"installing {names} and its declared dependencies{also}"
     log.info("%s into %s (uv, from the run's wheels, %s)", what, root, ", ".join(indexes) or "no index")
     try:
-        _run([*_uv(), "pip", "install", "--quiet", "--python", str(python), "--constraint", str(constraints),
+        _run([*_uv(), "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(python),
+              "--constraint", str(constraints),
               "--find-links", str(runtime.parent), *index_options, *map(str, wheels), str(runtime), *requirements],
              what, timeout=INSTALL_TIMEOUT_S)
     except InfrastructureError as exc:

@@ -5,18 +5,42 @@ pytest and what they need) after its own site-packages (:mod:`.baseenv`), so
 more is importable there than the wheel declares — pytest's own dependency
 ``packaging``, say. This module is copied into the environment's
 site-packages as ``_kiln_import_guard.py`` and installed at interpreter start
-by a ``.pth`` line; it wraps ``builtins.__import__`` (which also sees imports
-answered from ``sys.modules``, which a meta-path finder never does) and, for
-an import made by the wheel's own modules, refuses a top-level module that
-only a distribution outside the closure of the wheel's declared requirements
-provides, raising ``ModuleNotFoundError`` that names the module and says the
-wheel does not declare it. An import made by a test file (a file under the
-project root) is held to the closure of the wheel, pytest and the suite's
+by a ``.pth`` line. For an import made by the wheel's own modules it refuses
+a top-level module that only a distribution outside the closure of the
+wheel's declared requirements provides, raising ``ModuleNotFoundError`` that
+names the module and says the wheel does not declare it; an import made by
+test code is held to the closure of the wheel, pytest and the suite's
 ``requires``. Everything else — the standard library, Kiln's harness, torch's
 own imports — passes untouched.
 
+Who imports is decided from what the environment holds, never from where a
+file happens to lie (:meth:`Guard.role`):
+
+- the **package's code**: a module whose top-level name is one the wheel
+  installs (its RECORD, read when the environment is made);
+- **Kiln's own code** — every ``kiln.*`` module except ``kiln.runtime`` (the
+  ``kiln-runtime`` wheel's), and anything whose file lies in the environment
+  or its shared base (installed code): neither, whatever the directory Kiln
+  was installed or checked out to (an editable Kiln inside the project under
+  test included). A test importing ``kiln.tasks...`` is judged like one
+  importing pytest;
+- **test code**: a file under one of the suite's test paths, or a
+  ``conftest.py`` / ``__init__.py`` in a directory between the project root
+  and one of them (what pytest loads for the suite).
+
+Three hooks, because no single one sees every import:
+
+- a **meta-path finder** (first on ``sys.meta_path``) sees every import that
+  loads a module, however it is made — an ``import`` statement,
+  ``importlib.import_module``, ``__import__``, ``importlib.util.find_spec`` —
+  and finds the importer by walking the stack past importlib's own frames;
+- but a finder is never asked about a module already in ``sys.modules`` (the
+  test file imported ``packaging`` first, then the package's lazy import of
+  it is answered from there), so ``builtins.__import__`` is wrapped for
+  ``import`` statements, and ``importlib.import_module`` for calls of it.
+
 The refusals are computed once, when the environment is made
-(:func:`refusals`, run inside the environment), and read from
+(:data:`REFUSALS_SCRIPT`, run inside the environment), and read from
 ``_kiln_import_guard.json`` beside this file. Standard library only: it runs
 before anything else in the environment's interpreter.
 """
@@ -24,41 +48,88 @@ before anything else in the environment's interpreter.
 from __future__ import annotations
 
 import builtins
+import importlib
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Literal
 
 CONFIG = "_kiln_import_guard.json"
 MODULE = "_kiln_import_guard"
 KILN_RUNTIME = "kiln.runtime"
+Role = Literal["package", "tests"]
+# Frames of these files are the import machinery, not the importer.
+_MACHINERY = (os.path.dirname(importlib.__file__ or "") + os.sep, "<frozen importlib")
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _conftest_dirs(tests_root: str, test_paths: tuple[str, ...]) -> frozenset[str]:
+    """The directories from the project root down to each test path: pytest loads their conftest.py."""
+    dirs = set()
+    for path in test_paths:
+        here = os.path.dirname(path)
+        while _under(here, (tests_root,)):
+            dirs.add(here)
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+    return frozenset(dirs)
 
 
 class Guard:
-    """Which top-level names the wheel's modules and the test files may not import, and why."""
+    """Which top-level names the wheel's modules and the test code may not import, and why."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.packages: frozenset[str] = frozenset(config["packages"])
         self.wheel: str = config["wheel"]
-        self.tests_root: str = config.get("tests_root") or ""
         self.for_package: dict[str, list[str]] = config["for_package"]
         self.for_tests: dict[str, list[str]] = config["for_tests"]
         self.watched = frozenset(self.for_package) | frozenset(self.for_tests)
+        tests_root = config.get("tests_root") or ""
+        self.test_paths: tuple[str, ...] = tuple(config.get("test_paths") or ([tests_root] if tests_root else []))
+        self.conftest_dirs = _conftest_dirs(tests_root, self.test_paths) if tests_root else frozenset()
+        self.installed: tuple[str, ...] = tuple(config.get("installed") or ())
+
+    def role(self, importer: dict[str, Any]) -> Role | None:
+        """Whether ``importer`` (a module's globals) is the package's code, test code, or neither (None)."""
+        name = str(importer.get("__name__") or "")
+        top = name.partition(".")[0]
+        if top in self.packages:
+            return "package"
+        if top == "kiln" and watched_name(name) != KILN_RUNTIME:
+            return None  # Kiln's own harness, wherever Kiln was installed from
+        file = importer.get("__file__")
+        if not isinstance(file, str) or not file:
+            return None
+        path = os.path.abspath(file)
+        real = os.path.realpath(path)
+        if _under(path, self.installed) or _under(real, self.installed):
+            return None
+        if _under(real, self.test_paths) or _under(path, self.test_paths):
+            return "tests"
+        here, base = os.path.split(real)
+        return "tests" if base in ("conftest.py", "__init__.py") and here in self.conftest_dirs else None
 
     def refused(self, name: str, importer: dict[str, Any] | None) -> tuple[str, list[str]] | None:
         """(the module, the distributions that provide it) when ``importer`` may not import ``name``, else None."""
         top = watched_name(name)
         if top not in self.watched or not importer:
             return None
-        name = str(importer.get("__name__") or "")
-        rules = None
-        if str(importer.get("__name__") or "").partition(".")[0] in self.packages:
-            rules = self.for_package
-        else:
-            path = str(importer.get("__file__") or "")
-            if self.tests_root and path.startswith(self.tests_root + os.sep) and "site-packages" not in path:
-                rules = self.for_tests
+        role = self.role(importer)
+        rules = self.for_package if role == "package" else self.for_tests if role == "tests" else None
         return (top, rules[top]) if rules is not None and top in rules else None
+
+    def check(self, name: str, importer: dict[str, Any] | None) -> None:
+        """Raise the guard's ``ModuleNotFoundError`` when ``importer`` may not import ``name``."""
+        refused = self.refused(name, importer)
+        if refused is not None and importer is not None:
+            raise self.error(refused[0], refused[1], importer)
 
     def error(self, top: str, dists: list[str], importer: dict[str, Any]) -> ModuleNotFoundError:
         who = str(importer.get("__name__") or importer.get("__file__") or "?")
@@ -80,22 +151,50 @@ def watched_name(name: str) -> str:
     return KILN_RUNTIME if (name + ".").startswith(KILN_RUNTIME + ".") else ""
 
 
+def importer_globals(frame: FrameType | None) -> dict[str, Any] | None:
+    """The globals of the first frame from ``frame`` outwards that is neither this guard nor importlib's."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename != __file__ and not filename.startswith(_MACHINERY):
+            return frame.f_globals
+        frame = frame.f_back
+    return None
+
+
+class GuardFinder:
+    """A meta-path finder that finds nothing: it refuses, before any finder looks, what the importer may not load."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if watched_name(name) in self.guard.watched:
+            self.guard.check(name, importer_globals(sys._getframe(1)))
+        return None
+
+
 def install(directory: str | None = None) -> None:
-    """Wrap ``builtins.__import__`` with the guard configured beside this file (no config: no guard)."""
+    """Install the guard configured beside this file (no config: no guard): the finder and both wrappers."""
     config_path = Path(directory or Path(__file__).parent) / CONFIG
     if not config_path.is_file():
         return
     guard = Guard(json.loads(config_path.read_text()))
-    original = builtins.__import__
+    sys.meta_path.insert(0, GuardFinder(guard))
+    original_import = builtins.__import__
+    original_import_module = importlib.import_module
 
     def guarded(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if level == 0:
-            refused = guard.refused(name, globals)
-            if refused is not None:
-                raise guard.error(refused[0], refused[1], globals)
-        return original(name, globals, locals, fromlist, level)
+            guard.check(name, globals)
+        return original_import(name, globals, locals, fromlist, level)
+
+    def import_module(name: str, package: str | None = None) -> Any:
+        if not name.startswith("."):
+            guard.check(name, importer_globals(sys._getframe(1)))
+        return original_import_module(name, package)
 
     builtins.__import__ = guarded
+    importlib.import_module = import_module
 
 
 # Run inside the environment when it is made (needs ``packaging``, which the base holds):

@@ -2,12 +2,13 @@
 
 - :func:`layer_base`: the base environment's site-packages as a ``.pth`` path
   line, so it comes *after* the environment's own; its ``*.dist-info``
-  directories are linked into the environment's site-packages too, so uv
+  directories are copied into the environment's site-packages too, so uv
   sees torch & co. as installed (and, with :func:`installed_pins` as
-  constraints, never replaces or downloads them).
+  constraints, never downloads them).
 - :func:`expose_harness`: a directory holding only ``kiln/flows``,
-  ``kiln/release`` and ``kiln/tasks`` (links to where this Kiln's modules
-  live, editable or not), on the path after everything else: the worker
+  ``kiln/release`` and ``kiln/tasks`` (copies of where this Kiln's modules
+  live, editable or not: a test that edits them reaches neither Kiln nor
+  another suite), on the path after everything else: the worker
   (``python -P -m kiln.tasks.testing.pytest_server``) and the bench server import
   Kiln from it, and nothing else of Kiln's site-packages is visible.
   ``kiln.runtime`` comes from the ``kiln-runtime`` wheel installed into the
@@ -40,10 +41,15 @@ GUARD_TIMEOUT_S = 120.0
 
 
 def layer_base(site: Path, base_site: Path) -> None:
-    """Put ``base_site`` on the environment's path after its own site-packages; link its dist-infos in."""
+    """Put ``base_site`` on the environment's path after its own site-packages; copy its dist-infos in.
+
+    Copies, not links: uv rewrites an installed distribution's dist-info when it reinstalls one (a wheel
+    requiring ``jinja2``, which the base holds, gets it installed into the environment), and through a link
+    that write would land in the shared base.
+    """
     (site / "zz_kiln_base.pth").write_text(f"{base_site}\n")
     for info in sorted(base_site.glob("*.dist-info")):
-        (site / info.name).symlink_to(info, target_is_directory=True)
+        shutil.copytree(info, site / info.name, copy_function=shutil.copyfile)
 
 
 def installed_pins(site: Path) -> list[str]:
@@ -61,13 +67,17 @@ def expose_harness(site: Path, harness: Path) -> None:
         if spec is None or not spec.submodule_search_locations:
             raise InfrastructureError(f"kiln.{name} is not importable here, so the test environment cannot run "
                                       "Kiln's harness; reinstall Kiln")
-        (package / name).symlink_to(Path(list(spec.submodule_search_locations)[0]), target_is_directory=True)
+        shutil.copytree(Path(list(spec.submodule_search_locations)[0]), package / name)
     (site / "zzz_kiln_harness.pth").write_text(f"{harness}\n")
 
 
 def install_guard(site: Path, python: Path, wheel: str, distribution: str, test_roots: Sequence[str],
-                  tests_root: Path | None) -> None:
-    """Configure and install the import guard for ``distribution`` (the wheel ``wheel``) in ``site``."""
+                  tests_root: Path | None, test_paths: Sequence[str] = (), installed: Sequence[Path] = ()) -> None:
+    """Configure and install the import guard for ``distribution`` (the wheel ``wheel``) in ``site``.
+
+    Test code is what lies under ``test_paths`` (relative to ``tests_root``; none: all of it) and the
+    conftest files above them; nothing under ``installed`` (the environment, its base) is.
+    """
     args = json.dumps({"wheel_dist": distribution, "extra_roots": list(test_roots)})
     try:
         done = subprocess.run([str(python), "-P", "-c", importguard.REFUSALS_SCRIPT, args], capture_output=True,
@@ -80,7 +90,10 @@ def install_guard(site: Path, python: Path, wheel: str, distribution: str, test_
     config = json.loads(done.stdout)
     if not config["packages"]:
         log.warning("the import guard of %s knows no module of %s (no RECORD?): it guards only the tests", site, wheel)
-    config.update(wheel=wheel, tests_root=str(tests_root.resolve()) if tests_root else "")
+    root = tests_root.resolve() if tests_root else None
+    config.update(wheel=wheel, tests_root=str(root or ""),
+                  test_paths=[str((root / p).resolve()) for p in test_paths] if root else [],
+                  installed=sorted({str(p) for r in installed for p in (r.absolute(), r.resolve())}))
     atomic_write_text(site / importguard.CONFIG, json.dumps(config, indent=1, sort_keys=True) + "\n")
     shutil.copyfile(importguard.__file__, site / f"{importguard.MODULE}.py")
     (site / f"{importguard.MODULE}.pth").write_text(f"import {importguard.MODULE}; {importguard.MODULE}.install()\n")

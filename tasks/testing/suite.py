@@ -159,7 +159,8 @@ def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], v
     reports_dir = Path(view).resolve() / "tests"
     start = time.monotonic()
     env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires,
-                   indexes=config.publish.extra_index_urls, tests_root=config.root, backend=target.variant.backend,
+                   indexes=config.publish.extra_index_urls, tests_root=config.root, test_paths=suite.paths,
+                   backend=target.variant.backend,
                    build_requires=target.variant.build_requires)
     logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
                 list(suite.paths), options.isolate, options.timeout_s)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kiln.tasks.testing import envs
-from kiln.tasks.testing.baseenv import CACHE_ENV
+from kiln.tasks.testing.baseenv import BASES, CACHE_ENV
 from kiln.tasks.testing.classify import suite_state
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
@@ -158,6 +158,6 @@ def test_concurrent_creation_of_one_base_makes_it_once(tmp_path):
     assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
     roots = {out.strip() for out, _ in outs}
     assert len(roots) == 1
-    made = [name for name in os.listdir(tmp_path / "cache") if not name.endswith(".lock")]
+    made = [name for name in os.listdir(tmp_path / "cache" / BASES) if not name.endswith(".lock")]
     assert made == [Path(roots.pop()).name]  # no second copy, no temporary directory left
     assert sum("created the build environment" in err for _, err in outs) == 1
