@@ -323,22 +323,27 @@ def _installed() -> dict[str, metadata.Distribution]:
 
 
 def closure(roots: Iterable[str]) -> list[metadata.Distribution]:
-    """The installed distributions ``roots`` need, with theirs (markers evaluated here); a missing one is named."""
+    """The installed distributions ``roots`` need, with theirs (markers evaluated here); a missing one is named.
+
+    A requirement's extras count (torch's CUDA libraries come as ``cuda-toolkit[cublas,…]``).
+    """
     installed = _installed()
-    todo = [(canonicalize_name(r), "the check") for r in roots]
+    todo = [(canonicalize_name(r), frozenset[str](), "the check") for r in roots]
     seen: dict[str, metadata.Distribution] = {}
+    extras_seen: dict[str, frozenset[str]] = {}
     while todo:
-        name, wanted_by = todo.pop()
-        if name in seen:
+        name, extras, wanted_by = todo.pop()
+        if name in seen and extras <= extras_seen[name]:
             continue
         dist = installed.get(name)
         if dist is None:
             raise MachineMismatchError(f"{name} (needed by {wanted_by}) is not installed for {sys.executable}")
         seen[name] = dist
+        extras_seen[name] = extras_seen.get(name, frozenset()) | extras
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append((canonicalize_name(req.name), name))
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", *extras_seen[name])):
+                todo.append((canonicalize_name(req.name), frozenset(req.extras), name))
     return list(seen.values())
 
 
