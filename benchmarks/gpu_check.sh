@@ -16,7 +16,8 @@
 # gpu_check.json and the table printed last, each failure with the line that names what was missing.
 #
 # --cpu: the same, proved on a machine without a GPU and without network: the carry is prepared for
-# this machine's Python, torch and Triton (PYTHON, default .venv/bin/python), then the check runs in a
+# this machine's Python, torch and Triton (PYTHON, default .venv/bin/python; into $OUT/carry unless
+# --carry names another folder), then the check runs in a
 # network namespace of its own (unshare -n, as root) with the GPU steps skipped and the CPU bench
 # (kiln bench --metric cpu --size small) run instead.
 #
@@ -29,11 +30,13 @@ cd "$(dirname "$0")/.."
 REPO="$PWD"
 MODE=gpu
 CARRY="$REPO/.gpu-carry"
+CARRY_GIVEN=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --cpu) MODE=cpu ;;
         --offline-cpu) MODE=offline-cpu ;;  # internal: the --cpu check, already inside its namespace
-        --carry) CARRY="$(realpath "$2")"; shift ;;
+        --carry) [ $# -ge 2 ] || { echo "gpu_check: --carry needs a folder" >&2; exit 2; }
+                 CARRY="$(realpath -m "$2")"; CARRY_GIVEN=1; shift ;;
         *) echo "gpu_check: unknown argument $1 (usage: gpu_check.sh [--cpu] [--carry DIR])" >&2; exit 2 ;;
     esac
     shift
@@ -43,7 +46,8 @@ mkdir -p "$OUT_DIR"
 export OUT="$OUT_DIR"
 
 if [ "$MODE" = cpu ]; then
-    PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+    export PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+    [ "$CARRY_GIVEN" = 1 ] || CARRY="$OUT_DIR/carry"  # never over the GPU machine's carry in .gpu-carry/
     read -r PY_V TORCH_V TRITON_V < <("$PYTHON" -c "import sys, torch, triton; from packaging.version import Version; \
 print(f'{sys.version_info[0]}.{sys.version_info[1]}', Version(torch.__version__).public, triton.__version__)")
     echo "== prepare: the carry for Python ${PY_V}, torch ${TORCH_V}, Triton ${TRITON_V} (log ${OUT_DIR}/prepare.log)"
