@@ -29,7 +29,15 @@ from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
 from kiln.tasks.bench.results import Metric
 from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env  # noqa: F401 - Toolchain: part of the config's API
-from kiln.tasks.project.config_fields import Endpoint, IndexUrl, ProjectPath, Region, StorePrefix, check_store_url
+from kiln.tasks.project.config_fields import (
+    BlockName,
+    Endpoint,
+    IndexUrl,
+    ProjectPath,
+    Region,
+    StorePrefix,
+    check_store_url,
+)
 from kiln.tasks.project.config_permissions import Credentials, Permission, unchosen_credentials  # noqa: F401 (re-exported)
 from kiln.tasks.project.config_pools import Pools
 
@@ -268,6 +276,38 @@ class Target(_Model):
         return self
 
 
+class UploadTarget(_Model):
+    """``[publish.targets.<name>]`` with ``kind = "upload"``: a PyPI-compatible index (kiln.release.upload).
+
+    Only the release flow uploads there, after Kiln's own indexes: the ``pypi_variant``'s wheel under the
+    release's public version, judged first by PyPI's rules (kiln.release.pypi_plan)."""
+
+    kind: Literal["upload"]
+    url: IndexUrl  # the legacy upload API, e.g. https://upload.pypi.org/legacy/
+    index_url: IndexUrl  # its simple API, read for what the project already holds, e.g. https://pypi.org/simple/
+    pypi_variant: str  # the one variant that goes there (PyPI refuses local versions such as +cu130)
+    size_limit_mib: int = Field(default=100, ge=1, le=1024)  # PyPI's default; a grant is at most 1 GiB
+    quota_gib: float = Field(default=10, gt=0)  # the project's total on the index
+    token_block: BlockName | None = None  # the Prefect Secret block holding the API token
+    username: str = "__token__"
+    timeout_s: float = Field(default=1800, gt=0, le=7200)  # one file's upload
+
+
+def _split_upload_targets(data: Any) -> Any:
+    """``kind = "upload"`` tables of [publish.targets] become ``upload_targets``: every other reader of
+    ``targets`` (stores, policies, credentials) keeps seeing file:// and s3:// targets only."""
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
+        return data
+    targets = data["targets"]
+    uploads = {k: v for k, v in targets.items() if isinstance(v, dict) and "kind" in v}
+    for name, table in uploads.items():
+        if table["kind"] != "upload":
+            raise ValueError(f"targets.{name}.kind: {table['kind']!r} is not a target kind; the only kind is"
+                             " \"upload\" (a PyPI-compatible index); file:// and s3:// targets are told by their url")
+    return {**data, "targets": {k: v for k, v in targets.items() if k not in uploads},
+            "upload_targets": {**data.get("upload_targets", {}), **uploads}}
+
+
 class PublishRetention(_Model):
     """``[publish.retention]``: what ``kiln prune`` keeps of a nightly channel (kiln.release.prune)."""
 
@@ -293,6 +333,13 @@ class Publish(_Model):
     # install; "off": no check.
     check_dependencies: Literal["refuse", "warn", "off"] = "refuse"
     retention: PublishRetention = PublishRetention()
+    # [publish.targets.<name>] tables with kind = "upload" (PyPI-compatible indexes), split out at load.
+    upload_targets: dict[str, UploadTarget] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uploads(cls, data: Any) -> Any:
+        return _split_upload_targets(data)
 
     @model_validator(mode="after")
     def _default_exists(self) -> Publish:
@@ -333,6 +380,16 @@ class KilnConfig(_Model):
             raise ValueError("project.registry is missing: Kiln's own wheel builder compiles the kernels a registry"
                              " names; give one, or set [build] backend = \"pep517\" to build with the project's"
                              " pyproject.toml")
+        return self
+
+    @model_validator(mode="after")
+    def _upload_variants(self) -> KilnConfig:
+        known = sorted(v.name for v in self.variants)
+        for name, target in sorted(self.publish.upload_targets.items()):
+            if target.pypi_variant not in known:
+                hint = difflib.get_close_matches(target.pypi_variant, known, n=1)
+                raise ValueError(f"publish.targets.{name}.pypi_variant: unknown variant {target.pypi_variant!r}"
+                                 + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; kiln.toml defines {known}")
         return self
 
     @model_validator(mode="after")
