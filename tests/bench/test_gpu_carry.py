@@ -58,6 +58,15 @@ def test_the_machine_layer_holds_the_closure_of_what_it_provides_and_names_what_
         gpu_carry.link_layer(["no-such-dist"], tmp_path / "other")
 
 
+def test_the_layer_follows_a_requirements_extras() -> None:
+    """prefect asks for httpx[http2]: h2 comes with it, and not with httpx alone (torch's CUDA libraries too)."""
+    def names(roots: list[str]) -> set[str]:
+        return {canonicalize_name(d.metadata["Name"]) for d in gpu_carry.closure(roots)}
+
+    assert "h2" in names(["prefect"])
+    assert "h2" not in names(["httpx"])
+
+
 @pytest.mark.slow
 def test_a_target_kiln_does_not_accept_is_refused_naming_the_wheel_and_nothing_is_written(tmp_path: Path) -> None:
     done = _prepare(tmp_path / "carry", "--python-version", "3.10")
