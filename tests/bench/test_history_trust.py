@@ -117,3 +117,16 @@ def test_a_created_that_is_not_a_utc_time_is_refused_naming_the_field(created):
     document = fake_run(FakeTimer(seed=1)).model_dump(mode="json") | {"created": created}
     with pytest.raises(InvalidInputError, match=r"created: Value error, .* is not a UTC time of the form"):
         parse_results(json.dumps(document), "results.json")
+
+
+def test_kiln_history_leaves_out_a_planted_entry_and_names_it(config):
+    from kiln.flows.history import show_history
+
+    store = history_store(config)
+    _history(store, config)
+    key = "bench-history/29990101T000000Z-forged-1.json"
+    _plant(store, key, _nightly(11, 3e-3, "2999-01-01T00:00:00Z", run_id="forged-1"))
+    text = show_history(config, kernel="axpy", case="n1024", variant=None, metric=None, limit=30, plot=None)
+    assert text.startswith("5 runs of variant cpu (cpu)")  # the five real nights, not the planted sixth
+    assert text.splitlines()[-1].startswith(f"ignored benchmark history {store.url}/{key}: dated 2999-01-01T00:00:00Z, "
+                                            "after the run reading it started (")
