@@ -1,4 +1,4 @@
-"""The release flow: validate → build → test → bench → gate → plan → approve → publish → verify.
+"""The release flow: validate → build → test → bench → gate → plan → approve → publish → verify → upload.
 
 Nothing is built before the version and channel are checked against what the
 channel already holds. Benchmarks are judged by the regression policy over
@@ -39,14 +39,16 @@ from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.common import markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
 from kiln.flows.publish import open_publish_target, project_statuses, publish_flow, publish_inputs
+from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.runname import current_release_name
 from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.test import test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
+from kiln.release.errors import ConfigError
 from kiln.release.publish import publish
 from kiln.release.record import RunRecord
 from kiln.release.verify import verify_published
-from kiln.tasks import releasing
+from kiln.tasks import releasing, uploading
 from kiln.tasks.project.config import Channel, KilnConfig, load_config
 
 APPROVAL_TIMEOUT_S = 24 * 3600
@@ -93,8 +95,12 @@ def _store(config: KilnConfig, out: str, channel: str) -> tuple[Any, str]:
 
 
 @task(name="validate-release", cache_policy=NO_CACHE)
-def validate_release(config: KilnConfig, out: str, version: str, channel: str) -> str:
-    """PEP 440, unknown channel, already published, lower than the last: all refused here."""
+def validate_release(config: KilnConfig, out: str, version: str, channel: str, dry_run: bool = False) -> str:
+    """PEP 440, unknown channel, already published, lower than the last, an upload target without a token
+    (a real release only): all refused here."""
+    missing = [] if dry_run else uploading.missing_tokens(config)
+    if missing:
+        raise ConfigError("; ".join(missing))
     store, prefix = _store(config, out, channel)
     published = releasing.published_versions(store, prefix, config.project.distribution)
     return releasing.check_version(version, channel, published)
@@ -232,7 +238,8 @@ def _publish_and_verify(release: Release, run: RunRecord) -> State:
 
 
 def _release(release: Release, approved_on_cli: bool) -> State:
-    release.version = validate_release(release.config, release.out, release.version, release.channel)
+    release.version = validate_release(release.config, release.out, release.version, release.channel,
+                                       release.dry_run)
     run = open_run(release.config, "release", release.out, version=release.version, ref=release.ref)
     get_run_logger().info("%s as run %s", release.title, run.run_id)
     release.lines.append(f"run `{run.run_id}`")
@@ -247,6 +254,10 @@ def _release(release: Release, approved_on_cli: bool) -> State:
     if not planned.is_completed():
         return _stop(release, run, f"the publish plan failed: {_state_of(planned)[1]}")
     release.plan = planned.result()
+    uploads, refused = plan_uploads(release.config, run, release.version)  # PyPI-compatible indexes, if any
+    release.plan += f"\n{uploads}" if uploads else ""
+    if refused:
+        return _stop(release, run, "the upload plan refuses files (nothing was published): " + "; ".join(refused))
     approved, line = (True, "approved on the command line (--yes)") if approved_on_cli else _approve(release, run)
     release.lines.append(line)
     if not approved:
@@ -254,6 +265,11 @@ def _release(release: Release, approved_on_cli: bool) -> State:
     final = _publish_and_verify(release, run)
     if not final.is_completed():
         return _stop(release, run, final.message or "publish failed")
+    uploaded = [] if release.dry_run else upload_release(release.config, run, release.version)
+    release.lines += [f"{state.message} ({_state_of(state)[0]})" for state in uploaded]
+    failed = [state.message or "upload failed" for state in uploaded if not state.is_completed()]
+    if failed:
+        return _stop(release, run, "; ".join(failed))
     return _finish(release, run, Completed(message=f"release {release.version} published to {release.channel}"
                                               + (" (dry run)" if release.dry_run else "")))
 

@@ -169,6 +169,8 @@ def render_text(run: RunManifest) -> str:
         lines.extend(f"  wheel  {w.path}  sha256={w.sha256[:16]}…" for w in wheels)
     if run.info.get("publish_plan"):
         lines += ["", *("  " + line for line in str(run.info["publish_plan"]).splitlines())]
+    if run.info.get("upload_plan"):  # a release's plan for PyPI-compatible indexes (kiln.flows.pypi)
+        lines += ["", *("  " + line for line in str(run.info["upload_plan"]).splitlines())]
     lines += _text_indexes(run)
     lines.append(f"\n  manifest: {run.root / MANIFEST_NAME}")
     return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""The release's uploads to PyPI-compatible indexes: the plan task, one upload task per file.
+
+The release flow calls :func:`plan_uploads` beside its own publish plan (the
+approver reads both; a refusal stops the release before anything moves) and
+:func:`upload_release` after Kiln's own indexes are published and verified.
+Each file is its own task run and ``publish/<target>/<file>`` unit: one
+refused or failed upload does not stop the others, and only Kiln's retryable
+errors (no answer, 5xx, throttling) are retried. The API token is read from
+its Prefect Secret block inside the upload task run, so it is never a task
+parameter, a log line or a record entry.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
+
+from prefect import State, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed
+
+from kiln.flows.common import markdown_report, record, retry_on_retryable, unit_from_state
+from kiln.flows.publish import RETRY_DELAY_S, RETRY_JITTER, UPLOAD_RETRIES
+from kiln.release.errors import ConfigError
+from kiln.release.manifest import Unit
+from kiln.release.pypi_release import PreparedUpload, prepare_upload
+from kiln.release.record import RunRecord
+from kiln.release.upload import Credentials, Endpoint, Outcome, upload_file
+from kiln.tasks import uploading
+from kiln.tasks.project.config import KilnConfig
+
+UPLOAD_DIR = "pypi"  # under the run's view: the public-version wheels that are sent
+PLAN_KEY = "upload_plan"
+
+
+def _prepare(config: KilnConfig, run: RunRecord, name: str, version: str) -> PreparedUpload:
+    request = uploading.upload_request(config, run.manifest(), name, version)
+    return prepare_upload(request, run.view / UPLOAD_DIR / name, datetime.now(UTC))
+
+
+@task(name="plan-upload", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
+      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_on_retryable, task_run_name="plan upload to {name}")
+def plan_upload_task(config: KilnConfig, run: RunRecord, name: str, version: str) -> str | State:
+    """The upload's plan as markdown; Failed, with every refusal, when PyPI's rules refuse a file."""
+    prepared = _prepare(config, run, name, version)
+    markdown = prepared.plan.to_markdown()
+    markdown_report(f"kiln-upload-plan-{name}", markdown, f"Upload plan for {name} — run {run.run_id}")
+    refused = [f.reason for f in prepared.plan.refusals]
+    return Failed(message=f"upload to {name} refused: " + "; ".join(refused)) if refused else markdown
+
+
+def plan_uploads(config: KilnConfig, run: RunRecord, version: str) -> tuple[str, list[str]]:
+    """(every upload target's plan as markdown, every refusal); the plan is also in the run's record."""
+    plans, refusals = [], []
+    for name in sorted(config.publish.upload_targets):
+        state = plan_upload_task(config, run, name, version, return_state=True)
+        if state.is_completed():
+            plans.append(str(state.result()))
+        else:
+            refusals.append(state.message or f"the plan for {name} failed")
+            plans.append(f"### Upload to `{name}`: REFUSED\n\n{state.message}\n")
+    markdown = "\n".join(plans)
+    if markdown:
+        run.set_info(PLAN_KEY, markdown)
+    return markdown, refusals
+
+
+@task(name="prepare-upload", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
+      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_on_retryable,
+      task_run_name="prepare upload to {name}")
+def prepare_upload_task(config: KilnConfig, run: RunRecord, name: str, version: str) -> PreparedUpload:
+    """The plan made again just before sending: the index may have changed while the approver read it."""
+    return _prepare(config, run, name, version)
+
+
+def _credentials(config: KilnConfig, name: str) -> Credentials:
+    from prefect.blocks.system import Secret
+
+    target = uploading.upload_target(config, name)
+    if target.token_block is None:
+        raise ConfigError(uploading.missing_tokens(config)[0])
+    try:
+        token = cast("Secret[str]", Secret.load(target.token_block)).get()  # sync code: the block, never a coroutine
+    except ValueError as exc:
+        raise ConfigError(f"publish.targets.{name}.token_block: no Prefect Secret block named"
+                          f" {target.token_block!r} (create it in the Prefect UI or with Secret(value=...).save())"
+                          ) from exc
+    return Credentials(target.username, str(token))
+
+
+@task(name="upload-to-index", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
+      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_on_retryable,
+      task_run_name="upload {path.name} to {target.name}")
+def upload_to_index(config: KilnConfig, target: Endpoint, path: Path) -> Outcome:
+    """Check the index, send the file if it is not there, check the index lists it (idempotent on retry)."""
+    return upload_file(path, target, _credentials(config, target.name))
+
+
+def _record_plan(run: RunRecord, name: str, prepared: PreparedUpload) -> None:
+    for planned in prepared.plan.files:
+        unit = f"publish/{name}/{planned.candidate.filename}"
+        if planned.action == "skip":
+            record(run, Unit(unit, "publish", "completed", message=planned.reason))
+        elif planned.action == "refuse":
+            record(run, Unit(unit, "publish", "failed", message=planned.reason))
+
+
+def upload_target(config: KilnConfig, run: RunRecord, name: str, version: str) -> State:
+    """Plan again, then one task run per file to send; a plan that cannot be made fails this target's unit."""
+    state = prepare_upload_task(config, run, name, version, return_state=True)
+    if not state.is_completed():
+        record(run, unit_from_state(Unit(f"publish/{name}", "publish", "failed"), state))
+        return Failed(message=f"upload to {name}: {state.message}")
+    prepared: PreparedUpload = state.result()
+    _record_plan(run, name, prepared)
+    target = uploading.endpoint(config, name)
+    futures = [(path, upload_to_index.submit(config, target, path)) for path in prepared.to_send()]
+    failed = [f.reason for f in prepared.plan.refusals]
+    for path, future in futures:
+        future.wait()
+        unit = Unit(f"publish/{name}/{path.name}", "publish", "completed")
+        if future.state.is_completed():
+            outcome = future.state.result()
+            record(run, Unit(unit.id, "publish", "completed", message="uploaded" if outcome == "added"
+                             else "already on the index with the same sha256; nothing sent"))
+        else:
+            record(run, unit_from_state(Unit(unit.id, "publish", "failed"), future.state))
+            failed.append(f"{path.name}: {future.state.message}")
+    get_run_logger().info("upload to %s: %d sent, %d failed or refused", name, len(futures), len(failed))
+    return Failed(message=f"upload to {name}: " + "; ".join(failed)) if failed else Completed(
+        message=f"upload to {name}: {len(futures)} files sent, {len(prepared.plan.files) - len(futures)} skipped")
+
+
+def upload_release(config: KilnConfig, run: RunRecord, version: str) -> list[State]:
+    """Every upload target of the release, one after the other (each isolated from the others)."""
+    return [upload_target(config, run, name, version) for name in sorted(config.publish.upload_targets)]
