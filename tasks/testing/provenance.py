@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from kiln.release.errors import IntegrityError, InvalidInputError
 from kiln.release.record import RunHeader, info_json, info_key, load_header, load_info
 from kiln.release.store import Store
-from kiln.tasks.testing.flaky import Entry, QuarantineList, RunOutcomes
+from kiln.tasks.testing.flaky import Entry, Evidence, QuarantineList, RunOutcomes
 
 OUTCOMES_INFO = "test-outcomes:"  # run info key prefix (+ unit id): the suite's outcomes as the step recorded them
 CONTENT_TYPE = "application/json"
@@ -54,21 +54,22 @@ class RunRecords:
 
 
 def _commit_problem(header: RunHeader, commit: str) -> str:
+    """Why ``header``'s run does not name ``commit`` (its clean commit, or none), or ""."""
     built = header.source.commit if header.source.clean else ""
     if built != commit:
         return f"it names commit {commit[:12] or '(none)'}, the run record says {built[:12] or '(none)'}"
     return ""
 
 
-def _run_problem(records: RunRecords, run_id: str, commit: str) -> str:
-    """Why run ``run_id`` does not back a claim about ``commit``, or ""."""
+def _header(records: RunRecords, run_id: str, commit: str) -> RunHeader | str:
+    """Run ``run_id``'s header when it backs a claim about ``commit``, else why not."""
     try:
         header = records.header(run_id)
     except (InvalidInputError, IntegrityError) as exc:
         return f"its run {run_id!r} cannot be read ({exc})"
     if header is None:
         return f"run {run_id} has no record in {records.store.url}"
-    return _commit_problem(header, commit)
+    return _commit_problem(header, commit) or header
 
 
 def _recorded(records: RunRecords, run_id: str, unit: str) -> dict[str, object] | str:
@@ -84,32 +85,39 @@ def _recorded(records: RunRecords, run_id: str, unit: str) -> dict[str, object] 
 
 def outcomes_problem(records: RunRecords, run: RunOutcomes) -> str:
     """Why a stored outcomes file does not match the run record it cites, or ""."""
-    problem = _run_problem(records, run.run_id, run.commit)
-    header = records.header(run.run_id) if not problem else None
-    if header is not None and header.created != run.created:
-        problem = f"it says the run started at {run.created}, the run record says {header.created}"
-    recorded = _recorded(records, run.run_id, run.unit) if not problem else {}
+    header = _header(records, run.run_id, run.commit)
+    if isinstance(header, str):
+        return header
+    if header.created != run.created:
+        return f"it says the run started at {run.created}, the run record says {header.created}"
+    recorded = _recorded(records, run.run_id, run.unit)
     if isinstance(recorded, str):
-        problem = recorded
-    elif not problem and recorded != dict(run.outcomes):
-        differ = sorted(k for k in {*recorded, *run.outcomes} if recorded.get(k) != run.outcomes.get(k))
-        problem = f"its outcomes differ from those run {run.run_id} recorded ({', '.join(differ[:3])})"
-    return problem
+        return recorded
+    differ = sorted(k for k in {*recorded, *run.outcomes} if recorded.get(k) != run.outcomes.get(k))
+    return f"its outcomes differ from those run {run.run_id} recorded ({', '.join(differ[:3])})" if differ else ""
+
+
+def _evidence_problem(records: RunRecords, entry: Entry, evidence: Evidence) -> str:
+    header = _header(records, evidence.run_id, evidence.commit)
+    if isinstance(header, str):
+        return header
+    recorded = _recorded(records, evidence.run_id, entry.unit)
+    if isinstance(recorded, str):
+        return recorded
+    if recorded.get(entry.nodeid) != evidence.verdict:
+        return (f"it cites a {evidence.verdict} in run {evidence.run_id}, which recorded "
+                f"{recorded.get(entry.nodeid) or 'no outcome'}")
+    return ""
 
 
 def entry_problem(records: RunRecords, entry: Entry) -> str:
     """Why a quarantine list entry is not backed by the runs it cites, or ""."""
-    by_commit: dict[str, set[str]] = {}
     for evidence in entry.record:
-        problem = _run_problem(records, evidence.run_id, evidence.commit)
-        recorded = _recorded(records, evidence.run_id, entry.unit) if not problem else {}
-        if isinstance(recorded, str):
-            problem = recorded
-        elif not problem and recorded.get(entry.nodeid) != evidence.verdict:
-            problem = (f"it cites a {evidence.verdict} in run {evidence.run_id}, which recorded "
-                       f"{recorded.get(entry.nodeid) or 'no outcome'}")
+        problem = _evidence_problem(records, entry, evidence)
         if problem:
             return problem
+    by_commit: dict[str, set[str]] = {}
+    for evidence in entry.record:
         by_commit.setdefault(evidence.commit, set()).add(evidence.verdict)
     if not any(commit and verdicts == {"pass", "fail"} for commit, verdicts in by_commit.items()):
         return "it cites no pass and fail on one commit"
