@@ -20,6 +20,17 @@ def test_a_printed_hint_parses_into_its_options_and_one_requirement():
     assert parse_hint("pip install -i=file:///x/ demo").options == ("-i", "file:///x/")
 
 
+def test_a_two_step_hint_parses_into_its_steps_and_is_for_its_first_requirement():
+    hint = parse_hint("pip install --index-url file:///k/ --no-deps demo==1.0+cpu 'rt==0.1; python_version > \"3\"' "
+                      "&& pip install --index-url file:///k/ --extra-index-url https://pypi.org/simple demo==1.0+cpu")
+    assert [step.options for step in hint.steps] == [
+        ("--index-url", "file:///k/", "--no-deps"),
+        ("--index-url", "file:///k/", "--extra-index-url", "https://pypi.org/simple")]
+    assert [str(r) for r in hint.steps[0].requirements] == ["demo==1.0+cpu", 'rt==0.1; python_version > "3"']
+    assert (hint.project, hint.steps[1].index_url, hint.steps[1].indexes) == (
+        "demo", "file:///k/", ["file:///k/", "https://pypi.org/simple"])
+
+
 @pytest.mark.parametrize(("hint", "why"), [
     ("uv pip install demo", "must start with 'pip install'"),
     ("pip install --target /tmp/x demo", "option '--target' is not one Kiln prints"),
@@ -27,6 +38,9 @@ def test_a_printed_hint_parses_into_its_options_and_one_requirement():
     ("pip install --index-url ftp://host/simple demo", "pip and uv read http://, https:// or file:///"),
     ("pip install 'demo==", "No closing quotation"),
     ("pip install demo>=>1", "Expected"),
+    ("pip install --no-deps a==1 b==2 && rm -rf /", "each command must start with 'pip install'"),
+    ("pip install --no-deps a==1 rt==2 && pip install b==1", "its steps install different projects first"),
+    ("pip install a==1 && pip install", "names 0 requirements"),
 ])
 def test_a_hint_kiln_does_not_print_is_refused_naming_it(hint, why):
     with pytest.raises(InvalidInputError, match="^install hint ") as caught:
