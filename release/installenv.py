@@ -4,9 +4,12 @@ pip and uv read an index's pages, and a resolver may run code it fetched (an
 sdist's PEP 517 hook, a ``.pth`` of a wheel it installs): what that code can
 read is what :func:`scrubbed_env` leaves. It keeps what an installer needs to
 reach its indexes — ``PATH``, the locale, proxy variables, the installer's
-own configuration (``PIP_*``, ``UV_*``), certificate bundles — and drops the
-rest: cloud credentials (``AWS_*`` and the like), Prefect's home and API key,
-Kiln's own settings. ``HOME`` points at a directory of the caller's, so no
+own configuration (``PIP_*``, ``UV_*``: a mirror, a certificate, a trusted
+host), certificate bundles — and drops the rest: cloud credentials (``AWS_*``
+and the like), Prefect's home and API key, Kiln's own settings. Of the
+installers' variables it drops those that add an index behind the ones Kiln
+names (``PIP_EXTRA_INDEX_URL``, ``UV_INDEX``…) or change uv's first-index
+strategy, and uv's publish credentials. ``HOME`` points at a directory of the caller's, so no
 ``~/.aws``, ``~/.netrc`` or ``~/.config`` of the user running Kiln is read;
 ``/etc/pip.conf`` and ``/etc/uv/uv.toml`` still apply.
 
@@ -31,8 +34,11 @@ KEPT = frozenset({
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NIX_SSL_CERT_FILE",
 })
 KEPT_PREFIXES = ("LC_", "PIP_", "UV_")
-# an installer's own variables that would still hand it a secret or a place to write outside the check
-DROPPED = frozenset({"UV_PUBLISH_TOKEN", "UV_PUBLISH_PASSWORD", "UV_PUBLISH_USERNAME"})
+# an installer's own variables that would hand it a secret, or add an index (or change uv's first-index strategy)
+# behind the indexes Kiln names on the command line: a step meant to read the Kiln index alone must do so
+DROPPED = frozenset({"UV_PUBLISH_TOKEN", "UV_PUBLISH_PASSWORD", "UV_PUBLISH_USERNAME",
+                     "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_FIND_LINKS",
+                     "UV_INDEX_STRATEGY"})
 
 
 def scrubbed_env(home: Path, source: Mapping[str, str] | None = None,

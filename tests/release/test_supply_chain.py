@@ -242,10 +242,13 @@ def test_the_installer_environment_keeps_what_reaches_an_index_and_drops_every_s
               "GOOGLE_APPLICATION_CREDENTIALS": "/g.json", "PREFECT_API_KEY": "k", "PREFECT_HOME": "/p",
               "KILN_ARTIFACTS": "s3://b", "HTTPS_PROXY": "http://proxy:3128", "PIP_INDEX_URL": "https://mirror/simple",
               "UV_INDEX_URL": "https://mirror/simple", "SSL_CERT_FILE": "/etc/ca.pem", "LC_ALL": "C.UTF-8",
-              "UV_PUBLISH_TOKEN": "t", "GITHUB_TOKEN": "g"}
+              "UV_PUBLISH_TOKEN": "t", "GITHUB_TOKEN": "g", "PIP_EXTRA_INDEX_URL": "http://evil/simple",
+              "UV_INDEX_STRATEGY": "unsafe-best-match", "PIP_CERT": "/etc/ca.pem"}
     env = scrubbed_env(tmp_path, source)
     assert env["HOME"] == str(tmp_path)
     assert {k: env[k] for k in ("PATH", "HTTPS_PROXY", "PIP_INDEX_URL", "UV_INDEX_URL", "SSL_CERT_FILE", "LC_ALL")} \
         == {k: source[k] for k in ("PATH", "HTTPS_PROXY", "PIP_INDEX_URL", "UV_INDEX_URL", "SSL_CERT_FILE", "LC_ALL")}
     assert not {"AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "GOOGLE_APPLICATION_CREDENTIALS", "PREFECT_API_KEY",
-                "PREFECT_HOME", "KILN_ARTIFACTS", "UV_PUBLISH_TOKEN", "GITHUB_TOKEN"} & set(env)
+                "PREFECT_HOME", "KILN_ARTIFACTS", "UV_PUBLISH_TOKEN", "GITHUB_TOKEN", "PIP_EXTRA_INDEX_URL",
+                "UV_INDEX_STRATEGY"} & set(env)
+    assert env["PIP_CERT"] == "/etc/ca.pem"

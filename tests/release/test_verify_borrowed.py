@@ -9,7 +9,6 @@ finder that only a ``.pth`` file starts), which is what this test's interpreter 
 from __future__ import annotations
 
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
