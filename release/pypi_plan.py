@@ -93,6 +93,7 @@ class UploadPlan:
     files: list[PlannedFile] = field(default_factory=list)
     project_bytes: int = 0
     unknown_sizes: int = 0  # files the index lists without a size (a PEP 503 page): not counted
+    incoming_bytes: int = 0  # what the files that pass every per-file rule would add
     limits: Limits = field(default_factory=Limits)
     first_upload: datetime | None = None
     url: str = ""
@@ -108,7 +109,7 @@ class UploadPlan:
 
     @property
     def projected_bytes(self) -> int:
-        return self.project_bytes + sum(c.size for c in self.uploads)
+        return self.project_bytes + self.incoming_bytes
 
     def to_markdown(self) -> str:
         """The plan as the approver reads it beside the release's own publish plan."""
@@ -134,7 +135,7 @@ def _mib(size: int) -> str:
 
 
 def _gib(size: int) -> str:
-    return f"{size / GIB:.2f} GiB"
+    return f"{size / GIB:.2f} GiB" if size >= GIB else _mib(size)
 
 
 def version_of(filename: str) -> Version:
@@ -211,6 +212,7 @@ def plan_upload(target: str, version: str, candidates: Sequence[Candidate], exis
                       project_bytes=sum(f.size or 0 for f in existing),
                       unknown_sizes=sum(1 for f in existing if f.size is None))
     plan.files = [_judge(c, held, plan.first_upload, now, plan.limits) for c in candidates]
+    plan.incoming_bytes = sum(c.size for c in plan.uploads)
     _quota_refusals(plan)
     return plan
 
