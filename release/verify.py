@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from packaging.metadata import parse_email
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -367,7 +367,10 @@ def held_requires(found: Newest, newest: Mapping[str, Newest]) -> tuple[str, ...
     """The wheel's ``Requires-Dist`` lines naming another project this index holds (``kiln-runtime``, pins)."""
     held = []
     for text in found.requires:
-        requirement = Requirement(text)
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:  # a hostile wheel's METADATA: pip refuses it when it installs the wheel
+            continue
         optional = requirement.marker is not None and "extra" in str(requirement.marker)
         if not optional and canonicalize_name(requirement.name) in newest:
             held.append(text)
