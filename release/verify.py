@@ -20,15 +20,22 @@ wheel's ``variant.json`` must be in its version's ``-variants.json`` as it is
 
 Then it installs the newest version of each project with pip and with uv into
 fresh virtual environments from that index, and imports it
-(:mod:`kiln.release.install`): dependencies resolve from the extra indexes the
-caller names; without any, the wheel goes in with ``--no-deps`` and the report
-says that its dependencies were not resolved.
+(:mod:`kiln.release.install`: wheels only, every name the index holds from it
+alone). With extra indexes, each project is first resolved as one plain
+``pip install --index-url … --extra-index-url …`` would, and a name this index
+holds that another index would win fails the verification, naming the file
+and the index (:func:`kiln.release.provenance.shadowed`); then dependencies
+resolve from the extra indexes. Without any, the wheel goes in with
+``--no-deps`` together with the dependencies this index holds
+(``kiln-runtime``, pins), beside this interpreter's site-packages, and the
+report says that the others were not resolved.
 
 Each install hint the caller passes (``kiln verify --hint "pip install …"``,
 the command a run printed) is then run as a user would
 (:mod:`kiln.release.hintrun`: a fresh venv, ``-I``, an empty working
-directory, timeouts), and must install exactly the version the index
-publishes of its project; an unpinned hint that takes a higher release from
+directory, timeouts, each step resolved first and not run when it would take a
+name this index holds from elsewhere), and must install exactly the version
+the index publishes of its project; an unpinned hint that takes a higher release from
 an extra index fails the verification, naming both versions.
 """
 
