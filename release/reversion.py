@@ -30,6 +30,22 @@ SBOM_SUFFIX = ".cdx.json"  # CycloneDX documents under <dist-info>/sboms/ (PEP 7
 MAX_MEMBER_BYTES = 1 << 30  # PyPI's largest grant: no member of a wheel it takes is larger
 
 
+class _DatedWheelFile(WheelFile):  # type: ignore[misc]  # the wheel package ships no type hints
+    """A ``WheelFile`` that dates the RECORD it writes (by path alone) with the source RECORD's time, not the
+    clock: the same wheel re-versioned twice gives the same bytes, so a re-run finds them on the index."""
+
+    def __init__(self, path: Path, date_time: tuple[int, int, int, int, int, int]) -> None:
+        super().__init__(path, "w")
+        self.date_time = date_time
+
+    def writestr(self, zinfo_or_arcname: Any, data: Any, compress_type: int | None = None) -> None:
+        if isinstance(zinfo_or_arcname, str):
+            info = zipfile.ZipInfo(zinfo_or_arcname, self.date_time)
+            info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
+            zinfo_or_arcname = info
+        super().writestr(zinfo_or_arcname, data, compress_type)
+
+
 def public_filename(filename: str) -> str:
     """``filename`` with its version's local label dropped; the same name when it has none."""
     version = _parsed(filename)[1]
@@ -127,11 +143,12 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
     target = public_filename(filename)
     with open_wheel(filename, source) as archive:
         old_dir = _dist_info(archive, filename)
+        dated = archive.getinfo(f"{old_dir}.dist-info/RECORD").date_time
     names = (old_dir, f"{old_dir.split('-', 1)[0]}-{version.public}", version.public)
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".public-", dir=out_dir))
     try:
-        with open_wheel(filename, source) as archive, WheelFile(staging / target, "w") as written:
+        with open_wheel(filename, source) as archive, _DatedWheelFile(staging / target, dated) as written:
             for info in archive.infolist():
                 member = None if info.is_dir() else _member(archive, info, filename, names, str(name))
                 if member is not None:

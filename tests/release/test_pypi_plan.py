@@ -53,6 +53,8 @@ def test_the_public_wheel_keeps_every_binary_and_names_the_public_version(tmp_pa
     subject = sbom["metadata"]["component"]
     assert (subject["version"], subject["purl"]) == ("1.2.0", "pkg:pypi/kiln-kernels@1.2.0")
     assert sbom["dependencies"][0]["ref"] == "pkg:pypi/kiln-kernels@1.2.0"
+    again = public_wheel(wheel, tmp_path / "again")  # a re-run writes the same bytes: the index already holds them
+    assert again.read_bytes() == public.read_bytes()
 
 
 def test_a_wheel_whose_record_lies_is_not_re_versioned(tmp_path):

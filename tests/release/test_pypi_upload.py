@@ -1,0 +1,92 @@
+"""Uploads to a real PyPI-compatible server (pypiserver on loopback), through the functions the release flow's
+tasks call: the PyPI variant goes up under its public version, pip installs it, a re-run sends nothing, and
+other bytes under a published name are refused by name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from kiln.release.errors import AlreadyPublishedError, TransientStoreError, is_retryable
+from kiln.release.pypi_release import UploadRequest, prepare_upload
+from kiln.release.upload import Credentials, Endpoint, upload_file
+from tests.helpers.loopback_pypi import PypiServer, pypi_server
+from tests.helpers.processes import free_port
+
+from .wheelkit import make_wheel
+
+NOW = datetime.now(UTC)
+CREDENTIALS = Credentials("kiln", "pypi-loopback-token")  # pypiserver here accepts any
+PIP_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def server(tmp_path) -> Iterator[PypiServer]:
+    with pypi_server(tmp_path / "pypiserver") as running:
+        yield running
+
+
+def _endpoint(server: PypiServer) -> Endpoint:
+    return Endpoint("loopback", server.url, server.index_url, timeout_s=120)
+
+
+def _request(server: PypiServer, wheel: Path) -> UploadRequest:
+    return UploadRequest(_endpoint(server), "tiny-kernels", "0.3.0", "cpu", (wheel,))
+
+
+def _pip_install(server: PypiServer, target: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir",
+                           "--disable-pip-version-check", "--index-url", server.index_url, "--target", str(target),
+                           "tiny-kernels==0.3.0"], env=env, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+
+
+def test_the_pypi_variant_goes_up_under_its_public_version_pip_installs_it_and_a_rerun_sends_nothing(
+        server, tmp_path):
+    wheel = make_wheel(tmp_path / "run", "tiny-kernels", "0.3.0+cpu", module="tinyk", payload="the cpu build")
+    prepared = prepare_upload(_request(server, wheel), tmp_path / "public", NOW)
+    assert [c.filename for c in prepared.plan.uploads] == ["tiny_kernels-0.3.0-py3-none-any.whl"]
+    assert "`tiny_kernels-0.3.0+cpu-py3-none-any.whl` → `tiny_kernels-0.3.0-py3-none-any.whl`" in (
+        prepared.plan.to_markdown())
+    assert [upload_file(path, _endpoint(server), CREDENTIALS) for path in prepared.to_send()] == ["added"]
+    assert server.uploads() == 1
+
+    installed = _pip_install(server, tmp_path / "site")
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "the cpu build" in (tmp_path / "site" / "tinyk" / "__init__.py").read_text()
+    assert (tmp_path / "site" / "tiny_kernels-0.3.0.dist-info").is_dir()
+
+    again = prepare_upload(_request(server, wheel), tmp_path / "public-again", NOW)  # the release run again
+    assert [(f.action, f.reason) for f in again.plan.files] == [
+        ("skip", "already on the index with the same sha256; nothing sent")]
+    assert again.to_send() == []
+    assert upload_file(again.paths["tiny_kernels-0.3.0-py3-none-any.whl"], _endpoint(server), CREDENTIALS) == "present"
+    assert server.uploads() == 1  # nothing was sent the second time
+
+
+def test_other_bytes_under_a_published_name_are_refused_by_name_and_never_sent(server, tmp_path):
+    first = make_wheel(tmp_path / "first", "tiny-kernels", "0.3.0+cpu", payload="first build")
+    [path] = prepare_upload(_request(server, first), tmp_path / "public-first", NOW).to_send()
+    upload_file(path, _endpoint(server), CREDENTIALS)
+    other = make_wheel(tmp_path / "other", "tiny-kernels", "0.3.0+cpu", payload="other bytes")
+    prepared = prepare_upload(_request(server, other), tmp_path / "public-other", NOW)
+    [refused] = prepared.plan.refusals
+    assert refused.reason.startswith("tiny_kernels-0.3.0-py3-none-any.whl is already on the index with sha256")
+    with pytest.raises(AlreadyPublishedError, match="loopback: tiny_kernels-0.3.0-py3-none-any.whl already holds"):
+        upload_file(prepared.paths[refused.candidate.filename], _endpoint(server), CREDENTIALS)
+    assert server.uploads() == 1
+
+
+def test_an_index_that_does_not_answer_is_a_retryable_error(tmp_path):
+    wheel = make_wheel(tmp_path, "tiny-kernels", "0.3.0")
+    port = free_port()  # nothing listens there: the connection is refused
+    closed = Endpoint("closed", f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/simple/", timeout_s=60)
+    with pytest.raises(TransientStoreError, match="did not answer") as info:
+        upload_file(wheel, closed, CREDENTIALS)
+    assert is_retryable(info.value)
