@@ -5,9 +5,9 @@ lets ``auditwheel repair`` rewrite the archive: it asks auditwheel's analysis (w
 reports) which policy the wheel's ELF members satisfy, then writes the wheel under that tag.
 
 - The analysis runs on a *probe*: a stored zip of the wheel's host ELF members at their own paths and a
-  RECORD naming them — auditwheel reads host ELF files only, so the verdict is the same as for the whole wheel. It runs in
-  a child process (auditwheel's wheel context changes the working directory, which a build's threads share),
-  held to a deadline.
+  RECORD naming them — auditwheel reads host ELF files only, so the verdict is the same as for the whole
+  wheel. It runs in a child process (auditwheel's wheel context changes the working directory, which a
+  build's threads share), held to a deadline.
 - What torch, the CUDA or ROCm runtime and the driver provide is excluded (:data:`EXCLUDES`, by backend):
   those libraries come from the torch wheel and the machine, so they are never grafted, and Kiln never grafts
   anything: a library that is neither on a policy's list nor excluded keeps the wheel ``linux_<machine>``.

@@ -5,6 +5,7 @@ flags and directories that make a project's own build independent of where it ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import sys
 import threading
 import zipfile
 from datetime import datetime
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,10 @@ import pytest
 from kiln.release.errors import CompileError
 from kiln.release.manifest import RunManifest
 from kiln.tasks.build import stagedir
+from kiln.tasks.build.manylinux import EXCLUDES, most_compatible
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.wheel import ZIP_EPOCH
+from kiln.tasks.project.config import Backend
 from tests.build.cuda_torch import link_shared_envs, shared_cuda_torch_envs
 from tests.helpers.gitrepo import COMMIT_TIME, git, git_project, init_repo
 
@@ -176,6 +180,26 @@ def _assert_identical(first: dict[str, Path], second: dict[str, Path], clones: l
         assert a.read_bytes() == b.read_bytes(), f"{variant}: same members, different zip bytes"
 
 
+def _assert_manylinux(wheel: Path, backend: Backend) -> str:
+    """``wheel`` carries a ``manylinux_2_*`` tag that ``auditwheel show`` confirms (its glibc symbols allow
+    that tag; the only libraries it would want grafted are the backend's excluded ones), and no library of
+    torch, CUDA or ROCm is inside it; returns the tag's platform."""
+    platform = wheel.name.removesuffix(".whl").rsplit("-", 1)[1]
+    assert platform.startswith("manylinux_2_"), wheel.name
+    grafted = [n for n in _members(wheel) if ".libs/" in n
+               or any(fnmatch(n.rsplit("/", 1)[-1], p) for p in {*EXCLUDES["cuda"], *EXCLUDES["hip"]})]
+    assert not grafted, f"{wheel.name} carries {grafted}"
+    done = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True,
+                          text=True, timeout=300)
+    report = json.loads(done.stdout)
+    if not [n for n in _members(wheel) if ".so" in n]:  # device code only: not a platform wheel to auditwheel
+        assert platform == most_compatible() and "error" in report, report
+        return platform
+    assert report["sym_tag"] == platform, report
+    assert all(any(fnmatch(lib, p) for p in EXCLUDES[backend]) for lib in report["external_libs"]), report
+    return platform
+
+
 def _default_project(dest: Path) -> Path:
     """The repository's default project (kiln.toml, kernels/ and what kiln.toml names, as tracked) committed in a fresh repository; its
     cu130 and rocm arch lists cut to one arch each (CI's time), the same edit in the one commit both clones take."""
@@ -208,6 +232,11 @@ def test_two_clones_of_the_default_project_build_identical_wheels_for_every_vari
     assert any(n.endswith("_aot/libkiln_csrc.so") for n in _members(built[0]["cu130"]))
     # Each wheel's SBOM (PEP 770) is part of the bytes compared below: it names no path and no clock.
     assert all(any(n.endswith(".dist-info/sboms/kiln.cdx.json") for n in _members(w)) for w in built[0].values())
+    # Each native wheel is manylinux (issue 45): the torch extension by its glibc symbols, the hsaco alone by the
+    # most compatible policy; the cpu wheel stays pure.
+    assert _assert_manylinux(built[0]["cu130"], "cuda") != most_compatible()
+    assert _assert_manylinux(built[0]["rocm"], "hip") == most_compatible()
+    assert built[0]["cpu"].name.endswith("-py3-none-any.whl")
     _assert_identical(built[0], built[1], clones)
 
 
@@ -224,7 +253,9 @@ def test_two_clones_of_a_pep517_torch_extension_build_identical_wheels_for_every
         link_shared_envs(clone, envs)
     built = [_build(clone, tmp_path / f"out-{i}") for i, clone in enumerate(clones)]
     assert sorted(built[0]) == ["cpu", "cu130"]
-    for wheel in built[0].values():
+    for variant, wheel in built[0].items():
         assert any(n.endswith(".so") for n in _members(wheel)), f"{wheel.name} compiled nothing"
+        assert "-cp311-cp311-manylinux_2_" in wheel.name
+        _assert_manylinux(wheel, "cuda" if variant == "cu130" else "cpu")
     assert git(clones[0], "rev-parse", "HEAD") == git(clones[1], "rev-parse", "HEAD")
     _assert_identical(built[0], built[1], clones)

@@ -73,7 +73,8 @@ def test_a_third_party_src_layout_package_goes_through_the_nightly_and_installs_
             names = set(archive.namelist())
         assert "acme/vendor/libacme_checksum.so" in names, variant  # package data the project ships is kept
         assert import_names(wheel.name, wheel.read_bytes()) == ("acme",)  # read from the wheel, not guessed
-        assert wheel.name.endswith("-py3-none-linux_x86_64.whl") or platform.machine() != "x86_64"
+        # the vendored library links glibc alone: auditwheel's analysis allows a manylinux tag
+        assert "-py3-none-manylinux_2_" in wheel.name and wheel.name.endswith(f"_{platform.machine()}.whl"), wheel.name
     with zipfile.ZipFile(wheels["cu130"]) as archive:
         manifest = json.loads(archive.read("acme/_aot/manifest.json"))
     assert {(e["kernel"], e["arch"]) for e in manifest} == {("axpy", "9.0")}  # its archs, filtered by the plan
