@@ -272,3 +272,22 @@ def test_kiln_init_lets_a_package_that_hard_codes_its_archs_through_and_sees_a_c
     config = load_config(init_project(cmake).path)
     assert config.variant("cu130").build_requires == ("torch==2.14.1",) and config.build.toolchain.torch
     assert config.project.version == "2.0.0rc1"  # a pre-release stays the nightly base
+
+
+@pytest.mark.parametrize(("setup_py", "env", "reason"), [
+    ('FORCE_BUILD = os.getenv("FA_FORCE_BUILD", "FALSE") == "TRUE"\n', (("FA_FORCE_BUILD", "TRUE"),),
+     "build_env FA_FORCE_BUILD=TRUE: unless it is set"),
+    ('force = os.environ.get("X_FORCE_BUILD", "0") == "1"\n', (("X_FORCE_BUILD", "1"),), "build_env X_FORCE_BUILD=1"),
+    ("class C(bdist_wheel):\n    def run(self):\n        urllib.request.urlretrieve(URL, 'w.whl')\n", (),
+     "setup.py may download during the build and names no *_FORCE_BUILD switch"),
+    ("if os.getenv('FORCE_CUDA', '0') == '1':\n    WITH_CUDA = True\n", (("FORCE_CUDA", "1"),),
+     "build_env FORCE_CUDA=1: setup.py compiles its CUDA code only when it sees a GPU"),
+    ("if os.getenv('FORCE_ONLY_CUDA', '0') == '1':\n    pass\n", (), None),  # a choice of the CPU part, no GPU switch
+])
+def test_kiln_init_reads_the_build_switches_a_setup_py_reads(setup_py, env, reason):
+    from kiln.tasks.onboarding.names import parse_setup_py
+    from kiln.tasks.onboarding.switches import read_switches
+
+    switches = read_switches(setup_py, parse_setup_py(setup_py))
+    assert switches.gpu_env == env
+    assert [r for r in switches.reasons if reason and r.startswith(reason)] or (reason is None and not switches.reasons)
