@@ -36,6 +36,7 @@ from kiln.release.errors import is_retryable
 from kiln.release.manifest import Unit
 from kiln.release.record import RunRecord
 from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.run.coverage import COVERAGE_INFO, coverage_rows
 from kiln.tasks.run.runs import artifact_store, check_checkout, continue_run, start_run
 
 logger = logging.getLogger(__name__)
@@ -219,6 +220,15 @@ def table_report(key: str, rows: list[dict[str, Any]], description: str) -> str:
         logger.warning("could not create the %s table artifact: %s", key, exc)
         return ""
     return artifact_url(artifact_id)
+
+
+def coverage_report(config: KilnConfig, run: RunRecord, flow: str) -> list[dict[str, str]]:
+    """Record the run's coverage table (one row per requested cell) for the summary, and leave it as a table
+    artifact; returns the rows."""
+    rows = [row.as_dict() for row in coverage_rows(config, run.manifest())]
+    run.set_info(COVERAGE_INFO, rows)
+    table_report(f"kiln-{flow}-coverage", rows, f"Coverage: every requested cell and its wheel — run {run.run_id}")
+    return rows
 
 
 def artifact_url(artifact_id: Any) -> str:

@@ -26,7 +26,14 @@ from prefect import State, flow, get_run_logger
 from prefect.states import Completed, Failed
 
 from kiln.flows.bench import bench_flow
-from kiln.flows.common import failure_message, markdown_report, open_run, table_report, unit_rows
+from kiln.flows.common import (
+    coverage_report,
+    failure_message,
+    markdown_report,
+    open_run,
+    table_report,
+    unit_rows,
+)
 from kiln.flows.dispatch import find_deployments
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
@@ -73,6 +80,7 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     wait_suites(config, run, remote, suites)  # dispatched suites gate publishing like local ones
     quarantine_report(config, run, return_state=True)  # a side report: the list as every suite left it
     stages["publish"] = publish_stage(config, run, remote, common, commit)
+    coverage_report(config, run, "nightly")
     return conclude(run, stages)
 
 

@@ -36,12 +36,13 @@ from prefect.input import RunInput
 from prefect.states import Completed, Failed
 
 from kiln.flows.bench import bench_flow, store_release_baseline
-from kiln.flows.common import markdown_report, open_run, store_session, sync_state
+from kiln.flows.common import coverage_report, markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
 from kiln.flows.publish import open_publish_target, project_statuses, publish_flow, publish_inputs
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.runname import current_release_name
 from kiln.flows.stages import build_stage, start_suites, wait_suites
+from kiln.flows.summary import coverage_markdown
 from kiln.flows.test import test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.errors import ConfigError
@@ -184,10 +185,13 @@ def _state_of(state: State) -> tuple[releasing.StateName, str]:
 
 def _finish(release: Release, run: RunRecord | None, state: State) -> State:
     """Leave the release summary artifact (every ending has one), the run's local view, the final state."""
+    coverage: list[str] = []
     if run is not None:
+        coverage_report(release.config, run, "release")
+        coverage = coverage_markdown(run.manifest())
         run.write_view()
     markdown = "\n".join([f"# {release.title[0].upper()}{release.title[1:]}", "",
-                          *(f"- {line}" for line in release.lines), "", release.plan]).rstrip() + "\n"
+                          *(f"- {line}" for line in release.lines), "", release.plan, *coverage]).rstrip() + "\n"
     markdown_report(SUMMARY_KEY, markdown, f"Release {release.version}")
     return state
 

@@ -19,6 +19,7 @@ from typing import Any, get_args
 
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.release.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
+from kiln.tasks.run.coverage import COVERAGE_INFO
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
 QUARANTINE_INFO = "quarantine:"  # run info key prefix (+ unit id): the quarantine lines of a suite's run
@@ -30,8 +31,8 @@ TAIL_LINES = 6  # of a failure's log, under its line
 MAX_LISTED = 40
 _QUOTED = re.compile(r"'[^']*'")
 
-__all__ = ["BENCH_TREND_INFO", "QUARANTINE_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
-           "install_command", "install_reason", "print_summary",
+__all__ = ["BENCH_TREND_INFO", "COVERAGE_INFO", "QUARANTINE_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
+           "coverage_markdown", "install_command", "install_reason", "print_summary",
            "render_markdown", "render_text", "skip_reasons"]
 
 
@@ -162,6 +163,7 @@ def render_text(run: RunManifest) -> str:
         units = [u for u in run.units if u.stage == stage]
         lines.append(f"  {stage:<{width}}  {len(units):>4} units: {_counts(units)}")
     lines += _text_attention(run)
+    lines += _text_coverage(run)
     lines += _text_sections(run)
     wheels = run.artifacts_of("wheel")
     if wheels:
@@ -217,8 +219,32 @@ def render_markdown(run: RunManifest, units_table: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def coverage_markdown(run: RunManifest) -> list[str]:
+    """The coverage section: one row per requested cell (:mod:`kiln.tasks.run.coverage`), as the run recorded it."""
+    rows = run.info.get(COVERAGE_INFO)
+    if not isinstance(rows, list) or not rows:
+        return []
+    lines = ["", "## Coverage", "", "| cell | Python | torch | backend | archs | wheel | state | why |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        cells = [row.get(k, "") for k in ("variant", "python", "torch", "backend", "archs", "wheel", "state", "why")]
+        lines.append("| " + " | ".join(_cell(str(c)) for c in cells) + " |")
+    return lines
+
+
+def _text_coverage(run: RunManifest) -> list[str]:
+    rows = run.info.get(COVERAGE_INFO)
+    if not isinstance(rows, list) or not rows:
+        return []
+    width = max(len(str(row.get("variant", ""))) for row in rows)
+    return ["", "  coverage:", *(f"    {row.get('variant', ''):<{width}}  {row.get('state', ''):<9}  "
+                                 f"python {row.get('python', '')}, torch {row.get('torch', '')}, "
+                                 f"{row.get('backend', '')} [{row.get('archs', '')}]  {row.get('wheel', '')}"
+                                 f"  — {row.get('why', '')}" for row in rows)]
+
+
 def _markdown_sections(run: RunManifest) -> list[str]:
-    lines = []
+    lines = coverage_markdown(run)
     quarantined = quarantine_lines(run)
     if quarantined:
         lines += ["", "## Quarantined tests", "", *(f"- {_cell(line)}" for line in quarantined)]

@@ -62,6 +62,12 @@ def test_run_manifest_records_every_stage_and_artifact(nightly):
     distributed = {u["id"]: u for u in manifest["units"] if u["suite"] == "distributed"}
     assert {k: u["state"] for k, u in distributed.items()} == {"test/distributed/cpu": "completed"}
     assert distributed["test/distributed/cpu"]["message"].startswith("9 passed")
+    # the coverage table (issue 45): every requested cell, its wheel (manylinux where it has binaries), its state
+    coverage = {row["variant"]: row for row in manifest["info"]["coverage"]}
+    assert {v: row["state"] for v, row in coverage.items()} == {"cu130": "untested", "rocm": "untested",
+                                                                 "cpu": "tested"}
+    assert "-py3-none-manylinux_2_" in coverage["cu130"]["wheel"] and coverage["cpu"]["wheel"].endswith("-any.whl")
+    assert coverage["cu130"]["why"].startswith("kernels-gpu not run")
 
 
 def test_index_links_resolve_and_hashes_match(nightly):
