@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -276,8 +277,8 @@ def wheel_tags(wheel: Path) -> frozenset[Tag]:
     return parse_wheel_filename(wheel.name)[3]
 
 
-def prepare(target: Target, out: Path, spec: CarrySpec) -> dict[str, object]:
-    """Write the carry for ``target`` into ``out`` (replaced whole); its manifest."""
+def prepare(target: Target, out: Path, spec: CarrySpec) -> dict[str, Any]:
+    """Write the carry for ``target`` into ``out`` (replaced whole); its manifest, with its size in bytes."""
     with tempfile.TemporaryDirectory(prefix="kiln-carry-") as tmp:
         work = Path(tmp)
         project = build_project_wheels(work / "project")
@@ -291,16 +292,14 @@ def prepare(target: Target, out: Path, spec: CarrySpec) -> dict[str, object]:
         for wheel in project:
             shutil.copy2(wheel, staged / wheel.name)
         _check_served(staged, target)
-        manifest = {"target": asdict(target), "provided": list(spec.provided), "omitted": list(spec.omitted),
-                    "wheels": sorted(p.name for p in staged.glob("*.whl"))}
+        manifest: dict[str, Any] = {"target": asdict(target), "provided": list(spec.provided),
+                                    "omitted": list(spec.omitted),
+                                    "wheels": sorted(p.name for p in staged.glob("*.whl"))}
         (staged / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        size = check_size(staged, spec.limit_mib)
+        manifest["bytes"] = check_size(staged, spec.limit_mib)
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(staged, out)
-    print(f"carry {out}: {len(manifest['wheels'])} wheels, {size / MIB:.1f} MiB "  # type: ignore[arg-type]
-          f"(limit {spec.limit_mib:g} MiB), for Python {target.python_version}, torch {target.torch_version}, "
-          f"Triton {target.triton_version}")
     return manifest
 
 
@@ -453,7 +452,10 @@ def _dispatch(ns: argparse.Namespace) -> None:
             spec = CarrySpec(spec.needs, spec.provided, spec.omitted, spec.platforms, ns.limit_mib)
         target = Target(parse_python_version(ns.python_version), parse_version(ns.torch_version, "--torch-version"),
                         parse_version(ns.triton_version, "--triton-version"), spec.platforms)
-        prepare(target, ns.out, spec)
+        manifest = prepare(target, ns.out, spec)
+        print(f"carry {ns.out}: {len(manifest['wheels'])} wheels, {manifest['bytes'] / MIB:.1f} MiB (limit "
+              f"{spec.limit_mib:g} MiB), for Python {target.python_version}, torch {target.torch_version}, "
+              f"Triton {target.triton_version}")
     elif ns.command == "layer":
         provided = _manifest(ns.carry)["provided"]
         assert isinstance(provided, list)
