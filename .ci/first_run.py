@@ -29,9 +29,11 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,29 +65,41 @@ def fresh_environment(root: Path) -> dict[str, str]:
     return env
 
 
-def run_logged(command: list[str], cwd: Path, env: dict[str, str], timeout: float, log: Path) -> tuple[int, str, list[tuple[float, str]]]:
-    """Run ``command`` in its own process group; every output line is echoed, kept and timed."""
+Lines = list[tuple[float, str]]
+
+
+def _end_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the command's process group, SIGKILL 30 s later if it is still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_logged(command: list[str], cwd: Path, env: dict[str, str], timeout: float, log: Path) -> tuple[int, str, Lines]:
+    """Run ``command`` in its own process group under a deadline; every output line is kept, timed and logged."""
     started = time.monotonic()
-    lines: list[tuple[float, str]] = []
+    lines: Lines = []
     with open(log, "w", encoding="utf-8") as sink:
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
-        assert proc.stdout is not None
+        timer = threading.Timer(timeout, _end_group, (proc,))  # a silent, hung command ends too
+        timer.start()
         try:
+            assert proc.stdout is not None
             for line in proc.stdout:
                 lines.append((time.monotonic() - started, line.rstrip("\n")))
                 sink.write(line)
-                if time.monotonic() - started > timeout:
-                    raise subprocess.TimeoutExpired(command, timeout)
-            status = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            os.killpg(proc.pid, 15)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-            status = 124
+            status = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                _end_group(proc)
+    if time.monotonic() - started >= timeout:
+        status = 124
     return status, "\n".join(text for _, text in lines), lines
 
 
@@ -93,7 +107,7 @@ BEGIN_LINE = re.compile(r"Beginning (?:sub)?flow run '([^']+)' for flow '([^']+)
 END_LINE = re.compile(r"Flow run '([^']+)' - Finished in state (\w+)")
 
 
-def stage_times(lines: list[tuple[float, str]]) -> dict[str, float]:
+def stage_times(lines: Lines) -> dict[str, float]:
     """Seconds each flow of the nightly took (its stages are subflows), read from Prefect's own log lines,
     and when the nightly began (the install before it)."""
     began: dict[str, tuple[str, float]] = {}
@@ -148,7 +162,8 @@ def stop_services(clone: Path, env: dict[str, str]) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=str(Path(__file__).resolve().parent.parent))
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the first command (install + nightly)")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds for the first command (install + nightly)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="kiln-first-run-"))
