@@ -93,7 +93,8 @@ export UV_NO_INDEX=1 UV_FIND_LINKS="$CARRY" UV_OFFLINE=1 UV_NO_CONFIG=1 UV_PYTHO
 "$PYTHON" -c "import json, sys; print(''.join(f'{n} ; sys_platform == \"never\"\n' for n in \
 json.load(open(sys.argv[1]))['provided']), end='')" "$CARRY/carry.json" >"$WORK/provided-overrides.txt"
 export UV_OVERRIDE="$WORK/provided-overrides.txt"
-# Kiln's state for this check only: its Prefect server's home, the test environments, no daemon.
+# Kiln's state for this check only: its own local Prefect server and home, the test environments, no daemon.
+unset PREFECT_API_URL PREFECT_PROFILE
 export PREFECT_HOME="$WORK/prefect" KILN_TEST_ENV_CACHE="$WORK/test-envs" KILN_DAEMON=off
 export PATH="$VENV/bin:$WORK/bin:$PATH" PYTHON CARRY VENV WORK OUT_DIR
 
