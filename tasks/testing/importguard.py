@@ -184,8 +184,8 @@ def install(directory: str | None = None) -> None:
     original_import_module = importlib.import_module
 
     def guarded(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
-        if level == 0:
-            guard.check(name, globals)
+        if level == 0 and watched_name(name) in guard.watched:  # __import__("x") called with no globals: the caller
+            guard.check(name, globals if globals is not None else importer_globals(sys._getframe(1)))
         return original_import(name, globals, locals, fromlist, level)
 
     def import_module(name: str, package: str | None = None) -> Any:
