@@ -21,6 +21,7 @@ reports) which policy the wheel's ELF members satisfy, then writes the wheel und
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
@@ -97,6 +98,7 @@ def elf_members(members: Sequence[tuple[str, bytes]]) -> dict[str, tuple[str, by
     return {name: (machine, data) for name, data in members if (machine := _machine(data)) is not None}
 
 
+@functools.cache
 def most_compatible() -> str:
     """auditwheel's most compatible glibc policy for this machine (``manylinux_2_5_x86_64`` on x86_64)."""
     from auditwheel.architecture import Architecture

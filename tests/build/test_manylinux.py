@@ -28,6 +28,7 @@ from kiln.tasks.build.manylinux import (
     why_not_manylinux,
 )
 from kiln.tasks.build.rewheel import rewrite_wheel
+from kiln.tasks.build.variants import write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
 from tests.build.conftest import copy_project
@@ -152,6 +153,18 @@ def test_a_wheel_of_device_code_only_gets_the_most_compatible_policy(tmp_path):
     assert _platform(wheel) == most_compatible() == "manylinux_2_5_x86_64"
     verdict = platform_verdict([("k.cubin", cubin.read_bytes())], "cuda")
     assert verdict.manylinux and "device code only" in verdict.reason
+
+
+@needs_gcc
+def test_the_variant_wheel_keeps_the_platform_tag_of_its_local_wheel(tmp_path, libs):
+    """PEP 825: the variant wheel is the same contents under the public version, its label after the (manylinux)
+    platform tag, in its name and its WHEEL file alike."""
+    config = _tiny(tmp_path / "config")
+    wheel = _kiln_wheel(tmp_path, libs["plain"])
+    (variant_wheel,) = write_variant_wheels(config, config.variant("cu130"), wheel, tmp_path / "variant-wheels", STAMP)
+    tag = _platform(wheel)
+    assert variant_wheel.name == f"tiny_kernels-0.1.0.dev20261129-py3-none-{tag}-cu130.whl"
+    assert _wheel_tags(variant_wheel) == _wheel_tags(wheel) == [f"py3-none-{tag}"]
 
 
 @needs_gcc
