@@ -4,16 +4,21 @@ other bytes under a published name are refused by name."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from kiln.release.errors import AlreadyPublishedError, TransientStoreError, is_retryable
+from kiln.release.pypi_index import JSON_TYPE, read_index
 from kiln.release.pypi_release import UploadRequest, prepare_upload
 from kiln.release.upload import Credentials, Endpoint, upload_file
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
@@ -90,3 +95,52 @@ def test_an_index_that_does_not_answer_is_a_retryable_error(tmp_path):
     with pytest.raises(TransientStoreError, match="did not answer") as info:
         upload_file(wheel, closed, CREDENTIALS)
     assert is_retryable(info.value)
+
+
+@contextmanager
+def fault_injecting_pypi_with_old_upload_times(server: PypiServer, uploaded_at: datetime) -> Iterator[str]:
+    """FAULT INJECTION: pypiserver neither dates its files nor applies PyPI's 14-day rule. This loopback
+    wrapper answers each project page of the real server as PyPI does (PEP 691 JSON with sizes and upload
+    times), dating every file ``uploaded_at``; yields its simple-API URL."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            project = self.path.strip("/").split("/")[-1]
+            files = [{"filename": f.filename, "hashes": {"sha256": f.sha256},
+                      "size": (server.packages / f.filename).stat().st_size,
+                      "upload-time": uploaded_at.isoformat().replace("+00:00", "Z")}
+                     for f in read_index(server.index_url, project)]
+            body = json.dumps({"meta": {"api-version": "1.1"}, "name": project, "files": files}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", JSON_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    wrapper = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=wrapper.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{wrapper.server_port}/simple/"
+    finally:
+        wrapper.shutdown()
+        wrapper.server_close()
+        thread.join(timeout=30)
+
+
+def test_a_new_file_on_a_release_whose_first_file_is_15_days_old_is_refused_with_the_date(server, tmp_path):
+    first = make_wheel(tmp_path / "first", "tiny-kernels", "0.3.0", tag="py3-none-any")
+    upload_file(first, _endpoint(server), CREDENTIALS)
+    late = make_wheel(tmp_path / "late", "tiny-kernels", "0.3.0+cpu", tag="py3-none-manylinux_2_28_x86_64")
+    now = datetime.now(UTC)
+    with fault_injecting_pypi_with_old_upload_times(server, now - timedelta(days=15)) as dated:
+        endpoint = Endpoint("loopback", server.url, dated, timeout_s=120)
+        prepared = prepare_upload(UploadRequest(endpoint, "tiny-kernels", "0.3.0", "cpu", (late,)), tmp_path / "p",
+                                  now)
+    [refused] = prepared.plan.refusals
+    day = (now - timedelta(days=15)).date().isoformat()
+    assert f"release's first file was uploaded on {day} (15 days ago)" in refused.reason
+    assert prepared.plan.project_bytes == first.stat().st_size  # PEP 700 sizes count towards the quota
+    assert prepared.to_send() == [] and server.uploads() == 1
