@@ -75,8 +75,8 @@ def install_guard(site: Path, python: Path, wheel: str, distribution: str, test_
                   tests_root: Path | None, test_paths: Sequence[str] = (), installed: Sequence[Path] = ()) -> None:
     """Configure and install the import guard for ``distribution`` (the wheel ``wheel``) in ``site``.
 
-    Test code is what lies under ``test_paths`` (relative to ``tests_root``; none: all of it) and the
-    conftest files above them; nothing under ``installed`` (the environment, its base) is.
+    Test code is what lies under ``test_paths`` (relative to ``tests_root``, node ids allowed; none: all of
+    it) and the conftest files above them; nothing under ``installed`` (the environment, its base) is.
     """
     args = json.dumps({"wheel_dist": distribution, "extra_roots": list(test_roots)})
     try:
@@ -92,7 +92,7 @@ def install_guard(site: Path, python: Path, wheel: str, distribution: str, test_
         log.warning("the import guard of %s knows no module of %s (no RECORD?): it guards only the tests", site, wheel)
     root = tests_root.resolve() if tests_root else None
     config.update(wheel=wheel, tests_root=str(root or ""),
-                  test_paths=[str((root / p).resolve()) for p in test_paths] if root else [],
+                  test_paths=[str((root / p.partition("::")[0]).resolve()) for p in test_paths] if root else [],
                   installed=sorted({str(p) for r in installed for p in (r.absolute(), r.resolve())}))
     atomic_write_text(site / importguard.CONFIG, json.dumps(config, indent=1, sort_keys=True) + "\n")
     shutil.copyfile(importguard.__file__, site / f"{importguard.MODULE}.py")
