@@ -144,10 +144,10 @@ def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureR
         extras = [flag for url in query.extra_index_urls for flag in ("--extra-index-url", url)]
         # fast-deps: each wheel's metadata by HTTP range requests where the index serves no PEP 658 sidecar,
         # never the whole wheel (a CUDA torch's closure is gigabytes); pip >= 25.3 keeps a dry run at that.
-        args = ["--isolated", "--ignore-installed", "--use-feature=fast-deps", "--cache-dir", str(pip_cache_dir()),
-                "--index-url", index, *extras, query.requirement]
+        options = ["--isolated", "--ignore-installed", "--use-feature=fast-deps", "--cache-dir", str(pip_cache_dir()),
+                   "--index-url", index, *extras]
         try:
-            done = pip_dry_run([sys.executable, "-I"], args, Path(tmp), timeout)
+            done = pip_dry_run([sys.executable, "-I"], options, [query.requirement], Path(tmp), timeout)
         except subprocess.TimeoutExpired as exc:
             raise InfrastructureError(f"pip did not finish resolving {query.requirement} in {timeout:.0f} s") from exc
         except InvalidInputError as exc:

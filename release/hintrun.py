@@ -158,7 +158,7 @@ def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd:
     """"ok" when ``step`` would take every held name from its own ``--index-url`` (by content), wheels only;
     else what it would take from where, or the sdist-only dependency it would have to build."""
     try:
-        done = pip_dry_run(python_command(python), [*step.argv()], cwd, timeout)
+        done = pip_dry_run(python_command(python), step.options, [str(r) for r in step.requirements], cwd, timeout)
     except subprocess.TimeoutExpired:
         return f"resolving {shlex.join(step.argv())}: timed out after {timeout:.0f} s"
     except InvalidInputError as exc:

@@ -31,6 +31,7 @@ from kiln.release.errors import InvalidInputError
 from kiln.release.install import index_options
 from kiln.release.installenv import run_installer
 
+_MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 _NO_SOURCE = re.compile(r"Skipping link: No (?:sources|binaries) permitted for ([A-Za-z0-9._-]+)")
 
 
@@ -96,17 +97,27 @@ class Resolution:
     sdists: tuple[str, ...]  # projects of which it skipped an sdist (it would otherwise have built it)
 
 
-def pip_dry_run(python: Sequence[str], args: Sequence[str], cwd: Path, timeout: float) -> Resolution:
-    """Resolve ``args`` (pip install options and requirements) with pip in ``python``: wheels only, nothing
-    installed, in the scrubbed environment; :class:`subprocess.TimeoutExpired` past ``timeout``."""
+def pip_dry_run(python: Sequence[str], options: Sequence[str], requirements: Sequence[str], cwd: Path,
+                timeout: float) -> Resolution:
+    """Resolve ``requirements`` with pip in ``python`` and ``options``: wheels only, nothing installed, in the
+    scrubbed environment; :class:`subprocess.TimeoutExpired` past ``timeout``.
+
+    When pip finds no distribution for a requirement, the one project it names is asked again alone
+    (``--no-deps``, ``-vv``), to learn whether the indexes hold only an sdist of it: pip says so only in its
+    debug log, which for a whole resolution is megabytes and half again its time.
+    """
     report = Path(cwd) / "pip-report.json"
     report.unlink(missing_ok=True)
-    cmd = [*python, "-m", "pip", "install", "--dry-run", "--only-binary", ":all:", "-vv", "--progress-bar", "off",
-           "--report", str(report), *args]
-    done = run_installer(cmd, Path(cwd), timeout)
+    pip = [*python, "-m", "pip", "install", "--dry-run", "--only-binary", ":all:", "--progress-bar", "off"]
+    done = run_installer([*pip, "--report", str(report), *options, *requirements], Path(cwd), timeout)
     output = done.stdout + "\n" + done.stderr
-    chosen = tuple(read_report(report)) if done.returncode == 0 else ()
-    return Resolution(done.returncode, chosen, output, tuple(sdist_only(output)))
+    if done.returncode == 0:
+        return Resolution(0, tuple(read_report(report)), output, ())
+    missing = _MISSING.search(output)
+    if missing is None:
+        return Resolution(done.returncode, (), output, ())
+    probe = run_installer([*pip, "-vv", "--no-deps", *options, missing.group(1)], Path(cwd), timeout)
+    return Resolution(done.returncode, (), output, tuple(sdist_only(probe.stdout + "\n" + probe.stderr)))
 
 
 def shadowed(index_url: str, versions: Mapping[str, str], held: Mapping[str, frozenset[str]],
@@ -117,10 +128,10 @@ def shadowed(index_url: str, versions: Mapping[str, str], held: Mapping[str, fro
     problems = []
     for project, version in sorted(versions.items()):
         what = f"{project}=={version}"
-        args = ["--isolated", "--ignore-installed", "--no-cache-dir",
-                *index_options("pip", index_url, extra_index_urls), what]
+        options = ["--isolated", "--ignore-installed", "--no-cache-dir", *index_options("pip", index_url,
+                                                                                         extra_index_urls)]
         try:
-            done = pip_dry_run([sys.executable, "-I"], args, workdir, timeout)
+            done = pip_dry_run([sys.executable, "-I"], options, [what], workdir, timeout)
         except (subprocess.TimeoutExpired, InvalidInputError) as exc:
             problems.append(f"{what}: resolving it from {index_url} and {list(extra_index_urls)} did not finish: {exc}")
             continue
