@@ -132,13 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", help="http(s):// (Kiln's server or any static server), file:///dir/ or s3://bucket/prefix/")
     p.add_argument("--no-install", action="store_true", help="only check links and hashes")
     p.add_argument("--extra-index-url", action="append", dest="extra_index_urls", default=[], metavar="URL",
-                   help="resolve the package's dependencies from this index too (repeatable); without it the "
-                        "install uses --no-deps")
+                   help="resolve the package's dependencies from this index too (repeatable); fails when it "
+                        "would win a name the index under test holds; without it the install uses --no-deps "
+                        "(with the dependencies the index under test holds)")
     p.add_argument("--config", default="kiln.toml",
                    help="for s3:// URLs: the publish target settings (region, endpoint, owner) of that bucket")
     p.add_argument("--hint", action="append", dest="hints", default=[], metavar="'pip install ...'",
-                   help="an install command a run printed: run it in a fresh venv, as a user would; it must "
-                        "install the version this index publishes (repeatable)")
+                   help="an install command a run printed: run it in a fresh venv, as a user would (each step "
+                        "resolved first, not run when it would take a name this index holds from another index); "
+                        "it must install the version this index publishes (repeatable)")
 
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
     _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails or a benchmark got slower, "
