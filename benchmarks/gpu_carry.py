@@ -362,7 +362,7 @@ def link_layer(roots: Iterable[str], dest: Path) -> list[str]:
     return linked
 
 
-def check_machine(manifest: dict[str, object]) -> None:
+def check_machine(manifest: dict[str, object], imports: Sequence[str] = CHECK_IMPORTS) -> None:
     """Refuse a machine that is not the carry's target; name every module the check needs and cannot import."""
     target = manifest["target"]
     assert isinstance(target, dict)
@@ -376,7 +376,7 @@ def check_machine(manifest: dict[str, object]) -> None:
         if have != Version(target[f"{name}_version"]).public:
             wrong.append(f"{name} {have} (the carry is for {target[f'{name}_version']})")
     missing = []
-    for module in CHECK_IMPORTS:
+    for module in imports:
         try:
             importlib.import_module(module)
         except ImportError as exc:

@@ -140,3 +140,22 @@ def test_the_cpu_check_installs_only_the_carry_with_no_network_and_benches_to_co
     results = json.loads((tmp_path / "out" / "bench_cpu.json").read_text())
     assert {c["kernel"] for c in results["cases"]} >= {"per_token_quant"}
     assert all(c["metric"] == "cpu" for c in results["cases"])
+
+
+def test_a_machine_that_is_not_the_carrys_target_is_refused_naming_what_differs_and_what_is_missing() -> None:
+    import torch
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    triton = metadata.version("triton")
+    manifest = {"target": {"python_version": here, "torch_version": "9.9.9", "triton_version": triton}}
+
+    with pytest.raises(gpu_carry.MachineMismatchError) as refused:
+        gpu_carry.check_machine(manifest, imports=("json", "no_such_module_of_the_check"))
+    message = str(refused.value)
+    assert f"this machine is not the carry's target: torch {torch.__version__.split('+')[0]} (the carry is for 9.9.9)" \
+        in message
+    assert "triton" not in message.split("cannot import")[0]
+    assert "cannot import (add its distribution to benchmarks/gpu_carry.toml `needs`): no_such_module_of_the_check " \
+        "(ModuleNotFoundError: No module named 'no_such_module_of_the_check')" in message
+    manifest["target"]["torch_version"] = torch.__version__
+    gpu_carry.check_machine(manifest, imports=("json",))
