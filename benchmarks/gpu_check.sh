@@ -166,7 +166,7 @@ elif [ "$MODE" = gpu ]; then
         --junitxml="${OUT_DIR}/gpu_tests.xml"
     run_step aot_selfcheck 60 "$VENV/bin/python" -m kiln_kernels.selfcheck --out "${OUT_DIR}/aot_selfcheck.json"
     # TODO(bench stage): once a GPU run has recorded its first history, add `--compare last` here.
-    run_step bench 240 "$VENV/bin/kiln" bench --metric graph_replay --size large \
+    run_step bench 210 "$VENV/bin/kiln" bench --metric graph_replay --size large \
         --run-dir "${OUT_DIR}/bench_run" --out "${OUT_DIR}/bench_gpu.json"
 else
     skip_step gpu_tests "--cpu: no GPU"
