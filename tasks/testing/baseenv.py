@@ -144,12 +144,16 @@ def freeze(root: Path) -> None:
         raise InfrastructureError(f"byte-compiling the test base {root} took over {COMPILE_TIMEOUT_S:g}s") from exc
     if done.returncode != 0:  # a module that does not compile cannot be imported either: not the base's problem
         log.info("byte-compiling the test base %s: some files do not compile: %s", root, done.stdout.strip()[-500:])
-    for here, dirs, names in os.walk(root):
-        for name in [*names, *dirs]:
-            path = os.path.join(here, name)
-            if not os.path.islink(path):
-                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~0o222)
-    files = {rel: [_content(root / rel, found), *_stamp(found)] for rel, found in _files(root)}
+    try:
+        for here, dirs, names in os.walk(root):
+            for name in [*names, *dirs]:
+                path = os.path.join(here, name)
+                if not os.path.islink(path):
+                    os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~0o222)
+        files = {rel: [_content(root / rel, found), *_stamp(found)] for rel, found in _files(root)}
+    except BaseException:
+        _writable_dirs(root)  # so the creator can remove what it could not finish
+        raise
     (root / MANIFEST).write_text(json.dumps(files, sort_keys=True) + "\n")
     os.chmod(root / MANIFEST, 0o444)
 
@@ -180,11 +184,15 @@ def _discard(root: Path, changed: Sequence[str]) -> None:
         if not root.exists() or not changed_files(root):  # another suite replaced it meanwhile
             return
         aside = root.parent / f".changed-{root.name[:16]}-{uuid.uuid4().hex[:8]}"
-        os.chmod(root, 0o755)  # renaming a directory to another name needs no more; deleting needs its parts
-        os.rename(root, aside)
-    for here, dirs, _ in os.walk(aside):
+        os.rename(root, aside)  # no suite finds it from now on; the ones running on it already ran changed code
+    _writable_dirs(aside)
+    shutil.rmtree(aside)
+
+
+def _writable_dirs(root: Path) -> None:
+    """Make the directories under ``root`` writable by their owner again: deleting a file needs its directory's."""
+    for here, dirs, _ in os.walk(root):
         for name in dirs:
             path = os.path.join(here, name)
             if not os.path.islink(path):
                 os.chmod(path, 0o755)
-    shutil.rmtree(aside)
