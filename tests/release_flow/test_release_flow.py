@@ -235,12 +235,12 @@ def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_base
     # every case, and CPU timings are advisory by default, so the gate lists them and lets the release on.
     faster = tuple(c.model_copy(update={"stats": stats_of([s * 0.5 for s in c.stats.samples], c.name)})
                    for c in kept.cases)
-    keep(store, config, kept.model_copy(update={"cases": faster, "run_id": "doctored-0.1.0",
+    keep(store, config, kept.model_copy(update={"cases": faster, "run_id": "doctored-0_1_0",
                                                  "created": iso_time(time.time())}), channel="release")
     second = approved_release_flow(version="0.2.0", config_path=str(benchproj), out=str(out), return_state=True)
     assert second.is_completed(), second.message
     summary = _artifact(second.state_details.flow_run_id, "kiln-release-summary")
-    assert "benchmarks compared with the last published release (run doctored-0.1.0" in summary
+    assert "benchmarks compared with the last published release (run doctored-0_1_0" in summary
     assert "advisory regressions (4; only ['graph_replay'] timings block a release" in summary
     assert summary.count("[cpu] kernel/reference") == 4 and "noise ±" in summary
     results = load_results(out / str(second.state_details.flow_run_id) / "bench" / "results.json")
