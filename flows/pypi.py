@@ -41,13 +41,12 @@ def _prepare(config: KilnConfig, run: RunRecord, name: str, version: str) -> Pre
 
 @task(name="plan-upload", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
       retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_on_retryable, task_run_name="plan upload to {name}")
-def plan_upload_task(config: KilnConfig, run: RunRecord, name: str, version: str) -> str | State:
-    """The upload's plan as markdown; Failed, with every refusal, when PyPI's rules refuse a file."""
+def plan_upload_task(config: KilnConfig, run: RunRecord, name: str, version: str) -> tuple[str, list[str]]:
+    """(the upload's plan as markdown, every file PyPI's rules refuse, with the reason)."""
     prepared = _prepare(config, run, name, version)
     markdown = prepared.plan.to_markdown()
     markdown_report(f"kiln-upload-plan-{name}", markdown, f"Upload plan for {name} — run {run.run_id}")
-    refused = [f.reason for f in prepared.plan.refusals]
-    return Failed(message=f"upload to {name} refused: " + "; ".join(refused)) if refused else markdown
+    return markdown, [f.reason for f in prepared.plan.refusals]
 
 
 def plan_uploads(config: KilnConfig, run: RunRecord, version: str) -> tuple[str, list[str]]:
@@ -56,10 +55,12 @@ def plan_uploads(config: KilnConfig, run: RunRecord, version: str) -> tuple[str,
     for name in sorted(config.publish.upload_targets):
         state = plan_upload_task(config, run, name, version, return_state=True)
         if state.is_completed():
-            plans.append(str(state.result()))
+            markdown, refused = state.result()
+            plans.append(markdown)
+            refusals += [f"upload to {name} refused: {why}" for why in refused]
         else:
-            refusals.append(state.message or f"the plan for {name} failed")
-            plans.append(f"### Upload to `{name}`: REFUSED\n\n{state.message}\n")
+            refusals.append(f"the plan for {name} could not be made: {state.message}")
+            plans.append(f"### Upload to `{name}`: NO PLAN\n\n{state.message}\n")
     markdown = "\n".join(plans)
     if markdown:
         run.set_info(PLAN_KEY, markdown)

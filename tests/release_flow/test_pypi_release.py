@@ -19,18 +19,24 @@ import pytest
 from prefect import flow
 
 from kiln.flows.common import open_run
-from kiln.flows.pypi import upload_release
+from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.release import approved_release_flow
+from kiln.release.errors import ConfigError
+from kiln.release.record import RunRecord
+from kiln.release.upload import Credentials, Endpoint, upload_file
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
+
+from ..release.runkit import make_record
+from ..release.wheelkit import make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"
 TOKEN = "pypi-loopback-token-never-logged"
 
 
-def _project(tmp_path: Path, server: PypiServer, block: str) -> Path:
+def _project(tmp_path: Path, server: PypiServer, block: str | None) -> Path:
     root = tmp_path / "tiny"
     shutil.copytree(TINY, root, ignore=shutil.ignore_patterns(".kiln", "__pycache__"))
     init_repo(root)
@@ -39,7 +45,7 @@ def _project(tmp_path: Path, server: PypiServer, block: str) -> Path:
     cpu_only = text[:text.index("[[variants]]")] + text[text.index('[[variants]]\nname = "cpu"'):]  # less to build
     config.write_text(cpu_only + "\n".join([
         "", "[publish.targets.pypi]", 'kind = "upload"', f'url = "{server.url}"', f'index_url = "{server.index_url}"',
-        'pypi_variant = "cpu"', f'token_block = "{block}"', ""]))
+        'pypi_variant = "cpu"', f'token_block = "{block}"' if block else "", ""]))
     commit_all(root, "upload the cpu variant to a PyPI-compatible index")
     return config
 
@@ -79,3 +85,58 @@ def test_a_release_uploads_its_pypi_variant_under_the_public_version(prefect_ser
         assert server.uploads() == 1  # the re-run sent nothing
     assert TOKEN not in caplog.text
     assert not [p for p in out.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+
+
+@pytest.fixture
+def server(tmp_path):
+    with pypi_server(tmp_path / "pypiserver") as running:
+        yield running
+
+
+def test_a_real_release_without_a_token_is_refused_before_the_build(prefect_server, server, tmp_path):
+    config = _project(tmp_path, server, None)
+    with pytest.raises(ConfigError, match="publish.targets.pypi: no token_block names the Prefect Secret block"):
+        approved_release_flow(version="0.3.0", config_path=str(config), out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists() and not (config.parent / ".kiln").exists()  # nothing built or recorded
+
+
+def _run_with_cpu_wheels(config: Path, out: Path, payloads: dict[str, str]) -> RunRecord:
+    """A release run as its build leaves it: one ``0.3.0+cpu`` wheel per tag, with the given payloads."""
+    run = make_record(config, out, {})
+    for tag, payload in payloads.items():
+        wheel = make_wheel(run.view / "wheels" / "cpu", "tiny-kernels", "0.3.0+cpu", tag=tag, payload=payload)
+        run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
+    return run
+
+
+@flow
+def plan_then_upload(config_path: str, run: RunRecord) -> tuple[list[str], list[tuple[str, str]]]:
+    config = load_config(config_path)
+    _, refusals = plan_uploads(config, run, "0.3.0")
+    states = upload_release(config, run, "0.3.0")
+    return refusals, [(state.type.value, state.message or "") for state in states]
+
+
+def test_a_refused_file_fails_its_own_unit_and_the_other_files_still_go_up(prefect_server, server, tmp_path):
+    from prefect.blocks.system import Secret
+
+    block = f"kiln-pypi-{uuid.uuid4().hex[:8]}"
+    Secret(value=TOKEN).save(block)
+    config = _project(tmp_path, server, block)
+    tags = {"py3-none-any": "this build", "py3-none-manylinux_2_28_x86_64": "this build too"}
+    run = _run_with_cpu_wheels(config, tmp_path / "out", tags)
+    taken = make_wheel(tmp_path / "elsewhere", "tiny-kernels", "0.3.0", payload="someone else's bytes")
+    upload_file(taken, Endpoint("pypi", server.url, server.index_url), Credentials("kiln", TOKEN))
+
+    refusals, states = plan_then_upload(str(config), run)
+    assert len(refusals) == 1 and "tiny_kernels-0.3.0-py3-none-any.whl is already on the index with sha256" in (
+        refusals[0])  # what the approver reads: the release would stop here, before anything moves
+    [(state, message)] = states
+    assert state == "FAILED" and "tiny_kernels-0.3.0-py3-none-any.whl is already on the index" in message
+    assert sorted(p.name for p in server.packages.iterdir()) == [
+        "tiny_kernels-0.3.0-py3-none-any.whl", "tiny_kernels-0.3.0-py3-none-manylinux_2_28_x86_64.whl"]
+    units = {u.id: u for u in run.units() if u.id.startswith("publish/pypi/")}
+    assert {k: u.state for k, u in units.items()} == {
+        "publish/pypi/tiny_kernels-0.3.0-py3-none-any.whl": "failed",
+        "publish/pypi/tiny_kernels-0.3.0-py3-none-manylinux_2_28_x86_64.whl": "completed"}
+    assert "upload_plan" in run.info() and "| refuse |" in run.info()["upload_plan"]
