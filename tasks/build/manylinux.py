@@ -63,7 +63,6 @@ _DEVICE_MACHINES = frozenset({"EM_CUDA", "EM_AMDGPU"})
 _VERDICT_FORMAT = "manylinux-1"  # bump when the probe or the verdict's reading changes
 _BATCH = "manylinux"
 _TIMEOUT_S = 300
-_PROBE = "kiln_probe-0-py3-none-linux_x86_64.whl"
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,7 @@ def _stored(cache: BuildCache | None, key: str) -> PlatformVerdict | None:
 def _analysed(elves: Sequence[tuple[str, bytes]], backend: Backend) -> PlatformVerdict:
     """Run auditwheel's analysis on a probe of ``elves`` in a child process, held to its deadline."""
     with tempfile.TemporaryDirectory(prefix="kiln-manylinux-") as tmp:
-        probe, result = Path(tmp) / _PROBE, Path(tmp) / "result.json"
+        probe, result = Path(tmp) / f"kiln_probe-0-py3-none-{linux_platform()}.whl", Path(tmp) / "result.json"
         with zipfile.ZipFile(probe, "w", zipfile.ZIP_STORED) as archive:
             for name, data in elves:
                 archive.writestr(name, data)
