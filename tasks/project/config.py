@@ -468,6 +468,7 @@ def _explain(exc: ValidationError, source: str) -> ConfigError:
     for error in exc.errors():
         loc = tuple(error["loc"])
         key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        key = key.replace("publish.upload_targets.", "publish.targets.")  # as the file spells it (kind = "upload")
         if error["type"] == "extra_forbidden":
             known = [k for k in _field_names(KilnConfig, loc) if k != "root"]
             hint = difflib.get_close_matches(str(loc[-1]), known, n=1)

@@ -135,7 +135,8 @@ def test_a_limit_over_pypis_largest_grant_is_refused():
 def _config(tmp_path: Path, table: str) -> Path:
     text = (REPO / "tests" / "fixtures" / "projects" / "tiny" / "kiln.toml").read_text()
     path = tmp_path / "kiln.toml"
-    path.write_text(text + "\n[publish.targets.pypi]\nkind = \"upload\"\n" + table)
+    kind = "" if "kind =" in table else "kind = \"upload\"\n"
+    path.write_text(text + "\n[publish.targets.pypi]\n" + kind + table)
     (tmp_path / "tinyk").mkdir()
     (tmp_path / "tests").mkdir()
     return path
@@ -155,7 +156,12 @@ def test_an_upload_target_is_read_from_publish_targets(tmp_path):
      "unknown variant 'cu13' (did you mean 'cu130'?)"),
     ('url = "https://u/legacy/"\nindex_url = "https://p/simple/"\npypi_variant = "cpu"\nsize_limit_mib = 2048\n',
      "less than or equal to 1024"),
-    ('url = "ftp://u/legacy/"\nindex_url = "https://p/simple/"\npypi_variant = "cpu"\n', "must be an http(s)://"),
+    ('url = "ftp://u/legacy/"\nindex_url = "https://p/simple/"\npypi_variant = "cpu"\n',
+     "publish.targets.pypi.url: 'ftp://u/legacy/' must be an http(s)://"),
+    ('url = "https://u/legacy/"\nindex_url = "https://p/simple/"\npypi_varient = "cpu"\n',
+     "missing key 'publish.targets.pypi.pypi_variant'\n  - unknown key 'publish.targets.pypi.pypi_varient'"),
+    ('url = "https://u/legacy/"\nindex_url = "https://p/simple/"\npypi_variant = "cpu"\nkind = "s3"\n',
+     "targets.pypi.kind: 's3' is not a target kind"),
 ])
 def test_a_bad_upload_target_is_a_config_error_naming_it(tmp_path, table, needle):
     with pytest.raises(Exception, match="pypi") as info:
