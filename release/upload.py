@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from kiln.release.errors import (
 from kiln.release.fsutil import sha256_file
 from kiln.release.pypi_index import read_index
 from kiln.release.pypi_plan import LARGEST_LISTED, Candidate, IndexFile, Member, version_of
+from kiln.release.wheels import open_wheel
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def candidate(path: Path) -> Candidate:
     """A file to send: its name, sha256, size and (a wheel's) ten largest members, largest first."""
     largest: tuple[Member, ...] = ()
     if path.name.endswith(".whl"):
-        with zipfile.ZipFile(path) as archive:
+        with open_wheel(path.name, path) as archive:
             members = sorted((Member(i.filename, i.file_size) for i in archive.infolist() if not i.is_dir()),
                              key=lambda m: (-m.size, m.name))
         largest = tuple(members[:LARGEST_LISTED])
