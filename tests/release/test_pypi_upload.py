@@ -17,10 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import AlreadyPublishedError, TransientStoreError, is_retryable
+from kiln.release.errors import (
+    AccessDeniedError,
+    AlreadyPublishedError,
+    ThrottledError,
+    TransientStoreError,
+    is_retryable,
+)
 from kiln.release.pypi_index import JSON_TYPE, read_index
 from kiln.release.pypi_release import UploadRequest, prepare_upload
-from kiln.release.upload import Credentials, Endpoint, upload_file
+from kiln.release.upload import Credentials, Endpoint, UploadRefusedError, classify, twine_upload, upload_file
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
 from tests.helpers.processes import free_port
 
@@ -144,3 +150,37 @@ def test_a_new_file_on_a_release_whose_first_file_is_15_days_old_is_refused_with
     assert f"release's first file was uploaded on {day} (15 days ago)" in refused.reason
     assert prepared.plan.project_bytes == first.stat().st_size  # PEP 700 sizes count towards the quota
     assert prepared.to_send() == [] and server.uploads() == 1
+
+
+@pytest.mark.parametrize("output, kind, needle", [
+    ("ERROR    HTTPError: 503 Service Unavailable from http://x/\n", TransientStoreError, "HTTP 503"),
+    ("ERROR    HTTPError: 429 Too Many Requests from http://x/\n", ThrottledError, "slow down"),
+    ("ERROR    HTTPError: 403 Forbidden from http://x/\n         Invalid API Token", AccessDeniedError,
+     "the credentials were refused"),
+    ("ERROR    HTTPError: 400 Bad Request from http://x/\n         File too large. Limit for project is 100 MB.",
+     UploadRefusedError, "File too large. Limit for project is 100 MB."),
+    ("requests.exceptions.ConnectionError: ('Connection aborted.', RemoteDisconnected(...))", TransientStoreError,
+     "did not answer"),
+])
+def test_twines_failures_become_typed_errors_retried_only_for_infrastructure(output, kind, needle):
+    error = classify("k-1.0-py3-none-any.whl", Endpoint("pypi", "https://u/legacy/", "https://p/simple/"), output)
+    assert type(error) is kind and needle in str(error) and "k-1.0-py3-none-any.whl" in str(error)
+    assert is_retryable(error) == (kind in (TransientStoreError, ThrottledError))
+
+
+def test_twine_gets_the_token_in_its_environment_only_and_a_deadline(tmp_path):
+    seen: dict[str, object] = {}
+
+    def fault_injecting_runner_that_times_out(argv, **kwargs):
+        seen.update(argv=argv, **kwargs)
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    wheel = make_wheel(tmp_path, "tiny-kernels", "0.3.0")
+    endpoint = Endpoint("pypi", "https://u/legacy/", "https://p/simple/", timeout_s=7)
+    with pytest.raises(TransientStoreError, match="did not finish within 7 s"):
+        twine_upload(wheel, endpoint, CREDENTIALS, runner=fault_injecting_runner_that_times_out,
+                     environ={"TWINE_REPOSITORY_URL": "https://elsewhere/", "PATH": "/usr/bin"})
+    env = seen["env"]
+    assert CREDENTIALS.password not in " ".join(seen["argv"]) and CREDENTIALS.password not in repr(CREDENTIALS)
+    assert env["TWINE_PASSWORD"] == CREDENTIALS.password and "TWINE_REPOSITORY_URL" not in env
+    assert seen["timeout"] == 7
