@@ -13,9 +13,12 @@ Both use the check's own pip HTTP cache (warmed by one untimed round first, as t
 the publish flow also keeps each answer that resolved for 12 h (a Prefect task cache on the requirement set),
 which this script does not exercise: a repeated question there costs nothing.
 
+With ``--wheels <run>/wheels`` it checks a real nightly's wheels instead (their platform tags and exact
+requirement sets, e.g. rocm without a torch pin).
+
 Usage::
 
-    python benchmarks/bench_publish_check.py [--runs 3]
+    python benchmarks/bench_publish_check.py [--runs 3] [--wheels out/<run-id>/wheels]
 """
 
 from __future__ import annotations
@@ -47,6 +50,19 @@ def _installed(name: str) -> str:
         return "absent"
 
 
+def built_queries(tmp: Path, wheels: Path) -> list[ClosureQuery]:
+    """The questions of a real nightly's wheels (``<run>/wheels``), as its publish asks them."""
+    config = load_config(REPO / "kiln.toml")
+    runtime = build_runtime_wheel(tmp / "runtime")
+    beside = (Staged(read_wheel(runtime)[0], runtime),)
+    found = []
+    for variant in config.variants:
+        wheel = next(wheels.glob(f"*+{variant.name}-*.whl"))
+        found.append(ClosureQuery(variant.name, Staged(read_wheel(wheel)[0], wheel), beside,
+                                  tuple(config.publish.extra_index_urls)))
+    return found
+
+
 def queries(tmp: Path) -> list[ClosureQuery]:
     config = load_config(REPO / "kiln.toml")
     toolchain = {"torch": _installed("torch"), "triton": _installed("triton")}
@@ -65,9 +81,11 @@ def queries(tmp: Path) -> list[ClosureQuery]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--wheels", type=Path, help="a nightly's <run>/wheels: check its wheels instead of ones "
+                                                   "made here with the requirements the build would write")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-publish-check-") as tmp:
-        asked = queries(Path(tmp))
+        asked = built_queries(Path(tmp), args.wheels) if args.wheels else queries(Path(tmp))
         for query in asked:
             print(f"{query.variant}: {query.requirement}")
         start = time.perf_counter()

@@ -128,8 +128,9 @@ def shadowed(index_url: str, versions: Mapping[str, str], held: Mapping[str, fro
     problems = []
     for project, version in sorted(versions.items()):
         what = f"{project}=={version}"
-        options = ["--isolated", "--ignore-installed", "--no-cache-dir", *index_options("pip", index_url,
-                                                                                         extra_index_urls)]
+        # fast-deps: metadata by range requests where an index serves no PEP 658 sidecar, never a whole wheel
+        options = ["--isolated", "--ignore-installed", "--no-cache-dir", "--use-feature=fast-deps",
+                   *index_options("pip", index_url, extra_index_urls)]
         try:
             done = pip_dry_run([sys.executable, "-I"], options, [what], workdir, timeout)
         except (subprocess.TimeoutExpired, InvalidInputError) as exc:
