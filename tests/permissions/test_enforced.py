@@ -28,6 +28,25 @@ WORKER_POLICY = {"Version": "2012-10-17",
                  "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"}]}
 
 
+def _as_moto_evaluates(document: dict) -> dict:
+    """The policy as moto can judge it: its ListBucket allow spelled the way moto names the call, and
+    without the ``s3:prefix`` condition — moto's gaps, not Kiln's.
+
+    moto (5.2) checks a ListObjectsV2 request against the action ``s3:ListObjectsV2`` (AWS: ``s3:ListBucket``),
+    and (since 5.1.4) evaluates a statement's Condition without ever supplying the ``s3:prefix`` context key,
+    so it denies every prefix-scoped list that AWS allows. The generated document's condition is checked as
+    written in tests/permissions/test_policies.py; here moto enforces the object permissions (reads, writes,
+    deletes and the explicit denies).
+    """
+    statements = []
+    for statement in document["Statement"]:
+        if statement.get("Action") == ["s3:ListBucket"] and statement.get("Effect") == "Allow":
+            statement = {**{k: v for k, v in statement.items() if k != "Condition"},
+                         "Action": ["s3:ListBucket", "s3:ListObjectsV2"]}
+        statements.append(statement)
+    return {**document, "Statement": statements}
+
+
 @pytest.fixture(scope="module")
 def enforced(moto_server):
     """Bucket, one user per step, a role for publish-release; then enforcement on."""
@@ -38,7 +57,8 @@ def enforced(moto_server):
     config = kiln_config(moto_server.url, {})
     for step, document in policies_from_config(config).items():
         iam.create_user(UserName=f"kiln-{step}")
-        iam.put_user_policy(UserName=f"kiln-{step}", PolicyName="kiln", PolicyDocument=render(document))
+        iam.put_user_policy(UserName=f"kiln-{step}", PolicyName="kiln",
+                            PolicyDocument=render(_as_moto_evaluates(document)))
         key = iam.create_access_key(UserName=f"kiln-{step}")["AccessKey"]
         moto_server.users[step] = {"aws_access_key_id": key["AccessKeyId"],
                                    "aws_secret_access_key": key["SecretAccessKey"]}
