@@ -140,3 +140,27 @@ def test_a_refused_file_fails_its_own_unit_and_the_other_files_still_go_up(prefe
         "publish/pypi/tiny_kernels-0.3.0-py3-none-any.whl": "failed",
         "publish/pypi/tiny_kernels-0.3.0-py3-none-manylinux_2_28_x86_64.whl": "completed"}
     assert "upload_plan" in run.info() and "| refuse |" in run.info()["upload_plan"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a whole release up to its plan on a busy 2-core machine
+def test_a_dry_run_shows_the_upload_plan_and_a_refusal_stops_it_before_anything_moves(prefect_server, server,
+                                                                                       tmp_path, capsys):
+    from kiln.flows.summary import print_summary  # what `kiln release --dry-run` prints at its end
+
+    config = _project(tmp_path, server, None)  # a dry run needs no token: it sends nothing
+    taken = make_wheel(tmp_path / "elsewhere", "tiny-kernels", "0.3.0", payload="someone else's bytes")
+    upload_file(taken, Endpoint("pypi", server.url, server.index_url), Credentials("kiln", TOKEN))
+    out = tmp_path / "out"
+    state = approved_release_flow(version="0.3.0", config_path=str(config), out=str(out), dry_run=True,
+                                  return_state=True)
+    assert state.is_failed()
+    assert "the upload plan refuses files (nothing was published): upload to pypi refused:" in state.message
+    assert "tiny_kernels-0.3.0-py3-none-any.whl is already on the index with sha256" in state.message
+    assert server.uploads() == 1  # only the file seeded above
+    capsys.readouterr()
+    print_summary(out / "latest")
+    printed = capsys.readouterr().out
+    assert "PyPI variant: `cpu`: `tiny_kernels-0.3.0+cpu-py3-none-any.whl` → `tiny_kernels-0.3.0-py3-none-any.whl`" in (
+        printed)
+    assert "| `tiny_kernels-0.3.0-py3-none-any.whl` |" in printed and "| refuse |" in printed
