@@ -189,7 +189,7 @@ def install(directory: str | None = None) -> None:
         return original_import(name, globals, locals, fromlist, level)
 
     def import_module(name: str, package: str | None = None) -> Any:
-        if not name.startswith("."):
+        if not name.startswith(".") and watched_name(name) in guard.watched:
             guard.check(name, importer_globals(sys._getframe(1)))
         return original_import_module(name, package)
 
