@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.tags import Tag
+from packaging.utils import BuildTag, InvalidWheelFilename, NormalizedName, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
 from kiln.release.errors import InvalidInputError
@@ -53,10 +55,10 @@ def public_filename(filename: str) -> str:
     return f"{head}-{version.public}-{rest}"
 
 
-def _parsed(filename: str) -> Any:
+def _parsed(filename: str) -> tuple[NormalizedName, Version, BuildTag, frozenset[Tag]]:
     try:
         return parse_wheel_filename(filename)
-    except Exception as exc:  # packaging's InvalidWheelFilename and InvalidVersion: one translation point
+    except (InvalidWheelFilename, InvalidVersion) as exc:
         raise InvalidInputError(f"{filename!r} is not a PEP 427 wheel name: {exc}") from exc
 
 
