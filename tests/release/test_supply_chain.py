@@ -252,3 +252,16 @@ def test_the_installer_environment_keeps_what_reaches_an_index_and_drops_every_s
                 "PREFECT_HOME", "KILN_ARTIFACTS", "UV_PUBLISH_TOKEN", "GITHUB_TOKEN", "PIP_EXTRA_INDEX_URL",
                 "UV_INDEX_STRATEGY"} & set(env)
     assert env["PIP_CERT"] == "/etc/ca.pem"
+
+
+def test_kiln_verify_resolves_dependencies_from_an_honest_extra_index_and_held_names_from_kiln(tmp_path, capsys):
+    run, plan = kiln_publish(tmp_path / "kiln", "nightly")
+    make_wheel(tmp_path / "pypi-wheels", "helper", "1.0", payload="dependency")
+    assert index_command(str(tmp_path / "pypi-wheels"), None, str(tmp_path / "pypi")) == 0
+    honest = (tmp_path / "pypi").as_uri() + "/"
+    url = _cpu_url(plan, "nightly")
+    capsys.readouterr()
+    assert main(["verify", url, "--extra-index-url", honest]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    for tool in ("pip", "uv"):  # pip in two steps, uv with its first index: kiln-runtime from Kiln, helper from "PyPI"
+        assert f"install {tool} kiln-kernels=={NIGHTLY}+cpu: ok" in out, out
