@@ -45,6 +45,9 @@ from kiln.tasks.project.config_pools import Pools
 Backend = Literal["cuda", "hip", "cpu"]
 Channel = Literal["nightly", "release"]
 BenchSize = Literal["small", "large"]
+# A variant's torch ABI claim: "exact" pins the torch it was built against; "stable" promises the LibTorch
+# stable ABI only (no at::/c10:: symbols), which the build's audit checks (kiln.tasks.build.abi_audit).
+TorchAbi = Literal["exact", "stable"]
 CHANNELS: tuple[Channel, ...] = get_args(Channel)
 BENCH_SIZES: tuple[BenchSize, ...] = get_args(BenchSize)
 
@@ -161,6 +164,7 @@ class Variant(_Model):
     # Variables exported to the variant's build (a package's own switches); part of the cache key.
     build_env: Annotated[dict[str, str], AfterValidator(check_build_env)] = Field(default_factory=dict)
     arch_policy: ArchPolicy = "exact"
+    abi: TorchAbi = "exact"
 
     @model_validator(mode="after")
     def _archs(self) -> Variant:
@@ -289,8 +293,19 @@ class UploadTarget(_Model):
     size_limit_mib: int = Field(default=100, ge=1, le=1024)  # PyPI's default; a grant is at most 1 GiB
     quota_gib: float = Field(default=10, gt=0)  # the project's total on the index
     token_block: BlockName | None = None  # the Prefect Secret block holding the API token
+    # Instead of a token: the worker's OIDC identity (GitHub Actions, GitLab, Google Cloud) exchanged at the
+    # index for a short-lived upload token inside the upload task (kiln.release.trusted_publishing).
+    trusted_publishing: bool = False
+    oidc_url: IndexUrl | None = None  # where /_/oidc/audience and /_/oidc/mint-token are; default: url's host
     username: str = "__token__"
     timeout_s: float = Field(default=1800, gt=0, le=7200)  # one file's upload
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> UploadTarget:
+        if self.trusted_publishing and self.token_block is not None:
+            raise ValueError("token_block and trusted_publishing = true both set: choose one (an API token from"
+                             " a Secret block, or the worker's OIDC identity exchanged at the index)")
+        return self
 
 
 def _split_upload_targets(data: Any) -> Any:
