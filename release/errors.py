@@ -114,6 +114,10 @@ class CompileError(PermanentError):
     """A kernel failed to compile for one target."""
 
 
+class AbiAuditError(CompileError):
+    """A wheel's binaries break the ABI its tag or its variant claims (abi3, the torch stable ABI)."""
+
+
 class CacheDriftError(RetryableError):
     """A cache entry's artifact is missing or its hash differs.
 
