@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "resolved first, not run when it would take a name this index holds from another index); "
                         "it must install the version this index publishes (repeatable)")
 
+    _add_which(sub.add_parser("which", help="the install command of the wheel on an index that fits an environment "
+                                            "(default: this one), or why none fits"))
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
     _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails or a benchmark got slower, "
                                               "from the wheels runs stored"))
@@ -156,6 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
                                       "KILN_DAEMON=off turns them off)")
     p.add_argument("action", choices=("status", "stop"))
     return parser
+
+
+def _add_which(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="the index: http(s)://, file:///dir/ or s3://bucket/prefix/")
+    p.add_argument("--project", help="the project (default: the one the index holds besides kiln-runtime)")
+    p.add_argument("--version", help="this version (default: the newest)")
+    p.add_argument("--python", help="e.g. 3.12 (default: this interpreter)")
+    p.add_argument("--platform", help="e.g. manylinux_2_28_x86_64 (default: this machine's)")
+    p.add_argument("--torch", help="e.g. 2.14.1, or none (default: the installed torch's)")
+    p.add_argument("--cuda", help="e.g. 13.0, or none (default: the installed torch's CUDA)")
+    p.add_argument("--rocm", help="e.g. 6.4, or none (default: the installed torch's ROCm)")
+    p.add_argument("--arch", help="GPU arch, e.g. 9.0 (default: the visible GPU's, if torch sees one)")
+    p.add_argument("--extra-index-url", action="append", dest="extra_index_urls", default=[], metavar="URL",
+                   help="where the dependencies the index does not hold come from (repeatable): the command then "
+                        "has Kiln's two pip steps")
 
 
 def _add_history(p: argparse.ArgumentParser) -> None:
@@ -340,6 +357,12 @@ def _dispatch(ns: argparse.Namespace) -> int:
         return verify_command(ns.url, install=not ns.no_install, extra_index_urls=ns.extra_index_urls,
                               settings=_store_settings(ns.url, ns.config), hints=ns.hints)
 
+    if cmd == "which":
+        from kiln.release.cli import which_command
+        from kiln.release.whichenv import Asked
+
+        asked = Asked(python=ns.python, platform=ns.platform, torch=ns.torch, cuda=ns.cuda, rocm=ns.rocm, arch=ns.arch)
+        return which_command(ns.url, ns.project, ns.version, asked, ns.extra_index_urls)
     if cmd == "server":
         return _server_command(ns.action)
     if cmd == "init":

@@ -1,4 +1,4 @@
-"""Plain functions behind ``kiln index`` and ``kiln verify`` (no Prefect needed).
+"""Plain functions behind ``kiln index``, ``kiln verify`` and ``kiln which`` (no Prefect needed).
 
 They return an exit status and print a short summary; ``flows/cli.py`` wires
 them to the command line.
@@ -22,6 +22,7 @@ from kiln.release.index import generate
 
 if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln index` start
     from kiln.release.fetch import StoreSettings
+    from kiln.release.whichenv import Asked
 
 log = logging.getLogger(__name__)
 
@@ -181,3 +182,28 @@ def verify_command(url: str, install: bool = True, extra_index_urls: Sequence[st
         return exc.exit_status
     print(report.summary())
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def which_command(url: str, project: str | None, version: str | None, asked: Asked,
+                  extra_index_urls: Sequence[str] = (), timeout: float = 60.0) -> int:
+    """``kiln which URL``: print the install command of the wheel that fits the environment, or why none does."""
+    from kiln.release.which import Choice, select
+    from kiln.release.whichenv import environment
+    from kiln.release.whichindex import install_command, read_listing
+
+    try:
+        env = environment(asked)
+        listing = read_listing(url, project, version, timeout)
+    except KilnError as exc:
+        print(f"kiln which: {exc}", file=sys.stderr)
+        return exc.exit_status
+    answer = select(env, listing.candidates)
+    if not isinstance(answer, Choice):
+        print(f"kiln which: no wheel of {listing.project} {listing.version} on {url} fits {env.describe()}:")
+        print("\n".join(f"  - {reason}" for reason in answer.reasons))
+        return EXIT_FAILED
+    print(f"kiln which: {answer.candidate.filename} fits {env.describe()}")
+    for note in answer.unchecked:
+        print(f"  ({note})")
+    print(install_command(url, listing, answer.candidate, extra_index_urls))
+    return EXIT_OK
