@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_which(sub.add_parser("which", help="the install command of the wheel on an index that fits an environment "
                                             "(default: this one), or why none fits"))
+    p = sub.add_parser("audit-abi", help="audit wheels' shared libraries: unstable torch symbols, the minimum torch, "
+                                         "abi3 compliance of abi3-tagged wheels (exit 1: a wheel breaks its claim)")
+    p.add_argument("wheels", nargs="+", metavar="WHEEL", help="a wheel file")
+    p.add_argument("--stable", action="store_true",
+                   help="the wheels claim the torch stable ABI (abi = \"stable\"): unstable torch symbols fail")
+
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
     _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails or a benchmark got slower, "
                                               "from the wheels runs stored"))
@@ -343,6 +349,15 @@ def _init_command(directory: str) -> int:
     return EXIT_OK
 
 
+def _audit_abi_command(wheels: list[str], stable: bool) -> int:
+    from kiln.tasks.build.abi_audit import audit_wheel
+
+    audits = [audit_wheel(Path(wheel), torch_stable=stable) for wheel in wheels]
+    for audit in audits:
+        print("\n".join(audit.lines()))
+    return EXIT_FAILED if any(audit.findings() for audit in audits) else EXIT_OK
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
     cmd = ns.command
     if cmd == "index":
@@ -363,6 +378,8 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
         asked = Asked(python=ns.python, platform=ns.platform, torch=ns.torch, cuda=ns.cuda, rocm=ns.rocm, arch=ns.arch)
         return which_command(ns.url, ns.project, ns.version, asked, ns.extra_index_urls)
+    if cmd == "audit-abi":
+        return _audit_abi_command(ns.wheels, ns.stable)
     if cmd == "server":
         return _server_command(ns.action)
     if cmd == "init":

@@ -38,6 +38,7 @@ from wheel.wheelfile import WheelFile
 
 from kiln.release.errors import CompileError, MemberTooLargeError
 from kiln.release.wheels import MEMBER_LIMITS, member_limit, read_member
+from kiln.tasks.build.abi_audit import audit_members, check_claims
 from kiln.tasks.build.buildenv import requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
@@ -180,6 +181,8 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
     if audited != tag:
         filename = wheel_filename(config.project.distribution, version, audited)
         out[f"{new}.dist-info/WHEEL"] = wheel_file_tagged(wheel_file, audited)
+    # the ABI its tag (abi3) and its variant (abi = "stable") claim, kept before it is written
+    check_claims(audit_members(filename, audited, contents, torch_stable=variant.abi == "stable", cache=cache))
     # dist-info last, as wheel builders write it (RECORD is added after it by WheelFile)
     order = sorted(out, key=lambda n: (n.startswith(f"{new}.dist-info/"), n))
     final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp, cache=cache)

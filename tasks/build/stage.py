@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import ToolchainMissingError
+from kiln.release.errors import AbiAuditError, ToolchainMissingError
 from kiln.release.fsutil import atomic_write_text
 from kiln.release.manifest import ArtifactKind, Unit
 from kiln.release.record import Checkout
@@ -216,12 +216,16 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     config, wheels = setup.config, Path(out).resolve() / "wheels"
     cache = BuildCache(setup.cache_root)  # a warm build copies wheels of unchanged members
     stamp = variant_stamp(setup, config.variant(variant.name))
-    if built:
-        wheel = rewrite_wheel(config, config.variant(variant.name), version, built[0], binaries, entries, wheels,
-                              stamp, cache=cache)
-    else:
-        wheel = build_wheel(config, version, binaries, entries, wheels, variant=config.variant(variant.name),
-                            stamp=stamp, cache=cache)
+    try:
+        if built:
+            wheel = rewrite_wheel(config, config.variant(variant.name), version, built[0], binaries, entries, wheels,
+                                  stamp, cache=cache)
+        else:
+            wheel = build_wheel(config, version, binaries, entries, wheels, variant=config.variant(variant.name),
+                                stamp=stamp, cache=cache)
+    except AbiAuditError as exc:  # the wheel is not what it claims: this variant's unit fails, the others go on
+        _log.error("%s", exc)
+        return VariantOutput(Unit(uid, "build", "failed", variant=variant.name, message=str(exc)), ())
     # The same contents as PEP 825 variant wheels of the public version, for one page of every variant.
     variant_wheels = write_variant_wheels(config, config.variant(variant.name), wheel,
                                           Path(out).resolve() / VARIANT_WHEELS_DIR, stamp, cache=cache)

@@ -45,6 +45,7 @@ from wheel.wheelfile import WheelFile
 
 from kiln.release.errors import CacheDriftError, ConfigError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.tasks.build.abi_audit import audit_members, check_claims
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.build.manylinux import linux_platform, manylinux_tag
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
@@ -230,6 +231,8 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
     if not pure:  # the tag its binaries allow (the dist-info's name does not depend on it)
         tag = manylinux_tag(tag, members, variant.backend, cache)
         filename = wheel_filename(config.project.distribution, version, tag)
+        # the ABI it claims, kept before it is written (an AbiAuditError naming the symbols)
+        check_claims(audit_members(filename, tag, members, torch_stable=variant.abi == "stable", cache=cache))
     members += [(f"{dist_info}/METADATA", metadata_text(config, version, requires).encode()),
                 (f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode()),
                 (sbom_arcname(dist_info), sbom),
