@@ -15,7 +15,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.release.install import index_options, pip_steps
+from kiln.release.install import held_requirements, index_options, pip_steps
 
 
 def first_lines(info: Mapping[str, Any]) -> list[str]:
@@ -43,17 +43,6 @@ def _facts(index_url: str, install: Mapping[str, Any]) -> dict[str, Any] | None:
 UV_VARIANTS = ("uv", "pip", "install", "--preview-features", "wheel-variants")
 
 
-def held_requires(facts: Mapping[str, Any]) -> list[str]:
-    """The published wheel's ``Requires-Dist`` lines naming a project the index holds (``kiln-runtime``, pins)."""
-    held = {canonicalize_name(h) for h in facts.get("holds") or []}
-    found = []
-    for text in facts.get("requires") or []:
-        name, optional = _name(str(text))
-        if not optional and canonicalize_name(name) in held:
-            found.append(str(text))
-    return found
-
-
 def install_command(index_url: str, install: Mapping[str, Any]) -> str:
     """The command that installs what the run published to ``index_url``, every name the index holds from it only.
 
@@ -68,7 +57,8 @@ def install_command(index_url: str, install: Mapping[str, Any]) -> str:
     extras = install.get("extra_index_urls") or []
     if facts.get("variants"):
         return shlex.join([*UV_VARIANTS, *index_options("uv", index_url, extras), requirement])
-    steps = pip_steps(index_url, requirement, held_requires(facts), extras)
+    held = held_requirements([str(r) for r in facts.get("requires") or []], facts.get("holds") or [])
+    steps = pip_steps(index_url, requirement, held, extras)
     return " && ".join(shlex.join(["pip", "install", *step]) for step in steps)
 
 

@@ -25,11 +25,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 from urllib.parse import urlsplit
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from kiln.release.errors import InvalidInputError
 from kiln.release.installenv import run_installer
@@ -85,6 +88,23 @@ def index_options(tool: Tool, index_url: str, extra_index_urls: Sequence[str] = 
     ranked = [index_url, *extras[:-1]]
     return ["--index-strategy", "first-index", *(flag for url in ranked for flag in ("--index", url)),
             "--default-index", extras[-1]]
+
+
+def held_requirements(requires: Iterable[str], held: Iterable[str]) -> list[str]:
+    """The ``Requires-Dist`` lines of ``requires`` naming a project of ``held`` (what the Kiln index holds:
+    ``kiln-runtime``, pins), as the wheel states them; lines only an extra asks for, and unparsable ones
+    (pip refuses those when it installs the wheel), are left out."""
+    names = {canonicalize_name(name) for name in held}
+    found = []
+    for text in requires:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        optional = requirement.marker is not None and "extra" in str(requirement.marker)
+        if not optional and canonicalize_name(requirement.name) in names:
+            found.append(text)
+    return found
 
 
 def pip_steps(index_url: str, requirement: str, held: Sequence[str] = (),

@@ -54,7 +54,6 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from packaging.metadata import parse_email
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -63,7 +62,7 @@ from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, L
 from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.fsutil import sha256_bytes
 from kiln.release.hintrun import Hint, check_hint, parse_hint
-from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, install_and_import
+from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, held_requirements, install_and_import
 from kiln.release.objects import Store
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
 from kiln.release.provenance import shadowed
@@ -370,20 +369,6 @@ def held_files(newest: Mapping[str, Newest]) -> dict[str, frozenset[str]]:
     return {name: found.files for name, found in newest.items()}
 
 
-def held_requires(found: Newest, newest: Mapping[str, Newest]) -> tuple[str, ...]:
-    """The wheel's ``Requires-Dist`` lines naming another project this index holds (``kiln-runtime``, pins)."""
-    held = []
-    for text in found.requires:
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:  # a hostile wheel's METADATA: pip refuses it when it installs the wheel
-            continue
-        optional = requirement.marker is not None and "extra" in str(requirement.marker)
-        if not optional and canonicalize_name(requirement.name) in newest:
-            held.append(text)
-    return tuple(held)
-
-
 def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyReport,
                  extra_index_urls: tuple[str, ...], tools: Sequence[Tool], timeout: float) -> None:
     if extra_index_urls:
@@ -403,7 +388,8 @@ def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyR
             if not found.modules:
                 report.notes.append(f"{project} {found.version}: its wheel makes no module importable; installed only")
             spec = InstallSpec(index_url, f"{project}=={found.version}", found.modules, extra_index_urls,
-                               wheel_variants=report.wheel_variants, held=held_requires(found, newest))
+                               wheel_variants=report.wheel_variants,
+                               held=tuple(held_requirements(found.requires, newest)))
             for tool in tools:
                 workdir = Path(tmp) / f"{project}-{tool}"
                 workdir.mkdir()
