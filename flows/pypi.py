@@ -12,6 +12,7 @@ parameter, a log line or a record entry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -75,19 +76,21 @@ def prepare_upload_task(config: KilnConfig, run: RunRecord, name: str, version: 
     return _prepare(config, run, name, version)
 
 
-def _credentials(config: KilnConfig, name: str) -> Credentials:
-    from prefect.blocks.system import Secret
+def _secret(name: str) -> Callable[[str], str]:
+    def read(block: str) -> str:
+        from prefect.blocks.system import Secret
 
-    target = uploading.upload_target(config, name)
-    if target.token_block is None:
-        raise ConfigError(uploading.missing_tokens(config)[0])
-    try:
-        token = cast("Secret[str]", Secret.load(target.token_block)).get()  # sync code: the block, never a coroutine
-    except ValueError as exc:
-        raise ConfigError(f"publish.targets.{name}.token_block: no Prefect Secret block named"
-                          f" {target.token_block!r} (create it in the Prefect UI or with Secret(value=...).save())"
-                          ) from exc
-    return Credentials(target.username, str(token))
+        try:
+            return str(cast("Secret[str]", Secret.load(block)).get())  # sync code: the block, never a coroutine
+        except ValueError as exc:
+            raise ConfigError(f"publish.targets.{name}.token_block: no Prefect Secret block named {block!r}"
+                              " (create it in the Prefect UI or with Secret(value=...).save())") from exc
+    return read
+
+
+def _credentials(config: KilnConfig, name: str) -> Credentials:
+    """Read (a Secret block) or minted (Trusted Publishing) inside the upload task run, for that upload only."""
+    return uploading.credentials(uploading.upload_target(config, name), name, _secret(name))
 
 
 @task(name="upload-to-index", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,

@@ -97,11 +97,13 @@ def _store(config: KilnConfig, out: str, channel: str) -> tuple[Any, str]:
 
 @task(name="validate-release", cache_policy=NO_CACHE)
 def validate_release(config: KilnConfig, out: str, version: str, channel: str, dry_run: bool = False) -> str:
-    """PEP 440, unknown channel, already published, lower than the last, an upload target without a token
-    (a real release only): all refused here."""
+    """PEP 440, unknown channel, already published, lower than the last, an upload target without a token or
+    (Trusted Publishing) without an OIDC identity (a real release only): all refused here."""
     missing = [] if dry_run else uploading.missing_tokens(config)
     if missing:
         raise ConfigError("; ".join(missing))
+    if not dry_run:
+        uploading.check_identities(config)  # Trusted Publishing: an OIDC identity, or refused before the build
     store, prefix = _store(config, out, channel)
     published = releasing.published_versions(store, prefix, config.project.distribution)
     return releasing.check_version(version, channel, published)

@@ -5,11 +5,14 @@ Plain functions (no Prefect): :mod:`kiln.flows.pypi` wraps them in task runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from kiln.release import trusted_publishing
 from kiln.release.errors import ConfigError
 from kiln.release.manifest import RunManifest
 from kiln.release.pypi_plan import GIB, MIB, Limits
 from kiln.release.pypi_release import UploadRequest
-from kiln.release.upload import Endpoint
+from kiln.release.upload import Credentials, Endpoint
 from kiln.tasks.project.config import KilnConfig, UploadTarget
 
 
@@ -37,7 +40,35 @@ def upload_request(config: KilnConfig, manifest: RunManifest, name: str, version
 
 
 def missing_tokens(config: KilnConfig) -> list[str]:
-    """One line per upload target that names no Secret block for its API token (a real release refuses)."""
+    """One line per upload target with neither a Secret block for its API token nor Trusted Publishing (a
+    real release refuses)."""
     return [f"publish.targets.{name}: no token_block names the Prefect Secret block holding its API token;"
-            f" a release cannot upload there (create the block, then set token_block = \"<block name>\")"
-            for name, target in sorted(config.publish.upload_targets.items()) if target.token_block is None]
+            f" a release cannot upload there (create the block, then set token_block = \"<block name>\"; or set"
+            f" trusted_publishing = true where the worker has an OIDC identity)"
+            for name, target in sorted(config.publish.upload_targets.items())
+            if target.token_block is None and not target.trusted_publishing]
+
+
+def oidc_base(target: UploadTarget) -> str:
+    return trusted_publishing.oidc_base(target.url, target.oidc_url)
+
+
+def check_identities(config: KilnConfig) -> None:
+    """NoIdentityError (naming the target and the identities that work) when a Trusted Publishing target's
+    worker has no OIDC identity; the identity token detected here is dropped (the upload mints its own)."""
+    for name, target in sorted(config.publish.upload_targets.items()):
+        if target.trusted_publishing:
+            try:
+                trusted_publishing.check_identity(oidc_base(target))
+            except trusted_publishing.NoIdentityError as exc:
+                raise trusted_publishing.NoIdentityError(f"publish.targets.{name}.trusted_publishing: {exc}") from exc
+
+
+def credentials(target: UploadTarget, name: str, secret: Callable[[str], str]) -> Credentials:
+    """The upload's credentials: a token minted from the worker's identity, or the API token ``secret`` reads
+    from the target's Secret block. Called inside the upload task only: the token is held for that upload."""
+    if target.trusted_publishing:
+        return trusted_publishing.mint_credentials(oidc_base(target))
+    if target.token_block is None:
+        raise ConfigError(f"publish.targets.{name}: no token_block and trusted_publishing is off")
+    return Credentials(target.username, secret(target.token_block))

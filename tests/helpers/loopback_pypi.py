@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import selectors
 import subprocess
 import sys
@@ -57,13 +58,17 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def pypi_server(root: Path) -> Iterator[PypiServer]:
-    """Serve ``root/packages`` on 127.0.0.1 until the block ends; the process group is killed in any case."""
+def pypi_server(root: Path, token: str | None = None) -> Iterator[PypiServer]:
+    """Serve ``root/packages`` on 127.0.0.1 until the block ends; the process group is killed in any case.
+
+    ``token``: the only password an upload is taken with (else any is)."""
     packages, log = root / "packages", root / "pypiserver.log"
     packages.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "KILN_TEST_PYPISERVER_TOKEN"}
     with open(log, "w") as errors:
         proc = subprocess.Popen([sys.executable, str(CHILD), str(packages)], stdout=subprocess.PIPE,
-                                stderr=errors, text=True, start_new_session=True)
+                                stderr=errors, text=True, start_new_session=True,
+                                env=env | ({"KILN_TEST_PYPISERVER_TOKEN": token} if token else {}))
     try:
         url = f"http://127.0.0.1:{_port(proc, log)}/"
         started = time.monotonic()
