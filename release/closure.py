@@ -98,11 +98,14 @@ class ClosureResult:
     ok: bool
     missing: str = ""  # the requirement pip could not satisfy, as pip names it
     detail: str = ""  # pip's last lines, or what resolved
+    shadowed: bool = False  # it resolves, but takes a name the staged index holds from another index
 
     def describe(self, query: ClosureQuery) -> str:
         if self.ok:
             return f"{query.requirement} resolves from the staged index and {list(query.extra_index_urls)}"
         what = f"its dependency {self.missing} is on no index" if self.missing else "its dependencies do not resolve"
+        if self.shadowed:
+            what = "another index shadows a name the Kiln index holds"
         return (f"{query.requirement} would not install: {what} (pip, from the staged {query.variant} index and "
                 f"{list(query.extra_index_urls) or 'no other index'}): {self.detail}")
 
@@ -157,7 +160,7 @@ def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureR
         shadowed = foreign(done.chosen, f"the staged {query.variant} index", kiln_files(query),
                            [index, *query.extra_index_urls])
         if shadowed:
-            return ClosureResult(False, "", "; ".join(shadowed))
+            return ClosureResult(False, "", "; ".join(shadowed), shadowed=True)
         return ClosureResult(True, "", f"{len(done.chosen)} distributions")
 
 

@@ -167,6 +167,7 @@ def test_the_dependency_check_refuses_a_held_name_from_the_attackers_index_namin
     result = resolve(query)
     assert not result.ok
     text = result.describe(query)
+    assert "would not install: another index shadows a name the Kiln index holds" in text, text
     assert f"kiln-runtime 99.0 would come from {extra}kiln-runtime/" in text and f"({extra})" in text, text
     assert not markers.exists()
 
