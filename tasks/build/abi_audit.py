@@ -167,8 +167,13 @@ def _stored(cache: BuildCache | None, key: str) -> tuple[LibraryAudit, ...] | No
         return None
     if hit is None:
         return None
-    return tuple(LibraryAudit(**{k: tuple(v) if isinstance(v, list) else v for k, v in lib.items()})
-                 for lib in json.loads(hit.files["report.json"]))
+    return tuple(_library(lib) for lib in json.loads(hit.files["report.json"]))
+
+
+def _library(stored: dict[str, Any]) -> LibraryAudit:
+    """A library's audit as the cache keeps it (JSON: its tuples are lists)."""
+    return LibraryAudit(stored["path"], stored["torch"], tuple(stored["unstable_symbols"]), stored["min_torch"],
+                        tuple(stored["non_abi3_symbols"]), stored["abi3_needs"])
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:

@@ -24,6 +24,7 @@ from kiln.tasks.build.abi_audit import abi3_claim, audit_members, audit_wheel
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.manylinux import linux_platform
 from kiln.tasks.build.rewheel import rewrite_wheel
+from kiln.tasks.build.stage import assemble_variant, prepare_build
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
 from tests.build.conftest import copy_project
@@ -93,11 +94,15 @@ def _backend_wheel(out: Path, extension: Path, tag: str = "cp311-abi3") -> Path:
     return write_wheel(out, f"ember_ops-0.2.0-{tag}-{plat}.whl", sorted(members.items()), STAMP)
 
 
-def _tiny(tmp_path: Path, abi: str | None = None) -> KilnConfig:
+def _tiny_path(tmp_path: Path, abi: str | None = None, variant: str = "cu130") -> Path:
     path = copy_project("tiny", tmp_path)
     if abi is not None:
-        path.write_text(path.read_text().replace('name = "cu130"\n', f'name = "cu130"\nabi = "{abi}"\n', 1))
-    return load_config(path)
+        path.write_text(path.read_text().replace(f'name = "{variant}"\n', f'name = "{variant}"\nabi = "{abi}"\n', 1))
+    return path
+
+
+def _tiny(tmp_path: Path, abi: str | None = None) -> KilnConfig:
+    return load_config(_tiny_path(tmp_path, abi))
 
 
 def _torch_wheel(tmp_path: Path, config: KilnConfig, *libraries: Path) -> Path:
@@ -148,6 +153,19 @@ def test_a_stable_variant_on_the_stable_shims_passes_with_its_minimum_torch(tmp_
     audit = audit_wheel(wheel, torch_stable=True)
     assert audit.findings() == [] and audit.min_torch == "2.9.0"
     assert audit.lines()[1] == "  tinyk/_aot/cuda/libstable.so: torch stable; minimum torch 2.9.0"
+
+
+def test_the_build_fails_the_variants_wheel_unit_naming_the_symbols(tmp_path, torch_libs):
+    """The path the build takes: a package vendoring a library that uses c10:: in a variant claiming the stable
+    ABI gets a failed wheel unit whose message names the symbol, and no wheel artifact."""
+    config_path = _tiny_path(tmp_path, "stable", "cpu")
+    shutil.copy(torch_libs["unstable"], config_path.parent / "tinyk" / "libunstable.so")
+    setup = prepare_build(str(config_path), "0.1.0.dev20261129", ["cpu"], cache_dir=str(tmp_path / "cache"))
+    (variant,) = setup.plan.variants
+    output = assemble_variant(setup, variant, {}, tmp_path / "out")
+    assert output.unit.state == "failed" and output.files == ()
+    assert "tinyk/libunstable.so claims the torch stable ABI" in output.unit.message
+    assert "c10::DeviceTypeName" in output.unit.message
 
 
 def test_an_exact_variant_reports_its_unstable_symbols_without_failing(tmp_path, torch_libs):
