@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -121,3 +123,12 @@ def test_manylinux_platform_accepts_every_older_manylinux() -> None:
 def test_bad_environment_values_are_refused_by_name(asked: Asked, named: str) -> None:
     with pytest.raises(InvalidInputError, match=named):
         environment(asked)
+
+
+def test_the_running_environment_is_the_default() -> None:
+    from packaging import tags
+
+    found = environment(Asked(torch="none", cuda="none", arch="none"))
+    assert found.tags == tuple(tags.sys_tags())
+    assert (found.python.major, found.python.minor) == sys.version_info[:2]
+    assert found.torch is None and found.backend == Backend("cpu") and found.arch is None

@@ -7,12 +7,15 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import pytest
 
 from kiln.flows.cli import main
 from kiln.release.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
+from .staticserver import static_server
 from .wheelkit import make_wheel
 
 CPU_WHEEL = "kiln_kernels-0.1.0+cpu-cp311-cp311-linux_x86_64.whl"
@@ -107,3 +110,24 @@ def test_which_refuses_an_index_that_is_not_there(capsys, tmp_path: Path) -> Non
     status, lines = _which(capsys, (tmp_path / "absent").as_uri(), "--torch", "none", "--cuda", "none")
     assert status == EXIT_USAGE
     assert "is not a directory" in lines[-1]
+
+
+def test_which_reads_an_index_behind_a_static_http_server(indexes: tuple[str, str], capsys) -> None:
+    directory = Path(url2pathname(urlsplit(indexes[0]).path))
+    with static_server(directory) as base:
+        url = base.rstrip("/") + "/"
+        status, lines = _which(capsys, url, "--python", "3.12", "--torch", "2.14.1", "--cuda", "13.0")
+    assert status == EXIT_OK, lines
+    assert lines[-1] == f"pip install --index-url {url} kiln-kernels==0.1.0+cu130"
+
+
+def test_a_plain_wheel_beside_labelled_ones_is_pinned_with_arbitrary_equality(tmp_path: Path, capsys) -> None:
+    """``==0.1.0`` also matches ``0.1.0+cu130``, which pip ranks higher: the plain wheel needs ``===0.1.0``."""
+    make_wheel(tmp_path / "wheels", "kiln-kernels", "0.1.0")
+    make_wheel(tmp_path / "wheels", "kiln-kernels", "0.1.0+cu130", tag="py3-none-linux_x86_64")
+    assert main(["index", str(tmp_path / "wheels"), "--out", str(tmp_path / "index")]) == EXIT_OK
+    url = (tmp_path / "index").as_uri() + "/"
+    status, lines = _which(capsys, url, "--python", "3.11", "--torch", "none", "--cuda", "none")
+    assert status == EXIT_OK, lines
+    assert lines[-1] == f"pip install --index-url {url} kiln-kernels===0.1.0"
+    assert _dry_run(lines[-1], "3.11", tmp_path / "report.json") == ["kiln_kernels-0.1.0-py3-none-any.whl"]
