@@ -4,7 +4,9 @@ The index is read as ``kiln verify`` reads it (:func:`kiln.release.fetch.open_so
 ``http(s)://``, ``s3://``; the PEP 691 JSON form, else PEP 503 HTML): the root page for the projects it
 holds, the project page for its files and their ``data-requires-python``, and each wheel's PEP 658
 metadata sidecar of the chosen version for its ``Requires-Dist`` (the torch it asks for). Only the sidecars
-of one version are read, never a wheel. :mod:`kiln.release.which` then chooses.
+of one version are read, never a wheel. :mod:`kiln.release.which` then chooses. A PEP 825 variant wheel
+(``…-linux_x86_64-cu130.whl``, on a combined ``wheel-variants`` index) is not a PEP 427 name and is not
+considered: there the plain default wheel is the one pip would install.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from kiln.release.errors import FetchError, InvalidInputError
 from kiln.release.fetch import IndexSource, Page, file_bytes, open_source
-from kiln.release.install import pip_steps
+from kiln.release.install import held_requirements, pip_steps
 from kiln.release.pageforms import anchors, filename_of, html_files, json_files
 from kiln.release.wheels import member_limit
 from kiln.release.which import Candidate
@@ -154,15 +156,8 @@ def requirement_for(listing: Listing, candidate: Candidate) -> str:
 
 def install_command(url: str, listing: Listing, candidate: Candidate, extra_index_urls: Sequence[str]) -> str:
     """Kiln's pip command for the wheel (:func:`kiln.release.install.pip_steps`: the names the index holds from
-    it alone first when extra indexes are named)."""
-    held = []
-    for line in listing.requires.get(candidate.filename, []):
-        try:
-            requirement = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(requirement.name) in listing.holds and "extra" not in str(requirement.marker or ""):
-            held.append(line)
+    it alone first when extra indexes are named; :func:`~kiln.release.install.held_requirements` says which)."""
+    held = held_requirements(listing.requires.get(candidate.filename, []), listing.holds)
     root = url if url.endswith("/") else url + "/"
     steps = pip_steps(root, requirement_for(listing, candidate), held, extra_index_urls)
     return " && ".join(shlex.join(["pip", "install", *step]) for step in steps)
