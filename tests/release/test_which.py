@@ -132,3 +132,15 @@ def test_the_running_environment_is_the_default() -> None:
     assert found.tags == tuple(tags.sys_tags())
     assert (found.python.major, found.python.minor) == sys.version_info[:2]
     assert found.torch is None and found.backend == Backend("cpu") and found.arch is None
+
+
+def test_the_installed_torch_gives_the_default_torch_backend_and_arch() -> None:
+    torch = pytest.importorskip("torch")
+    found = environment(Asked(python="3.12", platform=PLATFORM))
+    assert found.torch == Version(torch.__version__)
+    if torch.version.cuda:
+        assert found.backend == Backend("cuda", Version(torch.version.cuda))
+    elif not getattr(torch.version, "hip", None):
+        assert found.backend == Backend("cpu")
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    assert found.arch == (f"{capability[0]}.{capability[1]}" if capability else None)
