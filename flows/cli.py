@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="approve here instead of pausing for approval in the Prefect UI (command line only)")
     p.add_argument("--allow-regressions", metavar="REASON",
                    help="publish despite benchmark regressions that would block; the reason is recorded")
+    p.add_argument("--from-run", metavar="RUN",
+                   help="promote this completed nightly's tested wheels under --version instead of building"
+                        " (binaries unchanged, checked by hash; the release's record names the run)")
 
     p = sub.add_parser("build", help="build kernels and wheels for every variant")
     _add_config(p)
@@ -435,7 +438,7 @@ def _flow_command(ns: argparse.Namespace) -> int:
         return _run_flow(
             approved_release_flow if ns.yes else release_flow, ns.out, version=ns.version, ref=ns.ref,
             channel=ns.channel, dry_run=ns.dry_run, allow_regressions=ns.allow_regressions, config_path=ns.config,
-            out=ns.out,
+            out=ns.out, from_run=ns.from_run,
         )
     if cmd == "build":
         from kiln.flows.build import build_flow

@@ -43,6 +43,7 @@ from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.record import RunRecord
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.promotion import FINAL_STATE_INFO
 
 
 @flow(name="nightly", log_prints=True)
@@ -103,16 +104,19 @@ def warn_below_extra_index(config: KilnConfig, version: str) -> dict[str, Any] |
 
 
 def conclude(run: RunRecord, stages: dict[str, State]) -> State:
-    """Leave the summary artifacts and choose the nightly's final state."""
+    """Leave the summary artifacts and choose the nightly's final state (recorded: a promotion reads it)."""
     manifest = run.manifest()
-    table = table_report("kiln-nightly-units", unit_rows(manifest.units), f"Every unit — run {run.run_id}")
-    markdown_report("kiln-nightly-summary", render_markdown(manifest, table), f"Nightly {manifest.version}")
-    run.write_view()
     failed_units = manifest.failed_units()
     crashed = [name for name, state in stages.items() if not state.is_completed() and not state.is_failed()]
     stage_failures = [name for name, state in stages.items() if state.is_failed()]
     if failed_units or crashed or stage_failures:
         message = (failure_message("nightly", manifest.units) if failed_units
                    else f"nightly: stages {stage_failures + crashed} did not complete")
-        return Failed(message=message)
-    return Completed(message=f"nightly {manifest.version}: {len(manifest.units)} units completed")
+        final: State = Failed(message=message)
+    else:
+        final = Completed(message=f"nightly {manifest.version}: {len(manifest.units)} units completed")
+    run.set_info(FINAL_STATE_INFO, {"state": final.type.value, "message": final.message})
+    table = table_report("kiln-nightly-units", unit_rows(manifest.units), f"Every unit — run {run.run_id}")
+    markdown_report("kiln-nightly-summary", render_markdown(manifest, table), f"Nightly {manifest.version}")
+    run.write_view()
+    return final

@@ -1,5 +1,9 @@
 """The release flow: validate → build → test → bench → gate → plan → approve → publish → verify → upload.
 
+With ``from_run`` (``kiln release --from-run RUN``) a completed nightly's tested
+wheels are promoted under the release version instead of build, test and bench
+(:mod:`kiln.flows.promote`); a run that cannot be promoted stops the release, named.
+
 Nothing is built before the version and channel are checked against what the
 channel already holds. Benchmarks are judged by the regression policy over
 the window of stored nightlies on the same hardware (``[bench.regression]``;
@@ -38,6 +42,7 @@ from prefect.states import Completed, Failed
 from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.common import coverage_report, markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
+from kiln.flows.promote import promote_run
 from kiln.flows.publish import open_publish_target, project_statuses, publish_flow, publish_inputs
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.runname import current_release_name
@@ -77,6 +82,7 @@ class Release:
     config_path: str  # as the flow was given it: the subflows take JSON parameters
     out: str
     config: KilnConfig  # loaded once, at the flow's entry; every task below takes it
+    from_run: str | None = None  # promote this nightly's tested wheels instead of building (kiln.flows.promote)
     lines: list[str] = field(default_factory=list)
     plan: str = ""
 
@@ -219,6 +225,15 @@ def _stages(release: Release, run: RunRecord) -> dict[str, State]:
     return stages
 
 
+def _promote(release: Release, run: RunRecord) -> dict[str, State]:
+    """The stages of a promotion: the nightly's wheels under the release version; its tests stand."""
+    promoted = sync_state(promote_run(release.config, run, str(release.from_run), release.version,
+                                      return_state=True))
+    release.lines.append(cast(str, promoted.result()) if promoted.is_completed() else
+                         f"promotion of run {release.from_run} refused: {_state_of(promoted)[1]}")
+    return {"promote": promoted}
+
+
 def _publish_and_verify(release: Release, run: RunRecord) -> State:
     """Publish (or the dry run of it), verify, and roll the pages back if either failed."""
     common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
@@ -250,7 +265,9 @@ def _release(release: Release, approved_on_cli: bool) -> State:
     get_run_logger().info("%s as run %s", release.title, run.run_id)
     release.lines.append(f"run `{run.run_id}`")
     with cancel_dispatched_on_exit(f"release {release.version}"):
-        stages = _stages(release, run)
+        stages = _promote(release, run) if release.from_run else _stages(release, run)
+    if "promote" in stages and not stages["promote"].is_completed():  # the run named is refused, by name
+        return _stop(release, run, _state_of(stages["promote"])[1])
     gate = sync_state(release_gate(run, {name: _state_of(s) for name, s in stages.items()}, release.allow_regressions,
                                    return_state=True))
     release.lines += (cast(str, gate.result()) if gate.is_completed() else _state_of(gate)[1]).splitlines()
@@ -283,16 +300,17 @@ def _release(release: Release, approved_on_cli: bool) -> State:
 @flow(name="release", flow_run_name=current_release_name)
 def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", dry_run: bool = False,
                  allow_regressions: str | None = None, config_path: str = "kiln.toml",
-                 out: str = "out/release") -> State:
-    """Release ``version``: pauses for approval in the Prefect UI before anything is published."""
+                 out: str = "out/release", from_run: str | None = None) -> State:
+    """Release ``version``: pauses for approval in the Prefect UI before anything is published.
+    ``from_run``: publish that completed nightly's tested wheels under ``version`` instead of building."""
     return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out,
-                            load_config(config_path)), False)
+                            load_config(config_path), from_run), False)
 
 
 @flow(name="release", flow_run_name=current_release_name)
 def approved_release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", dry_run: bool = False,
                           allow_regressions: str | None = None, config_path: str = "kiln.toml",
-                          out: str = "out/release") -> State:
+                          out: str = "out/release", from_run: str | None = None) -> State:
     """``kiln release --yes``: the same release, approved on the command line (no deployment runs this)."""
     return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out,
-                            load_config(config_path)), True)
+                            load_config(config_path), from_run), True)

@@ -137,18 +137,30 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
 
     A wheel whose version has no local label is returned as it is (already public).
     """
-    filename = source.name
-    name, version, _, _ = _parsed(filename)
+    version = _parsed(source.name)[1]
     if version.local is None:
         return source
+    return reversioned_wheel(source, out_dir, version.public)
+
+
+def reversioned_wheel(source: Path, out_dir: Path, new_version: str) -> Path:
+    """Write ``source`` under ``new_version`` into ``out_dir`` (every binary kept byte for byte; METADATA,
+    the .dist-info/.data names, the SBOM's version and RECORD follow); returns the new wheel's path."""
+    filename = source.name
+    name = _parsed(filename)[0]
+    try:
+        wanted = str(Version(new_version))
+    except InvalidVersion as exc:
+        raise InvalidInputError(f"version {new_version!r} for {filename} is not a PEP 440 version") from exc
     check_record(filename, source)
-    target = public_filename(filename)
+    head, _, rest = filename.split("-", 2)
+    target = f"{head}-{wanted}-{rest}"
     with open_wheel(filename, source) as archive:
         old_dir = _dist_info(archive, filename)
         dated = archive.getinfo(f"{old_dir}.dist-info/RECORD").date_time
-    names = (old_dir, f"{old_dir.split('-', 1)[0]}-{version.public}", version.public)
+    names = (old_dir, f"{old_dir.split('-', 1)[0]}-{wanted}", wanted)
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".public-", dir=out_dir))
+    staging = Path(tempfile.mkdtemp(prefix=".reversion-", dir=out_dir))
     try:
         with open_wheel(filename, source) as archive, _DatedWheelFile(staging / target, dated) as written:
             for info in archive.infolist():

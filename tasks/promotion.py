@@ -1,0 +1,128 @@
+"""Promote the bytes that were tested: a completed nightly's wheels under the release version, not rebuilt.
+
+:func:`promotion_refusals` says why a run cannot be promoted (not a nightly, did
+not complete, a wheel that was not tested or not published, each named);
+:func:`promote` re-versions each of its wheels with
+:func:`kiln.release.reversion.reversioned_wheel` (``0.3.0.dev20261206010203+cpu``
+→ ``0.3.0+cpu``) and checks every non-metadata member's sha256 against the
+nightly's wheel: the binaries a release ships are the ones the nightly tested.
+Plain functions (no Prefect): :mod:`kiln.flows.promote` records the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+
+from kiln.release.errors import IntegrityError, PermanentError
+from kiln.release.manifest import Artifact, RunManifest, Unit
+from kiln.release.reversion import reversioned_wheel
+from kiln.release.wheels import open_wheel
+from kiln.tasks.releasing import RAN
+
+FINAL_STATE_INFO = "final_state"  # the nightly's end, as its flow concluded it (kiln.flows.nightly.conclude)
+PROMOTED_INFO = "promoted_from"  # in the release's record: the run whose bytes it published
+
+
+class PromotionRefusedError(PermanentError):
+    """The run named for promotion cannot be promoted; the message names the run and what is missing."""
+
+
+@dataclass(frozen=True)
+class PromotedWheel:
+    variant: str
+    source: str  # the nightly's wheel, as its run recorded it
+    source_sha256: str
+    path: Path  # the wheel under the release version
+
+
+def binaries(wheel: Path) -> dict[str, str]:
+    """sha256 of every member outside ``*.dist-info/`` (the files the wheel installs), by path."""
+    digests: dict[str, str] = {}
+    with open_wheel(wheel.name, wheel) as archive:
+        for info in archive.infolist():
+            head = info.filename.split("/", 1)[0]
+            if not info.is_dir() and not head.endswith(".dist-info"):
+                digests[_unversioned(info.filename)] = _digest(archive, info)
+    return digests
+
+
+def _unversioned(member: str) -> str:
+    """``<name>-<version>.data/...`` named without its version, so two versions' members compare."""
+    head, sep, rest = member.partition("/")
+    return f"{head.split('-', 1)[0]}.data/{rest}" if sep and head.endswith(".data") else member
+
+
+def _digest(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
+    digest = hashlib.sha256()
+    with archive.open(info) as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _tested(nightly: RunManifest, variant: str) -> bool:
+    tests = [u for u in nightly.units if u.stage == "test" and u.variant in (None, variant)]
+    return any(u.state in RAN for u in tests) and not any(u.state == "failed" for u in tests)
+
+
+def _published(nightly: RunManifest, wheel: Artifact) -> bool:
+    unit = f"publish/{wheel.variant}/{Path(wheel.path).name}"
+    return any(u.id == unit and u.state == "completed" for u in nightly.units)
+
+
+def promoted_wheels(nightly: RunManifest) -> list[Artifact]:
+    return [a for a in nightly.artifacts_of("wheel") if a.state == "ok" and a.variant]
+
+
+def promotion_refusals(nightly: RunManifest) -> list[str]:
+    """Why run ``nightly`` cannot be promoted, each line naming the run (and the wheel); none: it can."""
+    run = f"run {nightly.run_id}"
+    if nightly.flow != "nightly":
+        return [f"{run} is a {nightly.flow} run, not a nightly: only a nightly's tested wheels are promoted"]
+    final = nightly.info.get(FINAL_STATE_INFO)
+    if not isinstance(final, dict) or final.get("state") != "COMPLETED":
+        why = final.get("message") if isinstance(final, dict) else "it recorded no end"
+        return [f"{run} did not complete ({why}); promote a nightly that completed"]
+    wheels = promoted_wheels(nightly)
+    if not wheels:
+        return [f"{run} built no wheel"]
+    return [f"{run}: {Path(a.path).name} ({a.variant}) was not {what}" for a in wheels
+            for what, ok in (("tested", _tested(nightly, str(a.variant))), ("published", _published(nightly, a)))
+            if not ok]
+
+
+def promote(nightly: RunManifest, version: str, out_dir: Path) -> list[PromotedWheel]:
+    """Each of the nightly's wheels under ``version`` (its variant's local label kept) in
+    ``out_dir/<variant>/``; IntegrityError when a binary differs (never expected: nothing rewrites them)."""
+    refused = promotion_refusals(nightly)
+    if refused:
+        raise PromotionRefusedError("; ".join(refused))
+    promoted = []
+    for artifact in promoted_wheels(nightly):
+        source = nightly.verify(artifact)  # the bytes the nightly recorded, checked by sha256
+        local = parse_wheel_filename(source.name)[1].local
+        target = str(Version(version).public) + (f"+{local}" if local else "")
+        wheel = reversioned_wheel(source, out_dir / str(artifact.variant), target)
+        if binaries(wheel) != binaries(source):
+            raise IntegrityError(f"{wheel.name}: its binaries differ from {source.name} of run {nightly.run_id}")
+        promoted.append(PromotedWheel(str(artifact.variant), source.name, artifact.sha256, wheel))
+    return promoted
+
+
+def inherited_units(nightly: RunManifest, variants: set[str]) -> list[Unit]:
+    """The nightly's test units of the promoted variants, naming the run: what the release's bytes passed."""
+    return [Unit(u.id, u.stage, u.state, u.variant, u.arch, u.kernel, u.suite,
+                 f"in nightly run {nightly.run_id}: {u.message}".rstrip(": "), u.duration_s, u.cache, u.required)
+            for u in nightly.units if u.stage == "test" and u.variant in (None, *variants)]
+
+
+def promotion_info(nightly: RunManifest, promoted: list[PromotedWheel]) -> dict[str, object]:
+    return {"run_id": nightly.run_id, "version": nightly.version, "commit": nightly.info.get("commit", ""),
+            "wheels": [{"variant": p.variant, "from": p.source, "from_sha256": p.source_sha256,
+                        "to": p.path.name} for p in promoted]}

@@ -1,0 +1,95 @@
+"""Promotion (kiln.tasks.promotion): a completed nightly's tested, published wheel under the release version
+keeps every binary byte for byte; a run that did not complete, or whose wheel was not tested or published, is
+refused naming it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kiln.release.manifest import RunManifest, Unit
+from kiln.tasks.promotion import (
+    FINAL_STATE_INFO,
+    PromotionRefusedError,
+    promote,
+    promotion_info,
+    promotion_refusals,
+)
+
+from .wheelkit import make_wheel
+
+NIGHTLY = "0.3.0.dev20261206010203+cpu"
+WHEEL = f"tiny_kernels-{NIGHTLY}-py3-none-manylinux_2_28_x86_64.whl"
+COMPLETED = {"state": "COMPLETED", "message": "nightly: 4 units completed"}
+
+
+def _nightly(root: Path, *, final: dict[str, str] | None = COMPLETED, tested: str | None = "completed",
+             published: bool = True) -> RunManifest:
+    """A nightly's record as its flow leaves it: a cpu wheel with a shared library and a .data member."""
+    data_dir = f"tiny_kernels-{NIGHTLY}.data"
+    wheel = make_wheel(root / "wheels" / "cpu", "tiny-kernels", NIGHTLY, tag="py3-none-manylinux_2_28_x86_64",
+                       files={"tiny_kernels/_kernels.so": os.urandom(4096),
+                              f"{data_dir}/data/share/tiny/kernel.cubin": os.urandom(2048)})
+    run = RunManifest(root=root, run_id=f"nightly-{uuid.uuid4().hex[:8]}", flow="nightly", version=NIGHTLY)
+    run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
+    run.add_unit(Unit("build/cpu", "build", "completed", variant="cpu"))
+    if tested:
+        run.add_unit(Unit("test/unit/cpu", "test", tested, variant="cpu", suite="unit"))  # type: ignore[arg-type]
+    if published:
+        run.add_unit(Unit(f"publish/cpu/{WHEEL}", "publish", "completed", variant="cpu", message="added"))
+    if final is not None:
+        run.info[FINAL_STATE_INFO] = final
+    return run
+
+
+def _members(wheel: Path) -> dict[str, str]:
+    """sha256 of every member outside .dist-info, the version dropped from a .data directory's name."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {(n.split("/", 1)[0].split("-")[0] + ".data/" + n.split("/", 1)[1] if ".data/" in n else n):
+                hashlib.sha256(archive.read(n)).hexdigest()
+                for n in archive.namelist() if ".dist-info/" not in n and not n.endswith("/")}
+
+
+def test_a_promoted_nightly_wheel_keeps_every_binary_and_names_its_run(tmp_path):
+    nightly = _nightly(tmp_path / "nightly")
+    [promoted] = promote(nightly, "0.3.0", tmp_path / "release")
+    assert promoted.path.name == "tiny_kernels-0.3.0+cpu-py3-none-manylinux_2_28_x86_64.whl"
+    source = tmp_path / "nightly" / "wheels" / "cpu" / WHEEL
+    before, after = _members(source), _members(promoted.path)
+    assert len(before) >= 3 and before == after  # the module, the .so and the .data member, byte for byte
+    with zipfile.ZipFile(promoted.path) as archive:
+        metadata = archive.read("tiny_kernels-0.3.0+cpu.dist-info/METADATA").decode()
+    assert "\nVersion: 0.3.0+cpu\n" in metadata
+    info = promotion_info(nightly, [promoted])
+    assert info["run_id"] == nightly.run_id and info["version"] == NIGHTLY
+    assert info["wheels"] == [{"variant": "cpu", "from": WHEEL, "from_sha256": nightly.artifacts[0].sha256,
+                               "to": promoted.path.name}]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"final": {"state": "FAILED", "message": "nightly: 1 of 4 units failed"}},
+     "did not complete (nightly: 1 of 4 units failed)"),
+    ({"final": None}, "did not complete (it recorded no end)"),
+    ({"tested": None}, f"{WHEEL} (cpu) was not tested"),
+    ({"tested": "not_run"}, f"{WHEEL} (cpu) was not tested"),
+    ({"published": False}, f"{WHEEL} (cpu) was not published"),
+])
+def test_a_run_that_did_not_complete_or_whose_wheel_was_not_tested_or_published_is_refused(tmp_path, kwargs,
+                                                                                            needle):
+    nightly = _nightly(tmp_path / "nightly", **kwargs)
+    assert any(needle in line and nightly.run_id in line for line in promotion_refusals(nightly))
+    with pytest.raises(PromotionRefusedError, match=nightly.run_id):
+        promote(nightly, "0.3.0", tmp_path / "release")
+    assert not (tmp_path / "release").exists()  # nothing written
+
+
+def test_a_release_run_is_not_promoted(tmp_path):
+    run = _nightly(tmp_path / "r")
+    run.flow = "release"
+    assert promotion_refusals(run) == [f"run {run.run_id} is a release run, not a nightly: only a nightly's"
+                                       " tested wheels are promoted"]
