@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from packaging.tags import parse_tag
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from kiln.release.errors import AbiAuditError, CacheDriftError, CompileError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes
@@ -122,14 +123,19 @@ def abi3_claim(tag: str) -> str | None:
     if not versions:
         return None
     best = max(versions, key=lambda v: (int(v[0]), int(v[1:] or 0)))
-    return f"{best[0]}.{best[1:]}"
+    return f"{best[0]}.{best[1:] or 0}"
 
 
 def host_libraries(members: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     """The wheel's host shared libraries (ELF ``.so`` files, not device code), by arcname."""
     found = elf_members(members)
     return sorted((name, data) for name, (machine, data) in found.items()
-                  if machine not in _DEVICE_MACHINES and (name.endswith(".so") or ".so." in name.rsplit("/", 1)[-1]))
+                  if machine not in _DEVICE_MACHINES and _library(name))
+
+
+def _library(arcname: str) -> bool:
+    """A shared library's name: ``lib.so``, ``lib.so.1``."""
+    return arcname.endswith(".so") or ".so." in arcname.rsplit("/", 1)[-1]
 
 
 def audit_members(wheel: str, tag: str, members: Sequence[tuple[str, bytes]], *, torch_stable: bool,
@@ -167,10 +173,10 @@ def _stored(cache: BuildCache | None, key: str) -> tuple[LibraryAudit, ...] | No
         return None
     if hit is None:
         return None
-    return tuple(_library(lib) for lib in json.loads(hit.files["report.json"]))
+    return tuple(_stored_library(lib) for lib in json.loads(hit.files["report.json"]))
 
 
-def _library(stored: dict[str, Any]) -> LibraryAudit:
+def _stored_library(stored: dict[str, Any]) -> LibraryAudit:
     """A library's audit as the cache keeps it (JSON: its tuples are lists)."""
     return LibraryAudit(stored["path"], stored["torch"], tuple(stored["unstable_symbols"]), stored["min_torch"],
                         tuple(stored["non_abi3_symbols"]), stored["abi3_needs"])
@@ -241,12 +247,11 @@ def _abi3_report(root: Path, count: int, abi3: str, tmp: Path) -> dict[int, tupl
 
 def audit_wheel(path: Path, *, torch_stable: bool = False, cache: BuildCache | None = None) -> WheelAudit:
     """The audit of a wheel file (``kiln audit-abi``); an unreadable or misnamed one is an InvalidInputError."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
     try:
         parse_wheel_filename(path.name)
         with zipfile.ZipFile(path) as archive:
-            members = [(i.filename, archive.read(i)) for i in archive.infolist() if not i.is_dir()]
+            members = [(i.filename, archive.read(i)) for i in archive.infolist()
+                       if not i.is_dir() and _library(i.filename)]  # the rest is not read: a wheel may be GBs
     except (InvalidWheelFilename, OSError, zipfile.BadZipFile) as exc:
         raise InvalidInputError(f"{path}: not a readable wheel ({exc})") from exc
     tag = "-".join(path.name.removesuffix(".whl").split("-")[-3:])
