@@ -91,9 +91,15 @@ def twine_argv(path: Path, endpoint: Endpoint, config_file: Path) -> list[str]:
             "--config-file", str(config_file), "--repository-url", endpoint.upload_url, str(path)]
 
 
+_IDENTITY_VARS = ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_URL")
+
+
 def twine_env(credentials: Credentials, base: Mapping[str, str]) -> dict[str, str]:
-    """The environment twine runs in: the parent's less every TWINE_* setting, plus the credentials."""
-    env = {k: v for k, v in base.items() if not k.startswith("TWINE_")}
+    """The environment twine runs in: the parent's less every TWINE_* setting and the worker's OIDC identity
+    (GitHub's token request, GitLab's ``*_ID_TOKEN``: twine is given a token, it mints none), plus the
+    credentials."""
+    env = {k: v for k, v in base.items()
+           if not k.startswith("TWINE_") and k not in _IDENTITY_VARS and not k.endswith("_ID_TOKEN")}
     env.update(TWINE_USERNAME=credentials.username, TWINE_PASSWORD=credentials.password,
                TWINE_NON_INTERACTIVE="1", PYTHON_KEYRING_BACKEND="keyring.backends.null.Keyring",
                NO_COLOR="1")

@@ -16,6 +16,7 @@ from kiln.release.trusted_publishing import (
     mint_credentials,
     oidc_base,
 )
+from kiln.release.upload import Credentials, twine_env
 from tests.helpers.loopback_oidc import (
     AUDIENCE,
     jwt,
@@ -91,3 +92,11 @@ def test_a_minting_endpoint_that_does_not_answer_is_retryable(monkeypatch):
 ])
 def test_the_oidc_endpoints_are_on_the_upload_host_unless_named(upload_url, oidc_url, base):
     assert oidc_base(upload_url, oidc_url) == base
+
+
+def test_twine_gets_the_minted_token_and_none_of_the_workers_identity():
+    env = twine_env(Credentials("__token__", MINTED), {
+        "PATH": "/usr/bin", "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "bearer", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://x/",
+        "PYPI_ID_TOKEN": "gitlab-identity", "TWINE_PASSWORD": "ambient"})
+    assert env["TWINE_PASSWORD"] == MINTED and env["TWINE_USERNAME"] == "__token__" and env["PATH"] == "/usr/bin"
+    assert not {"ACTIONS_ID_TOKEN_REQUEST_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_URL", "PYPI_ID_TOKEN"} & set(env)
