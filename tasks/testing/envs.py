@@ -45,16 +45,19 @@ import email.parser
 import functools
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from kiln.release.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
+from kiln.release.installenv import scrubbed_env
 from kiln.release.wheels import core_metadata
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
@@ -109,10 +112,10 @@ def _uv() -> list[str]:
     return [found] if found else [sys.executable, "-P", "-m", "uv"]  # -P: never a uv.py of the caller's cwd
 
 
-def _run(cmd: list[str], what: str, timeout: float = TIMEOUT_S) -> str:
+def _run(cmd: list[str], what: str, timeout: float = TIMEOUT_S, env: dict[str, str] | None = None) -> str:
     log.info("running %s", " ".join(cmd))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise InfrastructureError(f"{what} did not finish within {timeout:g}s") from exc
     except FileNotFoundError as exc:
@@ -122,6 +125,24 @@ def _run(cmd: list[str], what: str, timeout: float = TIMEOUT_S) -> str:
             f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-1500:]}"
         )
     return done.stdout
+
+
+@functools.cache
+def _installer_home() -> Path:
+    """A private, empty ``HOME`` for this process's installers (no ``~/.aws``, ``~/.netrc`` or user config)."""
+    return Path(tempfile.mkdtemp(prefix="kiln-installer-home-"))
+
+
+def installer_env() -> dict[str, str]:
+    """The environment uv installs a suite's dependencies with: :func:`~kiln.release.installenv.scrubbed_env`.
+
+    Resolving what a suite declares may build an sdist from an extra index, whose PEP 517 hook is
+    someone else's code: it must see no cloud credentials, no Prefect API key and no user's home. uv's
+    cache stays the user's, named explicitly (``HOME`` is not), so a warm install stays warm.
+    """
+    cache = os.environ.get("UV_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uv")
+    return scrubbed_env(_installer_home(), extra={"UV_CACHE_DIR": cache})
 
 
 def _editable_pth(distribution: str) -> str | None:
@@ -257,7 +278,7 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
         _run([*_uv(), "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(python),
               "--constraint", str(constraints),
               "--find-links", str(runtime.parent), *index_options, *map(str, wheels), str(runtime), *requirements],
-             what, timeout=INSTALL_TIMEOUT_S)
+             what, timeout=INSTALL_TIMEOUT_S, env=installer_env())
     except InfrastructureError as exc:
         raise DependencyResolutionError(
             f"the test environment for {names} cannot be made: {exc}. Requires-Dist of {names}: "

@@ -11,14 +11,11 @@ run with real pip and uv into fresh venvs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
 import subprocess
 import sys
-import tarfile
-from io import BytesIO
 from pathlib import Path
 
 import pytest
@@ -34,6 +31,7 @@ from kiln.release.publish import Plan, publish
 from kiln.release.store import LocalStore
 from kiln.release.wheels import read_wheel
 from kiln.tasks.install_hint import install_facts
+from tests.helpers.sdists import evil_sdist_index
 from tests.release.runkit import variant_document
 
 from .staticserver import static_server
@@ -191,27 +189,6 @@ def test_kiln_verify_and_its_hint_refuse_the_attackers_index_as_an_extra_index(t
     assert main(["verify", url, "--no-install", "--hint", printed]) == 0, capsys.readouterr().out
     assert f"install hint {printed}: ok" in capsys.readouterr().out
     assert not markers.exists(), sorted(p.read_text() for p in markers.iterdir())
-
-
-def evil_sdist_index(root: Path, markers: Path) -> str:
-    """A file:// index whose only file of ``evil-sdist`` is an sdist; its in-tree build backend writes a marker
-    holding the environment it ran with (what it could steal) when it is imported."""
-    backend = (f"import json, os, pathlib\npathlib.Path({str(markers)!r}).mkdir(exist_ok=True)\n"
-               f"pathlib.Path({str(markers)!r}, str(os.getpid())).write_text(json.dumps(dict(os.environ)))\n")
-    members = {"pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
-               "backend.py": backend, "PKG-INFO": "Metadata-Version: 2.1\nName: evil-sdist\nVersion: 1.0\n"}
-    page = root / "simple" / "evil-sdist"
-    page.mkdir(parents=True)
-    sdist = page / "evil_sdist-1.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as archive:
-        for name, text in members.items():
-            info = tarfile.TarInfo(f"evil_sdist-1.0/{name}")
-            info.size = len(text.encode())
-            archive.addfile(info, BytesIO(text.encode()))
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    (page / "index.html").write_text(f'<a href="{sdist.name}#sha256={digest}">{sdist.name}</a>\n')
-    (root / "simple" / "index.html").write_text('<a href="evil-sdist/">evil-sdist</a>\n')
-    return (root / "simple").as_uri() + "/"
 
 
 def test_an_sdist_only_dependency_is_reported_and_its_build_hook_never_runs(tmp_path, monkeypatch, capsys):

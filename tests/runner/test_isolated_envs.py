@@ -8,6 +8,7 @@ through Kiln's worker; no mocks.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from kiln.tasks.testing.baseenv import BASES, CACHE_ENV
 from kiln.tasks.testing.classify import suite_state
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
+from tests.helpers.sdists import evil_sdist_index
 from tests.release.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow
@@ -127,6 +129,23 @@ def test_a_suites_requires_is_installed_and_its_tests_run(tmp_path):
     results = _run(env, project, tmp_path / "work")
 
     assert _outcomes(results) == [("tests/test_tool.py::test_tool", "passed")], results[0].details
+
+
+def test_a_suites_sdist_dependency_builds_without_the_steps_secrets(tmp_path, monkeypatch):
+    """A suite's requirement from an extra index that is only an sdist: uv runs its build hook, someone else's
+    code, and that hook sees no cloud credential, no Prefect API key and not the user's home."""
+    markers = tmp_path / "markers"
+    evil = evil_sdist_index(tmp_path / "evil", markers)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "step-secret")
+    monkeypatch.setenv("PREFECT_API_KEY", "prefect-secret")
+    wheel = make_wheel(tmp_path / "wheels", "sdist-user", "1.0", module="sdist_user")
+    with pytest.raises(envs.DependencyResolutionError, match="evil-sdist"):
+        envs.make_env(tmp_path / "env", [wheel], ["evil-sdist"], indexes=[evil])  # its backend builds nothing
+    seen = [json.loads(p.read_text()) for p in markers.iterdir()]
+    assert seen, "the premise: uv ran the sdist's build hook"
+    for environ in seen:
+        assert "AWS_SECRET_ACCESS_KEY" not in environ and "PREFECT_API_KEY" not in environ, sorted(environ)
+        assert environ.get("HOME") != str(Path.home())
 
 
 def _base_of(env: envs.TestEnv) -> Path:
