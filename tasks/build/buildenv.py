@@ -30,6 +30,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -43,6 +44,7 @@ from packaging.utils import canonicalize_name
 
 from kiln.release.errors import PermanentError, UnsafePathError
 from kiln.release.fsutil import polled_lock
+from kiln.release.installenv import scrubbed_env
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
 
@@ -129,6 +131,21 @@ def _tail(text: str) -> str:
     return text[-_TAIL_CHARS:].strip()
 
 
+# The machine's own installer sources: a build environment resolves from them (scrubbed_env drops the
+# variables that add an index behind a Kiln index, which is what these are here).
+_MACHINE_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT")
+
+
+def pip_env(home: Path) -> dict[str, str]:
+    """pip's environment when it fills a build or test-base environment: scrubbed
+    (:mod:`kiln.release.installenv`), since a requirement from an index may be an sdist whose build hook is
+    someone else's code, with the machine's own sources and pip's cache kept; ``HOME`` is ``home``."""
+    cache = os.environ.get("PIP_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip")
+    sources = {key: os.environ[key] for key in _MACHINE_SOURCES if key in os.environ}
+    return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": cache})
+
+
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> None:
     what = f"the build environment of variant {variant} ({', '.join(requirements)})"
     made = run_tool([sys.executable, "-I", "-m", "venv", str(tmp)], min(timeout_s, 600))
@@ -137,8 +154,9 @@ def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, tim
                                     f"{_tail(made.stdout)}")
     python = tmp / "bin" / "python"
     # -I: the caller's PYTHONPATH and cwd never leak in; pip still reads the machine's pip.conf (its index).
-    done = run_tool([str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                     "--upgrade", *SEED, *requirements], timeout_s)
+    with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
+        done = run_tool([str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                         "--upgrade", *SEED, *requirements], timeout_s, env=pip_env(Path(home)))
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: pip could not install {list(requirements)} (exit {done.returncode}); check"

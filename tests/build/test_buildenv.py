@@ -23,6 +23,7 @@ from kiln.tasks.build.buildenv import (
 )
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from tests.build.conftest import copy_project
+from tests.helpers.sdists import evil_sdist_index
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,6 +96,23 @@ def test_a_failed_creation_names_the_variant_and_the_requirement_and_leaves_noth
     assert "kiln-no-such-distribution-anywhere==1.0" in message
     assert "No matching distribution" in message or "ERROR" in message  # pip's own words, its output's tail
     assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_build_requirements_sdist_hook_runs_without_the_steps_secrets(tmp_path, monkeypatch):
+    """A build requirement that an index holds only as an sdist: pip runs its build hook, someone else's code,
+    with no cloud credential or Prefect API key and a private HOME, while the machine's sources still apply."""
+    markers = tmp_path / "markers"
+    evil = evil_sdist_index(tmp_path / "evil", markers)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "step-secret")
+    monkeypatch.setenv("PREFECT_API_KEY", "prefect-secret")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", evil)  # a machine source: kept for a build environment
+    with pytest.raises(BuildEnvironmentError):
+        ensure_env(tmp_path / "envs", ["evil-sdist"], "cu130", 600)  # its backend builds nothing
+    seen = [json.loads(p.read_text()) for p in markers.iterdir()]
+    assert seen, "the premise: pip found the sdist through the machine's source and ran its build hook"
+    for environ in seen:
+        assert "AWS_SECRET_ACCESS_KEY" not in environ and "PREFECT_API_KEY" not in environ, sorted(environ)
+        assert environ.get("HOME") != str(Path.home())
 
 
 def fake_cpu_torch(directory: Path) -> str:
