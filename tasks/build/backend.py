@@ -48,7 +48,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from kiln.release.errors import CompileError
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.archs import parse_cuda_arch
-from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env
+from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env, pip_env
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
@@ -245,7 +245,9 @@ class ProjectBuilder:
         if missing:
             wanted = [m.rsplit(" (", 1)[0] for m in missing]
             _log.info("installing the build requirements %s for %s", wanted, what)
-            done = run_tool([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], self.timeout_s)
+            with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:  # an sdist's hook sees no secret
+                done = run_tool([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], self.timeout_s,
+                                env=pip_env(Path(home)))
             if done.returncode != 0:
                 raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")
         return python
