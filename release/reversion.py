@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
 from kiln.release.errors import InvalidInputError
-from kiln.release.wheels import check_record, open_wheel, read_member
+from kiln.release.wheels import check_record, open_wheel, read_member, renamed_member
 
 SBOM_SUFFIX = ".cdx.json"  # CycloneDX documents under <dist-info>/sboms/ (PEP 770)
 MAX_MEMBER_BYTES = 1 << 30  # PyPI's largest grant: no member of a wheel it takes is larger
@@ -70,14 +70,6 @@ def _dist_info(archive: zipfile.ZipFile, wheel: str) -> str:
         raise InvalidInputError(f"{wheel}: expected one top-level .dist-info directory with METADATA,"
                                 f" found {sorted(found)}")
     return found.pop()
-
-
-def _renamed(arcname: str, old: str, new: str) -> str:
-    head, sep, rest = arcname.partition("/")
-    for suffix in (".dist-info", ".data"):
-        if sep and head == old + suffix:
-            return f"{new}{suffix}/{rest}"
-    return arcname
 
 
 def _metadata(data: bytes, version: str) -> bytes:
@@ -127,7 +119,7 @@ def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: str, names: 
         data = _metadata(data, new_version)
     elif info.filename.startswith(f"{old_dir}.dist-info/sboms/") and info.filename.endswith(SBOM_SUFFIX):
         data = _sbom(data, distribution, old_dir.split("-", 1)[1], new_version)
-    entry = zipfile.ZipInfo(_renamed(info.filename, old_dir, new_dir), info.date_time)
+    entry = zipfile.ZipInfo(renamed_member(info.filename, old_dir, new_dir), info.date_time)
     entry.external_attr, entry.compress_type = info.external_attr, info.compress_type
     return entry, data
 

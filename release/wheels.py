@@ -284,3 +284,13 @@ def check_record(wheel: str, source: WheelSource) -> None:
     if problems:
         listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise RecordMismatchError(f"{wheel}: its RECORD does not describe its members: {listed}")
+
+
+def renamed_member(arcname: str, old: str, new: str) -> str:
+    """``arcname`` with the wheel's ``{old}.dist-info/`` or ``{old}.data/`` folder renamed to ``{new}``'s
+    (a wheel re-versioned or given another name); every other member keeps its name."""
+    head, sep, rest = arcname.partition("/")
+    for suffix in (".dist-info", ".data"):
+        if sep and head == old + suffix:
+            return f"{new}{suffix}/{rest}"
+    return arcname

@@ -30,6 +30,7 @@ from packaging.version import Version
 
 from kiln.release.errors import InvalidInputError
 from kiln.release.variants import NULL_LABEL, VARIANT_JSON, VARIANT_SCHEMA, dumps, variant_filename
+from kiln.release.wheels import renamed_member
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.rewheel import read_members
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
@@ -134,14 +135,6 @@ def _public(version: str) -> str:
     return Version(version).public
 
 
-def _rename(arcname: str, old: str, new: str) -> str:
-    head, sep, rest = arcname.partition("/")
-    for suffix in (".dist-info", ".data"):
-        if sep and head == old + suffix:
-            return f"{new}{suffix}/{rest}"
-    return arcname
-
-
 def _with_version(metadata: bytes, version: str, wheel: str) -> bytes:
     """METADATA with its one ``Version`` header line set to ``version``; every other byte kept."""
     head, sep, body = metadata.partition(b"\n\n")
@@ -161,7 +154,7 @@ def public_members(config: KilnConfig, variant: Variant, built: Path,
     old = dist_info.removesuffix(".dist-info")
     version = _public(old.rsplit("-", 1)[1])
     new = f"{old.rsplit('-', 1)[0]}-{version}"
-    out = {_rename(name, old, new): data for name, data in members.items()
+    out = {renamed_member(name, old, new): data for name, data in members.items()
            if not (name.startswith(f"{dist_info}/") and name.rsplit("/", 1)[-1] in ("RECORD", "RECORD.jws",
                                                                                     "RECORD.p7s"))}
     info = f"{new}.dist-info"
