@@ -26,7 +26,7 @@ PERMANENT = [
     errors.CompileError, errors.ToolchainMissingError, errors.DistributedTestError,
     errors.TestTimeoutError, errors.RegressionError, errors.BenchmarkError,
     errors.MemberTooLargeError, errors.RecordMismatchError, errors.UnsafePathError,
-    errors.LinkRefusedError, errors.TooLargeError,
+    errors.LinkRefusedError, errors.TooLargeError, errors.AbiAuditError,
 ]
 TRANSIENT = [
     errors.RetryableError, errors.ThrottledError, errors.TransientStoreError, errors.ConflictError,
