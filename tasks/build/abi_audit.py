@@ -33,7 +33,7 @@ from typing import Any, Literal
 from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from kiln.release.errors import AbiAuditError, CacheDriftError, CompileError, InvalidInputError
+from kiln.release.errors import AbiAuditError, CompileError, InvalidInputError
 from kiln.release.fsutil import sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.build.manylinux import elf_members, linux_platform
@@ -165,15 +165,8 @@ def check_claims(audit: WheelAudit) -> WheelAudit:
 
 
 def _stored(cache: BuildCache | None, key: str) -> tuple[LibraryAudit, ...] | None:
-    if cache is None:
-        return None
-    try:
-        hit = cache.get(_BATCH, key)
-    except CacheDriftError:  # already logged, the entry dropped: audited again
-        return None
-    if hit is None:
-        return None
-    return tuple(_stored_library(lib) for lib in json.loads(hit.files["report.json"]))
+    stored = None if cache is None else cache.file(_BATCH, key, "report.json")
+    return None if stored is None else tuple(_stored_library(lib) for lib in json.loads(stored))
 
 
 def _stored_library(stored: dict[str, Any]) -> LibraryAudit:

@@ -99,6 +99,15 @@ class BuildCache:
             files[name] = data
         return CacheHit(key, files)
 
+    def file(self, batch: str, key: str, name: str) -> bytes | None:
+        """The verified bytes of one file of ``key``; ``None`` on a miss, and on a drift (logged, and the
+        batch dropped by :meth:`get`), so the caller computes the entry afresh."""
+        try:
+            hit = self.get(batch, key)
+        except CacheDriftError:
+            return None
+        return hit.files.get(name) if hit else None
+
     def _drift(self, batch: str, key: str, why: str) -> None:
         removed = self.invalidate_batch(batch)
         message = (

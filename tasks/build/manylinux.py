@@ -38,7 +38,7 @@ from typing import Any
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from kiln.release.errors import CacheDriftError, CompileError
+from kiln.release.errors import CompileError
 from kiln.release.fsutil import sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.process import run_in_group
@@ -172,13 +172,8 @@ def why_not_manylinux(wheel: Path, backend: Backend, cache: BuildCache | None = 
 
 
 def _stored(cache: BuildCache | None, key: str) -> PlatformVerdict | None:
-    if cache is None:
-        return None
-    try:
-        hit = cache.get(_BATCH, key)
-    except CacheDriftError:  # already logged, the entry dropped: analysed again
-        return None
-    return PlatformVerdict(**json.loads(hit.files["verdict.json"])) if hit else None
+    stored = None if cache is None else cache.file(_BATCH, key, "verdict.json")
+    return PlatformVerdict(**json.loads(stored)) if stored is not None else None
 
 
 def _analysed(elves: Sequence[tuple[str, bytes]], backend: Backend) -> PlatformVerdict:

@@ -43,7 +43,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import CacheDriftError, ConfigError, InvalidInputError
+from kiln.release.errors import ConfigError, InvalidInputError
 from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.abi_audit import audit_members, check_claims
 from kiln.tasks.build.cache import BuildCache, digest
@@ -266,22 +266,13 @@ def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], 
     if cache is None:
         return _write_archive(out_dir, filename, members, stamp)
     key = wheel_key(filename, members, stamp)
-    stored = _cached_wheel(cache, key, filename)
+    stored = cache.file(_WHEEL_BATCH, key, filename)
     if stored is not None:
         atomic_write_bytes(out_dir / filename, stored, durable=False)  # a copy of the cache's, as the units
         return out_dir / filename
     final = _write_archive(out_dir, filename, members, stamp)
     cache.put(_WHEEL_BATCH, key, {filename: final.read_bytes()}, {"kind": "wheel"})
     return final
-
-
-def _cached_wheel(cache: BuildCache, key: str, filename: str) -> bytes | None:
-    """The stored wheel's bytes, verified against the sha256 recorded with it; ``None`` to write it afresh."""
-    try:
-        hit = cache.get(_WHEEL_BATCH, key)
-    except CacheDriftError:  # already logged, and the damaged entries dropped
-        return None
-    return hit.files.get(filename) if hit else None
 
 
 def _write_archive(out_dir: Path, filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp) -> Path:
