@@ -32,10 +32,11 @@ from typing import Any, Literal
 
 from kiln.release.errors import AlreadyPublishedError, InvalidInputError, KilnError
 from kiln.release.record import RunHeader
-from kiln.release.store import Store, open_store
+from kiln.release.store import Store
 from kiln.tasks.bench.results import BenchResults, load_results, parse_results
 from kiln.tasks.bench.trust import RELEASE_FLOW, HistoryReader, key_name, written_by
 from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.run.runs import artifact_store
 
 _log = logging.getLogger(__name__)
 
@@ -47,11 +48,9 @@ PUBLISHED_COMPARE = "published:"  # --compare published:<channel>
 
 
 def history_store(config: KilnConfig, session: Any = None) -> Store:
-    """The artifact store ``[artifacts]`` names; ``session`` holds the bench step's credentials."""
-    target = config.artifacts
-    return open_store(target.url, root=config.root, region=target.region, endpoint=target.endpoint,
-                      expected_owner=target.expected_owner, session=session,
-                      verifies_checksums=target.verifies_checksums)
+    """The artifact store ``[artifacts]`` names (history lives there); ``session`` holds the bench step's
+    credentials. Opened the one way the artifact store is, its settings (``public`` included) and all."""
+    return artifact_store(config, session)
 
 
 def _prefix(config: KilnConfig) -> str:
