@@ -51,6 +51,12 @@ def scrubbed_env(home: Path, source: Mapping[str, str] | None = None,
     return {**kept, "HOME": str(home), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", **(extra or {})}
 
 
+def user_cache(tool: str, variable: str) -> str:
+    """The installer's cache of the user running Kiln (``$variable``, else ``$XDG_CACHE_HOME/tool`` or
+    ``~/.cache/tool``): named explicitly to an installer whose ``HOME`` is a private one, so it stays warm."""
+    return os.environ.get(variable) or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / tool)
+
+
 def run_installer(cmd: Sequence[str], cwd: Path, timeout: float,
                   extra_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one installer or resolver command in ``cwd`` with :func:`scrubbed_env` (``HOME`` = a fresh
@@ -63,4 +69,4 @@ def run_installer(cmd: Sequence[str], cwd: Path, timeout: float,
                           env=scrubbed_env(home, extra=extra_env))
 
 
-__all__ = ["KEPT", "KEPT_PREFIXES", "run_installer", "scrubbed_env"]
+__all__ = ["KEPT", "KEPT_PREFIXES", "run_installer", "scrubbed_env", "user_cache"]

@@ -44,7 +44,7 @@ from packaging.utils import canonicalize_name
 
 from kiln.release.errors import PermanentError, UnsafePathError
 from kiln.release.fsutil import polled_lock
-from kiln.release.installenv import scrubbed_env
+from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
 
@@ -140,10 +140,8 @@ def pip_env(home: Path) -> dict[str, str]:
     """pip's environment when it fills a build or test-base environment: scrubbed
     (:mod:`kiln.release.installenv`), since a requirement from an index may be an sdist whose build hook is
     someone else's code, with the machine's own sources and pip's cache kept; ``HOME`` is ``home``."""
-    cache = os.environ.get("PIP_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip")
     sources = {key: os.environ[key] for key in _MACHINE_SOURCES if key in os.environ}
-    return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": cache})
+    return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": user_cache("pip", "PIP_CACHE_DIR")})
 
 
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> None:

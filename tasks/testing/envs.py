@@ -45,7 +45,6 @@ import email.parser
 import functools
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -57,7 +56,7 @@ from importlib import metadata
 from pathlib import Path
 
 from kiln.release.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
-from kiln.release.installenv import scrubbed_env
+from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.release.wheels import core_metadata
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
@@ -140,9 +139,7 @@ def installer_env() -> dict[str, str]:
     someone else's code: it must see no cloud credentials, no Prefect API key and no user's home. uv's
     cache stays the user's, named explicitly (``HOME`` is not), so a warm install stays warm.
     """
-    cache = os.environ.get("UV_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uv")
-    return scrubbed_env(_installer_home(), extra={"UV_CACHE_DIR": cache})
+    return scrubbed_env(_installer_home(), extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR")})
 
 
 def _editable_pth(distribution: str) -> str | None:
