@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.release.wheelkit, for the fixture wheel
 
+from kiln.core.wheels import read_wheel
 from kiln.release.closure import ClosureQuery, Staged, resolve
-from kiln.release.wheels import read_wheel
 from tests.release.wheelkit import make_wheel
 
 REQUIRES = ["torch>=2.6", "triton>=3.6; platform_system == 'Linux'", "numpy", "kiln-runtime"]

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kiln.release.dists import from_record  # noqa: E402
+from kiln.core.dists import from_record  # noqa: E402
 from kiln.release.index import regenerate  # noqa: E402
 
 TIMEOUT_S = 600
@@ -54,7 +54,7 @@ from pathlib import Path
 release = types.ModuleType("kiln.release")
 release.__path__ = [sys.argv[1]]
 sys.modules["kiln.release"] = release  # the baseline's modules instead of the installed ones
-import kiln.release.s3 as s3
+import kiln.core.s3 as s3
 if "verifies_checksums" not in inspect.signature(s3.S3Store).parameters:
     class S3Store(s3.S3Store):  # a baseline from before the switch: it had one behaviour for both
         def __init__(self, *args, verifies_checksums=False, **kwargs):
@@ -170,11 +170,11 @@ def bench_s3_requests(work: Path, existing: int) -> dict:
     from faults import echo_checksums  # the tests' simulation of AWS's checksum echo
     from wheelkit import make_wheel  # the tests' tiny-wheel builder
 
-    from kiln.release.dists import make_distribution
+    from kiln.core.dists import make_distribution
+    from kiln.core.manifest import RunManifest
+    from kiln.core.s3 import S3Store, make_client
     from kiln.release.index import HTML_TYPE, JSON_TYPE, generate
-    from kiln.release.manifest import RunManifest
     from kiln.release.publish import PAGE_CACHE, publish
-    from kiln.release.s3 import S3Store, make_client
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.release.wheelkit, for the fixture wheels
 
+from kiln.core.wheels import read_wheel  # noqa: E402
 from kiln.release.closure import ClosureQuery, Staged, resolve, resolve_all  # noqa: E402
-from kiln.release.wheels import read_wheel  # noqa: E402
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel  # noqa: E402
 from kiln.tasks.build.wheel import requirements  # noqa: E402
 from kiln.tasks.project.config import load_config  # noqa: E402

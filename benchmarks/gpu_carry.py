@@ -154,7 +154,7 @@ def _run(cmd: Sequence[str], what: str, timeout_s: float,
 
 
 def _wheel_metadata(wheel: Path) -> email.message.Message:
-    from kiln.release.wheels import core_metadata  # the one bounded METADATA reader
+    from kiln.core.wheels import core_metadata  # the one bounded METADATA reader
 
     return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
 

@@ -37,6 +37,10 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
+from kiln.core.errors import BenchmarkError
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord
+from kiln.core.store import Store
 from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import (
@@ -53,10 +57,6 @@ from kiln.flows.common import (
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.summary import BENCH_TREND_INFO
 from kiln.flows.test import gpu_slots
-from kiln.release.errors import BenchmarkError
-from kiln.release.manifest import Unit
-from kiln.release.record import RunRecord
-from kiln.release.store import Store
 from kiln.tasks.bench import history as benchhistory
 from kiln.tasks.bench.compare import Comparison, KernelOutcome, compare_results, comparison_record, kernel_unit
 from kiln.tasks.bench.forking import MeasureServer

@@ -16,12 +16,12 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from kiln.core.errors import InvalidInputError, KilnError, PermanentError
+from kiln.core.objects import Store
+from kiln.core.record import RunHeader, open_record
 from kiln.flows.build import build_flow
 from kiln.flows.common import store_session, sync_state, unwalked
-from kiln.release.errors import InvalidInputError, KilnError, PermanentError
-from kiln.release.objects import Store
 from kiln.release.readonly import ReadOnlyStore
-from kiln.release.record import RunHeader, open_record
 from kiln.tasks.bench.compare import compare_case
 from kiln.tasks.bench.measure import run_measure
 from kiln.tasks.bench.results import CaseResult

@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from kiln.core.record import Checkout
 from kiln.flows import progress
 from kiln.flows.common import (
     finish_stage,
@@ -29,7 +30,6 @@ from kiln.flows.common import (
     unwalked,
 )
 from kiln.flows.runname import name_this_run, run_name
-from kiln.release.record import Checkout
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build.cache import BuildCache

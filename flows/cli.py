@@ -28,7 +28,7 @@ from kiln.flows.local.environment import apply_defaults
 
 apply_defaults()  # before anything imports prefect
 
-from kiln.release.errors import EXIT_FAILED, EXIT_OK, KilnError  # noqa: E402
+from kiln.core.errors import EXIT_FAILED, EXIT_OK, KilnError  # noqa: E402
 from kiln.tasks.bench.results import MetricChoice  # noqa: E402
 from kiln.tasks.project.config import BENCH_SIZES, CHANNELS  # noqa: E402
 from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402

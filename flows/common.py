@@ -2,7 +2,7 @@
 
 A flow decides order, isolation and final state; these helpers make the
 last two uniform: every stage records its units in the run's record (in the
-artifact store, see :mod:`kiln.release.record`), leaves a table artifact of
+artifact store, see :mod:`kiln.core.record`), leaves a table artifact of
 them, and ends Failed with "N of M units failed" when any unit failed. A
 unit is recorded from its Prefect task's *final* state, by the flow, so the
 record and the UI always agree.
@@ -31,10 +31,10 @@ from prefect.states import Failed, get_state_result
 from prefect.utilities.annotations import quote
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from kiln.core.errors import is_retryable
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord
 from kiln.flows import cancel
-from kiln.release.errors import is_retryable
-from kiln.release.manifest import Unit
-from kiln.release.record import RunRecord
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.coverage import COVERAGE_INFO, coverage_rows
 from kiln.tasks.run.runs import artifact_store, check_checkout, continue_run, start_run

@@ -21,7 +21,7 @@ from typing import Any, cast
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from kiln.release.errors import AccessDeniedError, ConfigError, TransientStoreError
+from kiln.core.errors import AccessDeniedError, ConfigError, TransientStoreError
 from kiln.release.policies import policies_from_config, s3_target, session_policy
 from kiln.release.policies import read_only as read_only_policy
 from kiln.tasks.project.config import KilnConfig

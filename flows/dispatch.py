@@ -38,12 +38,12 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import task_run
 
+from kiln.core.errors import WorkerLostError
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord
 from kiln.flows.common import logger, record, retry_on_retryable
 from kiln.flows.runname import run_name
 from kiln.flows.waiting import Waiting, cancel_run, live_workers, no_live_worker, wait_for_run
-from kiln.release.errors import WorkerLostError
-from kiln.release.manifest import Unit
-from kiln.release.record import RunRecord
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.process import check_cancelled
 from kiln.tasks.project.config import KilnConfig, Suite

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from kiln.core.errors import InvalidInputError
 from kiln.flows.common import store_session
-from kiln.release.errors import InvalidInputError
 from kiln.tasks.bench import history as benchhistory
 from kiln.tasks.bench import series
 from kiln.tasks.bench.plots import plot_trend

@@ -25,6 +25,7 @@ from typing import Any
 from prefect import State, flow, get_run_logger
 from prefect.states import Completed, Failed
 
+from kiln.core.record import RunRecord
 from kiln.flows.bench import bench_flow
 from kiln.flows.common import (
     coverage_report,
@@ -40,7 +41,6 @@ from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_sui
 from kiln.flows.summary import render_markdown
 from kiln.flows.test import quarantine_report, test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
-from kiln.release.record import RunRecord
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO

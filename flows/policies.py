@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from kiln.release.fsutil import atomic_write_text
+from kiln.core.fsutil import atomic_write_text
 from kiln.release.policies import policies_from_config, render
 from kiln.tasks.project.config import load_config
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord, open_record
 from kiln.flows.common import record, store_session
-from kiln.release.manifest import Unit
-from kiln.release.record import RunRecord, open_record
 from kiln.tasks import promotion
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.runs import artifact_store

@@ -19,6 +19,10 @@ from packaging.utils import canonicalize_name
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from kiln.core.errors import IMMUTABLE_HINT, ConfigError, IntegrityError, PermanentError
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord
+from kiln.core.store import Store
 from kiln.flows.common import (
     finish_stage,
     markdown_report,
@@ -30,9 +34,7 @@ from kiln.flows.common import (
 )
 from kiln.flows.runname import name_this_run, run_name
 from kiln.release.closure import ClosureQuery, ClosureResult, resolve, unique_queries
-from kiln.release.errors import IMMUTABLE_HINT, ConfigError, IntegrityError, PermanentError
 from kiln.release.index import ProjectStatus
-from kiln.release.manifest import Unit
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.publish import (
     COMBINED,
@@ -47,9 +49,7 @@ from kiln.release.publish import (
     publish_pages,
     upload_file,
 )
-from kiln.release.record import RunRecord
 from kiln.release.staging import StagingStore
-from kiln.release.store import Store
 from kiln.tasks import releasing
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.project.config import KilnConfig, load_config

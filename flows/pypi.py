@@ -21,12 +21,12 @@ from prefect import State, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed
 
+from kiln.core.errors import ConfigError
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord
 from kiln.flows.common import markdown_report, record, retry_on_retryable, unit_from_state
 from kiln.flows.publish import RETRY_DELAY_S, RETRY_JITTER, UPLOAD_RETRIES
-from kiln.release.errors import ConfigError
-from kiln.release.manifest import Unit
 from kiln.release.pypi_release import PreparedUpload, prepare_upload
-from kiln.release.record import RunRecord
 from kiln.release.upload import Credentials, Endpoint, Outcome, upload_file
 from kiln.tasks import uploading
 from kiln.tasks.project.config import KilnConfig

@@ -39,6 +39,8 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.states import Completed, Failed
 
+from kiln.core.errors import ConfigError
+from kiln.core.record import RunRecord
 from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.common import coverage_report, markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
@@ -50,9 +52,7 @@ from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.summary import coverage_markdown
 from kiln.flows.test import test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
-from kiln.release.errors import ConfigError
 from kiln.release.publish import publish
-from kiln.release.record import RunRecord
 from kiln.release.verify import verify_published
 from kiln.tasks import releasing, uploading
 from kiln.tasks.project.config import Channel, KilnConfig, load_config

@@ -19,7 +19,7 @@ from typing import Any
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from kiln.release.record import Checkout, RunRecord
+from kiln.core.record import Checkout, RunRecord
 
 logger = logging.getLogger(__name__)
 COMMIT_CHARS = 12

@@ -15,12 +15,12 @@ from prefect import State
 from prefect.futures import PrefectFuture, wait
 from prefect.states import Completed, Failed
 
+from kiln.core.manifest import Unit
+from kiln.core.record import RunRecord
 from kiln.flows.build import build_flow
 from kiln.flows.common import record, sync_state, unit_from_state
 from kiln.flows.dispatch import Remote, dispatch_build, dispatch_publish, dispatch_suite, dispatching
 from kiln.flows.publish import publish_flow
-from kiln.release.manifest import Unit
-from kiln.release.record import RunRecord
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing.suite import targets

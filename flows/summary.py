@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from kiln.core.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
 from kiln.flows.hint import first_lines, install_command, install_reason
-from kiln.release.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
 from kiln.tasks.run.coverage import COVERAGE_INFO
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table

@@ -25,12 +25,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.states import Failed
 
+from kiln.core.record import RunRecord
 from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.summary import QUARANTINE_INFO, TEST_TABLE_INFO
-from kiln.release.record import RunRecord
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing import quarantine
 from kiln.tasks.testing.changes import suites_to_run

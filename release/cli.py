@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiln.release import nofollow
-from kiln.release.dists import Distribution, from_records
-from kiln.release.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, IntegrityError, InvalidInputError, KilnError
-from kiln.release.fsutil import write_new_tree
+from kiln.core import nofollow
+from kiln.core.dists import Distribution, from_records
+from kiln.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, IntegrityError, InvalidInputError, KilnError
+from kiln.core.fsutil import write_new_tree
 from kiln.release.index import generate
 
 if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln index` start
@@ -75,7 +75,7 @@ def _parse_joined(joined: str, count: int) -> list[object] | None:
 
 def read_wheel_dir(directory: Path) -> tuple[list[Distribution], dict[str, tuple[Path, bytes]]]:
     """Every ``*.whl`` in ``directory``: records, and (source, METADATA bytes) by filename."""
-    from kiln.release.wheels import check_record, read_wheel  # zip and email parsing only for a wheel directory
+    from kiln.core.wheels import check_record, read_wheel  # zip and email parsing only for a wheel directory
 
     if not directory.is_dir():
         raise InvalidInputError(f"wheel directory {directory} does not exist")

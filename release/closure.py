@@ -44,11 +44,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from kiln.release.dists import Distribution
-from kiln.release.errors import InfrastructureError, InvalidInputError
+from kiln.core.dists import Distribution
+from kiln.core.errors import InfrastructureError, InvalidInputError
+from kiln.core.wheels import core_metadata
 from kiln.release.index import generate
 from kiln.release.provenance import foreign, pip_dry_run
-from kiln.release.wheels import core_metadata
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,17 @@ Three kinds exist, chosen by the URL's scheme (:func:`open_source`):
   index documents, so an index in a bucket is verified here, by key; pip and
   uv install it through :class:`kiln.release.serve.IndexServer`.
 
-Every failure is a :class:`~kiln.release.errors.FetchError` naming the URL.
+Every failure is a :class:`~kiln.core.errors.FetchError` naming the URL.
 
 A source reads only what its index may serve: an HTTP source fetches http(s)
 URLs on the index's own origin (scheme, host, port) and on the extra indexes
 the caller names, redirects included; a store source reads keys below its
 root, and a local file only while its links stay inside the directory. Any
-other link is a :class:`~kiln.release.errors.LinkRefusedError`, raised before
+other link is a :class:`~kiln.core.errors.LinkRefusedError`, raised before
 anything is fetched. Every read streams under a cap — a file's declared size,
 else :attr:`FetchLimits.max_file_bytes`; a page's
 :attr:`FetchLimits.max_page_bytes` — and a per-file deadline, past which it
-stops with :class:`~kiln.release.errors.TooLargeError`.
+stops with :class:`~kiln.core.errors.TooLargeError`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import IO, Any, Protocol
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 from urllib.request import url2pathname
 
-from kiln.release.errors import (
+from kiln.core.errors import (
     FetchError,
     InvalidInputError,
     KilnError,
@@ -57,8 +57,8 @@ from kiln.release.errors import (
     TooLargeError,
     UnsafePathError,
 )
+from kiln.core.store import LocalStore, Store, open_store
 from kiln.release.index import HTML_PAGE, JSON_PAGE, JSON_TYPE
-from kiln.release.store import LocalStore, Store, open_store
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.install import check_index_url, python_command
 from kiln.release.installenv import run_installer
 from kiln.release.provenance import foreign, pip_dry_run

@@ -51,14 +51,14 @@ from urllib.parse import quote
 
 from packaging.version import Version
 
-from kiln.release.dists import (
+from kiln.core.dists import (
     VARIANTS_JSON_SUFFIX,
     Distribution,
     check_filename,
     make_distribution,
     parse_upload_time,
 )
-from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.core.errors import IntegrityError, InvalidInputError
 
 API_VERSION = "1.4"  # PEP 792 (project status markers) is 1.4
 Status = Literal["active", "archived", "quarantined", "deprecated"]  # PEP 792's markers

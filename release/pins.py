@@ -26,9 +26,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.dists import check_sha256, parse_filename
-from kiln.release.errors import IntegrityError, InvalidInputError, TransientStoreError
-from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.core.dists import check_sha256, parse_filename
+from kiln.core.errors import IntegrityError, InvalidInputError, TransientStoreError
+from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 
 # The steps that get their own credentials and policy; kiln.toml [permissions.<step>] keys.
 Step = Literal["build", "test", "bench", "publish-nightly", "publish-release", "prune-nightly"]

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from packaging.utils import canonicalize_name
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.install import index_options
 from kiln.release.installenv import run_installer
 

@@ -25,7 +25,7 @@ prune killed anywhere and run again completes. Pages change only by
 compare-and-swap, re-read and re-merged on a lost race: a publish racing a
 prune loses no entry (:func:`kiln.release.publish.cas_pages`).
 
-Deletion is not part of the :class:`~kiln.release.objects.Store` protocol
+Deletion is not part of the :class:`~kiln.core.objects.Store` protocol
 (nothing that publishes can delete); a prune needs a store that also has
 ``delete`` (:class:`DeletingStore`, the local and S3 ones), opened with the
 prune step's own credentials (``kiln policies``: ``prune-nightly`` may delete
@@ -46,8 +46,10 @@ from urllib.parse import unquote
 
 from packaging.utils import canonicalize_name
 
-from kiln.release.dists import VARIANTS_JSON_SUFFIX, Distribution, check_sha256, parse_filename
-from kiln.release.errors import InvalidInputError
+from kiln.core.dists import VARIANTS_JSON_SUFFIX, Distribution, check_sha256, parse_filename
+from kiln.core.errors import InvalidInputError
+from kiln.core.objects import Store
+from kiln.core.swap import until_swapped
 from kiln.release.index import (
     HTML_PAGE,
     JSON_PAGE,
@@ -58,9 +60,7 @@ from kiln.release.index import (
     project_pages,
     variants_file_path,
 )
-from kiln.release.objects import Store
 from kiln.release.publish import cas_pages
-from kiln.release.swap import until_swapped
 
 log = logging.getLogger(__name__)
 

@@ -80,10 +80,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from kiln.core.dists import Distribution, make_distribution
+from kiln.core.errors import AlreadyPublishedError, IntegrityError, InvalidInputError
+from kiln.core.fsutil import sha256_bytes, sha256_file
+from kiln.core.manifest import RunManifest
+from kiln.core.store import Store
+from kiln.core.swap import until_swapped
+from kiln.core.wheels import core_metadata, read_wheel
 from kiln.release.closure import ClosureQuery, ClosureResult, Staged
-from kiln.release.dists import Distribution, make_distribution
-from kiln.release.errors import AlreadyPublishedError, IntegrityError, InvalidInputError
-from kiln.release.fsutil import sha256_bytes, sha256_file
 from kiln.release.index import (
     ACTIVE,
     HTML_PAGE,
@@ -98,11 +102,7 @@ from kiln.release.index import (
     root_pages,
     variants_file_path,
 )
-from kiln.release.manifest import RunManifest
-from kiln.release.store import Store
-from kiln.release.swap import until_swapped
 from kiln.release.variants import dumps, merge_variants, read_wheel_variant, variants_json_name, wheel_variant_label
-from kiln.release.wheels import core_metadata, read_wheel
 
 log = logging.getLogger(__name__)
 

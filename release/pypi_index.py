@@ -5,8 +5,8 @@ sha256, PEP 700 size and upload time); a server that answers PEP 503 HTML
 (pypiserver) gives names and ``#sha256=`` fragments only, so sizes and upload
 times are then unknown (the plan says so). Faults are typed where they are
 met: a server that did not answer or answered 5xx/429 is a
-:class:`~kiln.release.errors.TransientStoreError` (retried), anything else a
-:class:`~kiln.release.errors.FetchError` naming the URL.
+:class:`~kiln.core.errors.TransientStoreError` (retried), anything else a
+:class:`~kiln.core.errors.FetchError` naming the URL.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from kiln.release.errors import FetchError, ThrottledError, TransientStoreError
+from kiln.core.errors import FetchError, ThrottledError, TransientStoreError
 from kiln.release.pypi_plan import IndexFile
 
 log = logging.getLogger(__name__)

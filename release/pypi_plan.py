@@ -27,7 +27,7 @@ from typing import Literal
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
-from kiln.release.errors import IMMUTABLE_HINT, InvalidInputError
+from kiln.core.errors import IMMUTABLE_HINT, InvalidInputError
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.pypi_index import read_index
 from kiln.release.pypi_plan import IndexFile, Limits, UploadPlan, plan_upload
 from kiln.release.reversion import public_wheel

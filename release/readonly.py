@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.release.errors import AccessDeniedError
-from kiln.release.objects import ObjectInfo, Store
+from kiln.core.errors import AccessDeniedError
+from kiln.core.objects import ObjectInfo, Store
 
 
 class ReadOnlyStore:

@@ -37,7 +37,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from kiln.release.errors import FetchError
+from kiln.core.errors import FetchError
 
 log = logging.getLogger(__name__)
 

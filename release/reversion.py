@@ -5,7 +5,7 @@ public version, as PyTorch's ``prep_binary_for_pypi`` does. Nothing else
 changes: every member keeps its bytes, zip date and mode; only ``METADATA``'s
 ``Version``, the ``.dist-info``/``.data`` directory names, the version in
 Kiln's SBOM (PEP 770) and ``RECORD`` (recomputed by ``wheel.WheelFile``) do.
-The source wheel's ``RECORD`` is checked first (:func:`kiln.release.wheels.check_record`):
+The source wheel's ``RECORD`` is checked first (:func:`kiln.core.wheels.check_record`):
 promoting bytes no one can vouch for is refused.
 """
 
@@ -25,8 +25,8 @@ from packaging.utils import BuildTag, InvalidWheelFilename, NormalizedName, cano
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.wheels import check_record, open_wheel, read_member, renamed_member
+from kiln.core.errors import InvalidInputError
+from kiln.core.wheels import check_record, open_wheel, read_member, renamed_member
 
 SBOM_SUFFIX = ".cdx.json"  # CycloneDX documents under <dist-info>/sboms/ (PEP 770)
 MAX_MEMBER_BYTES = 1 << 30  # PyPI's largest grant: no member of a wheel it takes is larger

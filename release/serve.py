@@ -18,9 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
-from kiln.release.errors import InvalidInputError, KilnError
+from kiln.core.errors import InvalidInputError, KilnError
+from kiln.core.store import Store, check_key
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE
-from kiln.release.store import Store, check_key
 
 log = logging.getLogger(__name__)
 

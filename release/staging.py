@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.release.errors import AlreadyPublishedError, ConflictError
-from kiln.release.fsutil import sha256_bytes
-from kiln.release.store import LocalStore, ObjectInfo, Store
+from kiln.core.errors import AlreadyPublishedError, ConflictError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.store import LocalStore, ObjectInfo, Store
 
 
 class StagingStore:

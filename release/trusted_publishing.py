@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import id as oidc
 
-from kiln.release.errors import ConfigError, PermanentError, ThrottledError, TransientStoreError
+from kiln.core.errors import ConfigError, PermanentError, ThrottledError, TransientStoreError
 from kiln.release.upload import Credentials
 
 log = logging.getLogger(__name__)

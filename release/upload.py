@@ -9,8 +9,8 @@ An upload is made idempotent by checking the index first, every time
 (:func:`upload_file`): a retry after a lost answer finds its file there with
 the same sha256 and sends nothing. Twine's failures are translated here, once:
 no answer, a timeout, 5xx and 429 are retryable
-(:class:`~kiln.release.errors.TransientStoreError`, ``ThrottledError``);
-401/403 are :class:`~kiln.release.errors.AccessDeniedError`; any other refusal
+(:class:`~kiln.core.errors.TransientStoreError`, ``ThrottledError``);
+401/403 are :class:`~kiln.core.errors.AccessDeniedError`; any other refusal
 is :class:`UploadRefusedError` with the server's reason.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kiln.release.errors import (
+from kiln.core.errors import (
     AccessDeniedError,
     AlreadyPublishedError,
     IntegrityError,
@@ -35,10 +35,10 @@ from kiln.release.errors import (
     ThrottledError,
     TransientStoreError,
 )
-from kiln.release.fsutil import sha256_file
+from kiln.core.fsutil import sha256_file
+from kiln.core.wheels import open_wheel
 from kiln.release.pypi_index import read_index
 from kiln.release.pypi_plan import LARGEST_LISTED, Candidate, IndexFile, Member, version_of
-from kiln.release.wheels import open_wheel
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.wheels import WheelSource, open_wheel, read_member
+from kiln.core.errors import InvalidInputError
+from kiln.core.wheels import WheelSource, open_wheel, read_member
 
 #: The schema Kiln writes: PEP 825's variant metadata with PEP 850's provider table.
 VARIANT_SCHEMA = "https://variants-schema.wheelnext.dev/peps/850/v0.2.0.json"

@@ -57,19 +57,19 @@ from packaging.metadata import parse_email
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from kiln.release.dists import VARIANTS_JSON_SUFFIX, parse_filename
-from kiln.release.errors import FetchError, IntegrityError, InvalidInputError, LinkRefusedError, TooLargeError
+from kiln.core.dists import VARIANTS_JSON_SUFFIX, parse_filename
+from kiln.core.errors import FetchError, IntegrityError, InvalidInputError, LinkRefusedError, TooLargeError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.objects import Store
+from kiln.core.wheels import core_metadata, import_names, member_limit, record_problems
 from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
-from kiln.release.fsutil import sha256_bytes
 from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, held_requirements, install_and_import
-from kiln.release.objects import Store
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
 from kiln.release.provenance import shadowed
 from kiln.release.publish import COMBINED
 from kiln.release.serve import IndexServer
 from kiln.release.variants import VARIANT_JSON_LIMIT, merge_variants, read_wheel_variant, wheel_variant_label
-from kiln.release.wheels import core_metadata, import_names, member_limit, record_problems
 
 log = logging.getLogger(__name__)
 

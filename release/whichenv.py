@@ -5,7 +5,7 @@ interpreter, with :func:`packaging.tags.sys_tags`), ``--platform manylinux_2_28_
 manylinux of that arch is accepted too, as a manylinux system accepts them; else this machine's platforms),
 ``--torch 2.14.1``, ``--cuda 13.0`` / ``--rocm 6.4`` and ``--arch 9.0`` (else what the installed torch says:
 its version, ``torch.version.cuda`` or ``.hip``, the visible GPU's capability; none without torch). ``none``
-states an axis is absent. A bad value is an :class:`~kiln.release.errors.InvalidInputError` naming it.
+states an axis is absent. A bad value is an :class:`~kiln.core.errors.InvalidInputError` naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from packaging import tags
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.which import Backend, Environment
 
 log = logging.getLogger(__name__)

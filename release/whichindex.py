@@ -22,11 +22,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import FetchError, InvalidInputError
+from kiln.core.errors import FetchError, InvalidInputError
+from kiln.core.wheels import member_limit
 from kiln.release.fetch import IndexSource, Page, file_bytes, open_source
 from kiln.release.install import held_requirements, pip_steps
 from kiln.release.pageforms import anchors, filename_of, html_files, json_files
-from kiln.release.wheels import member_limit
 from kiln.release.which import Candidate
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from packaging.metadata import parse_email
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from kiln.core.wheels import core_metadata
 from kiln.release.publish import COMBINED, Plan, Upload
 from kiln.release.remote import Lookup, newest_release
 from kiln.release.variants import wheel_variant_label
-from kiln.release.wheels import core_metadata
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 
-from kiln.release.errors import PermanentError
+from kiln.core.errors import PermanentError
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from kiln.release.errors import IntegrityError, PermanentError
-from kiln.release.manifest import Artifact, RunManifest, Unit
+from kiln.core.errors import IntegrityError, PermanentError
+from kiln.core.manifest import Artifact, RunManifest, Unit
+from kiln.core.wheels import open_wheel
 from kiln.release.reversion import reversioned_wheel
-from kiln.release.wheels import open_wheel
 from kiln.tasks.releasing import RAN
 
 FINAL_STATE_INFO = "final_state"  # the nightly's end, as its flow concluded it (kiln.flows.nightly.conclude)

@@ -18,15 +18,15 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.core.errors import ConfigError, InvalidInputError
+from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
+from kiln.core.manifest import RunManifest
+from kiln.core.store import Store, open_store
+from kiln.core.swap import put_until_swapped
 from kiln.release.fetch import StoreSettings
-from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
-from kiln.release.manifest import RunManifest
 from kiln.release.publish import COMBINED, PAGE_CACHE, Plan, untested
 from kiln.release.remote import newest_release
-from kiln.release.store import Store, open_store
-from kiln.release.swap import put_until_swapped
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig
 

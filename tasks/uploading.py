@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kiln.core.errors import ConfigError
+from kiln.core.manifest import RunManifest
 from kiln.release import trusted_publishing
-from kiln.release.errors import ConfigError
-from kiln.release.manifest import RunManifest
 from kiln.release.pypi_plan import GIB, MIB, Limits
 from kiln.release.pypi_release import UploadRequest
 from kiln.release.upload import Credentials, Endpoint

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
+from kiln.core.errors import InfrastructureError
 from kiln.flows.local import server_watch
 from kiln.flows.local.server_home import (
     AUTH_FILE,
@@ -64,7 +65,6 @@ from kiln.flows.local.server_home import (
 )
 from kiln.flows.local.server_identity import HEALTH_TIMEOUT_S, answers_only_us, owns_port
 from kiln.flows.local.server_identity import healthy as healthy
-from kiln.release.errors import InfrastructureError
 from kiln.tasks.process import terminate
 
 _log = logging.getLogger(__name__)

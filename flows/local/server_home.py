@@ -27,7 +27,7 @@ import stat
 import time
 from pathlib import Path
 
-from kiln.release.errors import InfrastructureError
+from kiln.core.errors import InfrastructureError
 
 _log = logging.getLogger(__name__)
 

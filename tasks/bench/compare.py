@@ -30,7 +30,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from kiln.release.manifest import Unit, UnitState
+from kiln.core.manifest import Unit, UnitState
 from kiln.tasks.bench.results import BenchResults, CaseResult, Stats
 from kiln.tasks.bench.stats import Summary, Verdict, judge, paired_ratios, summarize
 from kiln.tasks.bench.window import WindowCase

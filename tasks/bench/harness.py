@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from kiln.release.errors import BenchmarkError, ConfigError, InfrastructureError, KilnError
-from kiln.release.manifest import Artifact, Unit
+from kiln.core.errors import BenchmarkError, ConfigError, InfrastructureError, KilnError
+from kiln.core.manifest import Artifact, Unit
 from kiln.tasks.bench import gpu as benchgpu
 from kiln.tasks.bench.results import (
     BenchResults,

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kiln.release.errors import AlreadyPublishedError, InvalidInputError, KilnError
-from kiln.release.record import RunHeader
-from kiln.release.store import Store
+from kiln.core.errors import AlreadyPublishedError, InvalidInputError, KilnError
+from kiln.core.record import RunHeader
+from kiln.core.store import Store
 from kiln.tasks.bench.results import BenchResults, load_results, parse_results
 from kiln.tasks.bench.trust import RELEASE_FLOW, HistoryReader, key_name, written_by
 from kiln.tasks.project.config import KilnConfig

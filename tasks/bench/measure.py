@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import BenchmarkError, InfrastructureError, KilnError
-from kiln.release.fsutil import atomic_write_text
+from kiln.core.errors import BenchmarkError, InfrastructureError, KilnError
+from kiln.core.fsutil import atomic_write_text
 from kiln.tasks.bench.forking import MeasureServer, serve
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
 from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded, without_secrets

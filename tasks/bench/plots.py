@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.release.fsutil import atomic_write_bytes
+from kiln.core.fsutil import atomic_write_bytes
 from kiln.tasks.bench.results import BenchResults, CaseResult
 
 if TYPE_CHECKING:

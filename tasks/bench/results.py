@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.fsutil import atomic_write_text
+from kiln.core.errors import InvalidInputError
+from kiln.core.fsutil import atomic_write_text
 
 SCHEMA_VERSION: Literal[1] = 1
 Metric = Literal["graph_replay", "eager", "cpu"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.bench.policy import Judgement, judge_window
 from kiln.tasks.bench.results import BenchResults
 from kiln.tasks.project.config import RegressionPolicy

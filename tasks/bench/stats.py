@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.record import RunHeader, load_header
-from kiln.release.store import Store
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.record import RunHeader, load_header
+from kiln.core.store import Store
 from kiln.tasks.bench.results import BenchResults, iso_time, parse_time
 
 _log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from typing import Any, Literal
 from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from kiln.release.errors import AbiAuditError, CompileError, InvalidInputError
-from kiln.release.fsutil import sha256_bytes
+from kiln.core.errors import AbiAuditError, CompileError, InvalidInputError
+from kiln.core.fsutil import sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.build.manylinux import elf_members, linux_platform
 from kiln.tasks.process import run_in_group

@@ -23,7 +23,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import CompileError
+from kiln.core.errors import CompileError
 from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.project.registry_types import TritonRecord
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from kiln.release.errors import CompileError
+from kiln.core.errors import CompileError
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env, pip_env

@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.release.errors import PermanentError, UnsafePathError
-from kiln.release.fsutil import polled_lock
+from kiln.core.errors import PermanentError, UnsafePathError
+from kiln.core.fsutil import polled_lock
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool

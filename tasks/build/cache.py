@@ -29,8 +29,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.release.errors import CacheDriftError
-from kiln.release.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
+from kiln.core.errors import CacheDriftError
+from kiln.core.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
 
 _log = logging.getLogger(__name__)
 

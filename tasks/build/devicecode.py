@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.release.errors import CompileError
-from kiln.release.wheels import copy_member
+from kiln.core.errors import CompileError
+from kiln.core.wheels import copy_member
 from kiln.tasks.build.archs import parse_rocm_arch
 from kiln.tasks.build.nvcc import embedded_archs, expected_contents
 
@@ -93,7 +93,7 @@ def wheel_contents(wheel: Path, cuobjdump: str | None, limit: int = MAX_LIBRARY_
     """Every shared library in ``wheel`` (its arcname) and the device code it embeds.
 
     Each library is inflated streaming to a temporary file, at most ``limit`` bytes (checked against its zip
-    header first): a library past it is a :class:`~kiln.release.errors.MemberTooLargeError` naming the wheel."""
+    header first): a library past it is a :class:`~kiln.core.errors.MemberTooLargeError` naming the wheel."""
     with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory(prefix="kiln-devicecode-") as tmp:
         found = {}
         for index, name in enumerate(n for n in sorted(archive.namelist()) if _LIBRARY.search(n)):

@@ -38,8 +38,8 @@ from typing import Any
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from kiln.release.errors import CompileError
-from kiln.release.fsutil import sha256_bytes
+from kiln.core.errors import CompileError
+from kiln.core.fsutil import sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.process import run_in_group
 from kiln.tasks.project.config import Backend

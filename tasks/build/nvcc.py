@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.release.errors import CompileError, ToolchainMissingError
+from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.process import run_in_group

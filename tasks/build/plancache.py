@@ -40,7 +40,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, ver
 from pathlib import Path
 from typing import Any
 
-from kiln.release.fsutil import atomic_write_text, sha256_file
+from kiln.core.fsutil import atomic_write_text, sha256_file
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import NvccSettings
 from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan, kiln_state

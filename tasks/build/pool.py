@@ -15,9 +15,9 @@ process group and takes the parent's import path over its connection.
 An exception raised in a worker comes back as itself — pickled, with the
 worker's formatted traceback — and is re-raised in the parent from a
 :class:`RemoteTraceback` holding that text (as ``concurrent.futures`` does).
-A :class:`~kiln.release.errors.KilnError` keeps its type; anything else is an
+A :class:`~kiln.core.errors.KilnError` keeps its type; anything else is an
 error of the worker, not of the code it was asked to judge, and becomes a
-:class:`~kiln.release.errors.BuildWorkerError` raised from it.
+:class:`~kiln.core.errors.BuildWorkerError` raised from it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kiln.release.errors import BuildWorkerError, InfrastructureError, KilnError
+from kiln.core.errors import BuildWorkerError, InfrastructureError, KilnError
 from kiln.tasks.process import (
     Escalation,
     LadderResult,

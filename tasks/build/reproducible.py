@@ -32,7 +32,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kiln.release.errors import CompileError
+from kiln.core.errors import CompileError
 from kiln.tasks.build.wheel import ZIP_EPOCH  # a wheel's stamp outside git: the build's epoch then too
 
 _log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ library's email parser as ``wheel`` itself does, and the wheel is written
 again with :func:`kiln.tasks.build.wheel.write_wheel` (``wheel.WheelFile``:
 ``RECORD`` recomputed). Reading goes through ``WheelFile`` too, which checks
 every member against the backend's ``RECORD``, and every member is read
-bounded (:func:`kiln.release.wheels.read_member`): the ones Kiln parses at
+bounded (:func:`kiln.core.wheels.read_member`): the ones Kiln parses at
 their own limits, the rest (libraries) at most a library's limit. The ``.dist-info`` and
 ``.data`` directories are renamed for the new version; when Kiln adds AOT
 artifacts (a registry beside the backend) they land under ``<package>/_aot/``
@@ -36,8 +36,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import CompileError, MemberTooLargeError
-from kiln.release.wheels import MEMBER_LIMITS, member_limit, read_member
+from kiln.core.errors import CompileError, MemberTooLargeError
+from kiln.core.wheels import MEMBER_LIMITS, member_limit, read_member
 from kiln.tasks.build.abi_audit import audit_members, check_claims
 from kiln.tasks.build.buildenv import requires
 from kiln.tasks.build.cache import BuildCache

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import cast
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 from kiln.tasks.build.wheel import _CACHE_SUFFIXES, _CACHES, WheelStamp, wheel_filename, wheel_metadata, write_wheel
 
 DISTRIBUTION = "kiln-runtime"

@@ -17,13 +17,13 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from kiln.release.errors import CompileError, ConfigError
+from kiln.core.errors import CompileError, ConfigError
 
 _GIT_TIMEOUT_S = 60
 # Directories that are build outputs or tool state, never a project's source (used outside git only).
 _NOT_SOURCE = {".git", ".kiln", ".venv", "build", "dist", "out", "__pycache__", ".tox", ".nox"}
 _KILN_DIR = ".kiln"
-_RUN_MANIFEST = "run.json"  # kiln.release.manifest.MANIFEST_NAME: a run's local view holds one
+_RUN_MANIFEST = "run.json"  # kiln.core.manifest.MANIFEST_NAME: a run's local view holds one
 
 
 def module_file(package_dir: Path, package: str, module: str) -> Path | None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import AbiAuditError, ToolchainMissingError
-from kiln.release.fsutil import atomic_write_text
-from kiln.release.manifest import ArtifactKind, Unit
-from kiln.release.record import Checkout
+from kiln.core.errors import AbiAuditError, ToolchainMissingError
+from kiln.core.fsutil import atomic_write_text
+from kiln.core.manifest import ArtifactKind, Unit
+from kiln.core.record import Checkout
 from kiln.tasks.build import plancache
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home

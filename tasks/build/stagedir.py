@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kiln.release.errors import CompileError
-from kiln.release.fsutil import polled_lock
+from kiln.core.errors import CompileError
+from kiln.core.fsutil import polled_lock
 
 _log = logging.getLogger(__name__)
 BASE = Path("/tmp")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kiln.release.errors import CacheDriftError, CompileError, KilnError
-from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
-from kiln.release.manifest import Unit
+from kiln.core.errors import CacheDriftError, CompileError, KilnError
+from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.core.manifest import Unit
 from kiln.tasks.build.aot import check_elf_arch
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip

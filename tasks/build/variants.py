@@ -28,9 +28,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
+from kiln.core.wheels import renamed_member
 from kiln.release.variants import NULL_LABEL, VARIANT_JSON, VARIANT_SCHEMA, dumps, variant_filename
-from kiln.release.wheels import renamed_member
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.rewheel import read_members
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom

@@ -43,8 +43,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
-from kiln.release.errors import ConfigError, InvalidInputError
-from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.core.errors import ConfigError, InvalidInputError
+from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.tasks.build.abi_audit import audit_members, check_claims
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.build.manylinux import linux_platform, manylinux_tag

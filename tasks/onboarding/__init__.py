@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 from kiln.tasks.onboarding.inspect import Findings, OnboardingError, inspect_project
 from kiln.tasks.onboarding.render import render
 

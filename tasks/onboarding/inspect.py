@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 from kiln.tasks.onboarding.names import Declared, declared_metadata, declared_packages, package_bases, parse_setup_py
 from kiln.tasks.onboarding.switches import read_switches
 

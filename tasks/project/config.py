@@ -23,7 +23,7 @@ from packaging.utils import InvalidName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.release.index import ProjectStatus, Status
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
 from kiln.tasks.bench.results import Metric

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
+from kiln.core.store import check_key
 from kiln.release.policies import prefix_problem
-from kiln.release.store import check_key
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # S3's bucket naming rules (lowercase, 3-63 characters, no '..').
@@ -127,7 +127,7 @@ def _matching(pattern: str, problem: str) -> Callable[[str], str]:
 
 
 def check_store_url(value: str) -> str:
-    """A ``file://`` directory or an ``s3://bucket/prefix``, as :func:`kiln.release.store.open_store` takes."""
+    """A ``file://`` directory or an ``s3://bucket/prefix``, as :func:`kiln.core.store.open_store` takes."""
     if value.startswith("file://"):
         return _file_url(value)
     if value.startswith("s3://"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, get_args
 
-from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.runtime import spec
 from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.build.sources import module_file

@@ -24,16 +24,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.release.errors import (
+from kiln.core.errors import (
     IntegrityError,
     InvalidInputError,
     KilnError,
     PermanentError,
     ToolchainMissingError,
 )
-from kiln.release.fsutil import atomic_write_bytes, sha256_bytes
-from kiln.release.objects import Store
-from kiln.release.record import RunHeader, load_header, open_record
+from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
+from kiln.core.objects import Store
+from kiln.core.record import RunHeader, load_header, open_record
 from kiln.tasks.run.ledger import ledger_key, record_wheel, recorded_sha256
 
 log = logging.getLogger(__name__)

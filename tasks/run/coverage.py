@@ -22,8 +22,8 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from kiln.release.errors import KilnError
-from kiln.release.manifest import Artifact, RunManifest, Unit
+from kiln.core.errors import KilnError
+from kiln.core.manifest import Artifact, RunManifest, Unit
 from kiln.tasks.install_hint import requires_dist
 from kiln.tasks.project.config import KilnConfig, Variant
 

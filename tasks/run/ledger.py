@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kiln.release.errors import AlreadyPublishedError
-from kiln.release.manifest import Artifact
-from kiln.release.objects import Store, check_key
+from kiln.core.errors import AlreadyPublishedError
+from kiln.core.manifest import Artifact
+from kiln.core.objects import Store, check_key
+from kiln.core.record import RunHeader
 from kiln.release.policies import BUILD_LEDGER
-from kiln.release.record import RunHeader
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.record import RunHeader, RunRecord, create_record, open_record
-from kiln.release.store import Store, open_store
+from kiln.core.errors import InvalidInputError
+from kiln.core.record import RunHeader, RunRecord, create_record, open_record
+from kiln.core.store import Store, open_store
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.source import describe
 from kiln.tasks.run.versioning import check_version, nightly_version

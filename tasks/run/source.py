@@ -13,8 +13,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from kiln.release.errors import ToolchainMissingError
-from kiln.release.record import Checkout
+from kiln.core.errors import ToolchainMissingError
+from kiln.core.record import Checkout
 
 log = logging.getLogger(__name__)
 

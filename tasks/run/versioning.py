@@ -7,7 +7,7 @@ import time
 
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 # PEP 440 local labels: alphanumerics separated by dots; packaging normalises
 # the rest, so a name it would rewrite is refused rather than silently changed.

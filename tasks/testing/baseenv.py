@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from kiln.release.errors import InfrastructureError
-from kiln.release.fsutil import polled_lock
+from kiln.core.errors import InfrastructureError
+from kiln.core.fsutil import polled_lock
 from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir, pinned_version
 
 log = logging.getLogger(__name__)

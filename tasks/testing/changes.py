@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
-from kiln.release.errors import InvalidInputError, ToolchainMissingError
+from kiln.core.errors import InvalidInputError, ToolchainMissingError
 from kiln.tasks.project.config import KilnConfig, Suite
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from kiln.release.errors import InfrastructureError, is_retryable
+from kiln.core.errors import InfrastructureError, is_retryable
 
 Outcome = Literal["passed", "failed", "error", "skipped", "timeout", "crashed", "infrastructure", "flaky"]
 OUTCOMES: tuple[Outcome, ...] = (
@@ -34,7 +34,7 @@ INFRA_TYPE_NAMES: frozenset[str] = frozenset({
     "torch.cuda.OutOfMemoryError",
     "torch.distributed.DistStoreError",
     "torch.distributed.DistNetworkError",
-    "kiln.release.errors.InfrastructureError",
+    "kiln.core.errors.InfrastructureError",
 })
 INFRA_MESSAGES: tuple[str, ...] = ("CUDA out of memory", "HIP out of memory", "CUDA error: out of memory")
 # pytest.fail() raises this (its class reports module "builtins"); a failed check, like an assertion.

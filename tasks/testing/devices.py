@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 COUNT_ENV = "KILN_GPU_COUNT"
 VISIBLE_ENVS: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")

@@ -34,8 +34,8 @@ from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 from typing import Any, Literal
 
-from kiln.release.errors import DistributedTestError, InfrastructureError, InvalidInputError, TestTimeoutError
-from kiln.release.fsutil import atomic_write_bytes
+from kiln.core.errors import DistributedTestError, InfrastructureError, InvalidInputError, TestTimeoutError
+from kiln.core.fsutil import atomic_write_bytes
 from kiln.tasks.process import die_with_parent, dump_stacks, install_stack_dump, signal_name, terminate
 from kiln.tasks.testing.classify import is_infrastructure_exception
 from kiln.tasks.testing.devices import detect_gpu_count

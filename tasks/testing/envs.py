@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from kiln.release.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
+from kiln.core.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
+from kiln.core.wheels import core_metadata
 from kiln.release.installenv import scrubbed_env, user_cache
-from kiln.release.wheels import core_metadata
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
 from kiln.tasks.testing.baseenv import base_env, base_pins

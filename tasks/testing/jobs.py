@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 Isolation = Literal["test", "file"]
 StartMethod = Literal["forkserver", "spawn"]

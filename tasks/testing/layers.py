@@ -30,13 +30,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from kiln.release.errors import InfrastructureError
-from kiln.release.fsutil import atomic_write_text
+from kiln.core.errors import InfrastructureError
+from kiln.core.fsutil import atomic_write_text
 from kiln.tasks.testing import importguard
 
 log = logging.getLogger(__name__)
 
-HARNESS_PACKAGES = ("flows", "release", "tasks")  # kiln.<these>; kiln.runtime is the kiln-runtime wheel's
+HARNESS_PACKAGES = ("core", "flows", "release", "tasks")  # kiln.<these>; kiln.runtime is the kiln-runtime wheel's
 GUARD_TIMEOUT_S = 120.0
 
 

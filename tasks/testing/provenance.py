@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.record import RunHeader, info_json, info_key, load_header, load_info
-from kiln.release.store import Store
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.record import RunHeader, info_json, info_key, load_header, load_info
+from kiln.core.store import Store
 from kiln.tasks.testing.flaky import Entry, Evidence, QuarantineList, RunOutcomes
 
 OUTCOMES_INFO = "test-outcomes:"  # run info key prefix (+ unit id): the suite's outcomes as the step recorded them

@@ -21,10 +21,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kiln.release.errors import InvalidInputError, KilnError
-from kiln.release.manifest import Unit
-from kiln.release.store import Store
-from kiln.release.swap import until_swapped
+from kiln.core.errors import InvalidInputError, KilnError
+from kiln.core.manifest import Unit
+from kiln.core.store import Store
+from kiln.core.swap import until_swapped
 from kiln.tasks.project.config_build import Quarantine
 from kiln.tasks.testing.classify import FAILING, TestResult
 from kiln.tasks.testing.flaky import (

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
+from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.tasks.testing.classify import TestResult, counts, first_line, suite_state, summary_line
 
 # XML 1.0 cannot carry most control characters; test output often has them.

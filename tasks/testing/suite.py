@@ -23,9 +23,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.fsutil import atomic_write_bytes, atomic_write_text
-from kiln.release.manifest import Unit
+from kiln.core.errors import InvalidInputError
+from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
+from kiln.core.manifest import Unit
 from kiln.tasks.project.config import KilnConfig, Suite, Variant
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.release.record import Checkout, RunHeader, create_record
-from kiln.release.store import Store
+from kiln.core.record import Checkout, RunHeader, create_record
+from kiln.core.store import Store
 from kiln.tasks.bench.harness import MetricPlan, measure_case
 from kiln.tasks.bench.results import BenchResults, Hardware, parse_time
 

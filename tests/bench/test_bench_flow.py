@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from kiln.tasks.bench.harness import stats_of
 from kiln.tasks.bench.history import history_store
 from kiln.tasks.bench.results import load_results, save_results
@@ -181,8 +181,8 @@ def test_one_crashing_kernel_fails_alone_and_the_flow_ends_failed(project: Path,
 
 
 def test_a_missing_baseline_file_fails_before_anything_is_measured(project: Path, tmp_path: Path, prefect_server):
+    from kiln.core.errors import InvalidInputError
     from kiln.flows.bench import bench_flow
-    from kiln.release.errors import InvalidInputError
 
     out = tmp_path / "run-missing"
     with pytest.raises(InvalidInputError, match="missing.json does not exist"):

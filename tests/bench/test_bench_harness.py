@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiln.release.errors import BenchmarkError, ConfigError, InfrastructureError
+from kiln.core.errors import BenchmarkError, ConfigError, InfrastructureError
 from kiln.tasks.bench.harness import MetricPlan, bench_kernel, bench_specs, prepare, resolve_metric
 from kiln.tasks.project.config import load_config
 from tests.bench.fakes import CPU_PLAN

@@ -8,8 +8,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.record import create_record
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.record import create_record
 from kiln.tasks.bench.history import (
     check_compare,
     history_key,

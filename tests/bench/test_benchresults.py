@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.bench.results import git_commit, hardware, load_results, save_results
 from tests.bench.fakes import FakeTimer, fake_run
 

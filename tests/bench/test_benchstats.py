@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.bench.compare import compare_results
 from kiln.tasks.bench.stats import bootstrap_median_ci, judge, summarize
 from tests.bench.fakes import FakeTimer, fake_run

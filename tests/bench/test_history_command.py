@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
 from kiln.flows.history import show_history
-from kiln.release.errors import InvalidInputError
 from kiln.tasks.bench.history import history_store
 from kiln.tasks.bench.series import series
 from kiln.tasks.bench.trust import HistoryReader
@@ -87,7 +87,7 @@ def test_unknown_names_and_an_empty_history_are_clear_errors(config, capsys):
 
 
 def test_a_policy_that_cannot_decide_is_refused_at_load(benchproj):
-    from kiln.release.errors import ConfigError
+    from kiln.core.errors import ConfigError
 
     text = benchproj.read_text() + "\n[bench.regression]\nwindow = 3\nmin_runs = 5\n"
     benchproj.write_text(text)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import InvalidInputError
+from kiln.core.record import RunRecord, create_record
+from kiln.core.store import Store
 from kiln.flows.bench import compare_task
 from kiln.flows.summary import BENCH_TREND_INFO
-from kiln.release.errors import InvalidInputError
-from kiln.release.record import RunRecord, create_record
-from kiln.release.store import Store
 from kiln.tasks.bench.history import BaselineChoice, history_store, last_published, store_results
 from kiln.tasks.bench.results import BenchResults, parse_results, parse_time
 from kiln.tasks.bench.trust import HistoryReader

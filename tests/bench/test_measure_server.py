@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import BenchmarkError, InfrastructureError
+from kiln.core.errors import BenchmarkError, InfrastructureError
 from kiln.tasks import process
 from kiln.tasks.bench.forking import MeasureServer
 from kiln.tasks.bench.measure import run_measure

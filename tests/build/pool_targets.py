@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import CompileError
+from kiln.core.errors import CompileError
 
 
 class FixtureCompileError(CompileError):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import AbiAuditError, ConfigError
 from kiln.flows.cli import main
-from kiln.release.errors import AbiAuditError, ConfigError
 from kiln.tasks.build import abi_audit
 from kiln.tasks.build.abi_audit import abi3_claim, audit_members, audit_wheel
 from kiln.tasks.build.cache import BuildCache

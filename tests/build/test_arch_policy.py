@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import CompileError
+from kiln.core.errors import CompileError
 from kiln.tasks.build.backend import device_code_json
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.wheel import WheelStamp, write_wheel

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.runtime.archs import arch_key, at_least, cuda_arch_key, gfx_version
 from kiln.tasks.build.plan import _below_min
 from kiln_kernels.platform import Platform

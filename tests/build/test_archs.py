@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.build.archs import resolve, resolve_cuda, resolve_rocm, skip_reason
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import CompileError
-from kiln.release.manifest import RunManifest
+from kiln.core.errors import CompileError
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build.backend import build_environ, cmake_arch, hide_cuda_toolkit
 from kiln.tasks.build.devicecode import check_wheel, rocm_targets
 from kiln.tasks.build.rewheel import rewrite_metadata, rewrite_wheel

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.fsutil import sha256_file
-from kiln.release.manifest import RunManifest
+from kiln.core.fsutil import sha256_file
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build.aot import elf_arch
 from tests.build.conftest import copy_project
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build.buildenv import (
     BuildEnvironmentError,
     VariantEnvironments,

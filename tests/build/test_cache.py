@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import CacheDriftError
-from kiln.release.fsutil import sha256_bytes
+from kiln.core.errors import CacheDriftError
+from kiln.core.fsutil import sha256_bytes
 from kiln.tasks.build.cache import BuildCache
 
 

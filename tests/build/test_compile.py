@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from kiln.release.errors import CompileError, InfrastructureError
-from kiln.release.fsutil import sha256_file
+from kiln.core.errors import CompileError, InfrastructureError
+from kiln.core.fsutil import sha256_file
 from kiln.tasks.build.aot import check_elf_arch, elf_arch
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
@@ -146,7 +146,7 @@ def test_dead_worker_is_a_retryable_infrastructure_error(pool):
 
 
 def test_drift_found_by_a_unit_raises_retryable_and_the_retry_rebuilds(tiny, tmp_path, pool):
-    from kiln.release.errors import CacheDriftError
+    from kiln.core.errors import CacheDriftError
 
     unit = next(u for u in tiny.plan.units if u.id == "build/cu130/8.0/add/fp32_b64")
     env = _env(tiny, tmp_path, pool)

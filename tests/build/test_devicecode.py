@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError, MemberTooLargeError
+from kiln.core.errors import InvalidInputError, MemberTooLargeError
 from kiln.tasks.build.devicecode import wheel_contents
 from tests.release.wheelkit import claim_member_size
 

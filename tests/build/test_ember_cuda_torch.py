@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from tests.build.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
 from tests.helpers.gitrepo import git_project
 

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build.backend import REFUSING_PROXY, without_network
 from tests.build.conftest import copy_project
 

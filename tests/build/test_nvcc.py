@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import CompileError, ToolchainMissingError
+from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import nvcc as nvcc_mod
 from kiln.tasks.build.nvcc import build_library, embedded_archs, expected_contents, find_nvcc, gencode_flags
 from kiln.tasks.build.stage import prepare_build

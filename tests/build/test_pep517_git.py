@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build.sources import copy_project, project_files, project_hash
 from tests.helpers.gitrepo import FIXTURES, commit_all, git
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 from kiln.runtime.spec import CudaSource, KernelSpec, Specialization, TritonEntry
 from kiln.tasks.build.plan import plan_build
 from kiln.tasks.project.registry import load_registry, read_registry

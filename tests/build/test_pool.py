@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kiln.release.errors import BuildWorkerError, CompileError, KilnError, is_retryable
+from kiln.core.errors import BuildWorkerError, CompileError, KilnError, is_retryable
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import RemoteTraceback, UnpicklableRemoteError, WorkerPool, WorkerTimeout
 from kiln.tasks.build.stage import prepare_build

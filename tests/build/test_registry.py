@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 from kiln.runtime.spec import KernelSpec, Specialization, TritonEntry
 from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build

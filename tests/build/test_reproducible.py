@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import CompileError
-from kiln.release.manifest import RunManifest
+from kiln.core.errors import CompileError
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.manylinux import EXCLUDES, most_compatible
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import CompileError
+from kiln.core.manifest import RunManifest
+from kiln.core.store import LocalStore
 from kiln.flows.summary import render_text
-from kiln.release.errors import CompileError
-from kiln.release.manifest import RunManifest
 from kiln.release.publish import publish
-from kiln.release.store import LocalStore
 from kiln.tasks.build import rewheel
 from kiln.tasks.build.rewheel import merged_requires, rewrite_wheel
 from kiln.tasks.build.wheel import WheelStamp, write_wheel

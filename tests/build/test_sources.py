@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.release.errors import ConfigError
+from kiln.core.errors import ConfigError
 from kiln.tasks.build.sources import source_closure
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.variants import (
     VARIANT_SCHEMA,
     merge_variants,
@@ -228,7 +228,7 @@ def test_assembling_a_variant_records_its_variant_wheels_beside_its_wheel(tmp_pa
 
 
 def test_a_variants_file_that_is_not_an_object_is_refused_by_name():
-    from kiln.release.errors import InvalidInputError
+    from kiln.core.errors import InvalidInputError
     from kiln.release.variants import merge_variants
 
     for raw in ("x", [1]):

@@ -7,7 +7,7 @@ import calendar
 import pytest
 from packaging.version import Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.run.versioning import check_version, nightly_version, variant_version
 
 

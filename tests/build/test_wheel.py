@@ -19,7 +19,7 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 import kiln.runtime
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, platform_tag, wheel_filename
 from kiln.tasks.project.config import load_config
 from tests.build.conftest import copy_project

@@ -7,10 +7,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
-SCANNED = ("flows", "tasks", "release", "kernels", "runtime", "tests", "benchmarks")
+SCANNED = ("core", "flows", "tasks", "release", "kernels", "runtime", "tests", "benchmarks")
 _CITED = re.compile(r"\binvariants? (\d+)", re.IGNORECASE)
 _DEFINED = re.compile(r"^(\d+)\. \*\*", re.MULTILINE)
-_PATH = re.compile(r"`((?:flows|tasks|release|kernels|runtime|tests|benchmarks|docs)/[^`\s]*)`")
+_PATH = re.compile(r"`((?:core|flows|tasks|release|kernels|runtime|tests|benchmarks|docs)/[^`\s]*)`")
 
 
 def _cited_invariants() -> dict[int, list[str]]:

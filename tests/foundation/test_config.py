@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from kiln.core.errors import ConfigError
 from kiln.flows.cli import main
-from kiln.release.errors import ConfigError
 from kiln.tasks.project.config import load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,7 +263,7 @@ def test_the_kiln_runtime_wheel_is_published_when_the_wheels_require_it(dependen
 
 
 def test_a_config_knows_the_file_it_was_read_from_and_a_run_records_it(tmp_path):
-    from kiln.release.store import LocalStore
+    from kiln.core.store import LocalStore
     from kiln.tasks.run.runs import start_run
 
     shutil.copytree(REPO / "tests" / "fixtures" / "projects" / "tiny", tmp_path, dirs_exist_ok=True,

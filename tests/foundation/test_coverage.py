@@ -14,11 +14,11 @@ from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
 
+from kiln.core.manifest import Unit
+from kiln.core.record import RunHeader, RunRecord, create_record
+from kiln.core.store import LocalStore
 from kiln.flows.common import coverage_report
 from kiln.flows.summary import render_markdown, render_text
-from kiln.release.manifest import Unit
-from kiln.release.record import RunHeader, RunRecord, create_record
-from kiln.release.store import LocalStore
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.coverage import COVERAGE_INFO

@@ -52,8 +52,8 @@ def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stag
 
 
 def _record(tmp_path):
-    from kiln.release.record import RunHeader, create_record
-    from kiln.release.store import LocalStore
+    from kiln.core.record import RunHeader, create_record
+    from kiln.core.store import LocalStore
 
     return create_record(LocalStore(tmp_path / "artifacts"), RunHeader(run_id=uuid.uuid4().hex, flow="nightly",
                                                                        version="0.1.0.dev1"), tmp_path / "out")
@@ -165,7 +165,7 @@ def test_builds_cpu_suites_and_publishing_go_to_the_deployments_named_after_thei
 
 
 def test_a_checkout_at_another_commit_than_the_runs_is_refused_naming_both(tmp_path):
-    from kiln.release.errors import InvalidInputError
+    from kiln.core.errors import InvalidInputError
     from kiln.tasks.project.config import load_config
     from kiln.tasks.run.runs import check_checkout
     from tests.helpers.gitrepo import commit_all, git, git_project
@@ -241,10 +241,10 @@ def test_a_lost_worker_raises_the_retryable_error_and_leaves_its_reason_for_the_
 
     from prefect import states
 
+    from kiln.core.errors import WorkerLostError, is_retryable
+    from kiln.core.record import RunHeader, create_record
+    from kiln.core.store import LocalStore
     from kiln.flows import dispatch as dispatching
-    from kiln.release.errors import WorkerLostError, is_retryable
-    from kiln.release.record import RunHeader, create_record
-    from kiln.release.store import LocalStore
 
     run = create_record(LocalStore(tmp_path / "a"), RunHeader(run_id="r", flow="nightly", version="0.1.0"), tmp_path / "o")
     crashed = SimpleNamespace(id=uuid.uuid4(), name="r1", state=states.Crashed(message="heartbeats stopped"))

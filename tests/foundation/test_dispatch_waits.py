@@ -43,8 +43,8 @@ def test_time_left_reads_as_a_person_would_say_it(seconds, text):
 
 
 def _record(tmp_path):
-    from kiln.release.record import RunHeader, create_record
-    from kiln.release.store import LocalStore
+    from kiln.core.record import RunHeader, create_record
+    from kiln.core.store import LocalStore
 
     return create_record(LocalStore(tmp_path / "a"), RunHeader(run_id=uuid.uuid4().hex, flow="nightly",
                                                                version="0.1.0.dev1"), tmp_path / "o")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import ConfigError
 from kiln.flows.cli import main
-from kiln.release.errors import ConfigError
 from kiln.tasks.bench.harness import bench_skip
 from kiln.tasks.onboarding import OnboardingError, init_project
 from kiln.tasks.onboarding.render import load_defaults

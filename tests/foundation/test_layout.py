@@ -1,9 +1,9 @@
-"""The import graph of flows/, tasks/, release/ and runtime/: no cycles, layers respected.
+"""The import graph of flows/, tasks/, release/, core/ and runtime/: no cycles, layers respected.
 
 Every ``import`` statement counts — at module level, inside functions, and
 under ``if TYPE_CHECKING:`` — because a lazy import only hides a cycle until
 the day someone moves it to the top. The layer rule is docs/architecture.md's table:
-release/ is below tasks/, tasks/ is below flows/, and kiln.runtime (a
+core/ is below release/, release/ is below tasks/, tasks/ is below flows/, and kiln.runtime (a
 separate, dependency-free distribution) sees nothing of kiln but itself.
 """
 
@@ -19,6 +19,7 @@ RUNTIME = ROOT / "runtime" / "kiln" / "runtime"
 KERNELS = ROOT / "kernels" / "kiln_kernels"
 # folder -> the import name it is installed as (pyproject.toml's package-dir).
 PACKAGES = {ROOT / "flows": "kiln.flows", ROOT / "tasks": "kiln.tasks", ROOT / "release": "kiln.release",
+            ROOT / "core": "kiln.core",
             RUNTIME: "kiln.runtime", KERNELS: "kiln_kernels"}
 
 
@@ -181,7 +182,7 @@ KILN_IMPORTS = external_kiln_imports(MODULES)
 
 
 def test_every_package_is_scanned():
-    for expected in ("kiln.flows.cli", "kiln.tasks.process", "kiln.tasks.build.pool", "kiln.release.errors",
+    for expected in ("kiln.flows.cli", "kiln.tasks.process", "kiln.tasks.build.pool", "kiln.core.errors",
                      "kiln.runtime.spec", "kiln_kernels.registry", "kiln_kernels.aot"):
         assert expected in MODULES
     assert not any(name.startswith("kiln.release.runtime") for name in MODULES)
@@ -199,6 +200,7 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize(("package", "forbidden"), [
+    ("kiln.core", ("kiln.release", "kiln.tasks", "kiln.flows")),
     ("kiln.release", ("kiln.tasks", "kiln.flows")),
     ("kiln.tasks", ("kiln.flows",)),
 ])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.fsutil import sha256_file
+from kiln.core.fsutil import sha256_file
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv, run
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.manifest import RunManifest
 from kiln.flows.cli import main
 from kiln.flows.summary import render_text
 from kiln.release.hintrun import parse_hint, run_hint
-from kiln.release.manifest import RunManifest
 from kiln.tasks.install_hint import CHECK_ENV
 from tests.helpers.gitrepo import git_project
 from tests.release.wheelkit import make_wheel

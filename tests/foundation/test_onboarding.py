@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
-from kiln.release.wheels import import_names
+from kiln.core.manifest import RunManifest
+from kiln.core.wheels import import_names
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import git_project, vendor_acme_library
 from tests.helpers.indexcheck import check_local_index

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.manifest import RunManifest, Unit
 from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_text
-from kiln.release.manifest import RunManifest, Unit
 from kiln.tasks.install_hint import CHECK_ENV
 from tests.release.runkit import make_record
 from tests.release.wheelkit import make_wheel

@@ -14,9 +14,9 @@ import inspect
 import pytest
 from prefect import flow, task
 
+from kiln.core import errors
+from kiln.core.errors import KilnError
 from kiln.flows.common import retry_on_retryable
-from kiln.release import errors
-from kiln.release.errors import KilnError
 
 RETRIES = 3
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kiln.core.manifest import RunManifest, Unit
 from kiln.flows.summary import render_markdown, render_text
-from kiln.release.manifest import RunManifest, Unit
 
 
 def make_run(tmp_path: Path) -> RunManifest:
@@ -59,8 +59,8 @@ def test_markdown_summary_has_a_row_per_stage_and_escapes_pipes(tmp_path):
 def test_the_display_orders_cover_every_state_and_stage():
     from typing import get_args
 
+    from kiln.core.manifest import Stage, UnitState
     from kiln.flows.summary import STAGE_ORDER, STATE_ORDER
-    from kiln.release.manifest import Stage, UnitState
 
     assert sorted(STATE_ORDER) == sorted(get_args(UnitState))
     assert STAGE_ORDER == get_args(Stage)

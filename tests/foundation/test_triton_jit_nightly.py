@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.manifest import RunManifest
 from kiln.flows.cli import main
-from kiln.release.manifest import RunManifest
 from tests.helpers.gitrepo import FIXTURES, commit_all, git_project, init_repo
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.real_packages import committed_checkout, fetch_sdist, load_pin

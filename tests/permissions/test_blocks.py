@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
+from kiln.core.errors import ConfigError
 from kiln.flows.credentials import session_for
-from kiln.release.errors import ConfigError
 
 from .conftest import kiln_config
 

@@ -11,12 +11,12 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
+from kiln.core.errors import ConfigError
+from kiln.core.s3 import S3Store
 from kiln.flows.credentials import session_for
-from kiln.release.errors import ConfigError
 from kiln.release.policies import policies_from_config, render
 from kiln.release.prune import Retention, prune
 from kiln.release.publish import publish
-from kiln.release.s3 import S3Store
 from tests.release.runkit import make_run
 
 from .conftest import BUCKET, kiln_config

@@ -8,8 +8,8 @@ import tomllib
 
 import pytest
 
+from kiln.core.errors import ConfigError
 from kiln.flows.policies import policies_command
-from kiln.release.errors import ConfigError
 from kiln.release.policies import DESTRUCTIVE_ACTIONS, StepAccess, policies_for, render, session_policy
 
 from .conftest import REPO

@@ -9,7 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
-from kiln.release.s3 import S3Store, make_client
+from kiln.core.s3 import S3Store, make_client
 from tests.helpers.s3 import S3_ENV
 
 _bucket_numbers = itertools.count()

@@ -18,8 +18,8 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse
 
-from kiln.release.fsutil import sha256_file
-from kiln.release.store import LocalStore, ObjectInfo, Store
+from kiln.core.fsutil import sha256_file
+from kiln.core.store import LocalStore, ObjectInfo, Store
 
 
 class _Raw:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import boto3
 
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.store import LocalStore
 from kiln.release.prune import Retention, prune
-from kiln.release.s3 import S3Store, make_client
-from kiln.release.store import LocalStore
 
 from .faults import HookedLocalStore, kill_after
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import boto3
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
+from kiln.core.s3 import S3Store, make_client
 from kiln.release.publish import publish
-from kiln.release.s3 import S3Store, make_client
 
 from .faults import kill_after
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.release.manifest import RunManifest, Unit
-from kiln.release.record import Checkout, RunHeader, RunRecord, create_record
-from kiln.release.store import open_store
+from kiln.core.manifest import RunManifest, Unit
+from kiln.core.record import Checkout, RunHeader, RunRecord, create_record
+from kiln.core.store import open_store
 from kiln.release.variants import VARIANT_SCHEMA, dumps
 
 from .wheelkit import make_wheel

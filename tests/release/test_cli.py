@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.fsutil import sha256_bytes, sha256_file
+from kiln.core.store import LocalStore
 from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
-from kiln.release.fsutil import sha256_bytes, sha256_file
 from kiln.release.serve import IndexServer
-from kiln.release.store import LocalStore
 from tests.helpers.indexcheck import check_local_index
 
 from .wheelkit import make_wheel
@@ -109,8 +109,8 @@ def test_a_line_holding_two_json_values_is_refused_naming_it(tmp_path: Path, cap
 
 
 def test_every_error_carries_the_exit_status_both_command_lines_use() -> None:
-    """One table (kiln.release.errors): bad input exits 2, every other Kiln error 1, in `kiln` and `kiln index`."""
-    from kiln.release import errors
+    """One table (kiln.core.errors): bad input exits 2, every other Kiln error 1, in `kiln` and `kiln index`."""
+    from kiln.core import errors
 
     def subclasses(cls: type) -> list[type]:
         return [cls, *(c for sub in cls.__subclasses__() for c in subclasses(sub))]

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import InfrastructureError
+from kiln.core.manifest import RunManifest, Unit
+from kiln.core.store import LocalStore
+from kiln.core.wheels import read_wheel
 from kiln.flows.hint import first_lines
 from kiln.flows.publish import publish_flow
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, read_refusal, resolve_all
-from kiln.release.errors import InfrastructureError
-from kiln.release.manifest import RunManifest, Unit
 from kiln.release.publish import publish
-from kiln.release.store import LocalStore
-from kiln.release.wheels import read_wheel
 
 from .runkit import make_record
 from .test_publish_flow import KILN_TOML

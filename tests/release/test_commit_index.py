@@ -9,10 +9,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from kiln.release.errors import InvalidInputError, TransientStoreError
-from kiln.release.fsutil import sha256_bytes
+from kiln.core.errors import InvalidInputError, TransientStoreError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.store import LocalStore, Store
 from kiln.release.publish import UploadResult, commit_index_prefix, publish, upload_each
-from kiln.release.store import LocalStore, Store
 from tests.helpers.indexcheck import check_local_index
 
 from .faults import HookedLocalStore

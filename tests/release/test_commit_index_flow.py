@@ -9,14 +9,14 @@ from urllib.parse import unquote
 
 import pytest
 
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.manifest import RunManifest
+from kiln.core.record import Checkout
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.store import LocalStore
 from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_markdown, render_text
 from kiln.release.fetch import StoreSettings
-from kiln.release.fsutil import sha256_bytes
-from kiln.release.manifest import RunManifest
-from kiln.release.record import Checkout
-from kiln.release.s3 import S3Store, make_client
-from kiln.release.store import LocalStore
 from kiln.release.verify import check_links, verify_index
 
 from .pageparse import parse_json

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import InvalidInputError, MemberTooLargeError, RecordMismatchError, UnsafePathError
+from kiln.core.store import LocalStore
+from kiln.core.wheels import check_record, read_wheel, record_problems
 from kiln.release.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, index_command
-from kiln.release.errors import InvalidInputError, MemberTooLargeError, RecordMismatchError, UnsafePathError
-from kiln.release.store import LocalStore
-from kiln.release.wheels import check_record, read_wheel, record_problems
 
 from .wheelkit import claim_member_size, make_wheel, rewrite_members
 
@@ -63,7 +63,7 @@ def test_a_zip_bomb_metadata_is_refused_naming_the_wheel_and_member(tmp_path: Pa
 _MEASURE = """
 import resource, sys
 from kiln.release.cli import index_command
-import kiln.release.wheels, zipfile, email.parser
+import kiln.core.wheels, zipfile, email.parser
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 status = index_command(sys.argv[1], None, sys.argv[2])
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

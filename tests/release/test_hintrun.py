@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
 from kiln.release.cli import EXIT_USAGE
-from kiln.release.errors import InvalidInputError
 from kiln.release.hintrun import parse_hint
 
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from kiln.release.dists import from_record, make_distribution, to_record
-from kiln.release.errors import IntegrityError, InvalidInputError
+from kiln.core.dists import from_record, make_distribution, to_record
+from kiln.core.errors import IntegrityError, InvalidInputError
 from kiln.release.index import JSON_PAGE, generate, group, parse_project_json, parse_root_json, regenerate
 
 from .pageparse import parse_html, parse_json
@@ -210,7 +210,7 @@ _wheelish = st.lists(st.sampled_from(["a", "B", "1", "_", ".", "-", "+", "__", "
 def test_cached_wheel_parsing_accepts_and_refuses_exactly_what_packaging_does(filename: str) -> None:
     from packaging.utils import InvalidWheelFilename
 
-    from kiln.release.dists import parse_filename
+    from kiln.core.dists import parse_filename
 
     try:
         name, version, _, _ = parse_wheel_filename(filename)

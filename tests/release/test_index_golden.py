@@ -24,11 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from kiln.release import fsutil
+from kiln.core import fsutil
+from kiln.core.dists import from_record, from_records, make_distribution
+from kiln.core.errors import InvalidInputError
+from kiln.core.fsutil import journaled, write_new_tree
 from kiln.release.cli import EXIT_OK, index_command, read_list
-from kiln.release.dists import from_record, from_records, make_distribution
-from kiln.release.errors import InvalidInputError
-from kiln.release.fsutil import journaled, write_new_tree
 from kiln.release.index import file_url, generate, group, project_pages
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"

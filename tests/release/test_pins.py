@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.fsutil import sha256_file
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.fsutil import sha256_file
 from kiln.release.pins import DEFAULT_PINS, fetch_pins, load_pins
 
 from .wheelkit import make_wheel

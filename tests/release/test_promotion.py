@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest, Unit
+from kiln.core.manifest import RunManifest, Unit
 from kiln.tasks.promotion import (
     FINAL_STATE_INFO,
     PromotionRefusedError,

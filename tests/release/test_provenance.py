@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.install import pip_steps
 from kiln.release.provenance import Chosen, foreign, read_report, sdist_only
 

@@ -22,11 +22,11 @@ from urllib.parse import unquote, urldefrag
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.store import LocalStore
 from kiln.release.prune import LEDGER, Retention, prune
 from kiln.release.publish import commit_index_prefix, publish
-from kiln.release.s3 import S3Store, make_client
-from kiln.release.store import LocalStore
 from tests.helpers.s3 import S3_ENV
 
 from .pageparse import parse_html, parse_json

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from kiln.core.manifest import RunManifest, Unit
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.store import LocalStore
 from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_text
-from kiln.release.manifest import RunManifest, Unit
-from kiln.release.s3 import S3Store, make_client
-from kiln.release.store import LocalStore
 
 from .pageparse import parse_json
 from .runkit import make_record

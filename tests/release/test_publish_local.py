@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.dists import make_distribution
-from kiln.release.errors import ConflictError, IntegrityError, InvalidInputError
-from kiln.release.fsutil import sha256_bytes
-from kiln.release.manifest import RunManifest, Unit
+from kiln.core.dists import make_distribution
+from kiln.core.errors import ConflictError, IntegrityError, InvalidInputError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.manifest import RunManifest, Unit
+from kiln.core.store import LocalStore
+from kiln.core.swap import CAS_ATTEMPTS
 from kiln.release.publish import gate, publish, update_pages
 from kiln.release.staging import StagingStore
-from kiln.release.store import LocalStore
-from kiln.release.swap import CAS_ATTEMPTS
 
 from .faults import CorruptingStore
 from .pageparse import parse_html, parse_json

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kiln.release.errors import IntegrityError
+from kiln.core.errors import IntegrityError
+from kiln.core.s3 import S3Store, make_client
 from kiln.release.publish import publish
-from kiln.release.s3 import S3Store, make_client
 from tests.helpers.s3 import S3_ENV
 
 from .faults import echo_checksums, inject_throttling

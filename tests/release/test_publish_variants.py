@@ -10,14 +10,14 @@ from urllib.parse import unquote
 
 import pytest
 
+from kiln.core.dists import make_distribution
+from kiln.core.errors import TransientStoreError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.store import LocalStore, Store
 from kiln.flows.hint import install_command, install_reason
-from kiln.release.dists import make_distribution
-from kiln.release.errors import TransientStoreError
-from kiln.release.fsutil import sha256_bytes
 from kiln.release.index import group, parse_project_json, project_pages, variants_file_path
 from kiln.release.publish import COMBINED, publish
-from kiln.release.s3 import S3Store, make_client
-from kiln.release.store import LocalStore, Store
 from kiln.release.variants import dumps
 from kiln.release.verify import verify_index
 from kiln.tasks.install_hint import install_facts

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError, RecordMismatchError
+from kiln.core.errors import InvalidInputError, RecordMismatchError
+from kiln.core.wheels import check_record, core_metadata
 from kiln.release.pypi_plan import MIB, Candidate, IndexFile, Limits, plan_upload
 from kiln.release.reversion import public_wheel
 from kiln.release.upload import candidate
-from kiln.release.wheels import check_record, core_metadata
 from kiln.tasks.project.config import load_config
 
 from .wheelkit import make_wheel

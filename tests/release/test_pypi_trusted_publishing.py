@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from kiln.release.errors import ThrottledError, TransientStoreError, is_retryable
+from kiln.core.errors import ThrottledError, TransientStoreError, is_retryable
 from kiln.release.trusted_publishing import (
     MintRefusedError,
     NoIdentityError,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import (
+from kiln.core.errors import (
     AccessDeniedError,
     AlreadyPublishedError,
     ThrottledError,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.s3 import S3Store
+from kiln.core.store import LocalStore
 from kiln.release.index import JSON_TYPE
 from kiln.release.publish import publish
-from kiln.release.s3 import S3Store
 from kiln.release.serve import IndexServer, wants_json
-from kiln.release.store import LocalStore
 from kiln.release.verify import verify_index
 
 from .runkit import make_run
@@ -99,7 +99,7 @@ def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) 
 
 
 def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path) -> None:
-    from kiln.release.errors import IntegrityError
+    from kiln.core.errors import IntegrityError
     from kiln.release.verify import verify_published
     from kiln.tasks.project.config import load_config
     from kiln.tasks.releasing import channel_prefix, open_target

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import ConflictError, IntegrityError
-from kiln.release.fsutil import sha256_bytes
+from kiln.core.errors import ConflictError, IntegrityError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.store import LocalStore
 from kiln.release.staging import StagingStore
-from kiln.release.store import LocalStore
 
 
 def _files(root: Path) -> dict[str, bytes]:

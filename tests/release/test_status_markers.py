@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.dists import make_distribution
-from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.core.dists import make_distribution
+from kiln.core.errors import ConfigError, InvalidInputError
+from kiln.core.store import LocalStore
 from kiln.release.index import ProjectStatus, generate, project_pages
 from kiln.release.publish import publish
-from kiln.release.store import LocalStore
 from kiln.tasks.project.config import parse_config
 
 from .pageparse import parse_html, parse_json

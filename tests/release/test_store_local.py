@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import ConflictError, IntegrityError, InvalidInputError
-from kiln.release.fsutil import sha256_bytes
-from kiln.release.store import LocalStore, check_key, open_store
+from kiln.core.errors import ConflictError, IntegrityError, InvalidInputError
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.store import LocalStore, check_key, open_store
 
 
 def test_open_store_resolves_relative_file_urls_against_root(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_list_walks_only_the_prefix_directory_and_matches_a_partial_last_part(tm
 
 @pytest.mark.parametrize("durable", [True, False])
 def test_an_atomic_write_replaces_whole_and_fsyncs_only_when_durable(tmp_path, monkeypatch, durable):
-    from kiln.release import fsutil
+    from kiln.core import fsutil
 
     synced: list[int] = []
     real_fsync = os.fsync

@@ -9,7 +9,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from kiln.release.errors import (
+from kiln.core.errors import (
     AccessDeniedError,
     AlreadyPublishedError,
     ConflictError,
@@ -20,9 +20,9 @@ from kiln.release.errors import (
     TransientStoreError,
     is_retryable,
 )
-from kiln.release.fsutil import sha256_bytes
-from kiln.release.s3 import S3Store, make_client, translate
-from kiln.release.store import open_store
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.s3 import S3Store, make_client, translate
+from kiln.core.store import open_store
 
 from .faults import echo_checksums
 
@@ -302,7 +302,7 @@ def test_translate_makes_other_botocore_errors_permanent_and_re_raises_the_rest(
     ("q83vEjRWeJA=", "abcdef1234567890"),
 ])
 def test_only_a_whole_object_checksum_becomes_a_hex_digest(value, expected) -> None:
-    from kiln.release.s3 import _b64_to_hex
+    from kiln.core.s3 import _b64_to_hex
 
     assert _b64_to_hex(value) == expected
 

@@ -20,14 +20,14 @@ from typing import Any
 import boto3
 import pytest
 
-from kiln.release.errors import AlreadyPublishedError, IntegrityError
-from kiln.release.fsutil import sha256_file
-from kiln.release.manifest import RunManifest
-from kiln.release.objects import ObjectInfo, Store
+from kiln.core.errors import AlreadyPublishedError, IntegrityError
+from kiln.core.fsutil import sha256_file
+from kiln.core.manifest import RunManifest
+from kiln.core.objects import ObjectInfo, Store
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.store import LocalStore
 from kiln.release.publish import Plan, Upload, UploadResult, publish, upload_each
-from kiln.release.s3 import S3Store, make_client
 from kiln.release.staging import StagingStore
-from kiln.release.store import LocalStore
 from tests.helpers.s3 import S3_ENV
 
 from .faults import ForwardingStore

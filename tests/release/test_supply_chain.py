@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 from packaging.tags import sys_tags
 
+from kiln.core.manifest import RunManifest
+from kiln.core.store import LocalStore
+from kiln.core.wheels import read_wheel
 from kiln.flows.cli import main
 from kiln.flows.summary import render_text
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, resolve
 from kiln.release.installenv import run_installer, scrubbed_env
-from kiln.release.manifest import RunManifest
 from kiln.release.publish import Plan, publish
-from kiln.release.store import LocalStore
-from kiln.release.wheels import read_wheel
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.sdists import evil_sdist_index
 from tests.release.runkit import variant_document

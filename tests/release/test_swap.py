@@ -1,12 +1,12 @@
-"""The one compare-and-swap loop (release/swap.py) that pages, run records and restores share."""
+"""The one compare-and-swap loop (core/swap.py) that pages, run records and restores share."""
 
 from __future__ import annotations
 
 import pytest
 
-from kiln.release.errors import ConflictError
-from kiln.release.store import LocalStore
-from kiln.release.swap import BACKOFF_BASE, CAS_ATTEMPTS, put_until_swapped, until_swapped
+from kiln.core.errors import ConflictError
+from kiln.core.store import LocalStore
+from kiln.core.swap import BACKOFF_BASE, CAS_ATTEMPTS, put_until_swapped, until_swapped
 
 
 class RacedStore(LocalStore):

@@ -29,7 +29,7 @@ def test_verify_without_an_extra_index_installs_held_dependencies_and_sees_edita
     make_wheel(wheels, "kiln-kernels", "1.0.dev1+cpu", module="kiln_k", requires=[f"kiln-runtime=={runtime}"],
                body="import kiln.runtime.spec\n")
     # imports what it borrows from this interpreter: Kiln itself (editable in the README's set-up), and packaging
-    make_wheel(wheels, "borrower", "1.0", body="import kiln.release.errors\nimport packaging.version\n")
+    make_wheel(wheels, "borrower", "1.0", body="import kiln.core.errors\nimport packaging.version\n")
     assert index_command(str(wheels), None, str(tmp_path / "index")) == 0
     capsys.readouterr()
     assert main(["verify", (tmp_path / "index").as_uri() + "/"]) == 0, capsys.readouterr().out

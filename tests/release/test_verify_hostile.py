@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.wheels import read_wheel
 from kiln.release.cli import EXIT_OK, index_command
 from kiln.release.fetch import FetchLimits
 from kiln.release.index import JSON_TYPE, generate
 from kiln.release.verify import verify_index
-from kiln.release.wheels import read_wheel
 
 from .wheelkit import make_wheel, rewrite_members
 

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from kiln.core.fsutil import sha256_file
+from kiln.core.s3 import S3Store
+from kiln.core.store import LocalStore
 from kiln.flows.cli import main
 from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command
 from kiln.release.fetch import StoreSettings
-from kiln.release.fsutil import sha256_file
 from kiln.release.install import index_options
 from kiln.release.publish import publish
-from kiln.release.s3 import S3Store
 from kiln.release.serve import IndexServer
-from kiln.release.store import LocalStore
 from kiln.release.verify import verify_index
 
 from .runkit import make_run

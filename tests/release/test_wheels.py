@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.fsutil import sha256_bytes, sha256_file
-from kiln.release.wheels import read_wheel
+from kiln.core.errors import InvalidInputError
+from kiln.core.fsutil import sha256_bytes, sha256_file
+from kiln.core.wheels import read_wheel
 
 from .wheelkit import make_wheel
 
@@ -55,7 +55,7 @@ def _zip(path: Path, members: dict[str, str]) -> bytes:
 
 
 def test_import_names_come_from_the_wheel_not_the_distribution_name(tmp_path: Path) -> None:
-    from kiln.release.wheels import import_names
+    from kiln.core.wheels import import_names
 
     path = make_wheel(tmp_path, "tiny-kernels", "1.0", module="tinyk")
     assert import_names(path.name, path.read_bytes()) == ("tinyk",)
@@ -68,6 +68,6 @@ def test_import_names_come_from_the_wheel_not_the_distribution_name(tmp_path: Pa
     ({"a-1.dist-info/METADATA": ""}, ()),
 ])
 def test_import_names_read_top_level_or_record(tmp_path: Path, members: dict[str, str], expected: tuple) -> None:
-    from kiln.release.wheels import import_names
+    from kiln.core.wheels import import_names
 
     assert import_names("a-1-py3-none-any.whl", _zip(tmp_path / "a.whl", members)) == expected

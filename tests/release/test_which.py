@@ -8,7 +8,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.release.which import Backend, Candidate, Choice, Miss, label_backend, select
 from kiln.release.whichenv import Asked, environment, platforms
 

@@ -12,8 +12,8 @@ from urllib.request import url2pathname
 
 import pytest
 
+from kiln.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from kiln.flows.cli import main
-from kiln.release.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 from .staticserver import static_server
 from .wheelkit import make_wheel

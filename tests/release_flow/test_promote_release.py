@@ -10,10 +10,10 @@ import uuid
 import zipfile
 from pathlib import Path
 
+from kiln.core.manifest import Unit
+from kiln.core.record import RunHeader, RunRecord, create_record, open_record
+from kiln.core.store import open_store
 from kiln.flows.release import approved_release_flow
-from kiln.release.manifest import Unit
-from kiln.release.record import RunHeader, RunRecord, create_record, open_record
-from kiln.release.store import open_store
 from kiln.tasks.project.config import load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO, PROMOTED_INFO
 from tests.helpers.gitrepo import commit_all, init_repo

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
+from kiln.core.errors import ConfigError
+from kiln.core.record import RunRecord
 from kiln.flows.common import open_run
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.release import approved_release_flow
-from kiln.release.errors import ConfigError
-from kiln.release.record import RunRecord
 from kiln.release.upload import Credentials, Endpoint, upload_file
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 import kiln.flows.release as release_module
+from kiln.core.dists import make_distribution
+from kiln.core.errors import IntegrityError
+from kiln.core.store import LocalStore
 from kiln.flows.release import approved_release_flow, release_flow
-from kiln.release.dists import make_distribution
-from kiln.release.errors import IntegrityError
 from kiln.release.index import generate
-from kiln.release.store import LocalStore
 from kiln.tasks.bench.harness import stats_of
 from tests.helpers.gitrepo import init_repo
 

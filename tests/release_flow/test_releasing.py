@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kiln.release.dists import make_distribution
-from kiln.release.errors import ConfigError, InvalidInputError
+from kiln.core.dists import make_distribution
+from kiln.core.errors import ConfigError, InvalidInputError
+from kiln.core.store import LocalStore
 from kiln.release.index import generate
-from kiln.release.store import LocalStore
 from kiln.tasks import releasing
 from kiln.tasks.bench.compare import compare_results, comparison_record
 from kiln.tasks.project.config import load_config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.project.config import load_config
 from kiln.tasks.testing.changes import changed_files, select_suites, suites_to_run
 

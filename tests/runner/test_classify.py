@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.release.errors import CompileError, InfrastructureError, ThrottledError
+from kiln.core.errors import CompileError, InfrastructureError, ThrottledError
 from kiln.tasks.testing.classify import (
     TestResult,
     classify_phases,

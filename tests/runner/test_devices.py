@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
 
 

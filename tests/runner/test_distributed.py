@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import DistributedTestError, InvalidInputError, TestTimeoutError
+from kiln.core.errors import DistributedTestError, InvalidInputError, TestTimeoutError
 from kiln.tasks.testing import distributed
 from tests.runner._procs import running
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import UnsafePathError
+from kiln.core.errors import UnsafePathError
 from kiln.tasks.build.buildenv import owner_only_dir
 from kiln.tasks.testing import envs
 from kiln.tasks.testing.baseenv import BASES, CACHE_ENV, MANIFEST, base_env, changed_files, site_packages

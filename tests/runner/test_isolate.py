@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.process import DUMP_WINDOW_S
 from kiln.tasks.testing.runner import RunOptions, run_tests
 from tests.runner._procs import running

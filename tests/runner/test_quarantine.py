@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.manifest import Unit
-from kiln.release.record import Checkout, RunHeader, create_record
-from kiln.release.store import LocalStore, Store
+from kiln.core.errors import InvalidInputError
+from kiln.core.manifest import Unit
+from kiln.core.record import Checkout, RunHeader, create_record
+from kiln.core.store import LocalStore, Store
 from kiln.tasks.project.config_build import Quarantine
 from kiln.tasks.testing.classify import TestResult
 from kiln.tasks.testing.flaky import (
@@ -279,7 +279,7 @@ def test_kiln_quarantine_lists_the_stored_list(tmp_path: Path, capsys):
 def test_a_bad_quarantine_table_is_refused_naming_the_key(table, message):
     import tomllib
 
-    from kiln.release.errors import ConfigError
+    from kiln.core.errors import ConfigError
     from kiln.tasks.project.config import parse_config
     from tests.helpers.gitrepo import FIXTURES
 

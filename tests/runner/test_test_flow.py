@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
-from kiln.release.manifest import RunManifest
+from kiln.core.errors import InvalidInputError
+from kiln.core.manifest import RunManifest
 from tests.helpers.waiting import until
 
 KILN_TOML = """
@@ -44,7 +44,7 @@ MIXED = '''
 import os
 from pathlib import Path
 
-from kiln.release.errors import InfrastructureError
+from kiln.core.errors import InfrastructureError
 
 
 def test_pass():

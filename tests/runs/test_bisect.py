@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 from kiln.tasks.run.bisect import commit_range, first_bad
 from tests.helpers.gitrepo import commit_all, git, git_project
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from tests.helpers.gitrepo import commit_all, git, git_project, tiny_cpu_with_numpy
 from tests.helpers.indexcheck import check_local_index
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from kiln.tasks.promotion import PROMOTED_INFO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a whole nightly, then a release up to publish

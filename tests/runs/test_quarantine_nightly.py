@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
-from kiln.release.record import Checkout, RunHeader, create_record
+from kiln.core.manifest import RunManifest
+from kiln.core.record import Checkout, RunHeader, create_record
 from kiln.tasks.bench.history import history_store
 from kiln.tasks.project.config import load_config
 from kiln.tasks.testing.flaky import RunOutcomes

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.manifest import Unit
-from kiln.release.record import Checkout, RunHeader, create_record, open_record
-from kiln.release.store import LocalStore
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.manifest import Unit
+from kiln.core.record import Checkout, RunHeader, create_record, open_record
+from kiln.core.store import LocalStore
 
 
 def _record(tmp_path: Path, run_id: str = "run-1"):

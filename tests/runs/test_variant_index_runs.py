@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.release.manifest import RunManifest
+from kiln.core.manifest import RunManifest
 from kiln.release.publish import COMBINED
 from kiln.release.verify import verify_index
 from tests.helpers.gitrepo import git, git_project

@@ -60,8 +60,8 @@ def _pool(made: Cluster, flow_run) -> str:
 
 
 def _record(endpoint: str, run_id: str, out: Path):
-    from kiln.release.record import open_record
-    from kiln.release.store import open_store
+    from kiln.core.record import open_record
+    from kiln.core.store import open_store
 
     store = open_store(f"s3://{ARTIFACTS}/store", root=out, region="us-east-1", endpoint=endpoint)
     return open_record(store, run_id, out)
@@ -97,8 +97,8 @@ def test_two_nightlies_at_once_run_every_unit_on_its_pool_and_publish_an_index_p
 
 
 def _pip_installs_from_the_published_index(endpoint: str, tmp_path: Path) -> None:
+    from kiln.core.store import open_store
     from kiln.release.serve import IndexServer
-    from kiln.release.store import open_store
 
     store = open_store(f"s3://{INDEX}/simple", root=tmp_path, region="us-east-1", endpoint=endpoint)
     with IndexServer(store, "nightly/cpu/simple") as served:

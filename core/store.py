@@ -7,14 +7,14 @@ an S3 ``bucket/prefix``). Two kinds of writes exist, and nothing else:
   (a file, streamed) — create-only. Writing the same bytes again is
   success (so a re-run after a crash is harmless; the returned
   :attr:`ObjectInfo.created` is then False); other bytes under an existing key
-  raise :class:`~kiln.release.errors.AlreadyPublishedError`. Wheels are written
+  raise :class:`~kiln.core.errors.AlreadyPublishedError`. Wheels are written
   from their files, never read whole into memory: the caller passes the hash it
   streamed, and the store checks that what it wrote has that hash
-  (:class:`~kiln.release.errors.IntegrityError` for a file changed in between).
+  (:class:`~kiln.core.errors.IntegrityError` for a file changed in between).
   Metadata sidecars and benchmark results are written from bytes.
 * :meth:`Store.put_page` — compare-and-swap on the ETag read earlier
   (``expected_etag=None`` means "the key must not exist yet"). A lost race
-  raises :class:`~kiln.release.errors.ConflictError`; the caller re-reads, re-merges
+  raises :class:`~kiln.core.errors.ConflictError`; the caller re-reads, re-merges
   and retries. Index pages and history files are written this way.
 
 The protocol has no delete: nothing that publishes may remove a published
@@ -22,9 +22,9 @@ object. The local and S3 stores have a ``delete`` beside it that only a
 prune calls (:mod:`kiln.release.prune`, its own credentials).
 
 The protocol itself (:class:`Store`, :class:`ObjectInfo`, :func:`check_key`) is
-:mod:`kiln.release.objects`, re-exported here. Backends register themselves
+:mod:`kiln.core.objects`, re-exported here. Backends register themselves
 by URL scheme in :data:`BACKENDS`; the S3 one
-lives in :mod:`kiln.release.s3` and is imported only when an ``s3://`` URL is
+lives in :mod:`kiln.core.s3` and is imported only when an ``s3://`` URL is
 opened. ``file://`` URLs are resolved against ``root`` unless absolute
 (``file:///abs/dir``).
 
@@ -45,10 +45,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kiln.release.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError, UnsafePathError
-from kiln.release.fsutil import sha256_bytes, sha256_file
-from kiln.release.nofollow import Staged, open_directory, staged, staged_copy
-from kiln.release.objects import ObjectInfo, Store, check_key
+from kiln.core.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError, UnsafePathError
+from kiln.core.fsutil import sha256_bytes, sha256_file
+from kiln.core.nofollow import Staged, open_directory, staged, staged_copy
+from kiln.core.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 class LocalStore:
     """A directory on a local filesystem; every write is atomic (temp file + rename/link).
 
-    Writes never go through a symbolic link below the root (:mod:`kiln.release.nofollow`);
+    Writes never go through a symbolic link below the root (:mod:`kiln.core.nofollow`);
     reads may follow one only while it stays inside the root.
 
     Owner-only unless ``public``: the first write makes the root directory ``0700`` (run records,
@@ -207,7 +207,7 @@ def _open_local(url: str, *, root: Path, public: bool = False, **_: Any) -> Stor
 
 def _open_s3(url: str, *, public: bool = False, **kwargs: Any) -> Store:
     # ``public`` is a file:// setting: who reads an S3 prefix is the bucket policy's business.
-    from kiln.release.s3 import open_s3_store  # boto3 is imported only when S3 is used
+    from kiln.core.s3 import open_s3_store  # boto3 is imported only when S3 is used
 
     return open_s3_store(url, **kwargs)
 
@@ -233,7 +233,7 @@ def open_store(
     backend. ``session`` is a ``boto3.Session`` holding the step's credentials.
     ``verifies_checksums``: whether the S3 server checks the ``ChecksumSHA256``
     it is sent (None: true on AWS, false on a custom ``endpoint``), see
-    :mod:`kiln.release.s3`. ``public``: a ``file://`` store readable by every local user (else owner-only).
+    :mod:`kiln.core.s3`. ``public``: a ``file://`` store readable by every local user (else owner-only).
     """
     scheme = url.split("://", 1)[0] if "://" in url else ""
     backend = BACKENDS.get(scheme)

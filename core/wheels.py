@@ -5,7 +5,7 @@ member Kiln reads whole (METADATA, RECORD, WHEEL, ``top_level.txt``, Kiln's
 own manifests) goes through :func:`read_member`, which checks the size the zip
 header states against :data:`MEMBER_LIMITS` before inflating anything and
 caps the read itself, so a header that lies cannot inflate past the limit.
-The wheel file itself is hashed streaming (:func:`~kiln.release.fsutil.sha256_file`),
+The wheel file itself is hashed streaming (:func:`~kiln.core.fsutil.sha256_file`),
 never read whole; members checked against RECORD are hashed streaming too.
 """
 
@@ -25,9 +25,9 @@ from pathlib import Path, PurePosixPath
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.dists import Distribution, make_distribution, parse_filename
-from kiln.release.errors import InvalidInputError, MemberTooLargeError, RecordMismatchError
-from kiln.release.fsutil import sha256_bytes, sha256_file
+from kiln.core.dists import Distribution, make_distribution, parse_filename
+from kiln.core.errors import InvalidInputError, MemberTooLargeError, RecordMismatchError
+from kiln.core.fsutil import sha256_bytes, sha256_file
 
 MIB = 1 << 20
 # The most Kiln inflates of one member it reads whole, by file name. METADATA with a long
@@ -158,7 +158,7 @@ def read_wheel(path: Path, upload_time: float | None = None) -> tuple[Distributi
     """The index record of a wheel file, hashed streaming, and its METADATA bytes (read under their limit).
 
     The upload time defaults to the file's mtime. Nothing reads a wheel whole: publishing sends the file
-    itself (:meth:`~kiln.release.objects.Store.put_immutable_file`).
+    itself (:meth:`~kiln.core.objects.Store.put_immutable_file`).
     """
     path = Path(path)
     stat = path.stat()

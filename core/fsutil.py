@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 _HEX = frozenset(string.hexdigits.lower())
 MAX_SIZE = 1 << 63  # past what a 64-bit file offset can reach: a size above it is a broken list

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
-from kiln.release.manifest import MANIFEST_NAME, Artifact, ArtifactKind, RunManifest, Unit, check_relative_path
-from kiln.release.store import Store, check_key
-from kiln.release.swap import put_until_swapped
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.fsutil import atomic_write_bytes, sha256_bytes, sha256_file
+from kiln.core.manifest import MANIFEST_NAME, Artifact, ArtifactKind, RunManifest, Unit, check_relative_path
+from kiln.core.store import Store, check_key
+from kiln.core.swap import put_until_swapped
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class RunRecord:
         self._put(key, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode(), JSON_TYPE)
 
     def _put(self, key: str, data: bytes, content_type: str) -> None:
-        """Create or replace ``key`` with compare-and-swap (release/swap.py bounds it)."""
+        """Create or replace ``key`` with compare-and-swap (core/swap.py bounds it)."""
         put_until_swapped(self.store, key, data, content_type, NO_CACHE)
 
     # --- reading ------------------------------------------------------------

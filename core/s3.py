@@ -1,4 +1,4 @@
-"""The S3 store: the :class:`kiln.release.store.Store` protocol on boto3.
+"""The S3 store: the :class:`kiln.core.store.Store` protocol on boto3.
 
 * Immutable objects (wheels, sidecars) are written with ``If-None-Match: *``
   and ``ChecksumSHA256``, with no existence check first: a 412 means the key
@@ -44,7 +44,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from kiln.release.errors import (
+from kiln.core.errors import (
     AccessDeniedError,
     AlreadyPublishedError,
     ConflictError,
@@ -54,8 +54,8 @@ from kiln.release.errors import (
     ThrottledError,
     TransientStoreError,
 )
-from kiln.release.fsutil import sha256_bytes
-from kiln.release.objects import ObjectInfo, Store, check_key
+from kiln.core.fsutil import sha256_bytes
+from kiln.core.objects import ObjectInfo, Store, check_key
 
 log = logging.getLogger(__name__)
 

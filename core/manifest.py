@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from kiln.release.errors import IntegrityError, InvalidInputError
-from kiln.release.fsutil import atomic_write_text, sha256_file
+from kiln.core.errors import IntegrityError, InvalidInputError
+from kiln.core.fsutil import atomic_write_text, sha256_file
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "run.json"
@@ -87,7 +87,7 @@ class RunManifest:
     units: list[Unit] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
     info: dict[str, object] = field(default_factory=dict)
-    # Where a missing local file comes from (the run record, see kiln.release.record); None: local only.
+    # Where a missing local file comes from (the run record, see kiln.core.record); None: local only.
     fetch: Callable[[Artifact], Path] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -9,7 +9,7 @@ created, renamed and linked relative to the last one, so no path is looked up
 twice and a link swapped in between two checks is still refused. The root
 itself may be a link: that is the caller's choice of where the tree lives.
 
-Refusals are :class:`~kiln.release.errors.UnsafePathError` naming the link.
+Refusals are :class:`~kiln.core.errors.UnsafePathError` naming the link.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.release.errors import UnsafePathError
+from kiln.core.errors import UnsafePathError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20

@@ -1,8 +1,8 @@
 """What every store backend shares: the :class:`Store` protocol, :class:`ObjectInfo` and the key rule.
 
-Below both backends (:mod:`kiln.release.store` opens stores and holds the local
-one; :mod:`kiln.release.s3` holds the S3 one), so the S3 backend never imports
-the module that imports it. :mod:`kiln.release.store` re-exports these names.
+Below both backends (:mod:`kiln.core.store` opens stores and holds the local
+one; :mod:`kiln.core.s3` holds the S3 one), so the S3 backend never imports
+the module that imports it. :mod:`kiln.core.store` re-exports these names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from kiln.release.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Store(Protocol):
 
     def put_immutable(self, key: str, data: bytes, content_type: str, cache_control: str) -> ObjectInfo:
         """Create ``key`` with ``data``; same bytes already there is success (``created`` False),
-        other bytes :class:`~kiln.release.errors.AlreadyPublishedError`."""
+        other bytes :class:`~kiln.core.errors.AlreadyPublishedError`."""
 
     def put_immutable_file(
         self, key: str, path: Path, sha256: str, content_type: str, cache_control: str
@@ -71,7 +71,7 @@ class Store(Protocol):
 
         ``sha256`` is the caller's hash of the file (hex); the store checks that
         what it wrote is exactly that, and raises
-        :class:`~kiln.release.errors.IntegrityError` when the file changed after
+        :class:`~kiln.core.errors.IntegrityError` when the file changed after
         it was hashed."""
 
     def put_page(

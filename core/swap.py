@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from kiln.release.errors import ConflictError
-from kiln.release.objects import Store
+from kiln.core.errors import ConflictError
+from kiln.core.objects import Store
 
 log = logging.getLogger(__name__)
 
