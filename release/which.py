@@ -188,9 +188,23 @@ def _reason(axis: Axis, env: Environment, missing: Sequence[Candidate], every: S
         has = ", ".join(sorted({f"+{c.version.local} ({c.backend})" for c in every if c.version.local}))
         return f"no wheel for {env.backend}: {first.describe().split(' ')[0]} {first.version.public} has {has}"
     if axis == "torch":
+        if floor := _stable_floor(missing):
+            return f"no wheel for torch {env.torch}: this release covers torch>={floor} (stable ABI)"
         return f"no wheel for torch {env.torch}: {first.describe()} requires torch{first.torch}"
     archs = ", ".join(sorted(first.archs or ()))
     return f"no wheel for arch {env.arch}: {first.describe()} is built for {archs}"
+
+
+def _stable_floor(missing: Sequence[Candidate]) -> Version | None:
+    """The lowest torch the wheels cover when each asks only a floor of torch (``torch>=2.13``: a LibTorch
+    stable-ABI wheel, which Kiln writes that way; an exact one pins ``torch==2.14.*``); else None."""
+    floors = []
+    for candidate in missing:
+        specifiers = list(candidate.torch or ())
+        if not specifiers or any(s.operator != ">=" for s in specifiers):
+            return None
+        floors.append(max(Version(s.version) for s in specifiers))
+    return min(floors, default=None)
 
 
 def _tags_reason(env: Environment, every: Sequence[Candidate]) -> str:
