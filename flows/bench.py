@@ -19,7 +19,7 @@ processes are forked from one measuring server that imported the wheel once
 (:mod:`kiln.tasks.bench.forking`), so a kernel costs its measurement, not an
 interpreter start.
 
-``kiln bench [--run ID] [--run-dir D] [--out F] [--compare BASE] [--size S] [--metric M]``
+``kiln bench [--run ID] [--run-dir D] [--results F] [--compare BASE] [--size S] [--metric M]``
 maps to ``bench_flow(run_id=ID, out=D, results_path=F, compare=BASE, size=S, metric=M)``;
 results are always recorded in the run as ``bench/results.json`` (and also written to F).
 Without ``--run`` the wheel is built first, in the bench's own run.
@@ -85,10 +85,10 @@ def env_task(config: KilnConfig, run: RunRecord, variant: str) -> str:
 
 
 @task(name="bench-setup", cache_policy=NO_CACHE)
-def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: str,
+def setup_task(config: KilnConfig, size: str | None, metric: str,
                python: str, work: Path, server: MeasureServer) -> BenchSetup:
     setup = prepare(config, size, metric, kernels=())  # validates size and metric here
-    listed = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=None,
+    listed = run_measure(python, str(config.config_file), work, size=setup.size, metric=metric, kernel=None,
                          timeout_s=LIST_TIMEOUT_S, server=server)
     return replace(setup, kernels=tuple(listed["kernels"]), empty=tuple(listed["empty"]))
 
@@ -96,13 +96,13 @@ def setup_task(config: KilnConfig, config_path: str, size: str | None, metric: s
 @task(name="bench-kernel", task_run_name="bench-{kernel}", cache_policy=NO_CACHE,
       retries=1, retry_delay_seconds=5, retry_condition_fn=retry_on_retryable,
       on_completion=[progress.task_hook("bench")], on_failure=[progress.task_hook("bench")])
-def bench_kernel_task(config_path: str, kernel: str, setup: BenchSetup, python: str, work: Path,
+def bench_kernel_task(config: KilnConfig, kernel: str, setup: BenchSetup, python: str, work: Path,
                       metric: str, server: MeasureServer) -> KernelOutcome:
     started = time.monotonic()
     if kernel in setup.empty:
         return KernelOutcome(kernel=kernel, cases=(), duration_s=0.0)
     with gpu_slots(setup.devices):  # a benchmark sharing its GPU with a test measures the test
-        answer = run_measure(python, config_path, work, size=setup.size, metric=metric, kernel=kernel,
+        answer = run_measure(python, str(config.config_file), work, size=setup.size, metric=metric, kernel=kernel,
                              timeout_s=KERNEL_TIMEOUT_S, server=server)
     cases = tuple(CaseResult.model_validate(case) for case in answer["cases"])
     return KernelOutcome(kernel=kernel, cases=cases, duration_s=time.monotonic() - started)
@@ -230,14 +230,15 @@ def bench_flow(
     variant = bench_variant(config)
     name_this_run(run_name("bench", run, variant))
     if run_id is None:
-        build_flow(config_path=config_path, out=out, variants=[variant], run_id=run.run_id, return_state=True)
+        build_flow(config_path=str(config.config_file), out=out, variants=[variant], run_id=run.run_id,
+                   return_state=True)
     nothing = nothing_to_bench(run.run_id, variant, run.units(), run.artifacts())
     if nothing:  # not run, with the reason: not a crash (the build's own units say why)
         record(run, Unit(f"bench/{variant}", "bench", "not_run", variant=variant, message=nothing))
         return finish_stage(run, "bench", "Benchmarks")
     work = run.view / "bench" / ".work"
     python = env_task(config, run, variant)
-    outcomes, setup = _measure_all(config, config_path, size, metric, python, work)
+    outcomes, setup = _measure_all(config, size, metric, python, work)
     results = results_task(config, setup, outcomes, run, results_path)
     store = benchhistory.open_history(config, session_factory=lambda: store_session(config, "bench"))
     comparison = compare_task(config, choice, results, store, run, fail_on_regression, blocking_metrics)
@@ -248,14 +249,14 @@ def bench_flow(
     return finish_stage(run, "bench", "Benchmarks")
 
 
-def _measure_all(config: KilnConfig, config_path: str, size: str | None, metric: str,
+def _measure_all(config: KilnConfig, size: str | None, metric: str,
                  python: str, work: Path) -> tuple[list[KernelOutcome], BenchSetup]:
     """The kernel list, then each kernel in its own task run, all forked from one measuring server."""
-    server = measure_server(python, config_path, work, size=size or config.bench.size, metric=metric)
+    server = measure_server(python, str(config.config_file), work, size=size or config.bench.size, metric=metric)
     try:
-        setup = setup_task(config, config_path, size, metric, python, work, unwalked(server))
+        setup = setup_task(config, size, metric, python, work, unwalked(server))
         progress.expect("bench", len(setup.kernels))
-        return [_outcome(name, bench_kernel_task(config_path, name, setup, python, work, metric, unwalked(server),
+        return [_outcome(name, bench_kernel_task(config, name, setup, python, work, metric, unwalked(server),
                                                  return_state=True))
                 for name in setup.kernels], setup
     finally:

@@ -36,7 +36,7 @@ from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import CompileUnit
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import BuildEnv, UnitResult
-from kiln.tasks.project.config import load_config
+from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run import ledger
 
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
@@ -50,9 +50,9 @@ UNIT_THREADS = max(4, 2 * (os.cpu_count() or 1))
 
 
 @task(name="plan-build", cache_policy=NO_CACHE)
-def plan_task(config_path: str, version: str, variants: list[str] | None, nvcc: str | None,
-              source: Checkout) -> BuildSetup:
-    return build_stage.prepare_build(config_path, version, variants, nvcc, source=source)
+def plan_build_task(config: KilnConfig, version: str, variants: list[str] | None, nvcc: str | None,
+                    source: Checkout) -> BuildSetup:
+    return build_stage.prepare_build(config, version, variants, nvcc, source=source)
 
 
 @task(name="verify-build-cache", cache_policy=NO_CACHE)
@@ -90,7 +90,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     config = load_config(config_path)
     run = open_run(config, "build", out, run_id=run_id, version=version, commit=commit)
     name_this_run(run_name("build", run, variants or [v.name for v in config.variants]))
-    setup = plan_task(config_path, run.header.version, variants, nvcc, run.header.source)
+    setup = plan_build_task(config, run.header.version, variants, nvcc, run.header.source)
     for skip in setup.plan.skips:
         record(run, build_units.skip_record(skip))
     verify_events = verify_cache_task(unwalked(setup))

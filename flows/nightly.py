@@ -36,6 +36,7 @@ from kiln.flows.common import (
     unit_rows,
 )
 from kiln.flows.dispatch import find_deployments
+from kiln.flows.params import RunParams
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown
@@ -66,21 +67,22 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     config = load_config(config_path)
     run = open_run(config, "nightly", out, version=version, commit=commit)
     name_this_run(run_name("nightly", run))
-    commit = run.header.source.commit if run.header.source.clean else ""
     logger.info("nightly %s of %s (commit %s) → run %s", run.header.version, config.project.distribution,
                 run.header.source.commit[:12] or "none", run.run_id)
     warn_below_extra_index(config, run.header.version)
-    common = {"config_path": config_path, "out": out, "run_id": run.run_id}
+    params = RunParams.of(config, run, out)
     remote = find_deployments(config)
-    stages = {"build": build_stage(config, run, remote, common, commit)}
-    suites = start_suites(config, run, remote, commit)
+    stages = {"build": build_stage(config, run, remote, params)}
+    suites = start_suites(config, run, remote, params)
     stages |= {
-        "test": test_flow(**common, exclude=list(remote.suites), return_state=True),
-        "bench": bench_flow(**common, compare="last", fail_on_regression=False, return_state=True),
+        "test": test_flow(config_path=params.config_path, out=params.out, run_id=params.run_id,
+                          exclude=list(remote.suites), return_state=True),
+        "bench": bench_flow(config_path=params.config_path, out=params.out, run_id=params.run_id, compare="last",
+                            fail_on_regression=False, return_state=True),
     }
     wait_suites(config, run, remote, suites)  # dispatched suites gate publishing like local ones
     quarantine_report(config, run, return_state=True)  # a side report: the list as every suite left it
-    stages["publish"] = publish_stage(config, run, remote, common, commit)
+    stages["publish"] = publish_stage(config, run, remote, params)
     coverage_report(config, run, "nightly")
     return conclude(run, stages)
 

@@ -44,6 +44,7 @@ from kiln.core.record import RunRecord
 from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.common import coverage_report, markdown_report, open_run, store_session, sync_state
 from kiln.flows.dispatch import find_deployments
+from kiln.flows.params import RunParams
 from kiln.flows.promote import promote_run
 from kiln.flows.publish import open_publish_target, project_statuses, publish_flow, publish_inputs
 from kiln.flows.pypi import plan_uploads, upload_release
@@ -79,7 +80,6 @@ class Release:
     channel: str
     dry_run: bool
     allow_regressions: str | None
-    config_path: str  # as the flow was given it: the subflows take JSON parameters
     out: str
     config: KilnConfig  # loaded once, at the flow's entry; every task below takes it
     from_run: str | None = None  # promote this nightly's tested wheels instead of building (kiln.flows.promote)
@@ -210,15 +210,16 @@ def _stop(release: Release, run: RunRecord, why: str) -> State:
 
 
 def _stages(release: Release, run: RunRecord) -> dict[str, State]:
-    common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
     config = release.config
-    ref = run.header.source.commit if run.header.source.clean else ""
+    params = RunParams.of(config, run, release.out)
     remote = find_deployments(config)  # builds and suites go to their pools when deployed, as in the nightly
-    stages = {"build": build_stage(config, run, remote, common, ref)}
-    suites = start_suites(config, run, remote, ref)
-    stages["test"] = sync_state(test_flow(**common, exclude=list(remote.suites), return_state=True))
+    stages = {"build": build_stage(config, run, remote, params)}
+    suites = start_suites(config, run, remote, params)
+    stages["test"] = sync_state(test_flow(config_path=params.config_path, out=params.out, run_id=params.run_id,
+                                          exclude=list(remote.suites), return_state=True))
     # Dry runs and failed releases never become a baseline: only a verified release is kept (below).
-    stages["bench"] = sync_state(bench_flow(**common, compare=f"published:{release.channel}", store_history=False,
+    stages["bench"] = sync_state(bench_flow(config_path=params.config_path, out=params.out, run_id=params.run_id,
+                                 compare=f"published:{release.channel}", store_history=False,
                                  fail_on_regression=not release.allow_regressions,
                                  blocking_metrics=list(config.bench.blocking_metrics), return_state=True))
     wait_suites(config, run, remote, suites)
@@ -236,10 +237,10 @@ def _promote(release: Release, run: RunRecord) -> dict[str, State]:
 
 def _publish_and_verify(release: Release, run: RunRecord) -> State:
     """Publish (or the dry run of it), verify, and roll the pages back if either failed."""
-    common = {"config_path": release.config_path, "out": release.out, "run_id": run.run_id}
+    params = RunParams.of(release.config, run, release.out)
     snapshot_pages(release.config, release.out, release.channel, str(run.view))
-    published = sync_state(publish_flow(**common, channel=release.channel, dry_run=release.dry_run,
-                                        return_state=True))
+    published = sync_state(publish_flow(config_path=params.config_path, out=params.out, run_id=run.run_id,
+                                        channel=release.channel, dry_run=release.dry_run, return_state=True))
     if release.dry_run:
         release.lines += [f"publish (dry run, staging copy): {_state_of(published)[0]}",
                           "verify: skipped (dry run: nothing was published)"]
@@ -303,8 +304,8 @@ def release_flow(version: str, ref: str = "HEAD", channel: Channel = "release", 
                  out: str = "out/release", from_run: str | None = None) -> State:
     """Release ``version``: pauses for approval in the Prefect UI before anything is published.
     ``from_run``: publish that completed nightly's tested wheels under ``version`` instead of building."""
-    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out,
-                            load_config(config_path), from_run), False)
+    return _release(Release(version, ref, channel, dry_run, allow_regressions, out, load_config(config_path),
+                            from_run), False)
 
 
 @flow(name="release", flow_run_name=current_release_name)
@@ -312,5 +313,5 @@ def approved_release_flow(version: str, ref: str = "HEAD", channel: Channel = "r
                           allow_regressions: str | None = None, config_path: str = "kiln.toml",
                           out: str = "out/release", from_run: str | None = None) -> State:
     """``kiln release --yes``: the same release, approved on the command line (no deployment runs this)."""
-    return _release(Release(version, ref, channel, dry_run, allow_regressions, config_path, out,
-                            load_config(config_path), from_run), True)
+    return _release(Release(version, ref, channel, dry_run, allow_regressions, out, load_config(config_path),
+                            from_run), True)

@@ -8,9 +8,6 @@ own flow runs in this process, as on a laptop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from prefect import State
 from prefect.futures import PrefectFuture, wait
 from prefect.states import Completed, Failed
@@ -20,17 +17,19 @@ from kiln.core.record import RunRecord
 from kiln.flows.build import build_flow
 from kiln.flows.common import record, sync_state, unit_from_state
 from kiln.flows.dispatch import Remote, dispatch_build, dispatch_publish, dispatch_suite, dispatching
+from kiln.flows.params import RunParams
 from kiln.flows.publish import publish_flow
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing.suite import targets
 
 
-def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], commit: str) -> State:
+def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, params: RunParams) -> State:
     """Every variant's build: one dispatched run per variant on the build pool, or the build flow here."""
     if remote.build is None:
-        return sync_state(build_flow(**common, return_state=True))
-    futures = {v.name: dispatching(dispatch_build, config).submit(config, v.name, remote.build, run, commit)
+        return sync_state(build_flow(config_path=params.config_path, out=params.out, run_id=params.run_id,
+                                     return_state=True))
+    futures = {v.name: dispatching(dispatch_build, config).submit(config, v.name, remote.build, run, params.commit)
                for v in config.variants}
     wait(list(futures.values()))
     for variant, future in futures.items():
@@ -40,9 +39,10 @@ def build_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapp
     return Completed(message=f"build: {len(futures)} variants dispatched to {remote.build}")
 
 
-def start_suites(config: KilnConfig, run: RunRecord, remote: Remote, commit: str) -> list[PrefectFuture[object]]:
+def start_suites(config: KilnConfig, run: RunRecord, remote: Remote, params: RunParams) -> list[PrefectFuture[object]]:
     """Dispatch every suite that has a deployment for its pool; they run while the caller goes on."""
-    return [dispatching(dispatch_suite, config).submit(config, config.suites_by_name[name], deployment, run, commit)
+    return [dispatching(dispatch_suite, config).submit(config, config.suites_by_name[name], deployment, run,
+                                                       params.commit)
             for name, deployment in remote.suites.items()]
 
 
@@ -55,11 +55,12 @@ def wait_suites(config: KilnConfig, run: RunRecord, remote: Remote, futures: lis
                 record(run, unit_from_state(target.unit("failed", ""), future.state))
 
 
-def publish_stage(config: KilnConfig, run: RunRecord, remote: Remote, common: Mapping[str, Any], commit: str) -> State:
+def publish_stage(config: KilnConfig, run: RunRecord, remote: Remote, params: RunParams) -> State:
     """Publish the nightly channel: on a CPU-pool worker when deployed, else here."""
     if remote.publish is None:
-        return sync_state(publish_flow(**common, channel="nightly", return_state=True))
-    future = dispatching(dispatch_publish, config).submit(config, "nightly", remote.publish, run, commit)
+        return sync_state(publish_flow(config_path=params.config_path, out=params.out,
+                                       run_id=params.run_id or "latest", channel="nightly", return_state=True))
+    future = dispatching(dispatch_publish, config).submit(config, "nightly", remote.publish, run, params.commit)
     future.wait()
     why = future.state.result(raise_on_failure=False) if future.state.is_completed() else future.state.message
     if why:

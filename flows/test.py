@@ -63,12 +63,12 @@ def gpu_slots(n: int) -> AbstractContextManager[object]:
 
 
 @task(name="test-plan", cache_policy=NO_CACHE)
-def plan_task(config: KilnConfig, config_path: str, suites: list[str] | None, changed_since: str | None,
-              exclude: list[str] | None = None, paths: list[str] | None = None) -> list[Suite]:
+def select_suites_task(config: KilnConfig, suites: list[str] | None, changed_since: str | None,
+                       exclude: list[str] | None = None, paths: list[str] | None = None) -> list[Suite]:
     """The configured suites to run; or, given ``paths``, one ad-hoc suite of those paths alone."""
     if paths:
         return [adhoc_suite(config, paths)]
-    chosen = suites_to_run(config, suites, changed_since, Path(config_path).name)
+    chosen = suites_to_run(config, suites, changed_since, config.config_file.name)
     return [suite for suite in chosen if suite.name not in (exclude or ())]
 
 
@@ -137,14 +137,15 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     """
     config = load_config(config_path)
     check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
-    selected = plan_task(config, config_path, suites, changed_since, exclude, paths)
+    selected = select_suites_task(config, suites, changed_since, exclude, paths)
     run = open_run(config, "test", out, run_id=run_id, step="test", commit=commit)
     name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
     chosen = targets(config, selected)
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
         if needed:
-            build_flow(config_path=config_path, out=out, variants=needed, run_id=run.run_id, return_state=True)
+            build_flow(config_path=str(config.config_file), out=out, variants=needed, run_id=run.run_id,
+                       return_state=True)
     wheels = wheels_task(run)
     gpus_here = detect_gpu_count()
     futures = {}

@@ -53,16 +53,18 @@ class BuildSetup:
     project: ProjectBuilder | None = None  # [build] backend = "pep517"
 
 
-def prepare_build(config_path: str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
+def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
                   cache_dir: str | None = None, source: Checkout | None = None) -> BuildSetup:
-    """Load config and registry, find the toolchain, plan the matrix. Changes nothing on disk but the plan cache.
+    """Load the registry, find the toolchain, plan the matrix. Changes nothing on disk but the plan cache.
 
-    The registry (and torch and Triton with it) is imported only when the plan
+    ``config``: the flow's loaded config (a path is loaded here). The registry
+    (and torch and Triton with it) is imported only when the plan
     stored by the last build with the same inputs (:mod:`kiln.tasks.build.plancache`)
     is missing or out of date. ``source`` is the commit being built: its time
     stamps every wheel member, its sha goes into each wheel's ``kiln_build.json``.
     """
-    config = load_config(config_path)
+    config = load_config(config) if isinstance(config, str) else config
+    config_path = str(config.config_file.resolve())  # what the compile workers load in their own processes
     chosen = check_version(version)  # a malformed --version fails here, before anything is built
     wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
     cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
@@ -77,7 +79,7 @@ def prepare_build(config_path: str, version: str, variants: list[str] | None, nv
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
-    return BuildSetup(config, str(Path(config_path).resolve()), chosen, stored.plan, tools.nvcc, cache_root, stamp,
+    return BuildSetup(config, config_path, chosen, stored.plan, tools.nvcc, cache_root, stamp,
                       tools.project)
 
 

@@ -12,7 +12,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
 from kiln.flows.dispatch import DEPLOYMENT, Remote, dispatch_suite, find_deployments
-from kiln.flows.test import plan_task
+from kiln.flows.test import select_suites_task
 from kiln.tasks.project.config import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def deploy_gpu_tests(pool: str) -> None:
 def test_suite_without_a_deployed_pool_runs_in_the_local_test_stage(prefect_server):
     config = config_with_pool(f"absent-{uuid.uuid4().hex[:8]}")
     assert find_deployments(config) == Remote()
-    local = plan_task.fn(config, "kiln.toml", None, None, exclude=[])
+    local = select_suites_task.fn(config, None, None, exclude=[])
     assert "kernels-gpu" in [s.name for s in local]
 
 
@@ -47,7 +47,7 @@ def test_suite_with_a_deployed_pool_is_dispatched_and_left_out_of_the_local_stag
     config = config_with_pool(pool)
     remote = find_deployments(config)
     assert remote == Remote(suites={"kernels-gpu": DEPLOYMENT.format(flow="test", pool=pool)})
-    local = plan_task.fn(config, "kiln.toml", None, None, exclude=list(remote.suites))
+    local = select_suites_task.fn(config, None, None, exclude=list(remote.suites))
     assert "kernels-gpu" not in [s.name for s in local] and "kernels" in [s.name for s in local]
 
 
