@@ -20,9 +20,9 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, get_args
+from typing import TYPE_CHECKING, Any, NoReturn, cast, get_args
 
 from kiln.flows.local.environment import apply_defaults
 
@@ -30,7 +30,7 @@ apply_defaults()  # before anything imports prefect
 
 from kiln.core.errors import EXIT_FAILED, EXIT_OK, KilnError  # noqa: E402
 from kiln.tasks.bench.results import MetricChoice  # noqa: E402
-from kiln.tasks.project.config import BENCH_SIZES, CHANNELS  # noqa: E402
+from kiln.tasks.project.config import BENCH_SIZES, CHANNELS, KilnConfig  # noqa: E402
 from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402
 
 if TYPE_CHECKING:
@@ -38,6 +38,35 @@ if TYPE_CHECKING:
 
     from kiln.release.fetch import StoreSettings
 
+# A subcommand's handler (``set_defaults``): a plain one gets the arguments; one that needs the project
+# gets kiln.toml loaded too, once, by ``_dispatch``.
+PlainHandler = Callable[[argparse.Namespace], int]
+ConfigHandler = Callable[[argparse.Namespace, KilnConfig], int]
+
+
+def _runs(parser: argparse.ArgumentParser, handler: PlainHandler) -> None:
+    parser.set_defaults(handler=handler, config_handler=None, connect=False)
+
+
+def _runs_with_config(parser: argparse.ArgumentParser, handler: ConfigHandler, *, flow: bool = False) -> None:
+    """``handler`` gets the loaded kiln.toml; ``flow``: it runs a flow, connected, under the command's signals."""
+    parser.set_defaults(handler=None, config_handler=handler, connect=flow)
+
+
+
+class _Renamed(argparse.Action):
+    """A flag's old spelling, kept for a release: it sets what the new flag sets, and says to use the new one."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        # values: whatever argparse parsed for this flag (its type is the flag's own)
+        print(f"{parser.prog}: {option_string} is deprecated and will be removed in the next release; "
+              f"use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def _add_config(parser: argparse.ArgumentParser, out_default: str | None = "out") -> None:
@@ -60,12 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="inspect a package's repository and write the kiln.toml that builds it")
     p.add_argument("directory", nargs="?", default=".", help="the package's repository (default: here)")
+    _runs(p, lambda ns: _init_command(ns.directory))
 
     p = sub.add_parser("nightly", help="build, test, benchmark and publish the nightly")
     _add_config(p)
+    _runs_with_config(p, _nightly_command, flow=True)
 
     p = sub.add_parser("release", help="the release flow: validate, build, test, bench, approve, publish, verify")
     _add_config(p)
+    _runs_with_config(p, _release_command, flow=True)
     p.add_argument("--version", required=True, help="PEP 440 version to release")
     p.add_argument("--ref", default="HEAD", help="git ref being released")
     p.add_argument("--channel", default="release")
@@ -80,12 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build", help="build kernels and wheels for every variant")
     _add_config(p)
+    _runs_with_config(p, _build_command, flow=True)
     p.add_argument("--version", help="version to build (default: the commit's nightly version, "
                                      "<base>.dev<commit time as YYYYMMDDHHMMSS>)")
     p.add_argument("--variant", action="append", dest="variants", help="only this variant (repeatable)")
 
     p = sub.add_parser("test", help="run the test suites in isolated processes")
     _add_config(p)
+    _runs_with_config(p, _test_command, flow=True)
     p.add_argument("--suite", action="append", dest="suites", help="only this suite (repeatable)")
     p.add_argument("--isolate", choices=ISOLATIONS, default="test")
     p.add_argument("--timeout", type=float, help="deadline per test in seconds (default: the suite's)")
@@ -100,8 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmark every kernel against its torch reference")
     _add_config(p, out_default=None)
+    _runs_with_config(p, _bench_command, flow=True)
     p.add_argument("--run-dir", default="out", help="run directory (default: out)")
-    p.add_argument("--out", help="also write the results JSON here")
+    p.add_argument("--results", dest="results_path", metavar="FILE", help="also write the results JSON here")
+    p.add_argument("--out", dest="results_path", metavar="FILE", action=_Renamed, new="--results",
+                   help="deprecated spelling of --results (every other command's --out is a folder)")
     p.add_argument("--compare", metavar="BASELINE", help="a results file, or 'last' for the previous stored run")
     p.add_argument("--size", choices=BENCH_SIZES)
     p.add_argument("--metric", choices=get_args(MetricChoice), default="auto")
@@ -109,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("publish", help="publish the run's wheels to an index")
     _add_config(p)
+    _runs_with_config(p, _publish_command, flow=True)
     p.add_argument("--to", dest="target", help="publish target name from kiln.toml")
     p.add_argument("--channel", choices=CHANNELS, default="nightly")
     p.add_argument("--dry-run", action="store_true")
@@ -119,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", help="apply [publish.retention] to a nightly channel: yank older nightlies, "
                                      "remove them after the grace period")
     _add_config(p)
+    _runs_with_config(p, _prune_command, flow=True)
     p.add_argument("--to", dest="target", help="publish target name from kiln.toml (default: the default target)")
     p.add_argument("--channel", choices=CHANNELS, default="nightly")
     p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
@@ -127,9 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("wheel_dir", nargs="?", help="directory of wheels to index")
     p.add_argument("--from-list", help="JSON lines: filename, sha256, size, upload_time, ...")
     p.add_argument("--out", required=True, help="output directory")
+    _runs(p, _index_command)
 
     p = sub.add_parser("policies", help="write one least-privilege IAM policy per step")
     _add_config(p, out_default="policies")
+    _runs_with_config(p, _policies_command)
 
     p = sub.add_parser("verify", help="check an index: links, hashes, sidecars; then install from it")
     p.add_argument("url", help="http(s):// (Kiln's server or any static server), file:///dir/ or s3://bucket/prefix/")
@@ -144,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an install command a run printed: run it in a fresh venv, as a user would (each step "
                         "resolved first, not run when it would take a name this index holds from another index); "
                         "it must install the version this index publishes (repeatable)")
+    _runs(p, _verify_command)
 
     _add_which(sub.add_parser("which", help="the install command of the wheel on an index that fits an environment "
                                             "(default: this one), or why none fits"))
@@ -152,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("wheels", nargs="+", metavar="WHEEL", help="a wheel file")
     p.add_argument("--stable", action="store_true",
                    help="the wheels claim the torch stable ABI (abi = \"stable\"): unstable torch symbols fail")
+    _runs(p, lambda ns: _audit_abi_command(ns.wheels, ns.stable))
 
     _add_history(sub.add_parser("history", help="the benchmark history the nightlies stored, by commit"))
     _add_bisect(sub.add_parser("bisect", help="the first commit where a test fails or a benchmark got slower, "
@@ -159,13 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quarantine", help="the flaky tests in quarantine ([testing.quarantine]): they run and are "
                                           "reported, and do not gate publishing")
     p.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
+    _runs_with_config(p, _quarantine_command)
 
     p = sub.add_parser("server", help="Kiln's local Prefect server (started by the first command that needs it)")
     p.add_argument("action", choices=("status", "start", "stop"))
+    _runs(p, lambda ns: _server_command(ns.action))
 
     p = sub.add_parser("daemon", help="Kiln's build daemons (flow commands start one and reuse it; "
                                       "KILN_DAEMON=off turns them off)")
     p.add_argument("action", choices=("status", "stop"))
+    _runs(p, _daemon_command)
     return parser
 
 
@@ -182,6 +228,7 @@ def _add_which(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra-index-url", action="append", dest="extra_index_urls", default=[], metavar="URL",
                    help="where the dependencies the index does not hold come from (repeatable): the command then "
                         "has Kiln's two pip steps")
+    _runs(p, _which_command)
 
 
 def _add_history(p: argparse.ArgumentParser) -> None:
@@ -193,6 +240,7 @@ def _add_history(p: argparse.ArgumentParser) -> None:
                    help="the decision metric (default: the newest stored run's)")
     p.add_argument("--limit", type=int, default=30, help="at most this many runs, the newest (default: 30)")
     p.add_argument("--plot", type=Path, help="also write the trend plot (PNG) here")
+    _runs_with_config(p, _history_command)
 
 
 def _add_bisect(p: argparse.ArgumentParser) -> None:
@@ -204,9 +252,10 @@ def _add_bisect(p: argparse.ArgumentParser) -> None:
                       help="the benchmark: the first commit slower than --good beyond the threshold and the noise")
     p.add_argument("--variant", default="cpu", help="whose wheel to install (default: cpu)")
     p.add_argument("--config", default="kiln.toml", help="project description (default: kiln.toml)")
+    _runs_with_config(p, _bisect_command, flow=True)
 
 
-def _bisect_command(ns: argparse.Namespace) -> int:
+def _bisect_command(ns: argparse.Namespace, config: KilnConfig) -> int:
     from kiln.flows.bisect import bisect_flow
     from kiln.flows.common import sync_state
 
@@ -323,7 +372,7 @@ def _server_command(action: str) -> int:
     return EXIT_OK if word == "running" else EXIT_FAILED
 
 
-def _prune_command(ns: argparse.Namespace) -> int:
+def _prune_command(ns: argparse.Namespace, config: KilnConfig) -> int:
     from kiln.flows.common import sync_state
     from kiln.flows.prune import prune_flow
 
@@ -361,119 +410,132 @@ def _audit_abi_command(wheels: list[str], stable: bool) -> int:
     return EXIT_FAILED if any(audit.findings() for audit in audits) else EXIT_OK
 
 
+def _index_command(ns: argparse.Namespace) -> int:
+    from kiln.release.cli import index_command
+
+    if bool(ns.wheel_dir) == bool(ns.from_list):
+        raise SystemExit("kiln index: give exactly one of WHEEL_DIR or --from-list FILE")
+    return index_command(ns.wheel_dir, ns.from_list, ns.out)
+
+
+def _verify_command(ns: argparse.Namespace) -> int:
+    from kiln.release.cli import verify_command
+
+    return verify_command(ns.url, install=not ns.no_install, extra_index_urls=ns.extra_index_urls,
+                          settings=_store_settings(ns.url, ns.config), hints=ns.hints)
+
+
+def _which_command(ns: argparse.Namespace) -> int:
+    from kiln.release.cli import which_command
+    from kiln.release.whichenv import Asked
+
+    asked = Asked(python=ns.python, platform=ns.platform, torch=ns.torch, cuda=ns.cuda, rocm=ns.rocm, arch=ns.arch)
+    return which_command(ns.url, ns.project, ns.version, asked, ns.extra_index_urls)
+
+
+def _daemon_command(ns: argparse.Namespace) -> int:
+    from kiln.flows.local.daemon_server import daemon_command
+
+    return daemon_command(ns.action)
+
+
+def _policies_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.policies import write_policies
+
+    return write_policies(config, ns.out)
+
+
+def _history_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.history import show_history
+
+    print(show_history(config, kernel=ns.kernel, case=ns.case, variant=ns.variant, metric=ns.metric,
+                       limit=ns.limit, plot=ns.plot), end="")
+    return EXIT_OK
+
+
+def _quarantine_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.quarantine import show_quarantine
+
+    print(show_quarantine(config), end="")
+    return EXIT_OK
+
+
+def _nightly_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.nightly import nightly_flow
+
+    return _run_flow(nightly_flow, ns.out, config_path=ns.config, out=ns.out)
+
+
+def _release_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.release import approved_release_flow, release_flow
+
+    # --yes picks the flow approved on the command line: the deployment's form has no such toggle.
+    return _run_flow(
+        approved_release_flow if ns.yes else release_flow, ns.out, version=ns.version, ref=ns.ref,
+        channel=ns.channel, dry_run=ns.dry_run, allow_regressions=ns.allow_regressions, config_path=ns.config,
+        out=ns.out, from_run=ns.from_run,
+    )
+
+
+def _build_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.build import build_flow
+
+    return _run_flow(build_flow, ns.out, config_path=ns.config, out=ns.out, version=ns.version, variants=ns.variants)
+
+
+def _test_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.test import test_flow
+    from kiln.tasks.testing.suite import split_test_args
+
+    # `-- PATHS` run as one ad-hoc suite; options after `--` (-k, -x) go to pytest.
+    paths, options = split_test_args(_pytest_args(ns.pytest_args), Path.cwd(), config.root)
+    return _run_flow(
+        test_flow, ns.out, config_path=ns.config, out=ns.out, suites=ns.suites, isolate=ns.isolate,
+        timeout=ns.timeout, retries=ns.retries, junit=ns.junit, json_path=ns.json_path,
+        changed_since=ns.changed_since, pytest_args=options, paths=paths or None, run_id=ns.run_id,
+    )
+
+
+def _bench_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.bench import bench_flow
+
+    return _run_flow(
+        bench_flow, ns.run_dir, config_path=ns.config, out=ns.run_dir, compare=ns.compare, size=ns.size,
+        metric=ns.metric, results_path=ns.results_path, run_id=ns.run_id,
+    )
+
+
+def _publish_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.publish import publish_flow
+
+    return _run_flow(publish_flow, ns.out, config_path=ns.config, out=ns.out, target=ns.target,
+                     channel=ns.channel, dry_run=ns.dry_run, run_id=ns.run_id)
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
-    cmd = ns.command
-    if cmd == "index":
-        from kiln.release.cli import index_command
+    """Run the subcommand's handler; a flow command under its signals, connected to a server.
 
-        if bool(ns.wheel_dir) == bool(ns.from_list):
-            raise SystemExit("kiln index: give exactly one of WHEEL_DIR or --from-list FILE")
-        return index_command(ns.wheel_dir, ns.from_list, ns.out)
-    if cmd == "verify":
-        from kiln.release.cli import verify_command
-
-        return verify_command(ns.url, install=not ns.no_install, extra_index_urls=ns.extra_index_urls,
-                              settings=_store_settings(ns.url, ns.config), hints=ns.hints)
-
-    if cmd == "which":
-        from kiln.release.cli import which_command
-        from kiln.release.whichenv import Asked
-
-        asked = Asked(python=ns.python, platform=ns.platform, torch=ns.torch, cuda=ns.cuda, rocm=ns.rocm, arch=ns.arch)
-        return which_command(ns.url, ns.project, ns.version, asked, ns.extra_index_urls)
-    if cmd == "audit-abi":
-        return _audit_abi_command(ns.wheels, ns.stable)
-    if cmd == "server":
-        return _server_command(ns.action)
-    if cmd == "init":
-        return _init_command(ns.directory)
-    if cmd == "daemon":
-        from kiln.flows.local.daemon_server import daemon_command
-
-        return daemon_command(ns.action)
-
+    The project's kiln.toml is loaded here, once, before any flow starts (a bad config starts nothing),
+    and handed to the handler.
+    """
+    if ns.config_handler is None:
+        return cast(PlainHandler, ns.handler)(ns)
     from kiln.tasks.project.config import load_config
 
-    load_config(ns.config)  # validate before any flow starts: a bad config starts nothing
-    if cmd == "policies":
-        from kiln.flows.policies import policies_command
-
-        return policies_command(ns.config, ns.out)
-    if cmd == "history":
-        from kiln.flows.history import show_history
-
-        print(show_history(load_config(ns.config), kernel=ns.kernel, case=ns.case, variant=ns.variant,
-                           metric=ns.metric, limit=ns.limit, plot=ns.plot), end="")
-        return 0
-    if cmd == "quarantine":
-        from kiln.flows.quarantine import show_quarantine
-
-        print(show_quarantine(load_config(ns.config)), end="")
-        return 0
+    config = load_config(ns.config)
+    handler = cast(ConfigHandler, ns.config_handler)
+    if not ns.connect:
+        return handler(ns, config)
     from kiln.flows import cancel
 
     # From here one SIGTERM or Ctrl-C cancels the command: its flow run ends Cancelled, what it started ends.
     with cancel.command_signals():
-        return cancel.cancelled_status(cmd, lambda: _connected_flow_command(ns))
+        return cancel.cancelled_status(ns.command, lambda: _connected(handler, ns, config))
 
 
-def _connected_flow_command(ns: argparse.Namespace) -> int:
+def _connected(handler: ConfigHandler, ns: argparse.Namespace, config: KilnConfig) -> int:
     with _connect():
-        return _flow_command(ns)
-
-
-def _flow_command(ns: argparse.Namespace) -> int:
-    """The commands that run a flow (connected to a server)."""
-    from kiln.tasks.project.config import load_config
-
-    cmd = ns.command
-    if cmd == "nightly":
-        from kiln.flows.nightly import nightly_flow
-
-        return _run_flow(nightly_flow, ns.out, config_path=ns.config, out=ns.out)
-    if cmd == "release":
-        from kiln.flows.release import approved_release_flow, release_flow
-
-        # --yes picks the flow approved on the command line: the deployment's form has no such toggle.
-        return _run_flow(
-            approved_release_flow if ns.yes else release_flow, ns.out, version=ns.version, ref=ns.ref,
-            channel=ns.channel, dry_run=ns.dry_run, allow_regressions=ns.allow_regressions, config_path=ns.config,
-            out=ns.out, from_run=ns.from_run,
-        )
-    if cmd == "build":
-        from kiln.flows.build import build_flow
-
-        return _run_flow(
-            build_flow, ns.out, config_path=ns.config, out=ns.out, version=ns.version, variants=ns.variants
-        )
-    if cmd == "test":
-        from kiln.flows.test import test_flow
-        from kiln.tasks.testing.suite import split_test_args
-
-        # `-- PATHS` run as one ad-hoc suite; options after `--` (-k, -x) go to pytest.
-        paths, options = split_test_args(_pytest_args(ns.pytest_args), Path.cwd(), load_config(ns.config).root)
-        return _run_flow(
-            test_flow, ns.out, config_path=ns.config, out=ns.out, suites=ns.suites, isolate=ns.isolate,
-            timeout=ns.timeout, retries=ns.retries, junit=ns.junit, json_path=ns.json_path,
-            changed_since=ns.changed_since, pytest_args=options, paths=paths or None, run_id=ns.run_id,
-        )
-    if cmd == "bench":
-        from kiln.flows.bench import bench_flow
-
-        return _run_flow(
-            bench_flow, ns.run_dir, config_path=ns.config, out=ns.run_dir, compare=ns.compare, size=ns.size,
-            metric=ns.metric, results_path=ns.out, run_id=ns.run_id,
-        )
-    if cmd == "bisect":
-        return _bisect_command(ns)
-    if cmd == "prune":
-        return _prune_command(ns)
-    if cmd == "publish":
-        from kiln.flows.publish import publish_flow
-
-        return _run_flow(publish_flow, ns.out, config_path=ns.config, out=ns.out, target=ns.target,
-                         channel=ns.channel, dry_run=ns.dry_run, run_id=ns.run_id)
-    raise SystemExit(f"unknown command {cmd!r}")
+        return handler(ns, config)
 
 
 def _exit_now(status: int) -> NoReturn:

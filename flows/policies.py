@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kiln.core.fsutil import atomic_write_text
 from kiln.release.policies import policies_from_config, render
-from kiln.tasks.project.config import load_config
+from kiln.tasks.project.config import KilnConfig, load_config
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,11 @@ def policies_command(config_path: str, out: str, target: str | None = None) -> i
     Every document is generated (and validated) before the first file is
     written, so a bad kiln.toml raises :class:`ConfigError` and changes nothing.
     """
-    config = load_config(config_path)
+    return write_policies(load_config(config_path), out, target)
+
+
+def write_policies(config: KilnConfig, out: str, target: str | None = None) -> int:
+    """:func:`policies_command` for a loaded config."""
     documents = policies_from_config(config, target)
     directory = Path(out)
     for step, document in documents.items():
