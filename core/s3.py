@@ -17,6 +17,12 @@
   bytes too instead of trusting a stored checksum.
 * Pages are written with ``If-Match: <etag>`` (or ``If-None-Match: *`` for a
   new page); a 412/409 is a :class:`ConflictError` for the caller to re-read.
+* Every write carries the ``Cache-Control`` its caller chose for the object's
+  kind (the publish protocol: long and ``immutable`` for wheels, sidecars and
+  variants files, whose keys are never re-used; ``no-cache`` or short for
+  pages, by channel) and its SHA-256 as object metadata
+  (``x-amz-meta-sha256``), so a CDN or a human with ``aws s3api head-object``
+  can compare what is served with what was written without reading it.
 * ``ExpectedBucketOwner`` goes on every call when configured, so a bucket
   taken over by another account is never written to.
 * botocore errors are translated in one place, :func:`translate`, keeping the
@@ -68,6 +74,9 @@ _MISSING = {"NoSuchKey", "404", "NotFound"}
 _CHUNK = 1 << 20  # what a read-back hashes at a time
 
 MAX_ATTEMPTS = 5  # botocore's own bounded retries per call
+# The user metadata key every write stores its hex SHA-256 under (S3 serves it as ``x-amz-meta-sha256``).
+# What the uploader claimed, for a CDN's or a reader's comparison: head() still trusts only a verified checksum.
+SHA256_METADATA = "sha256"
 
 
 class _Missing(Exception):
@@ -202,7 +211,7 @@ class S3Store:
         checksum = base64.b64encode(bytes.fromhex(digest)).decode()
         params = self._params(
             key, Body=body, ContentType=content_type, CacheControl=cache_control,
-            ChecksumSHA256=checksum, IfNoneMatch="*",
+            ChecksumSHA256=checksum, IfNoneMatch="*", Metadata={SHA256_METADATA: digest},
         )
         try:
             response = self._call("put_object", f"{self.url}/{key}", **params)
@@ -244,16 +253,17 @@ class S3Store:
         self, key: str, data: bytes, content_type: str, cache_control: str, expected_etag: str | None
     ) -> ObjectInfo:
         condition = {"IfNoneMatch": "*"} if expected_etag is None else {"IfMatch": expected_etag}
-        checksum = base64.b64encode(bytes.fromhex(sha256_bytes(data))).decode()
+        digest = sha256_bytes(data)
+        checksum = base64.b64encode(bytes.fromhex(digest)).decode()
         params = self._params(
             key, Body=data, ContentType=content_type, CacheControl=cache_control,
-            ChecksumSHA256=checksum, **condition,
+            ChecksumSHA256=checksum, Metadata={SHA256_METADATA: digest}, **condition,
         )
         try:
             response = self._call("put_object", f"{self.url}/{key}", **params)
         except _Missing as exc:  # If-Match on a key deleted behind our back
             raise ConflictError(f"{self.url}/{key} disappeared since it was read") from exc
-        return ObjectInfo(key, len(data), response["ETag"], sha256_bytes(data))
+        return ObjectInfo(key, len(data), response["ETag"], digest)
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (S3 answers success for a missing one). Only a prune deletes

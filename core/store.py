@@ -28,8 +28,11 @@ lives in :mod:`kiln.core.s3` and is imported only when an ``s3://`` URL is
 opened. ``file://`` URLs are resolved against ``root`` unless absolute
 (``file:///abs/dir``).
 
-The local store keeps no content type (an HTTP server derives it from the
-extension, see :mod:`kiln.release.serve`); its ETag is the SHA-256 of the content,
+The local store keeps no content type, no ``Cache-Control`` and no metadata: a
+file has no headers, so the ``content_type`` and ``cache_control`` its writes
+are given are dropped (an HTTP server in front derives the type from the
+extension, see :mod:`kiln.release.serve`, and its caching is that server's
+configuration); its ETag is the SHA-256 of the content,
 and its compare-and-swap holds an ``flock`` on the key's directory so two
 processes publishing into the same directory serialise their page updates.
 """

@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an install command a run printed: run it in a fresh venv, as a user would (each step "
                         "resolved first, not run when it would take a name this index holds from another index); "
                         "it must install the version this index publishes (repeatable)")
+    p.add_argument("--public-url", metavar="URL",
+                   help="the CDN or web server in front of this index (standing for URL): every page and file "
+                        "is downloaded through it too and must have the bytes the index says (a stale cache fails)")
     _runs(p, _verify_command)
 
     _add_which(sub.add_parser("which", help="the install command of the wheel on an index that fits an environment "
@@ -422,7 +425,7 @@ def _verify_command(ns: argparse.Namespace) -> int:
     from kiln.release.cli import verify_command
 
     return verify_command(ns.url, install=not ns.no_install, extra_index_urls=ns.extra_index_urls,
-                          settings=_store_settings(ns.url, ns.config), hints=ns.hints)
+                          settings=_store_settings(ns.url, ns.config), hints=ns.hints, public_url=ns.public_url)
 
 
 def _which_command(ns: argparse.Namespace) -> int:

@@ -36,8 +36,10 @@ from kiln.flows.runname import name_this_run, run_name
 from kiln.release.closure import ClosureQuery, ClosureResult, resolve, unique_queries
 from kiln.release.index import ProjectStatus
 from kiln.release.pins import fetch_pins, load_pins
+from kiln.release.public import PublicReport, check_public, published_expectations
 from kiln.release.publish import (
     COMBINED,
+    PAGE_CACHE,
     ClosureStep,
     PagesStep,
     Plan,
@@ -45,6 +47,7 @@ from kiln.release.publish import (
     UploadResult,
     UploadStep,
     index_prefix,
+    page_cache,
     publish,
     publish_pages,
     upload_file,
@@ -132,9 +135,9 @@ def conflict_message(result: UploadResult, channel: str) -> str:
 
 @task(name="publish-pages", retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
       retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_on_retryable, cache_policy=NO_CACHE)
-def publish_index_pages(store: Store, results: list[UploadResult]) -> list[str]:
+def publish_index_pages(store: Store, results: list[UploadResult], cache_control: str = PAGE_CACHE) -> list[str]:
     """Project pages then root, for the files whose upload verified."""
-    return publish_pages(store, results)
+    return publish_pages(store, results, cache_control)
 
 
 def upload_tasks(run: RunRecord, channel: str) -> UploadStep:
@@ -202,10 +205,11 @@ def _answer(run: RunRecord, query: ClosureQuery, future: Any, refuse: bool) -> C
     return result
 
 
-def pages_task(run: RunRecord) -> PagesStep:
-    """The pages step as its task run; a failure is the publish/pages unit's, and no page changed."""
+def pages_task(run: RunRecord, channel: str) -> PagesStep:
+    """The pages step as its task run (pages cached as ``channel``'s, :func:`~kiln.release.publish.page_cache`);
+    a failure is the publish/pages unit's, and no page changed."""
     def pages(store: Store, results: list[UploadResult]) -> list[str]:
-        future = publish_index_pages.submit(store, results)
+        future = publish_index_pages.submit(store, results, page_cache(channel))
         future.wait()
         changed = future.state.result(raise_on_failure=False) if future.state.is_completed() else None
         if not isinstance(changed, list):
@@ -254,6 +258,27 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
     markdown_report("kiln-publish-plan", plan.to_markdown() + "\n" + links + "\n", f"Publish plan — run {run.run_id}")
 
 
+@task(name="verify-public-url", cache_policy=NO_CACHE, task_run_name="verify through {public_url}")
+def verify_public_url(store: Store, plan: Plan, public_url: str) -> PublicReport:
+    """Every new file and changed page downloaded through the CDN in front of the target, by hash."""
+    return check_public(public_url, published_expectations(store, plan))
+
+
+def check_public_url(run: RunRecord, config: KilnConfig, target: str | None, store: Store, plan: Plan) -> None:
+    """The publish/public-url unit: what users download through the target's public_url is what was published
+    (a target without one, or a dry run, has nothing to check)."""
+    public_url = config.publish.targets[target or config.publish.default_target].public_url
+    if public_url is None or plan.dry_run:
+        return
+    state = verify_public_url(store, plan, public_url, return_state=True)
+    report = state.result(raise_on_failure=False) if state.is_completed() else None
+    if not isinstance(report, PublicReport):
+        record(run, unit_from_state(Unit("publish/public-url", "publish", "failed"), state))
+        return
+    record(run, Unit("publish/public-url", "publish", "completed" if report.ok else "failed",
+                     message=report.summary()))
+
+
 def publish_commit(run: RunRecord, channel: str) -> str:
     """The commit whose per-commit index a publish writes: a clean tree's, in every channel but ``release``."""
     source = run.header.source
@@ -279,12 +304,13 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     check = config.publish.check_dependencies
     plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
                    variants=variants, extra=extra, untested_ok=allowed, dry_run=dry_run,
-                   upload=upload_tasks(run, channel), pages=pages_task(run), commit=publish_commit(run, channel),
-                   statuses=project_statuses(config),
+                   upload=upload_tasks(run, channel), pages=pages_task(run, channel),
+                   commit=publish_commit(run, channel), statuses=project_statuses(config),
                    closure=None if check == "off" else closure_task(run, refuse=check == "refuse"),
                    dependency_indexes=config.publish.extra_index_urls, closure_refuses=check == "refuse")
     plan.skipped.update(held)
     report_plan(run, config, plan)
+    check_public_url(run, config, target, store, plan)
     return finish_stage(run, "publish", "Publish")
 
 

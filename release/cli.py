@@ -165,23 +165,31 @@ def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int
 
 
 def verify_command(url: str, install: bool = True, extra_index_urls: Sequence[str] = (),
-                   settings: StoreSettings | None = None, hints: Sequence[str] = ()) -> int:
+                   settings: StoreSettings | None = None, hints: Sequence[str] = (),
+                   public_url: str | None = None) -> int:
     """``kiln verify URL``: check every page, link, hash and sidecar, then install with pip and uv.
 
     ``extra_index_urls`` are where the dependencies resolve from; ``settings``
     opens an ``s3://`` URL (the publish target's region, endpoint and owner); ``hints`` are printed install
-    commands to run, each of which must install the published version.
+    commands to run, each of which must install the published version. ``public_url``: the CDN in front of
+    ``url``, through which every page and file must be served with the index's bytes (:mod:`kiln.release.public`).
     """
+    from kiln.release.public import public_root, verify_public
     from kiln.release.verify import verify_index  # http and subprocess machinery only when verifying
 
     try:
+        if public_url is not None:
+            public_root(public_url)  # a bad public URL is refused before anything is fetched
         report = verify_index(url, install=install, extra_index_urls=extra_index_urls, settings=settings,
                               hints=hints)
+        public = None if public_url is None else verify_public(url, public_url, settings=settings)
     except KilnError as exc:
         print(f"kiln verify: {exc}", file=sys.stderr)
         return exc.exit_status
     print(report.summary())
-    return EXIT_OK if report.ok else EXIT_FAILED
+    if public is not None:
+        print(public.summary())
+    return EXIT_OK if report.ok and (public is None or public.ok) else EXIT_FAILED
 
 
 def which_command(url: str, project: str | None, version: str | None, asked: Asked,

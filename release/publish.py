@@ -70,6 +70,7 @@ project's PEP 792 status (``[project] status`` in kiln.toml, see
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import posixpath
@@ -108,8 +109,19 @@ log = logging.getLogger(__name__)
 
 WHEEL_TYPE = "application/octet-stream"
 SIDECAR_TYPE = "text/plain; charset=utf-8"
+# Cache-Control by object kind (a CDN in front of the target obeys it; a file:// target has no headers).
+# Wheels, sidecars and variants files: their keys are never re-used (invariant 2), so cached for a year.
 IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
-PAGE_CACHE = "public, max-age=60, must-revalidate"  # short: a new nightly shows within a minute
+# Pages change on every publish. A nightly's must show at once: a CDN revalidates every request.
+NIGHTLY_PAGE_CACHE = "no-cache"
+# A release's change once per release: a CDN may serve one up to 5 minutes old (purge it to show one sooner).
+RELEASE_PAGE_CACHE = "public, max-age=300"
+PAGE_CACHE = NIGHTLY_PAGE_CACHE  # a page written outside a channel's publish (a rollback, a prune): revalidated
+
+
+def page_cache(channel: str) -> str:
+    """The Cache-Control of ``channel``'s index pages: short on ``release``, ``no-cache`` on every other."""
+    return RELEASE_PAGE_CACHE if channel == "release" else NIGHTLY_PAGE_CACHE
 
 Outcome = Literal["added", "present", "conflict"]
 COMMIT_DIGITS = 12  # of the commit's hex sha in a per-commit index's URL
@@ -433,7 +445,7 @@ def _merge_files(current: list[Distribution], new: Iterable[Distribution], where
 
 
 def cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[bytes | None], dict[str, bytes]],
-              sleep: Callable[[float], None]) -> list[str]:
+              sleep: Callable[[float], None], cache_control: str = PAGE_CACHE) -> list[str]:
     """Re-read, re-render and compare-and-swap one HTML+JSON page pair until it sticks.
 
     The HTML ETag is read before the JSON: an HTML written by anyone after our
@@ -446,7 +458,7 @@ def cas_pages(store: Store, html_key: str, json_key: str, render: Callable[[byte
         changed = []
         for key, old, ctype in ((json_key, current, JSON_TYPE), (html_key, html, HTML_TYPE)):
             if old is None or old[0] != pages[key]:
-                store.put_page(key, pages[key], ctype, PAGE_CACHE, None if old is None else old[1])
+                store.put_page(key, pages[key], ctype, cache_control, None if old is None else old[1])
                 changed.append(key)
         return changed
 
@@ -489,14 +501,16 @@ def _variants_files(store: Store, files_dir: str, project: str, listed: list[Dis
 
 def update_pages(store: Store, index: str, dists: Sequence[Distribution],
                  sleep: Callable[[float], None] = time.sleep, *, statuses: Mapping[str, ProjectStatus] | None = None,
-                 files_in: str | None = None, variants: Documents | None = None) -> list[str]:
+                 files_in: str | None = None, variants: Documents | None = None,
+                 cache_control: str = PAGE_CACHE) -> list[str]:
     """Merge ``dists`` (all verified on the target) into the project pages, then the root.
 
     ``statuses``: each project's PEP 792 status (default active), written on
     its page. ``files_in``: the index root whose objects the pages link when
     it is not ``index`` itself (a per-commit index links the channel's).
     ``variants``: the variant wheels' ``variant.json`` by (project, version),
-    merged into each version's listed variants file (the combined index).
+    merged into each version's listed variants file (the combined index). ``cache_control``: the
+    pages' (:func:`page_cache` of the channel).
     """
     changed: list[str] = []
     projects = group(dists)
@@ -514,14 +528,15 @@ def update_pages(store: Store, index: str, dists: Sequence[Distribution],
             pages = project_pages(project, merged, status, _files_at(index, files_in, project))
             return {f"{index}/{k}": v for k, v in pages.items()}
 
-        changed += cas_pages(store, html_key, json_key, render, sleep)
+        changed += cas_pages(store, html_key, json_key, render, sleep, cache_control)
 
     def render_root(current: bytes | None) -> dict[str, bytes]:
         listed = [] if current is None else parse_root_json(current, f"{store.url}/{index}/{JSON_PAGE}")
         return {f"{index}/{k}": v for k, v in root_pages([*listed, *projects]).items()}
 
     if projects:
-        changed += cas_pages(store, f"{index}/{HTML_PAGE}", f"{index}/{JSON_PAGE}", render_root, sleep)
+        changed += cas_pages(store, f"{index}/{HTML_PAGE}", f"{index}/{JSON_PAGE}", render_root, sleep,
+                             cache_control)
     return changed
 
 
@@ -574,7 +589,7 @@ def publish(
         ready = [replace(r, upload=replace(r.upload, commit_index="")) if r.upload.variant == COMBINED else r
                  for r in ready]
         plan.commit_held[COMBINED] = f"{', '.join(sorted(refused))} refused (see above)"
-    plan.pages = (pages or publish_pages)(store, ready)
+    plan.pages = (pages or functools.partial(publish_pages, cache_control=page_cache(channel)))(store, ready)
     written = sorted({r.upload.commit_index for r in ready if r.upload.commit_index})
     plan.commit_indexes = [index for index in written if store.get_page(f"{index}/{JSON_PAGE}") is not None]
     return plan
@@ -599,11 +614,13 @@ def complete_commit_indexes(uploads: Sequence[Upload], results: Sequence[UploadR
     return ready, held
 
 
-def publish_pages(store: Store, results: Iterable[UploadResult | BaseException]) -> list[str]:
+def publish_pages(store: Store, results: Iterable[UploadResult | BaseException],
+                  cache_control: str = PAGE_CACHE) -> list[str]:
     """Pages for every index that gained a verified file; failed uploads are left off.
 
     The channel's indexes first, then the per-commit ones (whose links lead to
-    the channel's verified objects), each project page before its root.
+    the channel's verified objects), each project page before its root;
+    each written with ``cache_control`` (:func:`page_cache` of the channel).
     """
     by_index: dict[str, list[Distribution]] = {}
     by_commit: dict[tuple[str, str], list[Distribution]] = {}
@@ -620,16 +637,18 @@ def publish_pages(store: Store, results: Iterable[UploadResult | BaseException])
     documents = variant_documents(verified)
     changed: list[str] = []
     for index, dists in sorted(by_index.items()):
-        changed += update_pages(store, index, dists, statuses=statuses, variants=documents.get(index))
+        changed += update_pages(store, index, dists, statuses=statuses, variants=documents.get(index),
+                                cache_control=cache_control)
     for (commit_index, index), dists in sorted(by_commit.items()):
         changed += update_pages(store, commit_index, dists, statuses=statuses, files_in=index,
-                                variants=documents.get(commit_index))
+                                variants=documents.get(commit_index), cache_control=cache_control)
     return changed
 
 
 __all__ = [
-    "COMBINED", "PAGE_CACHE", "ClosureStep", "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
+    "COMBINED", "IMMUTABLE_CACHE", "NIGHTLY_PAGE_CACHE", "PAGE_CACHE", "RELEASE_PAGE_CACHE", "ClosureStep",
+    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
     "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_frozen",
-    "hold_unresolvable", "index_prefix", "publish", "publish_pages", "refuse_conflicting_labels",
+    "hold_unresolvable", "index_prefix", "page_cache", "publish", "publish_pages", "refuse_conflicting_labels",
     "update_pages", "upload_each", "upload_file", "variant_documents",
 ]

@@ -266,6 +266,9 @@ class Target(_Model):
     # A file:// store is owner-only (its root 0700); public = true keeps it readable by every local
     # user, for an index another user's web server serves.
     public: bool = False
+    # The CDN or web server in front of this store (its root), where users download: after a publish, every new
+    # file and changed page is downloaded through it and must have the index's sha256 (kiln.release.public).
+    public_url: IndexUrl | None = None
 
     @property
     def kind(self) -> Literal["file", "s3"]:
@@ -277,6 +280,9 @@ class Target(_Model):
             raise ValueError(f"verifies_checksums applies to s3:// targets only, not {self.url!r}")
         if self.public and self.kind != "file":
             raise ValueError(f"public applies to file:// targets only (a bucket policy decides), not {self.url!r}")
+        if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
+            raise ValueError(f"public_url {self.public_url!r} must be the http(s):// URL users download from (a CDN"
+                             " or web server in front of the store)")
         return self
 
 
