@@ -112,7 +112,7 @@ def validate_release(config: KilnConfig, out: str, version: str, channel: str, d
         uploading.check_identities(config)  # Trusted Publishing: an OIDC identity, or refused before the build
     store, prefix = _store(config, out, channel)
     published = releasing.published_versions(store, prefix, config.project.distribution)
-    return releasing.check_version(version, channel, published)
+    return releasing.check_release_version(version, channel, published)
 
 
 @task(name="release-gate", cache_policy=NO_CACHE)

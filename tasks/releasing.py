@@ -150,7 +150,7 @@ def published_versions(store: Store, prefix: str, distribution: str) -> list[Ver
     return sorted(versions)
 
 
-def check_version(version: str, channel: str, published: Iterable[Version]) -> str:
+def check_release_version(version: str, channel: str, published: Iterable[Version]) -> str:
     """The normalised version, or :class:`InvalidInputError` saying why it cannot be released."""
     try:
         wanted = Version(version)

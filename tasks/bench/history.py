@@ -47,12 +47,6 @@ PUBLISHED = "published"  # <history>/published/<channel>/: results of published 
 PUBLISHED_COMPARE = "published:"  # --compare published:<channel>
 
 
-def history_store(config: KilnConfig, session: Any = None) -> Store:
-    """The artifact store ``[artifacts]`` names (history lives there); ``session`` holds the bench step's
-    credentials. Opened the one way the artifact store is, its settings (``public`` included) and all."""
-    return artifact_store(config, session)
-
-
 def _prefix(config: KilnConfig) -> str:
     return config.bench.history.strip("/") + "/"
 
@@ -226,7 +220,7 @@ def open_history(config: KilnConfig, session_factory: Callable[[], Any] | None =
     """
     try:
         session = session_factory() if config.artifacts.kind == "s3" and session_factory else None
-        return history_store(config, session)
+        return artifact_store(config, session)  # history lives in the artifact store
     except KilnError as exc:
         _log.warning("benchmark history unavailable: %s", exc)
         return None

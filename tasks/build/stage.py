@@ -36,7 +36,7 @@ from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
 from kiln.tasks.project.registry import load_registry
 from kiln.tasks.project.registry_types import CudaSourceRecord
-from kiln.tasks.run.versioning import check_version, variant_version
+from kiln.tasks.run.versioning import check_build_version, variant_version
 
 _log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     """
     config = load_config(config) if isinstance(config, str) else config
     config_path = str(config.config_file.resolve())  # what the compile workers load in their own processes
-    chosen = check_version(version)  # a malformed --version fails here, before anything is built
+    chosen = check_build_version(version)  # a malformed --version fails here, before anything is built
     wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
     cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
     key = plancache.plan_key(config, config_path, variants, nvcc_path)

@@ -18,7 +18,7 @@ from kiln.core.record import RunHeader, RunRecord, create_record, open_record
 from kiln.core.store import Store, open_store
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.source import describe
-from kiln.tasks.run.versioning import check_version, nightly_version
+from kiln.tasks.run.versioning import check_build_version, nightly_version
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def start_run(config: KilnConfig, store: Store, *, run_id: str, flow: str, out: 
     source = describe(config.root)
     if version is None:
         version = nightly_version(config.project.version, source.commit_time if source.in_git else None)
-    check_version(version)
+    check_build_version(version)
     config_rel = config.config_file.relative_to(config.root).as_posix()  # root is the file's own directory
     header = RunHeader(run_id=run_id, flow=flow, version=version, source=source, created=time.time(),
                        ref=ref or source.commit, config=config_rel)

@@ -21,7 +21,7 @@ def _parse(version: str) -> Version:
         raise InvalidInputError(f"version {version!r} is not a PEP 440 version (e.g. '0.1.0')") from None
 
 
-def check_version(version: str) -> str:
+def check_build_version(version: str) -> str:
     """``version`` if it is a public PEP 440 version a variant label can be added to."""
     if _parse(version).local:
         raise InvalidInputError(f"version {version!r} already has a local part; the variant adds it")

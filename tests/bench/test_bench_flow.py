@@ -14,9 +14,9 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.tasks.bench.harness import stats_of
-from kiln.tasks.bench.history import history_store
 from kiln.tasks.bench.results import load_results, save_results
 from kiln.tasks.project.config import load_config
+from kiln.tasks.run.runs import artifact_store
 from tests.bench.conftest import FIXTURE
 from tests.bench.fakes import keep
 from tests.helpers.waiting import until
@@ -74,7 +74,7 @@ def test_a_real_cpu_run_writes_a_valid_results_file_and_records_it(first_run: Pa
         "bench/nobench": ("completed", "no benchmark cases declared"),
     }
     assert (first_run / "bench" / "speedup.png").read_bytes().startswith(b"\x89PNG")
-    stored = history_store(load_config(project)).list("bench-history/")
+    stored = artifact_store(load_config(project)).list("bench-history/")
     assert len(stored) == 1 and stored[0].endswith(f"-{run.run_id}.json")
 
 
@@ -153,7 +153,7 @@ def test_the_nightly_keeps_a_regression_against_last_as_a_warning(first_run: Pat
     for night in range(3):
         nightly = _doctored(first_run / "bench" / "results.json", first_run.parent / f"nightly{night}.json",
                             flow="nightly", run_id=f"previous-nightly-{night}", created=f"2026-01-0{night + 1}T03:00:00Z")
-        keep(history_store(config), config, load_results(nightly))
+        keep(artifact_store(config), config, load_results(nightly))
     out = first_run.parent / "run4"
     state = bench_flow(config_path=str(project), out=str(out), compare="last", fail_on_regression=False,
                        store_history=False, return_state=True)

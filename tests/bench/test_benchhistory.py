@@ -13,7 +13,6 @@ from kiln.core.record import create_record
 from kiln.tasks.bench.history import (
     check_compare,
     history_key,
-    history_store,
     history_with,
     last_nightly,
     load_history,
@@ -25,6 +24,7 @@ from kiln.tasks.bench.history import (
 from kiln.tasks.bench.results import parse_time, save_results
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config
+from kiln.tasks.run.runs import artifact_store
 from tests.bench.fakes import FakeTimer, fake_run, keep, run_header
 
 
@@ -43,7 +43,7 @@ def config(benchproj: Path):
 
 
 def test_results_are_stored_under_the_history_prefix_by_time_and_run(config):
-    store = history_store(config)
+    store = artifact_store(config)
     key = keep(store, config, _run("abc-123", "2026-11-29T03:04:05Z"))
     assert key == "bench-history/20261129T030405Z-abc-123.json"
     assert (config.root / "artifacts" / key).is_file()  # file:// is relative to kiln.toml
@@ -55,7 +55,7 @@ def test_a_run_id_cannot_smuggle_a_path_into_the_key(config):
 
 
 def test_stored_results_are_immutable(config):
-    store = history_store(config)
+    store = artifact_store(config)
     results = _run("r1", "2026-11-29T03:04:05Z")
     keep(store, config, results)
     keep(store, config, results)  # same bytes again: a retried task is harmless
@@ -64,7 +64,7 @@ def test_stored_results_are_immutable(config):
 
 
 def test_last_is_the_newest_nightly_of_the_same_variant_and_metric(config):
-    store = history_store(config)
+    store = artifact_store(config)
     for results in (
         _run("old-nightly", "2026-11-27T03:00:00Z"),
         _run("new-nightly", "2026-11-28T03:00:00Z"),
@@ -80,7 +80,7 @@ def test_last_is_the_newest_nightly_of_the_same_variant_and_metric(config):
 
 
 def test_a_corrupt_history_entry_is_skipped_with_a_warning(config, caplog):
-    store = history_store(config)
+    store = artifact_store(config)
     keep(store, config, _run("good", "2026-11-27T03:00:00Z"))
     store.put_immutable("bench-history/20261128T030000Z-bad.json", b"{broken", "application/json", "no-cache")
     with caplog.at_level(logging.WARNING, logger="kiln.tasks.bench.history"):
@@ -90,7 +90,7 @@ def test_a_corrupt_history_entry_is_skipped_with_a_warning(config, caplog):
 
 
 def test_history_is_oldest_first_and_ends_with_the_current_run(config):
-    store = history_store(config)
+    store = artifact_store(config)
     for day in (25, 26, 27):
         keep(store, config, _run(f"n{day}", f"2026-11-{day}T03:00:00Z"))
     history = history_with(_reader(store), config, _run("now", "2026-11-29T03:00:00Z"))
@@ -99,7 +99,7 @@ def test_history_is_oldest_first_and_ends_with_the_current_run(config):
 
 
 def test_resolve_baseline_reads_a_file_or_the_last_nightly_or_nothing(config, tmp_path):
-    store = history_store(config)
+    store = artifact_store(config)
     current = _run("now", "2026-11-29T03:00:00Z")
     assert resolve_baseline(parse_compare(None), current, config, _reader(store)) is None
     assert resolve_baseline(parse_compare("last"), current, config, _reader(store)) is None  # first night: nothing yet
@@ -122,7 +122,7 @@ def test_compare_is_checked_before_anything_is_measured(tmp_path):
 
 def test_store_if_says_what_it_did(config):
     results = _run("r", "2026-11-29T03:00:00Z")
-    store, header = history_store(config), run_header(results)
+    store, header = artifact_store(config), run_header(results)
     create_record(store, header, config.root / "views")
     assert "store_history is off" in store_if(False, store, config, results, header)
     assert "could not be opened" in store_if(True, None, config, results, header)

@@ -10,16 +10,16 @@ import pytest
 from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
 from kiln.flows.history import show_history
-from kiln.tasks.bench.history import history_store
 from kiln.tasks.bench.series import series
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config
+from kiln.tasks.run.runs import artifact_store
 from tests.bench.fakes import FakeTimer, fake_run, keep
 
 
 def _stored(config, runs: list[tuple[str, str, float]]) -> None:
     """Store one nightly per (commit, created, kernel time) through the real harness's fake timer."""
-    store = history_store(config)
+    store = artifact_store(config)
     for i, (commit, created, kernel_s) in enumerate(runs):
         results = fake_run(FakeTimer(kernel=kernel_s, seed=i), run_id=f"n{i}", created=created)
         keep(store, config, results.model_copy(update={"commit": commit * 40}))
@@ -66,7 +66,7 @@ def test_the_policy_decides_by_the_window_and_its_noise():
 
 def test_series_keeps_every_case_and_compares_each_with_its_own_previous_run(config):
     _stored(config, [("a", "2026-11-27T03:00:00Z", 1e-3), ("b", "2026-11-28T03:00:00Z", 1e-3)])
-    store = history_store(config)
+    store = artifact_store(config)
     from kiln.tasks.bench.history import load_history
 
     points = series(load_history(HistoryReader(store, time.time()), config, variant="cpu", metric="cpu"))

@@ -19,10 +19,11 @@ from kiln.core.record import RunRecord, create_record
 from kiln.core.store import Store
 from kiln.flows.bench import compare_task
 from kiln.flows.summary import BENCH_TREND_INFO
-from kiln.tasks.bench.history import BaselineChoice, history_store, last_published, store_results
+from kiln.tasks.bench.history import BaselineChoice, last_published, store_results
 from kiln.tasks.bench.results import BenchResults, parse_results, parse_time
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.run.runs import artifact_store
 from tests.bench.fakes import FakeTimer, fake_run, keep, run_header
 
 NOW = "2026-11-29T03:00:00Z"
@@ -57,7 +58,7 @@ def _judged(config: KilnConfig, store: Store, run_id: str) -> tuple[list[str], R
 
 
 def test_forged_future_dated_entries_and_a_forged_created_change_no_regression_decision(config):
-    store = history_store(config)
+    store = artifact_store(config)
     _history(store, config)
     expected, _ = _judged(config, store, "honest")
     assert expected[-2:] == ["baseline night-4", "regressions 3"]
@@ -84,7 +85,7 @@ def test_forged_future_dated_entries_and_a_forged_created_change_no_regression_d
 
 
 def test_results_are_stored_only_as_the_run_that_produced_them(config):
-    store = history_store(config)
+    store = artifact_store(config)
     results = _nightly(0, 1e-3, "2026-11-20T03:00:00Z")
     header = run_header(results)
     create_record(store, header, config.root / "views")
@@ -98,7 +99,7 @@ def test_results_are_stored_only_as_the_run_that_produced_them(config):
 
 
 def test_a_release_baseline_planted_from_a_nightly_is_ignored_and_reported(config):
-    store = history_store(config)
+    store = artifact_store(config)
     nightly = _nightly(0, 1e-3, "2026-11-20T03:00:00Z")
     create_record(store, run_header(nightly), config.root / "views")
     key = "bench-history/published/release/20261120T030000Z-night-0.json"
@@ -122,7 +123,7 @@ def test_a_created_that_is_not_a_utc_time_is_refused_naming_the_field(created):
 def test_kiln_history_leaves_out_a_planted_entry_and_names_it(config):
     from kiln.flows.history import show_history
 
-    store = history_store(config)
+    store = artifact_store(config)
     _history(store, config)
     key = "bench-history/29990101T000000Z-forged-1.json"
     _plant(store, key, _nightly(11, 3e-3, "2999-01-01T00:00:00Z", run_id="forged-1"))

@@ -8,7 +8,7 @@ import pytest
 from packaging.version import Version
 
 from kiln.core.errors import InvalidInputError
-from kiln.tasks.run.versioning import check_version, nightly_version, variant_version
+from kiln.tasks.run.versioning import check_build_version, nightly_version, variant_version
 
 
 def _utc(*when: int) -> int:
@@ -43,7 +43,7 @@ def test_variant_version_is_a_local_label():
         (lambda: nightly_version("0.1.0.dev3", 0), "neither a .dev"),
         (lambda: variant_version("0.1.0+cu130", "rocm"), "already has a local part"),
         (lambda: variant_version("0.1.0", "CU-130"), "cannot be a PEP 440 local label"),
-        (lambda: check_version("1.0+x"), "already has a local part"),
+        (lambda: check_build_version("1.0+x"), "already has a local part"),
     ],
 )
 def test_bad_versions_are_refused(call, needle):

@@ -213,10 +213,11 @@ def _artifact(flow_run_id, key: str) -> str:
 @pytest.mark.timeout(900)  # two whole releases (build, tests, bench, publish, verify) on a busy 2-core machine
 def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_baseline(prefect_server, benchproj,
                                                                                     tmp_path):
-    from kiln.tasks.bench.history import history_store, last_published
+    from kiln.tasks.bench.history import last_published
     from kiln.tasks.bench.results import iso_time, load_results
     from kiln.tasks.bench.trust import HistoryReader
     from kiln.tasks.project.config import load_config
+    from kiln.tasks.run.runs import artifact_store
     from tests.bench.fakes import keep
 
     out = tmp_path / "out"
@@ -226,7 +227,7 @@ def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_base
     assert ("benchmarks: no release published on the release channel with cpu results measured on cpu yet: "
             "nothing to compare against; the gate passes on build and tests") in summary
     config = load_config(benchproj)
-    store = history_store(config)
+    store = artifact_store(config)
     kept = last_published(HistoryReader(store, time.time()), config, "release", variant="cpu", metric="cpu")
     assert kept is not None and kept.run_id == str(first.state_details.flow_run_id)
     assert "benchmark results kept as the release channel's next baseline" in summary

@@ -62,14 +62,14 @@ def test_published_versions_reads_every_variant_of_the_channel_only(store):
 def test_check_version_refuses_with_a_clear_message(store, version, needle):
     published = releasing.published_versions(store, "release", "kiln-kernels")
     with pytest.raises(InvalidInputError) as info:
-        releasing.check_version(version, "release", published)
+        releasing.check_release_version(version, "release", published)
     assert needle in str(info.value)
 
 
 def test_check_version_normalises_an_acceptable_version(store):
     published = releasing.published_versions(store, "release", "kiln-kernels")
-    assert releasing.check_version("0.3.0-rc.1", "release", published) == "0.3.0rc1"
-    assert releasing.check_version("0.0.1", "release", []) == "0.0.1"
+    assert releasing.check_release_version("0.3.0-rc.1", "release", published) == "0.3.0rc1"
+    assert releasing.check_release_version("0.0.1", "release", []) == "0.0.1"
 
 
 def test_unknown_channel_is_refused_with_the_known_ones():

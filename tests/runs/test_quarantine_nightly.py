@@ -16,8 +16,8 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.core.record import Checkout, RunHeader, create_record
-from kiln.tasks.bench.history import history_store
 from kiln.tasks.project.config import load_config
+from kiln.tasks.run.runs import artifact_store
 from kiln.tasks.testing.flaky import RunOutcomes
 from kiln.tasks.testing.provenance import record_outcomes
 from kiln.tasks.testing.quarantine import read_quarantine, store_outcomes
@@ -64,7 +64,7 @@ def test_a_quarantined_failure_does_not_block_publishing_and_the_summary_says_so
     config_path, flag = flagged
     config = load_config(config_path)
     commit = git(config_path.parent, "rev-parse", "HEAD")
-    store, policy = history_store(config), config.testing.quarantine
+    store, policy = artifact_store(config), config.testing.quarantine
     for i in range(2):  # two earlier nightlies of this commit passed it
         earlier = RunOutcomes(f"earlier-{i}", "test/tiny/cpu", commit, time.time() - 100 + i, {NODE: "pass"})
         header = RunHeader(earlier.run_id, "nightly", "0.1.0", Checkout(commit, 0, (), True), earlier.created)
