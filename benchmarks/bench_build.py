@@ -50,13 +50,13 @@ sys.path.insert(0, str(REPO))
 
 def one(config: str, cache: str, out: str, jobs: int) -> dict:
     """One build in this process; returns its timings and cache counts."""
-    from kiln.tasks.build.stage import assemble_variant, build_env, prepare_build
+    from kiln.tasks.build.stage import assemble_variant, compile_context, prepare_build
     from kiln.tasks.build.units import build_unit
 
     setup = prepare_build(config, "0.1.0", None, cache_dir=cache)
     start = time.perf_counter()
     outcomes = {}
-    with build_env(setup, out, jobs=jobs) as env, ThreadPoolExecutor(jobs) as threads:
+    with compile_context(setup, out, jobs=jobs) as env, ThreadPoolExecutor(jobs) as threads:
         results = threads.map(lambda u: (u.id, build_unit(u, env)), setup.plan.units)
         outcomes.update(results)
     for variant in setup.plan.variants:

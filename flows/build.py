@@ -35,7 +35,7 @@ from kiln.tasks.build import units as build_units
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import CompileUnit
 from kiln.tasks.build.stage import BuildSetup
-from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.units import CompileContext, UnitResult
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run import ledger
 
@@ -65,7 +65,7 @@ def verify_cache_task(setup: BuildSetup) -> list[str]:
 @task(name="compile", task_run_name="compile {unit.id}", cache_policy=NO_CACHE, retries=UNIT_RETRIES,
       retry_delay_seconds=1, retry_condition_fn=retry_on_retryable,
       on_completion=[progress.task_hook("build")], on_failure=[progress.task_hook("build")])
-def compile_task(unit: CompileUnit, env: BuildEnv) -> UnitResult:
+def compile_task(unit: CompileUnit, env: CompileContext) -> UnitResult:
     return build_units.build_unit(unit, env)
 
 
@@ -96,7 +96,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     verify_events = verify_cache_task(unwalked(setup))
     units = setup.plan.units
     progress.expect("build", len(units))
-    with build_stage.build_env(setup, run.view) as env:
+    with build_stage.compile_context(setup, run.view) as env:
         started = {u.id: compile_task.submit(u, unwalked(env)) for u in setup.plan.in_start_order()}
         futures = [started[u.id] for u in units]
         wait(futures)

@@ -30,7 +30,7 @@ from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, fin
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
 from kiln.tasks.build.pool import WorkerPool
 from kiln.tasks.build.rewheel import rewrite_wheel
-from kiln.tasks.build.units import BuildEnv, UnitResult
+from kiln.tasks.build.units import CompileContext, UnitResult
 from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
@@ -172,7 +172,7 @@ def variant_stamp(setup: BuildSetup, variant: Variant) -> WheelStamp:
 
 
 @contextmanager
-def build_env(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> Iterator[BuildEnv]:
+def compile_context(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> Iterator[CompileContext]:
     """Workers and cache for one build; the workers stop when the block ends."""
     import tempfile
 
@@ -181,7 +181,7 @@ def build_env(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> It
         # what is reused, and a cold build is really cold.
         env_vars: dict[str, str | None] = {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": triton_cache}
         with WorkerPool(jobs or setup.config.build.jobs, env_vars) as pool:
-            yield BuildEnv(setup.config_path, Path(out).resolve() / "build", BuildCache(setup.cache_root), pool,
+            yield CompileContext(setup.config_path, Path(out).resolve() / "build", BuildCache(setup.cache_root), pool,
                            setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc, setup.project,
                            environments=variant_environments(setup), config=setup.config)
 

@@ -31,7 +31,7 @@ BINARY_KIND = {"cuda": "cubin", "hip": "hsaco"}
 
 
 @dataclass
-class BuildEnv:
+class CompileContext:
     """What every unit of one build needs; shared by the units of a run."""
 
     config_path: str
@@ -53,7 +53,7 @@ class UnitResult:
     unit_id: str
     cache: Literal["hit", "miss"]
     duration_s: float
-    files: tuple[Path, ...]  # written under BuildEnv.out_dir
+    files: tuple[Path, ...]  # written under CompileContext.out_dir
     entries: tuple[dict[str, Any], ...]  # _aot/manifest.json rows (path relative to the variant dir)
     size: int
     device_code: str = ""  # pep517: the archs the wheel holds ("SASS ['sm_80']"), recorded in the run
@@ -67,7 +67,7 @@ def unit_dir(unit: CompileUnit) -> str:
     return "." if unit.kind in ("nvcc", "pep517") else f"{unit.arch}/{unit.kernel}"
 
 
-def _compile_triton(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
+def _compile_triton(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
     request = {"config": env.config_path, "kernel": unit.kernel, "entry": unit.entry,
                "specialization": unit.specialization, "backend": unit.backend, "arch": unit.arch}
     what = (f"kernel {unit.kernel!r} specialization {unit.specialization!r} for {unit.backend} {unit.arch} "
@@ -86,7 +86,7 @@ def _compile_triton(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
     return {f"{name}.{kind}": result["binary"], f"{name}.json": result["metadata"]}
 
 
-def _compile(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
+def _compile(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
     if unit.kind == "triton":
         return _compile_triton(unit, env)
     if unit.kind == "pep517":
@@ -100,7 +100,7 @@ def _compile(unit: CompileUnit, env: BuildEnv) -> dict[str, bytes]:
     return built
 
 
-def _nvcc_builder(unit: CompileUnit, env: BuildEnv) -> Any:
+def _nvcc_builder(unit: CompileUnit, env: CompileContext) -> Any:
     """Kiln's nvcc builder, with the torch of the variant's own build environment when it has one."""
     made = env.environments.for_variant(unit.variant) if env.environments is not None else None
     if made is None or env.config is None:
@@ -121,7 +121,8 @@ def _device_code(files: dict[str, bytes]) -> tuple[dict[str, bytes], str]:
     return {n: d for n, d in files.items() if n != DEVICE_CODE}, f"holds {record['held']} ({record['policy']})"
 
 
-def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path], env: BuildEnv) -> list[dict[str, Any]]:
+def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path],
+             env: CompileContext) -> list[dict[str, Any]]:
     kind = {"cubin": "cubin", "hsaco": "hsaco", "so": "shared-library"}
     variant_dir = (env.out_dir / unit.variant).resolve()
     rows = []
@@ -136,7 +137,7 @@ def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path], en
     return rows
 
 
-def build_unit(unit: CompileUnit, env: BuildEnv) -> UnitResult:
+def build_unit(unit: CompileUnit, env: CompileContext) -> UnitResult:
     """Build one unit (cache hit or compile) and write its files under ``env.out_dir``.
 
     Raises :class:`CompileError` (permanent) with the compiler's message,

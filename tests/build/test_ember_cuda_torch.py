@@ -94,7 +94,7 @@ def test_an_nvcc_torch_unit_of_a_variant_with_build_requires_compiles_against_th
     from kiln.tasks.build.buildenv import VariantEnvironments
     from kiln.tasks.build.nvcc import NvccBuilder, embedded_archs, find_nvcc
     from kiln.tasks.build.plan import CompileUnit
-    from kiln.tasks.build.units import BuildEnv, _compile
+    from kiln.tasks.build.units import CompileContext, _compile
     from kiln.tasks.project.config import load_config
     from kiln.tasks.project.registry_types import CudaSourceRecord
     from tests.build.conftest import copy_project
@@ -110,7 +110,7 @@ def test_an_nvcc_torch_unit_of_a_variant_with_build_requires_compiles_against_th
     record = CudaSourceRecord("twice", ("twice.cu",), ("8.0",), "libtwice.so")
     builder = NvccBuilder(nvcc, package, {"twice": record})
     envs = VariantEnvironments(cuda_torch_envs, {v.name: (v.backend, v.build_requires) for v in config.variants}, 3600)
-    env = BuildEnv(str(config_path), tmp_path / "out", None, None, 600, {}, nvcc=builder,  # type: ignore[arg-type]
+    env = CompileContext(str(config_path), tmp_path / "out", None, None, 600, {}, nvcc=builder,  # type: ignore[arg-type]
                    environments=envs, config=config)
     unit = CompileUnit("build/cu130/sm_80/twice/twice", "cu130", "cuda", "8.0", "8.0", "twice", "libtwice.so",
                        "twice", "nvcc", "b", "k", ("8.0",))
