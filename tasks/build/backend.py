@@ -215,7 +215,8 @@ class ProjectBuilder:
                                            commit_time(self.project_dir))
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
-            result = run_tool([str(python), "-P", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+            safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
+            result = run_tool([str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                                "--wheel-dir", str(dist), str(source)], self.timeout_s, cwd=source, env=environ)
             if result.returncode != 0:
                 raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
@@ -241,12 +242,13 @@ class ProjectBuilder:
     def _environment(self, root: Path, source: Path, what: str, made: BuildEnvironment | None = None) -> Path:
         """A fresh environment for the build on the variant's (or Kiln's), every build requirement met."""
         python = overlay_env(root, made) if made is not None else envs.make_build_env(root)
-        missing = envs.unmet_requirements(python, build_requires(source))
+        flag = made.safe_path if made is not None else "-P"  # -P: 3.11+; a Python 3.10 cell's build: -I
+        missing = envs.unmet_requirements(python, build_requires(source), flag)
         if missing:
             wanted = [m.rsplit(" (", 1)[0] for m in missing]
             _log.info("installing the build requirements %s for %s", wanted, what)
             with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:  # an sdist's hook sees no secret
-                done = run_tool([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], self.timeout_s,
+                done = run_tool([str(python), flag, "-m", "pip", "install", "--quiet", *wanted], self.timeout_s,
                                 env=pip_env(Path(home)))
             if done.returncode != 0:
                 raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")

@@ -53,6 +53,8 @@ T = TypeVar("T")
 ENV_FORMAT = "kiln-buildenv-1"
 # Installed with every environment: a project build with --no-build-isolation needs a current setuptools and wheel.
 SEED = ("pip", "setuptools", "wheel")
+# A matrix cell's environment on another interpreter also gets packaging (Kiln's requirement check runs there).
+CELL_SEED = (*SEED, "packaging")
 MARKER = "kiln-env.json"
 _TAIL_CHARS = 3000
 _POLL_S = 0.5
@@ -71,9 +73,12 @@ def interpreter_id() -> str:
     return f"{sys.implementation.name}-{platform.python_version()}-{platform.machine()}"
 
 
-def env_key(requirements: Sequence[str]) -> str:
-    """sha256 of the sorted requirements (spelled canonically) and the interpreter."""
-    return digest(ENV_FORMAT, interpreter_id(), *SEED, *sorted(str(Requirement(r)) for r in requirements))
+def env_key(requirements: Sequence[str], interpreter: str | None = None) -> str:
+    """sha256 of the sorted requirements (spelled canonically) and the interpreter (this one by default; a
+    matrix cell's ``cpython-3.12.1-x86_64`` with its own seed)."""
+    if interpreter is None:
+        return digest(ENV_FORMAT, interpreter_id(), *SEED, *sorted(str(Requirement(r)) for r in requirements))
+    return digest(ENV_FORMAT, interpreter, *CELL_SEED, *sorted(str(Requirement(r)) for r in requirements))
 
 
 def pinned_version(requirements: Sequence[str], name: str = "torch") -> str | None:
@@ -98,6 +103,12 @@ class BuildEnvironment:
     root: Path
     requirements: tuple[str, ...]
     created: bool = False
+    minor: str = ""  # a matrix cell's Python ("3.10"); "": Kiln's own interpreter
+
+    @property
+    def safe_path(self) -> str:
+        """The flag that keeps the working directory off ``sys.path``: ``-P`` (3.11+), else ``-I``."""
+        return "-I" if self.minor and int(self.minor.split(".")[1]) < 11 else "-P"
 
     @property
     def python(self) -> Path:
@@ -144,9 +155,10 @@ def pip_env(home: Path) -> dict[str, str]:
     return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": user_cache("pip", "PIP_CACHE_DIR")})
 
 
-def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> None:
-    what = f"the build environment of variant {variant} ({', '.join(requirements)})"
-    made = run_tool([sys.executable, "-I", "-m", "venv", str(tmp)], min(timeout_s, 600))
+def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,
+          base: CellInterpreter | None = None) -> None:
+    what = f"the build environment of variant {variant} ({', '.join(requirements) or base and base.ident})"
+    made = run_tool([str(base.path) if base else sys.executable, "-I", "-m", "venv", str(tmp)], min(timeout_s, 600))
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create {what}: python -m venv failed (exit {made.returncode}):\n"
                                     f"{_tail(made.stdout)}")
@@ -154,13 +166,15 @@ def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, tim
     # -I: the caller's PYTHONPATH and cwd never leak in; pip still reads the machine's pip.conf (its index).
     with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
         done = run_tool([str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                         "--upgrade", *SEED, *requirements], timeout_s, env=pip_env(Path(home)))
+                         "--upgrade", *(CELL_SEED if base else SEED), *requirements], timeout_s,
+                        env=pip_env(Path(home)))
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: pip could not install {list(requirements)} (exit {done.returncode}); check"
             f" the requirement and the index pip is configured with. pip's output ends:\n{_tail(done.stdout)}")
     _relocate(tmp, final)
-    info = {"format": ENV_FORMAT, "requirements": list(requirements), "interpreter": interpreter_id(),
+    info = {"format": ENV_FORMAT, "requirements": list(requirements),
+            "interpreter": base.ident if base else interpreter_id(),
             "created": time.time(), "by": f"{platform.node()}:{os.getpid()}"}
     (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
@@ -182,37 +196,53 @@ def owner_only_dir(path: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class CellInterpreter:
+    """A matrix cell's interpreter for its build environment: its path, ``major.minor`` and full version."""
+
+    path: Path
+    minor: str
+    version: str
+
+    @property
+    def ident(self) -> str:
+        return f"cpython-{self.version}-{platform.machine()}"
+
+
 def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeout_s: float,
-               finish: Callable[[Path], None] | None = None) -> BuildEnvironment:
+               finish: Callable[[Path], None] | None = None,
+               base: CellInterpreter | None = None) -> BuildEnvironment:
     """The environment of ``requirements`` under ``envs_root``, made now unless another builder made it first.
 
     ``finish`` is called on a new environment's directory before it is published (renamed into place).
+    ``base``: a matrix cell's interpreter (default: this one), part of the key.
     """
     owner_only_dir(envs_root)
     reqs = tuple(sorted(str(Requirement(r)) for r in requirements))
-    key = env_key(reqs)
+    key = env_key(reqs, base.ident if base else None)
     final = envs_root / key
+    minor = base.minor if base else ""
     if _complete(final):
-        return BuildEnvironment(final, reqs)
+        return BuildEnvironment(final, reqs, minor=minor)
     what = f"build environment {key[:16]} of variant {variant}"
     with polled_lock(envs_root / f"{key}.lock", time.monotonic() + timeout_s, what, BuildEnvironmentError,
                      mode=0o644):
         if _complete(final):
-            return BuildEnvironment(final, reqs)
+            return BuildEnvironment(final, reqs, minor=minor)
         if final.exists():  # not ours to trust: no marker (a crash before rename cannot leave one here)
             shutil.rmtree(final)
         tmp = envs_root / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
         start = time.perf_counter()
         _log.info("creating the %s: %s", what, ", ".join(reqs))
         try:
-            _make(tmp, final, reqs, variant, timeout_s)
+            _make(tmp, final, reqs, variant, timeout_s, base)
             if finish is not None:
                 finish(tmp)
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         _log.info("created the %s in %.1f s", what, time.perf_counter() - start)
-        return BuildEnvironment(final, reqs, created=True)
+        return BuildEnvironment(final, reqs, created=True, minor=minor)
 
 
 @dataclass(frozen=True)
@@ -249,9 +279,11 @@ class VariantEnvironments:
     own (:meth:`for_variant` returns None: Kiln's environment). Thread-safe: units of a variant run in threads.
     """
 
-    def __init__(self, envs_root: Path, variants: Mapping[str, tuple[str, tuple[str, ...]]], timeout_s: float) -> None:
+    def __init__(self, envs_root: Path, variants: Mapping[str, tuple[str, tuple[str, ...]]], timeout_s: float,
+                 interpreters: Mapping[str, CellInterpreter] | None = None) -> None:
         self.envs_root = envs_root
         self.variants = dict(variants)
+        self.interpreters = dict(interpreters or {})  # a matrix cell's name -> its Python's interpreter
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._done: dict[str, BuildEnvironment | None | BaseException] = {}
@@ -281,9 +313,10 @@ class VariantEnvironments:
 
     def _prepare(self, variant: str) -> BuildEnvironment | None:
         backend, reqs = self.variants[variant]
-        if not reqs:
+        base = self.interpreters.get(variant)
+        if not reqs and base is None:
             return None
-        made = ensure_env(self.envs_root, reqs, variant, self.timeout_s)
+        made = ensure_env(self.envs_root, reqs, variant, self.timeout_s, base=base)
         torch = probe_torch(made.python)
         check_torch_backend(variant, backend, torch)  # the preflight: before any unit of the variant builds
         self._torch[variant] = torch

@@ -188,12 +188,14 @@ def kiln_state(config: KilnConfig) -> tuple[Path, ...]:
 
 def variant_env_id(variant: Variant) -> str:
     """What the variant's build environment adds to its native units' keys ("" without one: keys as before)."""
-    if not variant.build_requires and not variant.build_env:
+    if not variant.build_requires and not variant.build_env and variant.cell is None:
         return ""
     # The requirements as kiln.tasks.build.buildenv keys its environment (sorted, canonical), and the interpreter.
     requirements = sorted(str(Requirement(r)) for r in variant.build_requires)
-    return digest("build-env", platform.python_version(), *requirements, "",
-                  *(f"{k}={v}" for k, v in sorted(variant.build_env.items())))
+    # A matrix cell: its Python (and torch, in the requirements) and its wheel's label (invariant 13).
+    cell = [] if variant.cell is None else ["cell", variant.cell.model_dump_json()]
+    return digest("build-env", platform.python_version() if not cell else "", *requirements, "",
+                  *(f"{k}={v}" for k, v in sorted(variant.build_env.items())), *cell)
 
 
 def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]) -> CompileUnit:

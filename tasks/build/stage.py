@@ -25,6 +25,7 @@ from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
 from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
@@ -67,6 +68,7 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     config_path = str(config.config_file.resolve())  # what the compile workers load in their own processes
     chosen = check_build_version(version)  # a malformed --version fails here, before anything is built
     wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
+    cell_interpreters(config, wanted)  # a matrix cell with no interpreter here is refused before anything builds
     cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
     key = plancache.plan_key(config, config_path, variants, nvcc_path)
     stored = plancache.load(cache_root, key, config)
@@ -154,7 +156,8 @@ def variant_environments(setup: BuildSetup) -> VariantEnvironments:
     """The build's variant environments, under the build cache (``envs/``), made when a unit first needs one."""
     config = setup.config
     return VariantEnvironments(setup.cache_root / "envs", {v.name: (v.backend, v.build_requires)
-                                                          for v in config.variants}, config.build.backend_timeout_s)
+                                                          for v in config.variants}, config.build.backend_timeout_s,
+                               cell_interpreters(config, config.variants, strict=False))
 
 
 def variant_stamp(setup: BuildSetup, variant: Variant) -> WheelStamp:
@@ -214,7 +217,8 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     manifest = variant_dir / "manifest.json"
     atomic_write_text(manifest, json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n")
     # A pure-Triton package's one portable wheel keeps the plain version: there is nothing variant about it.
-    version = setup.version if setup.config.build.kind == "triton-jit" else variant_version(setup.version, variant.name)
+    label = setup.config.variant(variant.name).label  # a matrix cell's: its variant's, with its torch if several
+    version = setup.version if setup.config.build.kind == "triton-jit" else variant_version(setup.version, label)
     config, wheels = setup.config, Path(out).resolve() / "wheels"
     cache = BuildCache(setup.cache_root)  # a warm build copies wheels of unchanged members
     stamp = variant_stamp(setup, config.variant(variant.name))

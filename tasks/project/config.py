@@ -38,6 +38,14 @@ from kiln.tasks.project.config_fields import (
     StorePrefix,
     check_store_url,
 )
+from kiln.tasks.project.config_matrix import (
+    Cell,
+    Exclusion,
+    check_exclusions,
+    check_python_axis,
+    check_torch_axis,
+    expand,
+)
 from kiln.tasks.project.config_permissions import Credentials, Permission, unchosen_credentials  # noqa: F401 (re-exported)
 from kiln.tasks.project.config_pools import Pools
 
@@ -165,6 +173,36 @@ class Variant(_Model):
     build_env: Annotated[dict[str, str], AfterValidator(check_build_env)] = Field(default_factory=dict)
     arch_policy: ArchPolicy = "exact"
     abi: TorchAbi = "exact"
+    # abi = "stable" only: the oldest torch (major.minor) its one wheel claims, passed to its build as
+    # TORCH_TARGET_VERSION (kiln.tasks.build.stable_abi); default: the torch it builds against.
+    torch_target: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
+    # Matrix axes (kiln.tasks.project.config_matrix): the Pythons and torches this variant is built for, less
+    # the cells `exclude` names. Expanded at load into one variant per cell; none: one wheel, as before.
+    python: Annotated[tuple[str, ...], AfterValidator(check_python_axis)] = ()
+    torch: Annotated[tuple[str, ...], AfterValidator(check_torch_axis)] = ()
+    exclude: tuple[Exclusion, ...] = ()
+    # Set by Kiln on each expanded cell (never in kiln.toml): the cell it stands for.
+    cell: Cell | None = None
+
+    @property
+    def label(self) -> str:
+        """The wheel's local label: the variant's name, or its cell's (``cu130torch2.14``)."""
+        return self.cell.label if self.cell is not None else self.name
+
+    @model_validator(mode="after")
+    def _axes(self) -> Variant:
+        try:
+            check_exclusions(self.python, self.torch, self.exclude)
+        except ValueError as exc:
+            raise ValueError(f"variant {self.name!r}: {exc}") from exc
+        return self
+
+    @model_validator(mode="after")
+    def _target(self) -> Variant:
+        if self.torch_target is not None and self.abi != "stable":
+            raise ValueError(f"variant {self.name!r}: torch_target = {self.torch_target!r} needs abi = \"stable\""
+                             " (an exact variant's wheel pins the torch it was built against)")
+        return self
 
     @model_validator(mode="after")
     def _archs(self) -> Variant:
@@ -388,10 +426,31 @@ class KilnConfig(_Model):
     @model_validator(mode="after")
     def _unique_names(self) -> KilnConfig:
         for kind, names in (("variant", [v.name for v in self.variants]), ("suite", [s.name for s in self.suites])):
+    @model_validator(mode="before")
+    @classmethod
+    def _no_cell_key(cls, data: Any) -> Any:
+        variants = data.get("variants") if isinstance(data, dict) else None
+        for index, variant in enumerate(variants if isinstance(variants, (list, tuple)) else ()):
+            if isinstance(variant, dict) and "cell" in variant:
+                raise ValueError(f"variants[{index}].cell: Kiln sets it on each cell of a matrix; list the axes"
+                                 " instead (python = [...], torch = [...], exclude = [...])")
+        return data
+
+    @model_validator(mode="after")
+    def _cells(self) -> KilnConfig:
+        """Each variant with matrix axes becomes its cells (kiln.tasks.project.config_matrix), in place."""
+        if any(v.python or v.torch for v in self.variants):
+            object.__setattr__(self, "variants", tuple(cell for v in self.variants for cell in expand(v)))
+        return self
+
+    def cells_of(self, name: str) -> tuple[Variant, ...]:
+        """The variants ``name`` stands for: a variant, or every cell of a matrix variant ("" if none)."""
+        return tuple(v for v in self.variants if v.name == name or (v.cell is not None and v.cell.matrix == name))
+
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"duplicate {kind} names: {dupes}")
-        known = {v.name for v in self.variants}
+        known = {v.name for v in self.variants} | {v.cell.matrix for v in self.variants if v.cell is not None}
         for index, suite in enumerate(self.suites):
             unknown = [name for name in suite.variants if name not in known]
             if unknown:
@@ -439,7 +498,7 @@ class KilnConfig(_Model):
     def suite_variants(self, suite: Suite) -> tuple[Variant, ...]:
         """The variants ``suite`` tests: its own list, else by the hardware it needs."""
         if suite.variants:
-            return tuple(self.variant(name) for name in suite.variants)
+            return tuple(cell for name in suite.variants for cell in self.cells_of(name))
         wanted = [v for v in self.variants if (v.backend == "cpu") == (suite.gpus == 0)]
         return tuple(wanted or self.variants[:1])
 
@@ -462,6 +521,9 @@ class KilnConfig(_Model):
         return (self.root / relative).resolve()
 
     @property
+        cells = [v.name for v in self.cells_of(name)]
+        if cells:
+            raise ConfigError(f"variant {name!r} is a matrix: name one of its cells {cells}")
     def import_root(self) -> Path:
         """The directory the package is imported from: the parent of ``project.source``
         (the project root for a flat layout, ``src/`` for a src layout)."""

@@ -14,6 +14,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.tasks.project.config_fields import LocalPath, ProjectPath, StorePrefix
+from kiln.tasks.project.config_matrix import check_python_axis
 
 _log = logging.getLogger(__name__)
 
@@ -116,6 +117,16 @@ class Build(_Model):
     # Package files (globs, relative to the package directory) left out of the wheel; each one is named in a warning.
     exclude: tuple[Annotated[str, AfterValidator(_pattern)], ...] = ()
     toolchain: Toolchain = Toolchain()
+    # [build.interpreters]: "3.12" = "/path/to/python3.12", the interpreter of every cell of that Python,
+    # before python3.X on PATH, uv's discovery and pyenv's versions (kiln.tasks.build.interpreters).
+    interpreters: dict[str, LocalPath] = Field(default_factory=dict)
+
+    @field_validator("interpreters")
+    @classmethod
+    def _minor_versions(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            check_python_axis([key])
+        return dict(sorted(value.items()))
 
     @field_validator("kind", mode="before")
     @classmethod

@@ -173,9 +173,9 @@ def _link_parent(site: Path) -> None:
             (site / f"zzz_kiln_{distribution.replace('-', '_')}.pth").write_text(line)
 
 
-def unmet_requirements(python: Path, requirements: Sequence[str]) -> list[str]:
+def unmet_requirements(python: Path, requirements: Sequence[str], flag: str = "-P") -> list[str]:
     # -P: the caller's working directory (any directory a user runs kiln in) is not on the path.
-    unmet: list[str] = json.loads(_run([str(python), "-P", "-c", _CHECK, json.dumps(list(requirements))],
+    unmet: list[str] = json.loads(_run([str(python), flag, "-c", _CHECK, json.dumps(list(requirements))],
                                        "checking the environment's requirements").strip() or "[]")
     return unmet
 

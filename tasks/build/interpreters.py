@@ -1,0 +1,250 @@
+"""The interpreter of each matrix cell (issue 45, part 1): found, checked, or the cell refused before any build.
+
+A cell's Python (``"3.12"``) is looked for in this order, the first that answers as that CPython wins:
+
+1. ``[build.interpreters]`` in kiln.toml (``"3.12" = "/opt/python3.12/bin/python3.12"``): the team's word;
+2. ``python3.12`` on ``PATH``;
+3. uv's discovery (``uv python find --system 3.12``; never a download: ``--no-python-downloads`` and
+   ``UV_PYTHON_DOWNLOADS=never``), which knows uv-managed Pythons and the platform's registries;
+4. pyenv's versions (``$PYENV_ROOT/versions/3.12.*``, the newest patch), which a pyenv shim on PATH does not
+   reach unless that version is selected.
+
+Every candidate is run (``-I``, with a deadline) and must say it is CPython of that ``major.minor``: a pyenv
+shim that answers "command not found" is passed over, not trusted. A cell none of them answers for is refused
+with :class:`InterpreterMissingError` before any unit builds, naming the cell, every place looked and what it
+said, and how to provide one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.core.errors import ToolchainMissingError
+from kiln.core.fsutil import atomic_write_text
+from kiln.tasks.build.buildenv import CellInterpreter
+from kiln.tasks.project.config import KilnConfig, Variant
+
+_log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 30.0
+MEMO = "interpreters.json"  # in the build cache: what each search found (see find_interpreter)
+_PROBE = ("import json, platform, sys; print('KILN-PY ' + json.dumps([sys.implementation.name, "
+          "'%d.%d' % sys.version_info[:2], platform.python_version(), sys.executable]))")
+
+
+class InterpreterMissingError(ToolchainMissingError):
+    """A matrix cell's Python cannot be found on this machine (refused before any build)."""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    minor: str  # "3.12"
+    path: Path  # the executable as found (a venv's or pyenv's python, not resolved through links)
+    version: str  # "3.12.1"
+    found_by: str  # "kiln.toml [build.interpreters]", "PATH", "uv", "pyenv"
+
+
+Runner = Callable[[Sequence[str], Mapping[str, str] | None], tuple[int, str]]
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    _log.debug("running %s", " ".join(cmd))
+    try:
+        done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, f"did not answer within {PROBE_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return 127, str(exc)
+    return done.returncode, done.stdout + done.stderr
+
+
+def probe(path: str | Path, minor: str, run: Runner = _run) -> tuple[str, str]:
+    """(full version, "") when ``path`` runs as CPython ``minor``; else ("", why not)."""
+    code, out = run([str(path), "-I", "-c", _PROBE], None)
+    lines = [ln for ln in out.splitlines() if ln.startswith("KILN-PY ")]
+    if code != 0 or not lines:
+        tail = out.strip().splitlines()[-1] if out.strip() else "no output"
+        return "", f"{path} did not run (exit {code}: {tail})"
+    name, found, full, _ = json.loads(lines[-1].removeprefix("KILN-PY "))
+    if name != "cpython" or found != minor:
+        return "", f"{path} is {name} {full}, not CPython {minor}"
+    return str(full), ""
+
+
+def _uv() -> str | None:
+    return shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+
+
+def _pyenv_candidates(minor: str, environ: Mapping[str, str]) -> list[Path]:
+    root = Path(environ.get("PYENV_ROOT") or Path(environ.get("HOME", "~")).expanduser() / ".pyenv")
+    versions = root / "versions"
+    if not versions.is_dir():
+        return []
+    found = []
+    for entry in versions.iterdir():
+        parts = entry.name.split(".")
+        if len(parts) == 3 and f"{parts[0]}.{parts[1]}" == minor and parts[2].isdigit():
+            found.append((int(parts[2]), entry / "bin" / f"python{minor}"))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def _memo_key(minor: str, explicit: Mapping[str, str], root: Path, env: Mapping[str, str]) -> str:
+    """What the search depends on that is cheap to read: the table, PATH's answer, pyenv's versions, uv's binary."""
+    uv = _uv()
+    parts = [minor, json.dumps(sorted(explicit.items())), str(root), shutil.which(f"python{minor}",
+             path=env.get("PATH", "")) or "", json.dumps([str(p) for p in _pyenv_candidates(minor, env)]),
+             f"{uv}:{os.stat(uv).st_mtime_ns}" if uv else ""]
+    return "\0".join(parts)
+
+
+def _stat(path: Path) -> list[int]:
+    found = os.stat(path)
+    return [found.st_mtime_ns, found.st_size, found.st_ino]
+
+
+def _remembered(memo: Path | None, key: str) -> Interpreter | None:
+    """A found interpreter from an earlier search with the same inputs, if its executable is unchanged."""
+    if memo is None:
+        return None
+    try:
+        entry = json.loads(memo.read_text()).get(key)
+        if entry is None or _stat(Path(entry["path"])) != entry["stat"]:
+            return None
+        return Interpreter(entry["minor"], Path(entry["path"]), entry["version"], entry["found_by"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _remember(memo: Path | None, key: str, found: Interpreter) -> None:
+    if memo is None:
+        return
+    try:
+        entries = json.loads(memo.read_text()) if memo.is_file() else {}
+    except (OSError, ValueError):
+        entries = {}
+    entries[key] = {"minor": found.minor, "path": str(found.path), "version": found.version,
+                    "found_by": found.found_by, "stat": _stat(found.path)}
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:  # a read-only cache only costs the next build its probes
+        _log.info("cannot remember the interpreters in %s: %s", memo, exc)
+
+
+def find_interpreter(minor: str, explicit: Mapping[str, str], root: Path, run: Runner = _run,
+                     environ: Mapping[str, str] | None = None,
+                     memo: Path | None = None) -> tuple[Interpreter | None, list[str]]:
+    """The interpreter of CPython ``minor``, and what every place looked said (for the refusal's message).
+
+    ``memo``: a file (in the build cache) remembering what a search with the same cheap-to-read inputs found;
+    a remembered interpreter is used while its executable is unchanged, so a warm build runs no probe.
+    """
+    env = dict(os.environ if environ is None else environ)
+    key = _memo_key(minor, explicit, root, env) if memo is not None else ""
+    remembered = _remembered(memo, key)
+    if remembered is not None:
+        return remembered, []
+    tried: list[str] = []
+    candidates: list[tuple[str, str | Path]] = []
+    if minor in explicit:
+        candidates.append(("kiln.toml [build.interpreters]", (root / explicit[minor]).expanduser()))
+    on_path = shutil.which(f"python{minor}", path=env.get("PATH", ""))
+    if on_path:
+        candidates.append(("PATH", on_path))
+    else:
+        tried.append(f"PATH: no python{minor}")
+    uv = _uv()
+    if uv is None:
+        tried.append("uv: not installed")
+    else:
+        code, out = run([uv, "python", "find", "--system", "--no-python-downloads", minor],
+                        env | {"UV_PYTHON_DOWNLOADS": "never"})
+        lines = out.strip().splitlines()
+        if code == 0 and lines:
+            candidates.append(("uv", lines[-1].strip()))
+        else:
+            tried.append(f"uv python find {minor}: " + (lines[0].strip() if lines else f"exit {code}"))
+    candidates += [("pyenv", p) for p in _pyenv_candidates(minor, env)]
+    if not _pyenv_candidates(minor, env):
+        tried.append(f"pyenv: no versions/{minor}.*")
+    for found_by, path in candidates:
+        full, why = probe(path, minor, run)
+        if full:
+            found = Interpreter(minor, Path(path), full, found_by)
+            _remember(memo, key, found)
+            return found, tried
+        tried.append(f"{found_by}: {why}")
+    return None, tried
+
+
+def resolve_interpreters(cells: Sequence[tuple[str, str]], explicit: Mapping[str, str], root: Path,
+                         run: Runner = _run, memo: Path | None = None) -> dict[str, Interpreter]:
+    """``cells``: (cell name, Python) -> the interpreter of each; every cell without one refused at once."""
+    found: dict[str, Interpreter | None] = {}
+    looked: dict[str, list[str]] = {}
+    minors = sorted({python for _, python in cells})
+    with ThreadPoolExecutor(max_workers=max(1, len(minors))) as pool:  # each probe waits on a process
+        answers = list(pool.map(lambda minor: find_interpreter(minor, explicit, root, run, memo=memo), minors))
+    for minor, (interpreter, tried) in zip(minors, answers, strict=True):
+        found[minor], looked[minor] = interpreter, tried
+        if found[minor] is not None:
+            _log.info("Python %s for the matrix: %s (%s, by %s)", minor, found[minor].path,  # type: ignore[union-attr]
+                      found[minor].version, found[minor].found_by)  # type: ignore[union-attr]
+    missing = [(name, python) for name, python in cells if found[python] is None]
+    if missing:
+        lines = [f"cell {name} (Python {python}): no CPython {python} found; looked at: "
+                 + "; ".join(looked[python]) for name, python in missing]
+        minors = sorted({python for _, python in missing})
+        raise InterpreterMissingError(
+            "the build is refused before anything builds: " + "\n  - ".join(["", *lines]) + "\nProvide "
+            + " and ".join(f"Python {m}" for m in minors) + ": install it (e.g. `uv python install "
+            + " ".join(minors) + "` or pyenv), put python3.X on PATH, or name it in kiln.toml [build.interpreters]"
+            f" ({minors[0]!r} = \"/path/to/python{minors[0]}\"); or drop the cell from the variant's python axis"
+            " (or exclude it)")
+    return {name: found[python] for name, python in cells}  # type: ignore[misc]
+
+
+_found: dict[tuple[str, tuple[tuple[str, str], ...], str], Interpreter] = {}
+
+
+def cell_interpreters(config: KilnConfig, variants: Sequence[Variant],
+                      strict: bool = True) -> dict[str, CellInterpreter]:
+    """The interpreter of each matrix cell among ``variants`` that names a Python (found once per process).
+
+    ``strict``: a cell without one refuses the build (:class:`InterpreterMissingError`); else it is left out.
+    """
+    cells = [(v.name, v.cell.python) for v in variants if v.cell is not None and v.cell.python]
+    memo = config.path(config.build.cache_dir) / MEMO
+    explicit = tuple(sorted(config.build.interpreters.items()))
+    out: dict[str, CellInterpreter] = {}
+    todo = []
+    for name, python in cells:
+        known = _found.get((python, explicit, str(config.root)))
+        if known is not None:
+            out[name] = CellInterpreter(known.path, known.minor, known.version)
+        else:
+            todo.append((name, python))
+    if todo:
+        try:
+            found = resolve_interpreters(todo, dict(explicit), config.root, memo=memo)
+        except InterpreterMissingError:
+            if strict:
+                raise
+            found = {}
+            for name, python in todo:
+                one = find_interpreter(python, dict(explicit), config.root, memo=memo)[0]
+                if one is not None:
+                    found[name] = one
+        for name, interpreter in found.items():
+            _found[(interpreter.minor, explicit, str(config.root))] = interpreter
+            out[name] = CellInterpreter(interpreter.path, interpreter.minor, interpreter.version)
+    return out

@@ -1,0 +1,150 @@
+"""A variant's matrix axes (issue 45, part 1): the Pythons and torches it is built for, less its exclusions.
+
+``[[variants]]`` may list ``python = ["3.10", "3.11"]`` and ``torch = ["2.13.0", "2.14.1"]`` with
+``exclude = [{python = "3.13", torch = "2.13.0"}]``. At load, :func:`expand` turns such a variant into one
+variant per cell (invariant 13): each has a name of its own (``cpupy312``, ``cu130py312torch2141``: unit ids,
+run-record rows and test units stay per name), the cell it stands for (:class:`Cell`: its Python, its torch,
+the variant it came from) and the local label of its wheel: the variant's name, with the torch's
+``major.minor`` when the torch axis has more than one value (``+cu130torch2.14``). The Python is in the
+wheel's tag (``cp312``), not its label. A cell's torch replaces any torch in the variant's
+``build_requires`` (``torch==<the cell's>``), so its build environment, its wheel's pin and its test
+environment follow the cell. A variant without axes is not touched: its name, label and keys are as before.
+
+Pure: validation raises ``ValueError`` naming the key, which :mod:`kiln.tasks.project.config` turns into a
+``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, model_validator
+
+if TYPE_CHECKING:
+    from kiln.tasks.project.config import Variant
+
+_PYTHON = re.compile(r"^3\.(?:[0-9]|[1-9][0-9])$")
+# The oldest CPython Kiln builds for: its own floor (requires-python of kiln-runtime).
+MIN_PYTHON_MINOR = 8
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Exclusion(_Model):
+    """One ``exclude`` entry: every cell matching all the keys it gives is not built."""
+
+    python: str | None = None
+    torch: str | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> Exclusion:
+        if self.python is None and self.torch is None:
+            raise ValueError("an exclude entry names no axis: give python, torch or both"
+                             " (e.g. {python = \"3.13\", torch = \"2.13.0\"})")
+        return self
+
+    def matches(self, python: str | None, torch: str | None) -> bool:
+        return (self.python is None or self.python == python) and (self.torch is None or self.torch == torch)
+
+
+class Cell(_Model):
+    """What one expanded variant stands for: ``matrix`` is the ``[[variants]]`` name it came from."""
+
+    matrix: str
+    python: str | None = None
+    torch: str | None = None
+    label: str
+
+
+def python_minor(version: str) -> int:
+    return int(version.split(".")[1])
+
+
+def check_python_axis(values: Sequence[str]) -> tuple[str, ...]:
+    for value in values:
+        if not _PYTHON.match(value):
+            raise ValueError(f"{value!r} is not a CPython 'major.minor' version (e.g. \"3.12\")")
+        if python_minor(value) < MIN_PYTHON_MINOR:
+            raise ValueError(f"{value!r} is older than Python 3.{MIN_PYTHON_MINOR}, the oldest Kiln builds for")
+    if len(set(values)) != len(values):
+        raise ValueError(f"duplicate Pythons in {list(values)}")
+    return tuple(sorted(values, key=python_minor))
+
+
+def check_torch_axis(values: Sequence[str]) -> tuple[str, ...]:
+    for value in values:
+        try:
+            parsed = Version(value)
+        except InvalidVersion as exc:
+            raise ValueError(f"{value!r} is not a torch version (PEP 440, e.g. \"2.14.1\")") from exc
+        if parsed.local or len(parsed.release) < 2:
+            raise ValueError(f"{value!r}: give a torch release without a local part (e.g. \"2.14.1\", not"
+                             " \"2.14.1+cu130\"); the variant's backend picks the build")
+    if len({Version(v) for v in values}) != len(values):
+        raise ValueError(f"duplicate torches in {list(values)}")
+    return tuple(sorted(values, key=Version))
+
+
+def check_exclusions(pythons: Sequence[str], torches: Sequence[str], exclude: Sequence[Exclusion]) -> None:
+    """Each exclusion names values of the axes the variant has (a typo would silently exclude nothing)."""
+    for index, entry in enumerate(exclude):
+        for axis, value, values in (("python", entry.python, pythons), ("torch", entry.torch, torches)):
+            if value is not None and value not in values:
+                have = f"the variant's {axis} axis is {list(values)}" if values else f"the variant has no {axis} axis"
+                raise ValueError(f"exclude[{index}].{axis} = {value!r} matches no cell: {have}")
+
+
+def has_axes(variant: Variant) -> bool:
+    return bool(variant.python or variant.torch)
+
+
+def _torch_label(torch: str, torches: Sequence[str]) -> str:
+    """``torch2.14``; the whole release when another torch of the axis shares its major.minor."""
+    release = Version(torch).release
+    short = ".".join(map(str, release[:2]))
+    if sum(".".join(map(str, Version(t).release[:2])) == short for t in torches) > 1:
+        short = ".".join(map(str, release))
+    return f"torch{short}"
+
+
+def cell_name(variant: str, python: str | None, torch: str | None, torches: Sequence[str]) -> str:
+    name = variant + (f"py3{python_minor(python)}" if python else "")
+    if torch and len(torches) > 1:
+        name += "torch" + "".join(map(str, Version(torch).release))
+    return name
+
+
+def _with_torch(requirements: Sequence[str], torch: str) -> tuple[str, ...]:
+    kept = [r for r in requirements if canonicalize_name(Requirement(r).name) != "torch"]
+    return (*kept, f"torch=={torch}")
+
+
+def expand(variant: Variant) -> tuple[Variant, ...]:
+    """The variant's cells in axis order (Python, then torch), exclusions left out; itself without axes."""
+    if not has_axes(variant):
+        return (variant,)
+    pythons: Sequence[str | None] = variant.python or (None,)
+    torches: Sequence[str | None] = variant.torch or (None,)
+    cells = []
+    for python in pythons:
+        for torch in torches:
+            if any(entry.matches(python, torch) for entry in variant.exclude):
+                continue
+            label = variant.name + (_torch_label(torch, variant.torch) if torch and len(variant.torch) > 1 else "")
+            update: dict[str, object] = {
+                "name": cell_name(variant.name, python, torch, variant.torch), "python": (), "torch": (),
+                "exclude": (), "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label)}
+            if torch:
+                update["build_requires"] = _with_torch(variant.build_requires, torch)
+            cells.append(variant.model_copy(update=update))
+    if not cells:
+        raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of python {list(variant.python)}"
+                         f" x torch {list(variant.torch)}; remove an exclusion or the variant")
+    return tuple(cells)
