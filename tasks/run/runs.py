@@ -51,18 +51,18 @@ def continue_run(store: Store, run_id: str, out: str | Path) -> RunRecord:
     return open_record(store, run_id, out)
 
 
-def check_checkout(config: KilnConfig, ref: str) -> None:
+def check_checkout(config: KilnConfig, commit: str) -> None:
     """A worker runs exactly the commit its run names: refuse a checkout at any other.
 
-    ``ref`` is the run's commit, passed to every dispatched unit; "" (a run
+    ``commit`` is the run's, passed to every dispatched unit; "" (a run
     outside git, or a stage run by hand) checks nothing.
     """
-    if not ref:
+    if not commit:
         return
     source = describe(config.root)
-    if source.commit != ref or source.modified:
+    if source.commit != commit or source.modified:
         found = source.commit[:12] if source.in_git else "not a git checkout"
         changed = f", with changes to {', '.join(source.modified[:5])}" if source.modified else ""
-        raise InvalidInputError(f"the run names commit {ref[:12]}, but this worker's checkout {config.root} is at "
-                                f"{found}{changed}; the deployment's git_clone step must check out the run's ref "
+        raise InvalidInputError(f"the run names commit {commit[:12]}, but this worker's checkout {config.root} is at "
+                                f"{found}{changed}; the deployment's git_clone step must check out the run's commit "
                                 f"(KILN_COMMIT)")
