@@ -423,9 +423,6 @@ class KilnConfig(_Model):
     # below a flow's entry takes the config object, never the path again.
     config_file: Path = Field(default=Path("kiln.toml"), exclude=True)
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> KilnConfig:
-        for kind, names in (("variant", [v.name for v in self.variants]), ("suite", [s.name for s in self.suites])):
     @model_validator(mode="before")
     @classmethod
     def _no_cell_key(cls, data: Any) -> Any:
@@ -447,6 +444,9 @@ class KilnConfig(_Model):
         """The variants ``name`` stands for: a variant, or every cell of a matrix variant ("" if none)."""
         return tuple(v for v in self.variants if v.name == name or (v.cell is not None and v.cell.matrix == name))
 
+    @model_validator(mode="after")
+    def _unique_names(self) -> KilnConfig:
+        for kind, names in (("variant", [v.name for v in self.variants]), ("suite", [s.name for s in self.suites])):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"duplicate {kind} names: {dupes}")
@@ -514,6 +514,9 @@ class KilnConfig(_Model):
         for variant in self.variants:
             if variant.name == name:
                 return variant
+        cells = [v.name for v in self.cells_of(name)]
+        if cells:
+            raise ConfigError(f"variant {name!r} is a matrix: name one of its cells {cells}")
         raise ConfigError(f"unknown variant {name!r}; kiln.toml defines {[v.name for v in self.variants]}")
 
     def path(self, relative: str) -> Path:
@@ -521,9 +524,6 @@ class KilnConfig(_Model):
         return (self.root / relative).resolve()
 
     @property
-        cells = [v.name for v in self.cells_of(name)]
-        if cells:
-            raise ConfigError(f"variant {name!r} is a matrix: name one of its cells {cells}")
     def import_root(self) -> Path:
         """The directory the package is imported from: the parent of ``project.source``
         (the project root for a flat layout, ``src/`` for a src layout)."""
