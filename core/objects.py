@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from kiln.core.errors import InvalidInputError
 
@@ -46,6 +46,17 @@ def check_key(key: str) -> str:
 
 
 @runtime_checkable
+class BotoSession(Protocol):
+    """What a store asks of a ``boto3.Session``: a client, with the step's credentials in it.
+
+    A Protocol, not boto3's class: boto3 carries no annotations (its Session reads as Any to mypy), and
+    naming it here would import boto3 where no S3 store is opened.
+    """
+
+    # Any: boto3's clients and their keyword arguments (region_name, endpoint_url, config) are untyped.
+    def client(self, service_name: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
 class Store(Protocol):
     """The operations publishing and history need; every backend implements all of them."""
 

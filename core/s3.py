@@ -61,7 +61,7 @@ from kiln.core.errors import (
     TransientStoreError,
 )
 from kiln.core.fsutil import sha256_bytes
-from kiln.core.objects import ObjectInfo, Store, check_key
+from kiln.core.objects import BotoSession, ObjectInfo, Store, check_key
 
 log = logging.getLogger(__name__)
 
@@ -285,8 +285,8 @@ class S3Store:
         return sorted(keys)
 
 
-def make_client(session: Any = None, region: str | None = None, endpoint: str | None = None) -> Any:
-    """A boto3 S3 client with bounded retries and timeouts."""
+def make_client(session: BotoSession | None = None, region: str | None = None, endpoint: str | None = None) -> Any:
+    """A boto3 S3 client with bounded retries and timeouts (Any: boto3's clients are untyped)."""
     config = Config(
         retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
         connect_timeout=10,
@@ -307,7 +307,7 @@ def open_s3_store(
     region: str | None = None,
     endpoint: str | None = None,
     expected_owner: str | None = None,
-    session: Any = None,
+    session: BotoSession | None = None,
     verifies_checksums: bool | None = None,
 ) -> Store:
     """Open ``s3://bucket/prefix``; ``root`` is unused (S3 keys are absolute).

@@ -51,7 +51,7 @@ from typing import Any
 from kiln.core.errors import AlreadyPublishedError, ConflictError, IntegrityError, InvalidInputError, UnsafePathError
 from kiln.core.fsutil import sha256_bytes, sha256_file
 from kiln.core.nofollow import Staged, open_directory, staged, staged_copy
-from kiln.core.objects import ObjectInfo, Store, check_key
+from kiln.core.objects import BotoSession, ObjectInfo, Store, check_key
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def open_store(
     region: str | None = None,
     endpoint: str | None = None,
     expected_owner: str | None = None,
-    session: Any = None,
+    session: BotoSession | None = None,
     verifies_checksums: bool | None = None,
     public: bool = False,
 ) -> Store:

@@ -33,6 +33,7 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 
 from kiln.core.errors import is_retryable
 from kiln.core.manifest import Unit
+from kiln.core.objects import BotoSession
 from kiln.core.record import RunRecord
 from kiln.flows import cancel
 from kiln.tasks.project.config import KilnConfig
@@ -50,7 +51,8 @@ cancel.arm()
 TABLE_COLUMNS = ("id", "state", "message", "variant", "arch", "kernel", "suite", "cache", "duration_s")
 
 
-def store_session(config: KilnConfig, step: str, kind: str = "s3", *, read_only: bool = False) -> Any:
+def store_session(config: KilnConfig, step: str, kind: str = "s3", *,
+                  read_only: bool = False) -> BotoSession | None:
     """The boto3 session ``step`` reaches a store of ``kind`` with (its own ``[permissions]`` credentials,
     narrowed to reads with ``read_only``); None for a local store. The one place a flow opens credentials:
     boto3 is imported only for S3."""
@@ -58,7 +60,8 @@ def store_session(config: KilnConfig, step: str, kind: str = "s3", *, read_only:
         return None
     from kiln.flows.credentials import session_for
 
-    return session_for(config, step, read_only=read_only)
+    session: BotoSession = session_for(config, step, read_only=read_only)  # a boto3.Session: untyped, so named
+    return session
 
 
 def open_run(config: KilnConfig, flow_name: str, out: str | Path, *, run_id: str | None = None,

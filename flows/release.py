@@ -40,6 +40,7 @@ from prefect.input import RunInput
 from prefect.states import Completed, Failed
 
 from kiln.core.errors import ConfigError
+from kiln.core.objects import BotoSession
 from kiln.core.record import RunRecord
 from kiln.flows.bench import bench_flow, store_release_baseline
 from kiln.flows.common import coverage_report, markdown_report, open_run, store_session, sync_state
@@ -91,7 +92,7 @@ class Release:
         return f"release {self.version} (ref {self.ref}) → {self.channel}" + (" (dry run)" if self.dry_run else "")
 
 
-def _session(config: KilnConfig, channel: str) -> Any:
+def _session(config: KilnConfig, channel: str) -> BotoSession | None:
     """The channel publisher's own credentials; a local target needs none."""
     return store_session(config, f"publish-{channel}", config.publish.targets[config.publish.default_target].kind)
 

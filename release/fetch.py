@@ -57,6 +57,7 @@ from kiln.core.errors import (
     TooLargeError,
     UnsafePathError,
 )
+from kiln.core.objects import BotoSession
 from kiln.core.store import LocalStore, Store, open_store
 from kiln.release.index import HTML_PAGE, JSON_PAGE, JSON_TYPE
 
@@ -85,7 +86,7 @@ class StoreSettings:
     region: str | None = None
     endpoint: str | None = None
     expected_owner: str | None = None
-    session: Any = None
+    session: BotoSession | None = None
 
 
 class Sink(Protocol):

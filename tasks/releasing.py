@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.core.manifest import RunManifest
+from kiln.core.objects import BotoSession
 from kiln.core.store import Store, open_store
 from kiln.core.swap import put_until_swapped
 from kiln.release.fetch import StoreSettings
@@ -49,7 +50,7 @@ def channel_prefix(config: KilnConfig, channel: str) -> str:
     return str(channels[channel]).strip("/")
 
 
-def open_target(config: KilnConfig, out: str, session: Any = None, target: str | None = None) -> Store:
+def open_target(config: KilnConfig, out: str, session: BotoSession | None = None, target: str | None = None) -> Store:
     """The publish target's store (``{out}`` in a ``file://`` URL is the ``--out`` directory)."""
     name = target or config.publish.default_target
     spec = config.publish.targets[name]
@@ -59,7 +60,7 @@ def open_target(config: KilnConfig, out: str, session: Any = None, target: str |
                       verifies_checksums=spec.verifies_checksums, public=spec.public)
 
 
-def store_settings_for(config: KilnConfig, url: str, session: Any = None) -> StoreSettings:
+def store_settings_for(config: KilnConfig, url: str, session: BotoSession | None = None) -> StoreSettings:
     """How to open an ``s3://`` index URL: the settings of the publish target in that bucket.
 
     The default target wins when several share the bucket; a bucket no target

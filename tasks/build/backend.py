@@ -40,6 +40,7 @@ import tomllib
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
+from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
 from kiln.tasks.project.config_build import Toolchain
 from kiln.tasks.testing import envs
 
@@ -197,6 +199,8 @@ class ProjectBuilder:
     cuobjdump: str | None = None
     exclude: tuple[Path, ...] = ()  # Kiln's state inside the project (the build cache): never copied
     variant_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # variant -> its build_env
+    # abi = "stable" variants -> their torch_target (None: the torch they build against): the build is told it
+    stable: Mapping[str, str | None] = field(default_factory=dict)
 
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
         """Build the variant's wheel, check its device code; ``{wheel filename: bytes, DEVICE_CODE: json}``."""
@@ -213,6 +217,11 @@ class ProjectBuilder:
             maps = path_maps(source, tmp, made.root if made is not None else None)
             environ = reproducible_environ(self.environ(unit, made, tmp / "path"), maps,
                                            commit_time(self.project_dir))
+            if unit.variant in self.stable:
+                target = build_target(self.stable[unit.variant], _build_torch(environments, unit.variant, what))
+                _log.info("%s targets the torch %s stable ABI (TORCH_TARGET_VERSION=%s)", what, target,
+                          target_hex(target))
+                environ = stable_environ(environ, target)
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
@@ -274,6 +283,18 @@ class ProjectBuilder:
             raise CompileError(f"the build backend of {what} built {name!r}, but kiln.toml's project.distribution"
                                f" is {self.distribution!r}; make them agree")
         return wheels[0]
+
+
+def _build_torch(environments: Any, variant: str, what: str) -> str:
+    """The torch a unit builds against: its variant environment's, else the one Kiln's interpreter has."""
+    found = environments.torch(variant) if environments is not None else None
+    if found is not None:
+        return str(found.version)
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError as exc:
+        raise CompileError(f"{what} has abi = \"stable\" but no torch to build against: add torch to the variant's"
+                           " build_requires") from exc
 
 
 def device_code_json(found: Mapping[str, Any], policy: str) -> bytes:

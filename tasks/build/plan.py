@@ -208,7 +208,8 @@ def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]
     batch = digest(CACHE_FORMAT, "pep517", BUILD_RECIPE, variant.backend, project_hash(project, kiln_state(config)),
                    repr(sorted(toolchain.items())))[:32]
     key = digest(batch, variant.name, *archs, config.build.toolchain.model_dump_json(),
-                 *([variant_env_id(variant), policy] if variant_env_id(variant) or policy != "exact" else []))
+                 *([variant_env_id(variant), policy] if variant_env_id(variant) or policy != "exact" else []),
+                 *(["abi", variant.abi, variant.torch_target or "-"] if variant.abi != "exact" else []))
     name = config.project.distribution
     return CompileUnit(f"build/{variant.name}/{label}/{name}/pep517", variant.name, variant.backend,
                        ",".join(archs) or "-", ",".join(archs), name, "pep517", "wheel", "pep517", batch, key, archs,

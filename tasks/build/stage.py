@@ -149,7 +149,8 @@ def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | 
         "library_dirs": tuple(str(config.path(d)) for d in build.toolchain.library_dirs)})
     return ProjectBuilder(config.path(build.project_dir), config.project.distribution, toolchain_dirs,
                           build.backend_timeout_s, build.jobs, home, cuobjdump, kiln_state(config),
-                          {v.name: dict(v.build_env) for v in config.variants if v.build_env})
+                          {v.name: dict(v.build_env) for v in config.variants if v.build_env},
+                          {v.name: v.torch_target for v in config.variants if v.abi == "stable"})
 
 
 def variant_environments(setup: BuildSetup) -> VariantEnvironments:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.objects import BotoSession
 from kiln.core.record import RunHeader, RunRecord, create_record, open_record
 from kiln.core.store import Store, open_store
 from kiln.tasks.project.config import KilnConfig
@@ -23,7 +23,7 @@ from kiln.tasks.run.versioning import check_build_version, nightly_version
 log = logging.getLogger(__name__)
 
 
-def artifact_store(config: KilnConfig, session: Any = None) -> Store:
+def artifact_store(config: KilnConfig, session: BotoSession | None = None) -> Store:
     """The artifact store of ``[artifacts]``; ``session`` carries the step's credentials (S3)."""
     target = config.artifacts
     return open_store(target.url, root=config.root, region=target.region, endpoint=target.endpoint,
