@@ -44,7 +44,7 @@ _log = logging.getLogger(__name__)
 TorchUse = Literal["stable", "unstable", "no-torch"]
 _DEVICE_MACHINES = frozenset({"EM_CUDA", "EM_AMDGPU"})
 _TOOLS = ("abi3audit", "torch-abi-audit")
-_REPORT_FORMAT = "abi-audit-1"  # bump when the probe or Kiln's reading of the reports changes
+_REPORT_FORMAT = "abi-audit-2"  # bump when the probe or Kiln's reading of the reports changes
 _BATCH = "abi-audit"
 _TIMEOUT_S = 300
 _SHOWN = 8  # symbols named per library in a message; the rest counted
@@ -60,6 +60,9 @@ class LibraryAudit:
     min_torch: str | None = None  # from the stable shims it calls; None when it calls none
     non_abi3_symbols: tuple[str, ...] = ()  # abi3 wheels only
     abi3_needs: str | None = None  # the limited API it uses, when newer than its tag's Python
+    # a Python extension (PyInit_*) or a user of any Py* symbol; a stable-ABI library loaded by
+    # torch.ops.load_library uses none, and its wheel fits every Python 3 (kiln.tasks.build.stable_abi)
+    python_api: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class WheelAudit:
     def min_torch(self) -> str | None:
         floors = [lib.min_torch for lib in self.libraries if lib.min_torch]
         return max(floors, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit())) if floors else None
+
+    @property
+    def python_api(self) -> tuple[bool, ...]:
+        """Per library, whether it uses the Python C-API."""
+        return tuple(lib.python_api for lib in self.libraries)
 
     def findings(self) -> list[str]:
         """Every way the wheel breaks what it claims; empty when it keeps its word."""
@@ -172,7 +180,7 @@ def _stored(cache: BuildCache | None, key: str) -> tuple[LibraryAudit, ...] | No
 def _stored_library(stored: dict[str, Any]) -> LibraryAudit:
     """A library's audit as the cache keeps it (JSON: its tuples are lists)."""
     return LibraryAudit(stored["path"], stored["torch"], tuple(stored["unstable_symbols"]), stored["min_torch"],
-                        tuple(stored["non_abi3_symbols"]), stored["abi3_needs"])
+                        tuple(stored["non_abi3_symbols"]), stored["abi3_needs"], bool(stored["python_api"]))
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> str:
@@ -197,22 +205,28 @@ def _analysed(libraries: Sequence[tuple[str, bytes]], abi3: str | None) -> tuple
         cpython = _abi3_report(root, len(libraries), abi3, Path(tmp)) if abi3 else {}
     if sorted(torch) != list(range(len(libraries))):
         raise CompileError(f"torch-abi-audit reported {len(torch)} of the wheel's {len(libraries)} libraries")
-    return tuple(LibraryAudit(name, *torch[index], *cpython.get(index, ((), None)))
+    return tuple(LibraryAudit(name, *torch[index][:3], *cpython.get(index, ((), None)), python_api=torch[index][3])
                  for index, (name, _) in enumerate(libraries))
 
 
-def _torch_report(root: Path, tmp: Path) -> dict[int, tuple[TorchUse, tuple[str, ...], str | None]]:
-    """torch-abi-audit's JSON report of every library under ``root``: ``{index: (use, unstable, minimum)}``."""
+def _torch_report(root: Path, tmp: Path) -> dict[int, tuple[TorchUse, tuple[str, ...], str | None, bool]]:
+    """torch-abi-audit's JSON report of every library under ``root``: ``{index: (use, unstable, minimum,
+    python_api)}``; it lists a library defining ``PyInit_*`` under ``extensions``, any other under ``bundled_libs``,
+    and a library with no ``Py*`` symbol as neither compliant nor violating the limited API."""
     out = _run([sys.executable, "-P", "-m", "torch_abi_audit.cli", str(root), "--json"], tmp, "torch-abi-audit")
     report = json.loads(out[out.index("{"):])  # its JSON is all it prints on stdout; nm says nothing on success
     found = {}
+    extensions = {lib["path"] for lib in report.get("extensions", ())}
     for lib in (*report.get("extensions", ()), *report.get("bundled_libs", ())):
         path = Path(lib["path"]).relative_to(root)
         if lib.get("error"):
             raise CompileError(f"torch-abi-audit could not read {path.name}: {lib['error']}")
         torch = lib["torch"]
         use: TorchUse = "no-torch" if not torch["uses_torch"] else "stable" if torch["stable"] else "unstable"
-        found[int(path.parts[0])] = (use, tuple(sorted(torch["unstable_symbols"])), torch["min_torch_version"])
+        cpython = lib["cpython"]
+        python_api = lib["path"] in extensions or bool(cpython["compliant"] or cpython["violations"])
+        found[int(path.parts[0])] = (use, tuple(sorted(torch["unstable_symbols"])), torch["min_torch_version"],
+                                     python_api)
     return found
 
 

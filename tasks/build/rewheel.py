@@ -6,7 +6,8 @@ a plain ``linux_<machine>`` platform, which becomes the manylinux one its
 binaries allow: :mod:`kiln.tasks.build.manylinux`);
 only ``Version`` and ``Requires-Dist`` are rewritten (the backend's own lines
 merged with ``[project] dependencies`` by :func:`merged_requires`, the torch
-line pinned to the torch the binary was built against, :func:`pins_torch`), with the standard
+line pinned to the torch release series the binary was built against, or for an ``abi = "stable"`` variant
+``>=`` its floor, :func:`pins_torch` and :mod:`kiln.tasks.build.stable_abi`), with the standard
 library's email parser as ``wheel`` itself does, and the wheel is written
 again with :func:`kiln.tasks.build.wheel.write_wheel` (``wheel.WheelFile``:
 ``RECORD`` recomputed). Reading goes through ``WheelFile`` too, which checks
@@ -44,6 +45,7 @@ from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
 from kiln.tasks.build.manylinux import manylinux_tag, wheel_file_tagged
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
+from kiln.tasks.build.stable_abi import untied_tag, wheel_file_retagged
 from kiln.tasks.build.wheel import (
     WheelInput,
     WheelStamp,
@@ -136,8 +138,8 @@ def _renamed(arcname: str, old: str, new: str) -> str:
 
 
 def pins_torch(config: KilnConfig, variant: Variant, members: dict[str, bytes]) -> bool:
-    """Whether the wheel's torch line becomes ``torch==<the torch it was built against>``: a torch extension
-    (``[build.toolchain] torch``), or a shared library built in a variant environment that holds torch."""
+    """Whether the wheel's torch line is rewritten (``torch==2.14.*``; ``torch>=2.13`` for a stable variant): a
+    torch extension (``[build.toolchain] torch``), or a shared library built in a variant environment with torch."""
     if config.build.toolchain.torch:
         return True
     library = any(name.endswith(".so") or ".so." in name.rsplit("/", 1)[-1] for name in members)
@@ -160,12 +162,8 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
     new = f"{filename.split('-')[0]}-{Version(version)}"
     own = _parse(members[f"{dist_info}/METADATA"]).get_all("Requires-Dist") or []
     base = merged_requires([str(line) for line in own], config.project.dependencies)
-    requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
-                            torch_extension=pins_torch(config, variant, members), base=tuple(base))
     out = {_renamed(name, old, new): data for name, data in members.items()
            if name.rsplit("/", 1)[-1] not in _SIGNATURES or not name.startswith(dist_info + "/")}
-    out[f"{new}.dist-info/METADATA"] = rewrite_metadata(members[f"{dist_info}/METADATA"], str(Version(version)),
-                                                        requires)
     out[f"{new}.dist-info/WHEEL"] = wheel_file
     out[f"{new}.dist-info/kiln_build.json"] = build_info(variant, stamp).encode()
     package = config.project.package.replace(".", "/")
@@ -182,7 +180,18 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
         filename = wheel_filename(config.project.distribution, version, audited)
         out[f"{new}.dist-info/WHEEL"] = wheel_file_tagged(wheel_file, audited)
     # the ABI its tag (abi3) and its variant (abi = "stable") claim, kept before it is written
-    check_claims(audit_members(filename, audited, contents, torch_stable=variant.abi == "stable", cache=cache))
+    audit = check_claims(audit_members(filename, audited, contents, torch_stable=variant.abi == "stable",
+                                       cache=cache))
+    untied = untied_tag(audited, audit.python_api) if variant.abi == "stable" else audited
+    if untied != audited:  # a stable-ABI library with no Python C-API: one wheel for every Python 3
+        _log.info("%s uses no Python C-API: tagged %s for every Python 3", filename, untied)
+        filename = wheel_filename(config.project.distribution, version, untied)
+        out[f"{new}.dist-info/WHEEL"] = wheel_file_retagged(out[f"{new}.dist-info/WHEEL"], untied)
+    requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
+                            torch_extension=pins_torch(config, variant, members), base=tuple(base),
+                            audited_torch=audit.min_torch)
+    out[f"{new}.dist-info/METADATA"] = rewrite_metadata(members[f"{dist_info}/METADATA"], str(Version(version)),
+                                                        requires)
     # dist-info last, as wheel builders write it (RECORD is added after it by WheelFile)
     order = sorted(out, key=lambda n: (n.startswith(f"{new}.dist-info/"), n))
     final = write_wheel(out_dir, filename, [(n, out[n]) for n in order], stamp, cache=cache)

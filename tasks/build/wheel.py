@@ -49,6 +49,7 @@ from kiln.tasks.build.abi_audit import audit_members, check_claims
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.build.manylinux import linux_platform, manylinux_tag
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
+from kiln.tasks.build.stable_abi import torch_specifier
 from kiln.tasks.project.config import KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
@@ -103,17 +104,23 @@ def wheel_filename(distribution: str, version: str, tag: str) -> str:
     return filename
 
 
-def _pin(reqs: list[Requirement], name: str, version: str) -> list[Requirement]:
+def _pin(reqs: list[Requirement], name: str, version: str, specifier: str | None = None) -> list[Requirement]:
+    """``reqs`` with ``name``'s line replaced by ``name==version`` (or ``name<specifier>``), its marker kept."""
     pinned = [r for r in reqs if canonicalize_name(r.name) == name]
     marker = f"; {pinned[0].marker}" if pinned and pinned[0].marker else ""
-    return [r for r in reqs if canonicalize_name(r.name) != name] + [Requirement(f"{name}=={version}{marker}")]
+    wanted = specifier or f"=={version}"
+    return [r for r in reqs if canonicalize_name(r.name) != name] + [Requirement(f"{name}{wanted}{marker}")]
 
 
 def requirements(config: KilnConfig, variant: Variant, toolchain: dict[str, str], compiled: bool,
-                 torch_extension: bool = False, base: tuple[str, ...] | None = None) -> list[str]:
+                 torch_extension: bool = False, base: tuple[str, ...] | None = None,
+                 audited_torch: str | None = None) -> list[str]:
     """The variant's Requires-Dist: the project's (``base``: a backend-built wheel's own), then the
     variant's; a variant with Triton binaries pins the Triton that compiled them (a cubin only
-    loads under it), one with a torch extension the torch it was built against (no stable C++ ABI)."""
+    loads under it), one with a torch extension the torch release series it was built against (``==2.14.*``:
+    torch's C++ ABI holds within one), or for an ``abi = "stable"`` variant ``>=`` its floor (its target or
+    ``audited_torch``, the minimum torch the ABI audit found, whichever is higher:
+    :func:`kiln.tasks.build.stable_abi.torch_specifier`)."""
     # Validated when kiln.toml was loaded; str() spells each one the canonical way.
     project = config.project.dependencies if base is None else base
     reqs = [Requirement(r) for r in (*project, *variant.dependencies)]
@@ -122,7 +129,8 @@ def requirements(config: KilnConfig, variant: Variant, toolchain: dict[str, str]
         reqs = _pin(reqs, "triton", triton)
     torch = toolchain.get("torch", "absent")
     if torch_extension and torch != "absent":
-        reqs = _pin(reqs, "torch", Version(torch).public)
+        reqs = _pin(reqs, "torch", torch, torch_specifier(variant.abi == "stable", torch, variant.torch_target,
+                                                          audited_torch))
     if config.project.ships_runtime and any(canonicalize_name(r.name) == RUNTIME for r in reqs):
         # exactly the kiln-runtime published beside it: no other version, from no other index, can satisfy it
         reqs = _pin(reqs, RUNTIME, runtime_version())
@@ -218,8 +226,6 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
     package = config.project.package
     dist_info = f"{filename.split('-')[0]}-{Version(version)}.dist-info"
     torch_extension = config.build.toolchain.torch and any(b.arcpath.endswith(".so") for b in binaries)
-    requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
-                            torch_extension=torch_extension)
     members = [(arcname, path.read_bytes()) for path, arcname in sources]
     members += [(f"{package}/_aot/{item.arcpath}", item.source.read_bytes())
                 for item in sorted(binaries, key=lambda b: b.arcpath)]
@@ -228,11 +234,15 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
         members.append((f"{package}/_aot/manifest.json", manifest.encode()))
     sbom = wheel_sbom(config.project.distribution, version, variant, stamp.commit, stamp.epoch, stamp.toolchain,
                       members)
+    audited_torch = None
     if not pure:  # the tag its binaries allow (the dist-info's name does not depend on it)
         tag = manylinux_tag(tag, members, variant.backend, cache)
         filename = wheel_filename(config.project.distribution, version, tag)
         # the ABI it claims, kept before it is written (an AbiAuditError naming the symbols)
-        check_claims(audit_members(filename, tag, members, torch_stable=variant.abi == "stable", cache=cache))
+        audited_torch = check_claims(audit_members(filename, tag, members, torch_stable=variant.abi == "stable",
+                                                   cache=cache)).min_torch
+    requires = requirements(config, variant, dict(stamp.toolchain), compiled=bool(binaries),
+                            torch_extension=torch_extension, audited_torch=audited_torch)
     members += [(f"{dist_info}/METADATA", metadata_text(config, version, requires).encode()),
                 (f"{dist_info}/kiln_build.json", build_info(variant, stamp).encode()),
                 (sbom_arcname(dist_info), sbom),
