@@ -126,10 +126,21 @@ def _with_torch(requirements: Sequence[str], torch: str) -> tuple[str, ...]:
     return (*kept, f"torch=={torch}")
 
 
+def _stable_once(variant: Variant) -> Variant:
+    """An ``abi = "stable"`` variant builds once per Python, not once per torch: against the newest torch of its
+    axis, targeting the oldest (its ``torch_target`` unless it declares one), so its one wheel requires
+    ``torch>=<oldest>`` and loads under each (:mod:`kiln.tasks.build.stable_abi`)."""
+    oldest = Version(variant.torch[0]).release  # check_torch_axis sorted the axis
+    target = variant.torch_target or f"{oldest[0]}.{oldest[1]}"
+    return variant.model_copy(update={"torch": variant.torch[-1:], "torch_target": target})
+
+
 def expand(variant: Variant) -> tuple[Variant, ...]:
     """The variant's cells in axis order (Python, then torch), exclusions left out; itself without axes."""
     if not has_axes(variant):
         return (variant,)
+    if variant.abi == "stable" and len(variant.torch) > 1:
+        variant = _stable_once(variant)
     pythons: Sequence[str | None] = variant.python or (None,)
     torches: Sequence[str | None] = variant.torch or (None,)
     cells = []

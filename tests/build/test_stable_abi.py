@@ -84,3 +84,16 @@ def test_torch_target_needs_the_stable_abi_and_a_major_minor() -> None:
         Variant(name="cpu", backend="cpu", torch_target="2.13")
     with pytest.raises(ValueError, match="torch_target"):
         Variant(name="cpu", backend="cpu", abi="stable", torch_target="2.13.0")
+
+
+def test_a_stable_variant_builds_once_per_python_against_its_newest_torch_targeting_its_oldest() -> None:
+    from kiln.tasks.project.config_matrix import expand
+
+    stable = Variant(name="cpu", backend="cpu", abi="stable", python=("3.11", "3.12"), torch=("2.14.1", "2.13.0"))
+    cells = expand(stable)
+    assert [(c.name, c.label, c.build_requires, c.torch_target) for c in cells] == [
+        ("cpupy311", "cpu", ("torch==2.14.1",), "2.13"), ("cpupy312", "cpu", ("torch==2.14.1",), "2.13")]
+    exact = expand(stable.model_copy(update={"abi": "exact"}))  # one cell per torch, as before
+    assert len(exact) == 4 and {c.label for c in exact} == {"cputorch2.13", "cputorch2.14"}
+    declared = expand(stable.model_copy(update={"torch_target": "2.14"}))
+    assert {c.torch_target for c in declared} == {"2.14"}
