@@ -248,3 +248,4 @@ def cell_interpreters(config: KilnConfig, variants: Sequence[Variant],
             _found[(interpreter.minor, explicit, str(config.root))] = interpreter
             out[name] = CellInterpreter(interpreter.path, interpreter.minor, interpreter.version)
     return out
+

@@ -58,6 +58,7 @@ from pathlib import Path
 from kiln.core.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
 from kiln.core.wheels import core_metadata
 from kiln.release.installenv import scrubbed_env, user_cache
+from kiln.tasks.build.buildenv import safe_path_flag
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
 from kiln.tasks.testing.baseenv import base_env, base_pins
@@ -158,7 +159,7 @@ def _editable_pth(distribution: str) -> str | None:
 
 
 def _site_packages(python: Path) -> Path:
-    out = _run([str(python), "-P", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    out = _run([str(python), safe_path_flag(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                "locating the environment's site-packages")
     return Path(out.strip())
 
@@ -234,37 +235,45 @@ def make_build_env(root: Path) -> Path:
 
 def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,
              indexes: Sequence[str] = DEFAULT_INDEXES, tests_root: Path | None = None, test_paths: Sequence[str] = (),
-             backend: str = "cpu", build_requires: Sequence[str] = ()) -> TestEnv:
+             backend: str = "cpu", build_requires: Sequence[str] = (), python: Path | None = None,
+             shared_base: bool = True) -> TestEnv:
     """A fresh, isolated environment at ``root``: ``wheels``, what they declare, ``requirements``, pytest.
 
     The base of ``backend``/``build_requires`` is layered after the environment's own site-packages, Kiln's
     harness is exposed, and the import guard refuses, for the first wheel's modules (and for the test files
     under ``test_paths`` of ``tests_root``, all of it when none), what they do not declare. Errors name the
     wheel and the requirements that failed.
+
+    ``python``: a matrix cell's interpreter (default: this one). ``shared_base`` false: no base layer (a wheel
+    that requires neither torch nor Triton, issue 45): uv installs pytest and the rest into the environment.
     """
-    base = base_env(base_pins(backend, build_requires), backend)
+    base = base_env(base_pins(backend, build_requires), backend) if shared_base else None
     if root.exists():
         shutil.rmtree(root)
-    _run([*_uv(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
+    _run([*_uv(), "venv", "--quiet", "--python", str(python or sys.executable), str(root)], f"creating {root}")
     python = root / "bin" / "python"
     site = _site_packages(python)
-    layers.layer_base(site, base.site)
+    if base is not None:
+        layers.layer_base(site, base.site)
     layers.expose_harness(site, root / "kiln-harness")
     names = ", ".join(w.name for w in wheels)
-    _install(root, python, wheels, requirements, indexes, base.site, names)
+    _install(root, python, wheels, [*requirements, *(() if base else ("pytest",))], indexes,
+             base.site if base else None, names)
     if wheels:
         layers.install_guard(site, python, wheels[0].name, wheel_distribution(wheels[0]),
-                             ["pytest", *requirements], tests_root, test_paths, installed=(root, base.root))
-    log.info("test environment %s: %s, on base %s", root, names, base.root.name[:16])
+                             ["pytest", *requirements], tests_root, test_paths,
+                             installed=(root, base.root) if base else (root,))
+    log.info("test environment %s: %s, on %s", root, names, f"base {base.root.name[:16]}" if base else "no base")
     return TestEnv(root, python, tuple(w.name for w in wheels))
 
 
 def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Sequence[str], indexes: Sequence[str],
-             base_site: Path, names: str) -> None:
+             base_site: Path | None, names: str) -> None:
     """uv installs the wheels, what they declare and ``requirements``; the base's versions are constraints."""
     runtime = build_runtime_wheel(root / "links")  # Kiln's harness imports kiln.runtime; the run publishes it too
     constraints = root / "base-constraints.txt"
-    constraints.write_text("".join(f"{pin}\n" for pin in layers.installed_pins(base_site)))
+    pins = layers.installed_pins(base_site) if base_site is not None else []
+    constraints.write_text("".join(f"{pin}\n" for pin in pins))
     links, pip_indexes = pip_sources()
     index_options = [option for url in (*indexes, *pip_indexes) for option in ("--extra-index-url", url)]
     index_options += [option for link in links for option in ("--find-links", link)]
@@ -280,5 +289,5 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
         raise DependencyResolutionError(
             f"the test environment for {names} cannot be made: {exc}. Requires-Dist of {names}: "
             f"{[r for w in wheels for r in wheel_requirements(w)] or 'none'}; suite requires: {list(requirements)};"
-            f" indexes: {list(indexes)}; fixed by the shared base: {', '.join(layers.installed_pins(base_site))}"
+            f" indexes: {list(indexes)}; fixed by the shared base: {', '.join(pins) or 'nothing (no base)'}"
         ) from exc

@@ -32,6 +32,7 @@ from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InfrastructureError
 from kiln.core.fsutil import atomic_write_text
+from kiln.tasks.build.buildenv import safe_path_flag
 from kiln.tasks.testing import importguard
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def install_guard(site: Path, python: Path, wheel: str, distribution: str, test_
     """
     args = json.dumps({"wheel_dist": distribution, "extra_roots": list(test_roots)})
     try:
-        done = subprocess.run([str(python), "-P", "-c", importguard.REFUSALS_SCRIPT, args], capture_output=True,
+        done = subprocess.run([str(python), safe_path_flag(python), "-c", importguard.REFUSALS_SCRIPT, args],
+                              capture_output=True,
                               text=True, timeout=GUARD_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
         raise InfrastructureError(f"listing what {wheel} declares did not finish in {GUARD_TIMEOUT_S:g}s") from exc

@@ -16,20 +16,24 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
-from kiln.core.errors import InvalidInputError
+from kiln.core.errors import InvalidInputError, ToolchainMissingError
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.core.manifest import Unit
+from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.project.config import KilnConfig, Suite, Variant
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
-from kiln.tasks.testing.envs import make_env
+from kiln.tasks.testing.envs import make_env, wheel_requirements
 from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
 from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
 from kiln.tasks.testing.runner import run_tests
@@ -152,16 +156,44 @@ def suite_outcome(results: Sequence[TestResult]) -> tuple[str, str]:
     return suite_state(results), message
 
 
+# What a wheel must require for its test environment to stand on the shared base (torch, Triton, numpy, pytest).
+BASE_NEEDS = frozenset({"torch", "triton"})
+
+
+def cell_environment(config: KilnConfig, variant: Variant, wheels: Sequence[Path]) -> tuple[Path | None, bool]:
+    """(interpreter, shared base) of a suite's environment: a matrix cell's environment is made by the cell's
+    Python, and stands on today's shared base only when its wheel requires torch or Triton (issue 45, part 3:
+    a package that does not depend on torch never waits on a torch for another Python). A variant that is no
+    cell: Kiln's interpreter and the base, as before. A cell whose wheel needs torch on a Python other than
+    Kiln's is refused, naming why: the shared base is made by Kiln's interpreter."""
+    if variant.cell is None or not variant.cell.python:
+        return None, True
+    needs = {canonicalize_name(Requirement(r).name) for w in wheels[:1] for r in wheel_requirements(w)}
+    found = cell_interpreters(config, [variant])[variant.name]
+    shared = bool(needs & BASE_NEEDS)
+    if shared and found.minor != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        raise ToolchainMissingError(
+            f"cell {variant.name} (Python {found.minor}): its wheel requires {sorted(needs & BASE_NEEDS)}, and the"
+            f" shared test base (torch, Triton) is made for Kiln's Python {sys.version_info[0]}.{sys.version_info[1]}"
+            f" only; run this cell's suites with Kiln installed under Python {found.minor}")
+    return found.path, shared
+
+
 def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], view: str | Path,
               options: RunOptions) -> SuiteRun:
     """Run ``target`` against ``wheels`` installed in a fresh environment; reports under ``<view>/tests``."""
     suite = target.suite
     reports_dir = Path(view).resolve() / "tests"
     start = time.monotonic()
+    try:
+        python, shared_base = cell_environment(config, target.variant, wheels)
+    except ToolchainMissingError as exc:  # a cell this machine cannot test: "not run", never "passed" (invariant 9)
+        logger.warning("suite %s: not run: %s", target.name, exc)
+        return SuiteRun(target.name, (), target.unit("not_run", f"not run: {exc}", 0.0), (), 0.0)
     env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires,
                    indexes=config.publish.extra_index_urls, tests_root=config.root, test_paths=suite.paths,
                    backend=target.variant.backend,
-                   build_requires=target.variant.build_requires)
+                   build_requires=target.variant.build_requires, python=python, shared_base=shared_base)
     logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
                 list(suite.paths), options.isolate, options.timeout_s)
     results = run_tests(suite.paths, config.root, reports_dir / ".work" / target.name,

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kiln.tasks.build.buildenv import safe_path_flag
 from kiln.tasks.process import (
     LadderResult,
     Mailboxes,
@@ -42,6 +43,11 @@ START_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this only bounds a wed
 # -P: ``python -m`` must not put the working directory (the project root) on
 # sys.path; what the tests import is decided by the environment, not the checkout.
 WORKER = ("-P", "-m", "kiln.tasks.testing.pytest_server")
+
+
+def worker_args(python: str) -> tuple[str, ...]:
+    """:data:`WORKER` for ``python``: a Python 3.10 cell's environment gets ``-I`` (it has no ``-P``)."""
+    return (safe_path_flag(python), *WORKER[1:])
 
 
 def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
@@ -86,7 +92,7 @@ class Worker:
         self.options, self.work = options, work
         cmd_r, self._cmd_w = os.pipe()
         evt_r, evt_w = os.pipe()
-        args = [options.python, *WORKER, "serve", "--commands-fd", str(cmd_r),
+        args = [options.python, *worker_args(options.python), "serve", "--commands-fd", str(cmd_r),
                 "--events-fd", str(evt_w), *sum((["--preload", m] for m in options.preload), []),
                 "--", *pytest_argv(paths, options)]
         logger.info("starting the test worker: %s", " ".join(args))
@@ -168,7 +174,7 @@ def pytest_argv(paths: Sequence[str], options: RunOptions) -> list[str]:
 
 def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stacks: Path,
               options: RunOptions) -> SpawnedChild:
-    args = [options.python, *WORKER, "run", "--results", str(results), "--stacks", str(stacks),
+    args = [options.python, *worker_args(options.python), "run", "--results", str(results), "--stacks", str(stacks),
             "--", *pytest_argv([i.nodeid for i in job.items], replace(options, markers=""))]
     logger.info("spawning %s", " ".join(args))
     log = open(results.with_suffix(".log"), "wb")

@@ -1,0 +1,71 @@
+"""The Python matrix through a real nightly (issue 45, parts 1, 3 and 5): a CPython C-API extension (no torch)
+built by this machine's CPython 3.10-3.13, each cell's wheel tested in an environment of its own Python."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.utils import parse_wheel_filename
+
+from kiln.core.manifest import RunManifest
+from kiln.tasks.build.interpreters import find_interpreter
+from kiln.tasks.project.config import load_config
+from kiln.tasks.run.coverage import coverage_rows
+from tests.helpers.gitrepo import git_project
+
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+_missing = [p for p in PYTHONS if find_interpreter(p, {}, Path("."))[0] is None]
+needs_pythons = pytest.mark.skipif(bool(_missing), reason=f"no CPython {_missing} on this machine")
+
+# One cell fails its suite (3.12), one has nothing it can run (3.13: every test skipped).
+_ODD_CELLS = '''
+import sys
+
+import pytest
+
+
+@pytest.mark.skipif(sys.version_info[:2] == (3, 13), reason="nothing to check on 3.13")
+def test_not_three_twelve():
+    assert sys.version_info[:2] != (3, 12), "this cell is meant to fail"
+'''
+
+
+def _odd_cells(project: Path) -> None:
+    (project / "odd").mkdir()
+    (project / "odd" / "test_odd.py").write_text(_ODD_CELLS)
+    toml = project / "kiln.toml"
+    toml.write_text(toml.read_text().replace('[publish]\n', '[[suites]]\nname = "odd"\npaths = ["odd"]\n\n[publish]\n'))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@needs_pythons
+def test_a_nightly_builds_and_tests_one_wheel_per_python_and_accounts_for_every_cell(prefect_server, tmp_path):
+    from kiln.flows.nightly import nightly_flow
+
+    config_path = git_project("cmatrix", tmp_path, edit=_odd_cells)
+    out = tmp_path / "out"
+    state = nightly_flow(config_path=str(config_path), out=str(out), return_state=True)
+    run = RunManifest.load(out / str(state.state_details.flow_run_id))
+    units = {u.id: u for u in run.units}
+    wheels = {a.variant: Path(a.path).name for a in run.artifacts_of("wheel")}
+    assert set(wheels) == {f"cpupy3{p.split('.')[1]}" for p in PYTHONS}, wheels
+    assert len(set(wheels.values())) == 4  # no two cells' wheels share a name
+    for python in PYTHONS:
+        cell = f"cpupy3{python.split('.')[1]}"
+        name, version, _, tags = parse_wheel_filename(wheels[cell])
+        assert str(version).endswith("+cpu") and {t.interpreter for t in tags} == {f"cp3{python.split('.')[1]}"}
+        # the suite imported the wheel's extension in an environment of the cell's own Python (built_for says so)
+        assert units[f"test/unit/{cell}"].state == "completed", units[f"test/unit/{cell}"].message
+        assert units[f"test/unit/{cell}"].message.startswith("2 passed")
+    assert units["test/odd/cpupy312"].state == "failed"
+    assert units["test/odd/cpupy313"].state == "not_run"
+    rows = {r.variant: r for r in coverage_rows(load_config(config_path), run)}
+    assert [r.python for r in rows.values()] == ["cp310", "cp311", "cp312", "cp313"]
+    assert rows["cpupy310"].state == rows["cpupy311"].state == "tested"
+    assert rows["cpupy312"].state == "failed" and "odd" in rows["cpupy312"].why
+    assert rows["cpupy313"].state == "tested" and "odd not run" in rows["cpupy313"].why
+    assert not state.is_completed()  # the failed cell fails the run (invariant 4); the others were published
+    assert sys.version_info >= (3, 11)
