@@ -33,7 +33,7 @@ from kiln.flows.runname import name_this_run, run_name
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.plan import CompileUnit
+from kiln.tasks.build.plan import CompileUnit, VariantPlan
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import CompileContext, UnitResult
 from kiln.tasks.project.config import KilnConfig, load_config
@@ -70,7 +70,8 @@ def compile_task(unit: CompileUnit, env: CompileContext) -> UnitResult:
 
 
 @task(name="assemble-variant", cache_policy=NO_CACHE)
-def assemble_task(setup: BuildSetup, variant: Any, outcomes: dict[str, Any], out: str) -> build_stage.VariantOutput:
+def assemble_task(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str, Any],
+                  out: str) -> build_stage.VariantOutput:
     return build_stage.assemble_variant(setup, variant, outcomes, out)
 
 

@@ -34,7 +34,7 @@ from kiln.tasks.project.config import BENCH_SIZES, CHANNELS, KilnConfig  # noqa:
 from kiln.tasks.testing.jobs import ISOLATIONS  # noqa: E402
 
 if TYPE_CHECKING:
-    from prefect import Flow
+    from prefect import Flow, State
 
     from kiln.release.fetch import StoreSettings
 
@@ -57,13 +57,14 @@ def _runs_with_config(parser: argparse.ArgumentParser, handler: ConfigHandler, *
 class _Renamed(argparse.Action):
     """A flag's old spelling, kept for a release: it sets what the new flag sets, and says to use the new one."""
 
+    # kwargs: argparse.Action's own (help, metavar, ...), passed on as argparse types them (Any).
     def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, **kwargs)
         self.new = new
 
+    # values: whatever argparse parsed for this flag (Any: its type is the flag's own).
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        # values: whatever argparse parsed for this flag (its type is the flag's own)
         print(f"{parser.prog}: {option_string} is deprecated and will be removed in the next release; "
               f"use {self.new}", file=sys.stderr)
         setattr(namespace, self.dest, values)
@@ -185,10 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an install command a run printed: run it in a fresh venv, as a user would (each step "
                         "resolved first, not run when it would take a name this index holds from another index); "
                         "it must install the version this index publishes (repeatable)")
+    _runs(p, _verify_command)
     p.add_argument("--public-url", metavar="URL",
                    help="the CDN or web server in front of this index (standing for URL): every page and file "
                         "is downloaded through it too and must have the bytes the index says (a stale cache fails)")
-    _runs(p, _verify_command)
 
     _add_which(sub.add_parser("which", help="the install command of the wheel on an index that fits an environment "
                                             "(default: this one), or why none fits"))
@@ -267,7 +268,7 @@ def _bisect_command(ns: argparse.Namespace, config: KilnConfig) -> int:
                                                           return_state=True)))
 
 
-def _print_result(name: str, state: Any) -> int:
+def _print_result(name: str, state: State[Any]) -> int:
     """A flow that answers with text: print its result, or how it ended; the exit status."""
     if state.is_completed():
         print(state.result(), end="")
@@ -280,7 +281,7 @@ def _pytest_args(args: list[str]) -> list[str]:
     return args[1:] if args and args[0] == "--" else args
 
 
-def _view(out: str | None, state: Any, run_id: str | None) -> Path | None:
+def _view(out: str | None, state: State[Any], run_id: str | None) -> Path | None:
     """The local view of the run the flow worked on: OUT/<run-id> (``latest`` resolved by its link)."""
     if out is None:
         return None
@@ -291,6 +292,7 @@ def _view(out: str | None, state: Any, run_id: str | None) -> Path | None:
     return Path(out) / str(state.state_details.flow_run_id)
 
 
+# params: the flow's own keyword parameters, whatever their types (Any: each flow has its own signature).
 def _run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = None, **params: Any) -> int:
     """Run ``flow``; print the summary of its run; map its final state to an exit status."""
     from prefect.utilities.urls import url_for

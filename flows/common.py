@@ -22,8 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from prefect import State
+from prefect import State, Task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.schemas.objects import TaskRun
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.settings import get_current_settings
@@ -218,7 +219,8 @@ def artifact_key(prefix: str, name: str) -> str:
 def table_report(key: str, rows: list[dict[str, Any]], description: str) -> str:
     """A table artifact; its address in the Prefect UI ("" when it could not be created: a side report)."""
     try:
-        artifact_id = create_table_artifact(key=key, table=rows, description=description)
+        # Called from sync code, so Prefect's sync-or-async function returned the id itself.
+        artifact_id = cast(uuid.UUID, create_table_artifact(key=key, table=rows, description=description))
     except Exception as exc:  # side report only: log and go on (invariant 4)
         logger.warning("could not create the %s table artifact: %s", key, exc)
         return ""
@@ -234,13 +236,13 @@ def coverage_report(config: KilnConfig, run: RunRecord, flow: str) -> list[dict[
     return rows
 
 
-def artifact_url(artifact_id: Any) -> str:
+def artifact_url(artifact_id: uuid.UUID | str) -> str:
     """The artifact's page in the Prefect UI; relative to the UI when no UI URL is configured."""
     base = (get_current_settings().ui_url or "").rstrip("/")
     return f"{base}/artifacts/artifact/{artifact_id}"
 
 
-def retry_on_retryable(task: Any, task_run: Any, state: State) -> bool:
+def retry_on_retryable(task: Task[..., Any], task_run: TaskRun, state: State) -> bool:
     """Prefect ``retry_condition_fn``: retry only Kiln's retryable error types.
 
     Permanent errors (compile error, assertion, hash mismatch, permission

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SESSION_SECONDS = 3600
 
 
-def _target_settings(config: Any) -> tuple[str | None, str | None]:
+def _target_settings(config: KilnConfig) -> tuple[str | None, str | None]:
     """Region and endpoint of the S3 publish target (None, None without one)."""
     targets = config.publish.targets
     default = targets.get(config.publish.default_target)
@@ -65,6 +65,7 @@ def _session_document(config: KilnConfig, step: str, read_only: bool) -> str:
     return session_policy(read_only_policy(document, s3_target(config)[0]) if read_only else document)
 
 
+# sts_client: a boto3 STS client (or a test's stand-in); Any because boto3's clients carry no types.
 def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | None, endpoint: str | None,
                  sts_client: Any = None, read_only: bool = False) -> boto3.Session:
     policy = _session_document(config, step, read_only)
@@ -91,6 +92,7 @@ def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | Non
                          aws_session_token=creds["SessionToken"], region_name=region)
 
 
+# sts_client: as in _assume_role (Any: boto3's clients carry no types).
 def session_for(config: KilnConfig, step: str, *, sts_client: Any = None, read_only: bool = False) -> boto3.Session:
     """The boto3 session ``step`` talks to the store with; ``read_only``: narrowed to its reads where the
     credentials allow it (an assumed role's session policy), else said in the log.

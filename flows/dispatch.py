@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import task_run
@@ -65,7 +66,7 @@ class Remote:
     publish: str | None = None
 
 
-def _exists(client: Any, name: str) -> bool:
+def _exists(client: SyncPrefectClient, name: str) -> bool:
     try:
         client.read_deployment_by_name(name)
     except ObjectNotFound:
@@ -106,12 +107,12 @@ def _pool_of(deployment: str) -> str:
     return deployment.split("/", 1)[1]
 
 
-def _cancel(flow_run: Any, why: str) -> None:
+def _cancel(flow_run: FlowRun, why: str) -> None:
     """A run given up on must not start later, on a worker that comes up after the deadline."""
     cancel_run(flow_run.id, flow_run.name, why)
 
 
-def _outcome(deployment: str, flow_run: Any, deadline_s: float, what: str) -> tuple[str, bool]:
+def _outcome(deployment: str, flow_run: FlowRun, deadline_s: float, what: str) -> tuple[str, bool]:
     """("", False) when the dispatched run completed, else (why, whether its worker was lost)."""
     state, pool = flow_run.state, _pool_of(deployment)
     where = f"{deployment} (flow run {flow_run.name})"
@@ -142,8 +143,9 @@ def dispatch(deployment: str, parameters: dict[str, Any], *, deadline_s: float, 
     """
     check_cancelled(f"dispatching {what} to {deployment}")  # a stopping run dispatches nothing more
     try:
-        flow_run = run_deployment(deployment, parameters=parameters, job_variables=_job_variables(commit),
-                                  timeout=0, as_subflow=True, flow_run_name=name)
+        # Called from sync code, so Prefect's sync-or-async function returned the flow run itself.
+        flow_run = cast(FlowRun, run_deployment(deployment, parameters=parameters, job_variables=_job_variables(commit),
+                                                timeout=0, as_subflow=True, flow_run_name=name))
     except Exception as exc:  # the server refused the run: this unit's failure, not the caller's crash
         return f"could not start {deployment}: {type(exc).__name__}: {exc}"
     flow_run = wait_for_run(flow_run, _pool_of(deployment), what, deadline_s, waiting or WAITING)
@@ -178,7 +180,7 @@ def _retried(unit: Unit, run: RunRecord, what: str) -> Unit:
     return replace(unit, message=f"{unit.message} (attempt {attempts}; before: {before})")
 
 
-def dispatching(task_fn: Any, config: KilnConfig) -> Any:
+def dispatching(task_fn: Task[..., Any], config: KilnConfig) -> Task[..., Any]:
     """``task_fn`` with the retries ``[pools]`` allows for a lost worker (and for nothing else)."""
     return task_fn.with_options(retries=config.pools.retries, retry_delay_seconds=1,
                                 retry_condition_fn=retry_on_retryable)

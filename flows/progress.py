@@ -15,7 +15,11 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from prefect import State, Task
+    from prefect.client.schemas.objects import TaskRun
 
 
 class Reporter(Protocol):
@@ -131,10 +135,10 @@ class _QuietHooks(logging.Filter):
 logging.getLogger("prefect.task_runs").addFilter(_QuietHooks())
 
 
-def task_hook(stage: str) -> Callable[[Any, Any, Any], None]:
+def task_hook(stage: str) -> Callable[[Task[..., Any], TaskRun, State], None]:
     """A Prefect ``on_completion``/``on_failure`` hook: one unit of ``stage`` ended."""
 
-    def hook(task: Any, task_run: Any, state: Any) -> None:
+    def hook(task: Task[..., Any], task_run: TaskRun, state: State) -> None:
         _current.done(stage, getattr(task_run, "name", "unit"), getattr(state, "name", "ended"))
 
     hook.__name__ = hook.__qualname__ = HOOK_NAME

@@ -18,6 +18,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture
 
 from kiln.core.errors import IMMUTABLE_HINT, ConfigError, IntegrityError, PermanentError
 from kiln.core.manifest import Unit
@@ -190,7 +191,7 @@ def closure_task(run: RunRecord, refuse: bool = True) -> ClosureStep:
     return step
 
 
-def _answer(run: RunRecord, query: ClosureQuery, future: Any, refuse: bool) -> ClosureResult:
+def _answer(run: RunRecord, query: ClosureQuery, future: PrefectFuture[Any], refuse: bool) -> ClosureResult:
     future.wait()
     state = future.state
     answer = state.result(raise_on_failure=False)

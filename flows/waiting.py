@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import WorkerStatus
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import FlowRun, Worker, WorkerStatus
 from prefect.exceptions import MissingContextError, ObjectNotFound
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run as current_flow_run
@@ -68,7 +69,7 @@ def no_live_worker(pool: str) -> str:
     return f"no live worker in pool {pool!r} ({start_hint(pool)})"
 
 
-def worker_is_live(worker: Any, now: datetime.datetime) -> bool:
+def worker_is_live(worker: Worker, now: datetime.datetime) -> bool:
     """Whether ``worker`` (Prefect's Worker) is online and sent a heartbeat recently enough."""
     beat = worker.last_heartbeat_time
     if worker.status != WorkerStatus.ONLINE or beat is None:
@@ -78,7 +79,7 @@ def worker_is_live(worker: Any, now: datetime.datetime) -> bool:
     return age_s <= interval * MISSED_HEARTBEATS
 
 
-def live_workers(pool: str, client: Any = None) -> list[str]:
+def live_workers(pool: str, client: SyncPrefectClient | None = None) -> list[str]:
     """The names of ``pool``'s live workers (none for a pool the server does not have)."""
     if client is None:
         with get_client(sync_client=True) as own:
@@ -101,7 +102,7 @@ def time_left(seconds: float) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
-def waiting_line(pool: str, what: str, flow_run: Any, left_s: float, workers: list[str]) -> str:
+def waiting_line(pool: str, what: str, flow_run: FlowRun, left_s: float, workers: list[str]) -> str:
     """What a dispatch waits for, in one log line: the pool, the flow run and its state, the time left."""
     state = flow_run.state.name if flow_run.state else "unscheduled"
     run = f"flow run {flow_run.name}, {state}"
@@ -141,7 +142,7 @@ def _owner_id() -> str:
     return current_flow_run.get_id() or "-"
 
 
-def cancel_run(flow_run_id: Any, name: str, why: str) -> None:
+def cancel_run(flow_run_id: UUID, name: str, why: str) -> None:
     """A run given up on must not start later, on a worker that comes up after its dispatcher stopped."""
     try:
         with get_client(sync_client=True) as client:
@@ -182,7 +183,7 @@ def cancel_dispatched_on_exit(what: str) -> Iterator[None]:
             _owners.pop(owner, None)
 
 
-def _track(flow_run: Any) -> tuple[str, _Owner]:
+def _track(flow_run: FlowRun) -> tuple[str, _Owner]:
     owner = _owner_id()
     with _lock:
         entry = _owners.setdefault(owner, _Owner())
@@ -190,12 +191,12 @@ def _track(flow_run: Any) -> tuple[str, _Owner]:
     return owner, entry
 
 
-def _untrack(entry: _Owner, flow_run: Any) -> None:
+def _untrack(entry: _Owner, flow_run: FlowRun) -> None:
     with _lock:
         entry.in_flight.pop(flow_run.id, None)
 
 
-def wait_for_run(flow_run: Any, pool: str, what: str, deadline_s: float, waiting: Waiting = Waiting()) -> Any:
+def wait_for_run(flow_run: FlowRun, pool: str, what: str, deadline_s: float, waiting: Waiting = Waiting()) -> FlowRun:
     """``flow_run`` once it is final or its deadline passed (then still in flight), saying what it waits for.
 
     Raises :class:`DispatchStoppedError` when the dispatching flow stopped (the run was cancelled);
