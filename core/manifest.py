@@ -29,9 +29,10 @@ Stage = Literal["build", "test", "bench", "publish", "verify"]
 UnitState = Literal["completed", "failed", "skipped", "flaky", "not_run"]
 # variant-wheel: a PEP 825 variant wheel (or the plain default wheel beside the null variant) of the public
 # version, written beside each "wheel" for a combined page; today's per-variant indexes publish only "wheel".
+# sdist: a pep517 project's source distribution at the release's public version, for upload targets only.
 ArtifactKind = Literal[
-    "wheel", "variant-wheel", "cubin", "hsaco", "shared-library", "build-manifest", "report", "bench", "index",
-    "other"
+    "wheel", "variant-wheel", "sdist", "cubin", "hsaco", "shared-library", "build-manifest", "report", "bench",
+    "index", "other"
 ]
 
 

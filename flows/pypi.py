@@ -30,8 +30,10 @@ from kiln.release.pypi_release import PreparedUpload, prepare_upload
 from kiln.release.upload import Credentials, Endpoint, Outcome, upload_file
 from kiln.tasks import uploading
 from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.promotion import PROMOTED_INFO
 
 UPLOAD_DIR = "pypi"  # under the run's view: the public-version wheels that are sent
+SDIST_DIR = "sdist"  # under the run's view: the sdist an upload target ships
 PLAN_KEY = "upload_plan"
 
 
@@ -50,9 +52,40 @@ def plan_upload_task(config: KilnConfig, run: RunRecord, name: str, version: str
     return markdown, [f.reason for f in prepared.plan.refusals]
 
 
+@task(name="build-sdist", cache_policy=NO_CACHE, task_run_name="build the sdist of {version}")
+def build_sdist_task(config: KilnConfig, run: RunRecord, version: str) -> Path:
+    """The project's sdist at the release's public version (kiln.tasks.build.sdist), under the run's view."""
+    return uploading.release_sdist(config, version, run.view / SDIST_DIR)
+
+
+def release_sdist(config: KilnConfig, run: RunRecord, version: str) -> str:
+    """Build and record the sdist an upload target ships (the ``build/sdist`` unit and ``sdist`` artifact);
+    why the release cannot have it, or "". A promotion builds none: its bytes are the nightly's, which had none."""
+    wanted = uploading.sdist_wanted(config, run.manifest())
+    if not wanted:
+        return ""
+    unit = Unit("build/sdist", "build", "skipped")
+    if run.info().get(PROMOTED_INFO):
+        record(run, Unit(unit.id, "build", "skipped", message=f"{wanted}, but a promoted release publishes the"
+                         " nightly's bytes and the nightly built no sdist: none is uploaded"))
+        return ""
+    state = build_sdist_task(config, run, version, return_state=True)
+    if not state.is_completed():
+        record(run, unit_from_state(Unit(unit.id, "build", "failed"), state))
+        return f"the sdist could not be built ({wanted}): {state.message}"
+    path: Path = state.result()
+    run.add_artifact(path, step="build", kind="sdist")
+    record(run, Unit(unit.id, "build", "completed", message=path.name))
+    return ""
+
+
 def plan_uploads(config: KilnConfig, run: RunRecord, version: str) -> tuple[str, list[str]]:
-    """(every upload target's plan as markdown, every refusal); the plan is also in the run's record."""
+    """(every upload target's plan as markdown, every refusal); the plan is also in the run's record. The sdist
+    an upload target ships is built first, so the plan judges it like any file."""
     plans, refusals = [], []
+    sdist = release_sdist(config, run, version)
+    if sdist:
+        refusals.append(sdist)
     for name in sorted(config.publish.upload_targets):
         state = plan_upload_task(config, run, name, version, return_state=True)
         if state.is_completed():
@@ -119,11 +152,31 @@ def upload_target(config: KilnConfig, run: RunRecord, name: str, version: str) -
     prepared: PreparedUpload = state.result()
     _record_plan(run, name, prepared)
     target = uploading.endpoint(config, name)
-    futures = [(path, upload_to_index.submit(config, target, path)) for path in prepared.to_send()]
+    to_send = prepared.to_send()
     failed = [f.reason for f in prepared.plan.refusals]
+    wheels = [p for p in to_send if p.name.endswith(".whl")]
+    failed += _send(config, run, target, wheels)
+    sdists = [p for p in to_send if not p.name.endswith(".whl")]
+    if failed:  # an sdist alone on the index would have pip build from source instead of installing the wheel
+        for path in sdists:
+            record(run, Unit(f"publish/{name}/{path.name}", "publish", "skipped",
+                             message="not sent: a wheel of the release did not go up (an sdist alone would have pip"
+                                     " build from source)"))
+        sdists = []
+    failed += _send(config, run, target, sdists)
+    sent = len(wheels) + len(sdists)
+    get_run_logger().info("upload to %s: %d sent, %d failed or refused", name, sent, len(failed))
+    return Failed(message=f"upload to {name}: " + "; ".join(failed)) if failed else Completed(
+        message=f"upload to {name}: {sent} files sent, {len(prepared.plan.files) - sent} skipped")
+
+
+def _send(config: KilnConfig, run: RunRecord, target: Endpoint, paths: list[Path]) -> list[str]:
+    """One upload task run per file, at once; each file's unit recorded; what failed, with the reason."""
+    futures = [(path, upload_to_index.submit(config, target, path)) for path in paths]
+    failed = []
     for path, future in futures:
         future.wait()
-        unit = Unit(f"publish/{name}/{path.name}", "publish", "completed")
+        unit = Unit(f"publish/{target.name}/{path.name}", "publish", "completed")
         if future.state.is_completed():
             outcome = future.state.result()
             record(run, Unit(unit.id, "publish", "completed", message="uploaded" if outcome == "added"
@@ -131,9 +184,7 @@ def upload_target(config: KilnConfig, run: RunRecord, name: str, version: str) -
         else:
             record(run, unit_from_state(Unit(unit.id, "publish", "failed"), future.state))
             failed.append(f"{path.name}: {future.state.message}")
-    get_run_logger().info("upload to %s: %d sent, %d failed or refused", name, len(futures), len(failed))
-    return Failed(message=f"upload to {name}: " + "; ".join(failed)) if failed else Completed(
-        message=f"upload to {name}: {len(futures)} files sent, {len(prepared.plan.files) - len(futures)} skipped")
+    return failed
 
 
 def upload_release(config: KilnConfig, run: RunRecord, version: str) -> list[State]:

@@ -162,6 +162,16 @@ def pypi_refusal(filename: str) -> str:
     return ""
 
 
+def version_refusal(filename: str, version: Version) -> str:
+    """Why a file of another version may not go up as part of release ``version`` (a static version an sdist's
+    project did not bump, a wheel of another run), or ""."""
+    stated = version_of(filename)
+    if stated.public == version.public:
+        return ""
+    return (f"{filename}: version {stated} is not the release's {version}; every file of a release states its version"
+            " (bump the project's version, or build the file from the release's run)")
+
+
 def size_refusal(candidate: Candidate, limits: Limits) -> str:
     """Why the file is over the project's size limit, with its largest members, or ""."""
     if candidate.size <= limits.file_bytes:
@@ -182,15 +192,15 @@ def window_refusal(first: datetime | None, now: datetime, filename: str) -> str:
 
 
 def _judge(candidate: Candidate, held: dict[str, IndexFile], first: datetime | None, now: datetime,
-           limits: Limits) -> PlannedFile:
+           limits: Limits, version: Version) -> PlannedFile:
     existing = held.get(candidate.filename)
     if existing is not None:  # checked first: a file already there is never sent again
         if existing.sha256 == candidate.sha256:
             return PlannedFile(candidate, "skip", "already on the index with the same sha256; nothing sent")
         return PlannedFile(candidate, "refuse", f"{candidate.filename} is already on the index with sha256"
                            f" {existing.sha256}, not {candidate.sha256}; {IMMUTABLE_HINT}")
-    why = pypi_refusal(candidate.filename) or size_refusal(candidate, limits) or window_refusal(
-        first, now, candidate.filename)
+    why = pypi_refusal(candidate.filename) or version_refusal(candidate.filename, version) or size_refusal(
+        candidate, limits) or window_refusal(first, now, candidate.filename)
     return PlannedFile(candidate, "refuse", why) if why else PlannedFile(candidate, "upload")
 
 
@@ -211,7 +221,7 @@ def plan_upload(target: str, version: str, candidates: Sequence[Candidate], exis
     plan = UploadPlan(target, version, limits=limits or Limits(), first_upload=min(times, default=None),
                       project_bytes=sum(f.size or 0 for f in existing),
                       unknown_sizes=sum(1 for f in existing if f.size is None))
-    plan.files = [_judge(c, held, plan.first_upload, now, plan.limits) for c in candidates]
+    plan.files = [_judge(c, held, plan.first_upload, now, plan.limits, public) for c in candidates]
     plan.incoming_bytes = sum(c.size for c in plan.uploads)
     _quota_refusals(plan)
     return plan

@@ -6,6 +6,7 @@ Plain functions (no Prefect): :mod:`kiln.flows.pypi` wraps them in task runs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from kiln.core.errors import ConfigError
 from kiln.core.manifest import RunManifest
@@ -13,6 +14,8 @@ from kiln.release import trusted_publishing
 from kiln.release.pypi_plan import GIB, MIB, Limits
 from kiln.release.pypi_release import UploadRequest
 from kiln.release.upload import Credentials, Endpoint
+from kiln.tasks.build.plan import kiln_state
+from kiln.tasks.build.sdist import build_sdist
 from kiln.tasks.project.config import KilnConfig, UploadTarget
 
 
@@ -30,13 +33,30 @@ def endpoint(config: KilnConfig, name: str) -> Endpoint:
 
 
 def upload_request(config: KilnConfig, manifest: RunManifest, name: str, version: str) -> UploadRequest:
-    """The PyPI variant's wheels of the run (each checked against the sha256 the run recorded) for ``name``."""
+    """The PyPI variant's wheels of the run and, for a target with ``sdist = true``, the run's sdist (each checked
+    against the sha256 the run recorded) for ``name``."""
     target = upload_target(config, name)
     wheels = tuple(manifest.verify(a) for a in manifest.artifacts_of("wheel", target.pypi_variant)
                    if a.state == "ok")
+    sdists = tuple(manifest.verify(a) for a in manifest.artifacts_of("sdist") if a.state == "ok") if target.sdist \
+        else ()
     limits = Limits(target.size_limit_mib * MIB, int(target.quota_gib * GIB))
     return UploadRequest(endpoint(config, name), config.project.distribution, version, target.pypi_variant,
-                         wheels, (), limits)
+                         wheels, sdists, limits)
+
+
+def sdist_wanted(config: KilnConfig, manifest: RunManifest) -> str:
+    """Why the release needs an sdist built now (an upload target ships one and the run has none), or ""."""
+    wanting = sorted(name for name, target in config.publish.upload_targets.items() if target.sdist)
+    if not wanting or manifest.artifacts_of("sdist"):
+        return ""
+    return f"publish.targets.{wanting[0]}.sdist = true"
+
+
+def release_sdist(config: KilnConfig, version: str, out_dir: Path) -> Path:
+    """The project's sdist at the public version of ``version``, built in ``out_dir`` (kiln.tasks.build.sdist)."""
+    return build_sdist(config.path(config.build.project_dir), config.project.distribution, version, out_dir,
+                       config.build.backend_timeout_s, kiln_state(config))
 
 
 def missing_tokens(config: KilnConfig) -> list[str]:

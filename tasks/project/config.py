@@ -343,6 +343,9 @@ class UploadTarget(_Model):
     oidc_url: IndexUrl | None = None  # where /_/oidc/audience and /_/oidc/mint-token are; default: url's host
     username: str = "__token__"
     timeout_s: float = Field(default=1800, gt=0, le=7200)  # one file's upload
+    # The project's sdist too, built at the release's public version and sent after the wheel (a pep517 project
+    # only: a registry package's sources build nothing without Kiln's AOT step; see kiln.tasks.build.sdist).
+    sdist: bool = False
 
     @model_validator(mode="after")
     def _one_credential(self) -> UploadTarget:
@@ -470,6 +473,10 @@ class KilnConfig(_Model):
                 hint = difflib.get_close_matches(target.pypi_variant, known, n=1)
                 raise ValueError(f"publish.targets.{name}.pypi_variant: unknown variant {target.pypi_variant!r}"
                                  + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; kiln.toml defines {known}")
+            if target.sdist and self.build.backend != "pep517":
+                raise ValueError(f"publish.targets.{name}.sdist: only a project built by its own backend ([build]"
+                                 " backend = \"pep517\") has an sdist; Kiln's wheel builder compiles the kernels"
+                                 " ahead of time into wheels, and its sources alone build nothing to install")
         return self
 
     @model_validator(mode="after")

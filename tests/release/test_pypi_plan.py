@@ -167,3 +167,11 @@ def test_a_bad_upload_target_is_a_config_error_naming_it(tmp_path, table, needle
     with pytest.raises(Exception, match="pypi") as info:
         load_config(str(_config(tmp_path, table)))
     assert needle in str(info.value)
+
+
+def test_a_file_of_another_version_than_the_release_is_refused_naming_both():
+    plan = plan_upload("pypi", "0.3.0", [_candidate("tiny_kernels-0.3.0.tar.gz"),
+                                         _candidate("tiny_kernels-0.2.0.tar.gz", sha="b" * 64)], [], NOW)
+    assert [c.filename for c in plan.uploads] == ["tiny_kernels-0.3.0.tar.gz"]
+    [refused] = plan.refusals
+    assert refused.reason.startswith("tiny_kernels-0.2.0.tar.gz: version 0.2.0 is not the release's 0.3.0")
