@@ -24,7 +24,6 @@ from kiln.tasks.bench import gpu as benchgpu
 from kiln.tasks.bench.results import (
     BenchResults,
     CaseResult,
-    Metric,
     MetricChoice,
     Stats,
     git_commit,
@@ -32,7 +31,7 @@ from kiln.tasks.bench.results import (
     library_versions,
 )
 from kiln.tasks.bench.stats import summarize
-from kiln.tasks.project.config import BENCH_SIZES, KilnConfig
+from kiln.tasks.project.config import BENCH_SIZES, KilnConfig, Metric
 from kiln.tasks.project.registry import bench_case_record, load_registry
 from kiln.tasks.project.registry_types import BenchCaseRecord, KernelRecord
 

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.fsutil import atomic_write_text
+from kiln.tasks.project.config import Metric
 
 SCHEMA_VERSION: Literal[1] = 1
-Metric = Literal["graph_replay", "eager", "cpu"]
 # What ``--metric`` accepts: a measured metric, or auto (graph replay on a GPU, else cpu).
 MetricChoice = Literal["auto", "graph_replay", "eager", "cpu"]
 _log = logging.getLogger(__name__)

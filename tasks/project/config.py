@@ -26,7 +26,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.release.index import ProjectStatus, Status
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
-from kiln.tasks.bench.results import Metric
 from kiln.tasks.build.archs import validate_arch
 from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env  # noqa: F401 - Toolchain: part of the config's API
 from kiln.tasks.project.config_fields import (
@@ -53,6 +52,8 @@ from kiln.tasks.project.config_pools import Pools
 Backend = Literal["cuda", "hip", "cpu"]
 Channel = Literal["nightly", "release"]
 BenchSize = Literal["small", "large"]
+# A measured benchmark metric ([bench] blocking_metrics; a results file's decision metric).
+Metric = Literal["graph_replay", "eager", "cpu"]
 # A variant's torch ABI claim: "exact" pins the torch it was built against; "stable" promises the LibTorch
 # stable ABI only (no at::/c10:: symbols), which the build's audit checks (kiln.tasks.build.abi_audit).
 TorchAbi = Literal["exact", "stable"]
