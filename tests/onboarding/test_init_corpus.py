@@ -1,6 +1,7 @@
 """kiln init on a corpus of public kernel packages, as published: each sdist's kiln.toml, checked against the
 package's own PKG-INFO (name, version, requires-python) and the facts pinned beside it (import package, kind,
-variants, build switches). Static only: kiln init reads the sdist, nothing builds it."""
+variants, build switches). Static only: kiln init reads the sdist, nothing builds it. The `real_corpus` tier
+(`pytest -m real_corpus`), also part of the default run, so CI's README test line runs it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def _pkg_info(sdist: Path) -> dict[str, str]:
     return {k: str(v) for k, v in message.items()}
 
 
+@pytest.mark.real_corpus
 @pytest.mark.real_package
 @pytest.mark.parametrize("name", pinned_names())
 def test_kiln_init_infers_what_a_public_kernel_package_says_of_itself(name, tmp_path):
