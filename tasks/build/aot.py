@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import CompileError
-from kiln.tasks.build.archs import parse_cuda_arch
+from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.registry_types import TritonRecord
 
 _EM_CUDA = 190

@@ -48,13 +48,13 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.core.errors import CompileError
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env, pip_env
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
 from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
+from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config_build import Toolchain
 from kiln.tasks.testing import envs
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from kiln.core.errors import CompileError
 from kiln.core.wheels import copy_member
-from kiln.tasks.build.archs import parse_rocm_arch
 from kiln.tasks.build.nvcc import embedded_archs, expected_contents
+from kiln.tasks.project.archs import parse_rocm_arch
 
 _LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"

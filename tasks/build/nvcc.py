@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.archs import parse_cuda_arch
 from kiln.tasks.process import run_in_group
+from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.registry_types import CudaSourceRecord
 
 if TYPE_CHECKING:

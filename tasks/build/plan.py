@@ -17,10 +17,10 @@ from typing import Any, Literal
 from packaging.requirements import Requirement
 
 from kiln.runtime.archs import at_least
-from kiln.tasks.build import archs as arch_rules
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash, source_closure
+from kiln.tasks.project import archs as arch_rules
 from kiln.tasks.project.config import KilnConfig, Variant
 from kiln.tasks.project.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
 

@@ -18,25 +18,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from kiln.core.errors import CompileError, ConfigError
+from kiln.tasks.project.registry import module_file
 
 _GIT_TIMEOUT_S = 60
 # Directories that are build outputs or tool state, never a project's source (used outside git only).
 _NOT_SOURCE = {".git", ".kiln", ".venv", "build", "dist", "out", "__pycache__", ".tox", ".nox"}
 _KILN_DIR = ".kiln"
 _RUN_MANIFEST = "run.json"  # kiln.core.manifest.MANIFEST_NAME: a run's local view holds one
-
-
-def module_file(package_dir: Path, package: str, module: str) -> Path | None:
-    """The file of ``module`` (``package.sub`` -> ``<package_dir>/sub.py`` or ``sub/__init__.py``),
-    or None when it is not a module of ``package`` or has no file there."""
-    if module != package and not module.startswith(package + "."):
-        return None
-    parts = module.split(".")[1:]
-    base = package_dir.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _module_level(tree: ast.AST) -> Iterator[ast.AST]:

@@ -26,7 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.release.index import ProjectStatus, Status
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
-from kiln.tasks.build.archs import validate_arch
+from kiln.tasks.project.archs import validate_arch
 from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env  # noqa: F401 - Toolchain: part of the config's API
 from kiln.tasks.project.config_fields import (
     BlockName,

@@ -25,8 +25,7 @@ from typing import Any, get_args
 
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.runtime import spec
-from kiln.tasks.build.archs import validate_arch
-from kiln.tasks.build.sources import module_file
+from kiln.tasks.project.archs import validate_arch
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.registry_types import (
     BenchCaseRecord,
@@ -112,6 +111,19 @@ class _Where:
 class _Project:
     package: str
     package_dir: Path
+
+
+def module_file(package_dir: Path, package: str, module: str) -> Path | None:
+    """The file of ``module`` (``package.sub`` -> ``<package_dir>/sub.py`` or ``sub/__init__.py``),
+    or None when it is not a module of ``package`` or has no file there."""
+    if module != package and not module.startswith(package + "."):
+        return None
+    parts = module.split(".")[1:]
+    base = package_dir.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def _got(value: Any) -> str:

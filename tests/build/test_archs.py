@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.core.errors import InvalidInputError
-from kiln.tasks.build.archs import resolve, resolve_cuda, resolve_rocm, skip_reason
+from kiln.tasks.project.archs import resolve, resolve_cuda, resolve_rocm, skip_reason
 
 
 def _pairs(resolved):

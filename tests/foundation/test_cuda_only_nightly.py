@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from kiln.tasks.build.archs import parse_cuda_arch
+from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config import load_config
 from tests.build.cuda_torch import link_shared_envs, shared_cuda_torch_env, shared_envs_root
 from tests.foundation.test_real_cuda_extension import _cuda_torch_venv

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.tasks.build.archs import parse_cuda_arch
+from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config import load_config
 from tests.build.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_env, shared_envs_root
 from tests.foundation.test_triton_jit_nightly import _kiln_init, _nightly

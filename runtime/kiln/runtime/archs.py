@@ -12,7 +12,7 @@ ROCm archs are gfx names: ``gfx`` + the gfx version, whose last two hex digits
 are the minor version and the stepping and whose leading digits are the major
 (``gfx90a`` = 9.0.10, ``gfx942`` = 9.4.2, ``gfx1151`` = 11.5.1), ordered by
 (major, minor, stepping). Validation with Kiln's error types lives in
-``kiln.tasks.build.archs``; this module raises ``ValueError``.
+``kiln.tasks.project.archs``; this module raises ``ValueError``.
 """
 
 from __future__ import annotations
