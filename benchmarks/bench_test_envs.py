@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.release.wheelkit, for the fixture wheel
 
+from kiln.core.venvs import uv_command
 from kiln.tasks.testing import envs
 from kiln.tasks.testing.baseenv import base_env, base_pins
 from tests.release.wheelkit import make_wheel
@@ -31,7 +32,7 @@ from tests.release.wheelkit import make_wheel
 
 def _baseline(root: Path, wheel: Path) -> None:
     python = envs.make_build_env(root)
-    envs._run([*envs._uv(), "pip", "install", "--quiet", "--offline", "--no-deps", "--python", str(python),
+    envs._run([*uv_command(), "pip", "install", "--quiet", "--offline", "--no-deps", "--python", str(python),
                str(wheel)], "baseline install")
 
 

@@ -30,14 +30,15 @@ def promote_run(config: KilnConfig, run: RunRecord, from_run: str, version: str)
     store = artifact_store(config, store_session(config, "build", config.artifacts.kind, read_only=True))
     nightly = open_record(store, from_run, run.view.parent).manifest()
     promoted = promotion.promote(nightly, version, run.view / PROMOTED_DIR)
-    run.add_artifacts((p.path, "build", "wheel", p.variant) for p in promoted)
+    run.add_artifacts((p.path, "build", p.kind, p.variant) for p in promoted)
     run.record_all(promotion.inherited_units(nightly, {p.variant for p in promoted}))
     for p in promoted:
         record(run, Unit(f"promote/{p.variant}/{p.path.name}", "build", "completed", variant=p.variant,
                          message=f"promoted from nightly run {nightly.run_id}: {p.source} (sha256"
                                  f" {p.source_sha256}); every binary identical"))
     run.set_info(promotion.PROMOTED_INFO, promotion.promotion_info(nightly, promoted))
-    line = (f"promoted nightly run {nightly.run_id} ({nightly.version}): {len(promoted)} wheels under {version},"
-            " binaries identical (not rebuilt)")
+    variant_wheels = sum(1 for p in promoted if p.kind == "variant-wheel")
+    line = (f"promoted nightly run {nightly.run_id} ({nightly.version}): {len(promoted) - variant_wheels} wheels"
+            f" and {variant_wheels} variant wheels under {version}, binaries identical (not rebuilt)")
     get_run_logger().info(line)
     return line

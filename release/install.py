@@ -21,7 +21,6 @@ triton, numpy…). Two ways to install from it:
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -35,6 +34,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.venvs import PURELIB_QUERY, layer, uv_command
 from kiln.release.installenv import run_installer
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,6 @@ def python_command(python: str | Path) -> list[str]:
     return [str(python), "-I"]
 
 
-def uv_command() -> list[str]:
-    found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-    return [found] if found else [*python_command(sys.executable), "-m", "uv"]
-
-
 def _inherit(python: Path, timeout: float, cwd: Path) -> str:
     """Let the venv at ``python`` see this interpreter's site-packages, after its own.
 
@@ -157,15 +152,14 @@ def _inherit(python: Path, timeout: float, cwd: Path) -> str:
     editable install (a setuptools ``__editable__`` finder, a path ``.pth``) is visible as it is here.
     Its finders go after the venv's own path entries, so what the venv installed from the index still wins.
     """
-    query = [*python_command(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    query = [*python_command(python), "-c", PURELIB_QUERY]
     try:
         done = run_installer(query, cwd, timeout)
     except (subprocess.SubprocessError, OSError) as exc:
         return f"cannot locate the fresh venv's site-packages: {exc}"
     if done.returncode != 0:
         return f"cannot locate the fresh venv's site-packages: {done.stderr.strip()[-500:]}"
-    parent = sysconfig.get_paths()["purelib"]
-    Path(done.stdout.strip(), "zz_kiln_parent.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
+    layer(Path(done.stdout.strip()), "zz_kiln_parent", sysconfig.get_paths()["purelib"], run_pth=True)
     return "ok"
 
 

@@ -27,6 +27,7 @@ from wheel.wheelfile import WheelFile
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.wheels import check_record, open_wheel, read_member, renamed_member
+from kiln.release.variants import wheel_variant_label
 
 SBOM_SUFFIX = ".cdx.json"  # CycloneDX documents under <dist-info>/sboms/ (PEP 770)
 MAX_MEMBER_BYTES = 1 << 30  # PyPI's largest grant: no member of a wheel it takes is larger
@@ -56,8 +57,11 @@ def public_filename(filename: str) -> str:
 
 
 def _parsed(filename: str) -> tuple[NormalizedName, Version, BuildTag, frozenset[Tag]]:
+    """The PEP 427 parts of a wheel's name; a PEP 825 variant wheel's is read without its label."""
+    label = wheel_variant_label(filename)
+    plain = filename.removesuffix(f"-{label}.whl") + ".whl" if label is not None else filename
     try:
-        return parse_wheel_filename(filename)
+        return parse_wheel_filename(plain)
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise InvalidInputError(f"{filename!r} is not a PEP 427 wheel name: {exc}") from exc
 
@@ -137,7 +141,8 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
 
 def reversioned_wheel(source: Path, out_dir: Path, new_version: str) -> Path:
     """Write ``source`` under ``new_version`` into ``out_dir`` (every binary kept byte for byte; METADATA,
-    the .dist-info/.data names, the SBOM's version and RECORD follow); returns the new wheel's path."""
+    the .dist-info/.data names, the SBOM's version and RECORD follow; a variant wheel keeps its label and its
+    ``variant.json``); returns the new wheel's path."""
     filename = source.name
     name = _parsed(filename)[0]
     try:

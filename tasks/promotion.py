@@ -4,8 +4,12 @@
 not complete, a wheel that was not tested or not published, each named);
 :func:`promote` re-versions each of its wheels with
 :func:`kiln.release.reversion.reversioned_wheel` (``0.3.0.dev20261206010203+cpu``
-→ ``0.3.0+cpu``) and checks every non-metadata member's sha256 against the
-nightly's wheel: the binaries a release ships are the ones the nightly tested.
+→ ``0.3.0+cpu``), and the PEP 825 variant wheels built beside them
+(``variant-wheel`` artifacts, :mod:`kiln.tasks.build.variants`:
+``…-0.3.0.dev20261206010203-…-cu130.whl`` → ``…-0.3.0-…-cu130.whl``, label and
+``variant.json`` kept) for the release's combined index, and checks every
+non-metadata member's sha256 against the nightly's wheel: the binaries a
+release ships are the ones the nightly tested.
 Plain functions (no Prefect): :mod:`kiln.flows.promote` records the result.
 """
 
@@ -16,13 +20,14 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from kiln.core.dists import parse_filename
 from kiln.core.errors import IntegrityError, PermanentError
-from kiln.core.manifest import Artifact, RunManifest, Unit
+from kiln.core.manifest import Artifact, ArtifactKind, RunManifest, Unit
 from kiln.core.wheels import open_wheel
 from kiln.release.reversion import reversioned_wheel
+from kiln.tasks.build.variants import VARIANT_WHEELS_DIR
 from kiln.tasks.releasing import RAN
 
 FINAL_STATE_INFO = "final_state"  # the nightly's end, as its flow concluded it (kiln.flows.nightly.conclude)
@@ -39,6 +44,7 @@ class PromotedWheel:
     source: str  # the nightly's wheel, as its run recorded it
     source_sha256: str
     path: Path  # the wheel under the release version
+    kind: ArtifactKind = "wheel"  # or "variant-wheel": a PEP 825 variant wheel (or the plain default) of the variant
 
 
 def binaries(wheel: Path) -> dict[str, str]:
@@ -80,6 +86,12 @@ def promoted_wheels(nightly: RunManifest) -> list[Artifact]:
     return [a for a in nightly.artifacts_of("wheel") if a.state == "ok" and a.variant]
 
 
+def promoted_variant_wheels(nightly: RunManifest, variants: set[str]) -> list[Artifact]:
+    """The nightly's PEP 825 variant wheels (and plain default wheel) of ``variants``: the same binaries as each
+    variant's wheel, under the public version, for the release's combined index."""
+    return [a for a in nightly.artifacts_of("variant-wheel") if a.state == "ok" and a.variant in variants]
+
+
 def promotion_refusals(nightly: RunManifest) -> list[str]:
     """Why run ``nightly`` cannot be promoted, each line naming the run (and the wheel); none: it can."""
     run = f"run {nightly.run_id}"
@@ -103,16 +115,24 @@ def promote(nightly: RunManifest, version: str, out_dir: Path) -> list[PromotedW
     refused = promotion_refusals(nightly)
     if refused:
         raise PromotionRefusedError("; ".join(refused))
-    promoted = []
-    for artifact in promoted_wheels(nightly):
-        source = nightly.verify(artifact)  # the bytes the nightly recorded, checked by sha256
-        local = parse_wheel_filename(source.name)[1].local
-        target = str(Version(version).public) + (f"+{local}" if local else "")
-        wheel = reversioned_wheel(source, out_dir / str(artifact.variant), target)
-        if binaries(wheel) != binaries(source):
-            raise IntegrityError(f"{wheel.name}: its binaries differ from {source.name} of run {nightly.run_id}")
-        promoted.append(PromotedWheel(str(artifact.variant), source.name, artifact.sha256, wheel))
-    return promoted
+    wheels = promoted_wheels(nightly)
+    promoted = [_promoted(nightly, a, version, out_dir, "wheel") for a in wheels]
+    variant_wheels = promoted_variant_wheels(nightly, {str(a.variant) for a in wheels})
+    return promoted + [_promoted(nightly, a, version, out_dir / VARIANT_WHEELS_DIR, "variant-wheel")
+                       for a in variant_wheels]
+
+
+def _promoted(nightly: RunManifest, artifact: Artifact, version: str, out_dir: Path,
+              kind: ArtifactKind) -> PromotedWheel:
+    """One wheel of the nightly under ``version`` (its local label kept, a variant wheel's label too), its
+    binaries checked against the nightly's bytes."""
+    source = nightly.verify(artifact)  # the bytes the nightly recorded, checked by sha256
+    local = Version(parse_filename(source.name)[1]).local
+    target = str(Version(version).public) + (f"+{local}" if local else "")
+    wheel = reversioned_wheel(source, out_dir / str(artifact.variant), target)
+    if binaries(wheel) != binaries(source):
+        raise IntegrityError(f"{wheel.name}: its binaries differ from {source.name} of run {nightly.run_id}")
+    return PromotedWheel(str(artifact.variant), source.name, artifact.sha256, wheel, kind)
 
 
 def inherited_units(nightly: RunManifest, variants: set[str]) -> list[Unit]:
@@ -125,4 +145,4 @@ def inherited_units(nightly: RunManifest, variants: set[str]) -> list[Unit]:
 def promotion_info(nightly: RunManifest, promoted: list[PromotedWheel]) -> dict[str, object]:
     return {"run_id": nightly.run_id, "version": nightly.version, "commit": nightly.info.get("commit", ""),
             "wheels": [{"variant": p.variant, "from": p.source, "from_sha256": p.source_sha256,
-                        "to": p.path.name} for p in promoted]}
+                        "to": p.path.name, "kind": p.kind} for p in promoted]}

@@ -56,6 +56,7 @@ from importlib import metadata
 from pathlib import Path
 
 from kiln.core.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
+from kiln.core.venvs import PURELIB_QUERY, layer, uv_command
 from kiln.core.wheels import core_metadata
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.buildenv import safe_path_flag
@@ -107,11 +108,6 @@ class TestEnv:
     installed: tuple[str, ...]
 
 
-def _uv() -> list[str]:
-    found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-    return [found] if found else [sys.executable, "-P", "-m", "uv"]  # -P: never a uv.py of the caller's cwd
-
-
 def _run(cmd: list[str], what: str, timeout: float = TIMEOUT_S, env: dict[str, str] | None = None) -> str:
     log.info("running %s", " ".join(cmd))
     try:
@@ -159,15 +155,14 @@ def _editable_pth(distribution: str) -> str | None:
 
 
 def _site_packages(python: Path) -> Path:
-    out = _run([str(python), safe_path_flag(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    out = _run([str(python), safe_path_flag(python), "-c", PURELIB_QUERY],
                "locating the environment's site-packages")
     return Path(out.strip())
 
 
 def _link_parent(site: Path) -> None:
     """See this interpreter's packages after the environment's own; expose Kiln as installed here."""
-    parent = sysconfig.get_paths()["purelib"]
-    (site / "zz_kiln_inherit.pth").write_text(parent + "\n")
+    layer(site, "zz_kiln_inherit", sysconfig.get_paths()["purelib"])
     for distribution in KILN_DISTRIBUTIONS:
         line = _editable_pth(distribution)
         if line is not None:  # an editable Kiln: its import hook maps only kiln.* (no checkout on a path)
@@ -227,7 +222,7 @@ def make_build_env(root: Path) -> Path:
     """
     if root.exists():
         shutil.rmtree(root)
-    _run([*_uv(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
+    _run([*uv_command(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
     python = root / "bin" / "python"
     _link_parent(_site_packages(python))
     return python
@@ -250,7 +245,7 @@ def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (
     base = base_env(base_pins(backend, build_requires), backend) if shared_base else None
     if root.exists():
         shutil.rmtree(root)
-    _run([*_uv(), "venv", "--quiet", "--python", str(python or sys.executable), str(root)], f"creating {root}")
+    _run([*uv_command(), "venv", "--quiet", "--python", str(python or sys.executable), str(root)], f"creating {root}")
     python = root / "bin" / "python"
     site = _site_packages(python)
     if base is not None:
@@ -281,7 +276,7 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
     what = f"installing {names} and its declared dependencies{also}"
     log.info("%s into %s (uv, from the run's wheels, %s)", what, root, ", ".join(indexes) or "no index")
     try:
-        _run([*_uv(), "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(python),
+        _run([*uv_command(), "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(python),
               "--constraint", str(constraints),
               "--find-links", str(runtime.parent), *index_options, *map(str, wheels), str(runtime), *requirements],
              what, timeout=INSTALL_TIMEOUT_S, env=installer_env())

@@ -32,6 +32,7 @@ from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InfrastructureError
 from kiln.core.fsutil import atomic_write_text
+from kiln.core.venvs import layer
 from kiln.tasks.build.buildenv import safe_path_flag
 from kiln.tasks.testing import importguard
 
@@ -48,7 +49,7 @@ def layer_base(site: Path, base_site: Path) -> None:
     requiring ``jinja2``, which the base holds, gets it installed into the environment), and through a link
     that write would land in the shared base.
     """
-    (site / "zz_kiln_base.pth").write_text(f"{base_site}\n")
+    layer(site, "zz_kiln_base", base_site)
     for info in sorted(base_site.glob("*.dist-info")):
         shutil.copytree(info, site / info.name, copy_function=shutil.copyfile)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest, Unit
+from kiln.release.variants import read_wheel_variant
 from kiln.tasks.promotion import (
     FINAL_STATE_INFO,
     PromotionRefusedError,
@@ -21,6 +22,7 @@ from kiln.tasks.promotion import (
     promotion_refusals,
 )
 
+from .runkit import variant_document
 from .wheelkit import make_wheel
 
 NIGHTLY = "0.3.0.dev20261206010203+cpu"
@@ -68,7 +70,30 @@ def test_a_promoted_nightly_wheel_keeps_every_binary_and_names_its_run(tmp_path)
     info = promotion_info(nightly, [promoted])
     assert info["run_id"] == nightly.run_id and info["version"] == NIGHTLY
     assert info["wheels"] == [{"variant": "cpu", "from": WHEEL, "from_sha256": nightly.artifacts[0].sha256,
-                               "to": promoted.path.name}]
+                               "to": promoted.path.name, "kind": "wheel"}]
+
+
+def test_a_promoted_nightly_carries_its_variant_wheels_under_the_release_version_label_and_binaries_kept(tmp_path):
+    nightly = _nightly(tmp_path / "nightly")
+    public, tag = NIGHTLY.split("+")[0], "py3-none-manylinux_2_28_x86_64"
+    document = variant_document("null", {})
+    with zipfile.ZipFile(tmp_path / "nightly" / "wheels" / "cpu" / WHEEL) as archive:  # the same binaries
+        files = {n: archive.read(n) for n in archive.namelist() if ".dist-info/" not in n and ".data/" not in n}
+    for label in ("null", None):  # the null variant's wheel and the plain default beside it, as the build writes
+        wheel = make_wheel(tmp_path / "nightly" / "variant-wheels", "tiny-kernels", public, tag=tag, label=label,
+                           variant_json=document if label else None, files=files)
+        nightly.add_artifact(wheel, step="build", kind="variant-wheel", variant="cpu")
+    promoted = promote(nightly, "0.3.0", tmp_path / "release")
+    assert sorted((p.kind, p.path.name) for p in promoted) == [
+        ("variant-wheel", f"tiny_kernels-0.3.0-{tag}-null.whl"), ("variant-wheel", f"tiny_kernels-0.3.0-{tag}.whl"),
+        ("wheel", f"tiny_kernels-0.3.0+cpu-{tag}.whl")]
+    labelled = next(p for p in promoted if p.path.name.endswith("-null.whl"))
+    source = tmp_path / "nightly" / "variant-wheels" / f"tiny_kernels-{public}-{tag}-null.whl"
+    assert _members(labelled.path) == _members(source) and len(_members(source)) >= 2
+    with zipfile.ZipFile(labelled.path) as archive:
+        assert archive.read("tiny_kernels-0.3.0.dist-info/variant.json") == document
+        assert "\nVersion: 0.3.0\n" in archive.read("tiny_kernels-0.3.0.dist-info/METADATA").decode()
+    assert read_wheel_variant(labelled.path.name, labelled.path)["variants"] == {"null": {}}
 
 
 @pytest.mark.parametrize("kwargs, needle", [
