@@ -183,3 +183,59 @@ def test_a_public_url_that_is_not_http_is_refused_before_anything_is_fetched(cap
                                                                             tmp_path: Path) -> None:
     assert verify_command(tmp_path.as_uri() + "/", install=False, public_url="ftp://cdn.example/") == EXIT_USAGE
     assert "public URL 'ftp://cdn.example/' must be an http:// or https:// URL" in capsys.readouterr().err
+
+
+PUBLIC_URL_TOML = """
+[project]
+package = "demo"
+distribution = "demo"
+version = "1.0"
+source = "src"
+registry = "demo.registry:registry"
+
+[[variants]]
+name = "cu130"
+backend = "cuda"
+archs = ["9.0"]
+
+[publish]
+default_target = "s3"
+
+[publish.targets.s3]
+url = "s3://{bucket}/simple"
+region = "us-east-1"
+endpoint = "{endpoint}"
+public_url = "{public_url}"
+
+[permissions.publish-nightly]
+read = ["nightly/"]
+write = ["nightly/"]
+credentials = {{ ambient = true }}
+"""
+
+
+@pytest.mark.slow
+def test_the_publish_flow_checks_what_the_target_public_url_serves_and_fails_naming_a_stale_page(
+    prefect_server, s3_store: S3Store, s3_endpoint: str, tmp_path: Path,
+) -> None:
+    from kiln.core.manifest import RunManifest
+    from kiln.flows.publish import publish_flow
+
+    from .runkit import make_record
+
+    stale = _bucket_proxy(s3_store, s3_endpoint, ignores_cache_control=True)
+    (tmp_path / "src").mkdir()
+    config = tmp_path / "kiln.toml"
+    config.write_text(PUBLIC_URL_TOML.format(bucket=s3_store.bucket, endpoint=s3_endpoint,
+                                             public_url=stale.url + s3_store.prefix))
+    with stale.running():
+        units = {}
+        for name, version in (("first", "1.0+cu130"), ("second", "1.1+cu130")):  # the first check fills its cache
+            run = make_record(config, tmp_path / name, {"cu130": [("demo", version)]})
+            state = publish_flow(config_path=str(config), out=str(tmp_path / name), run_id=run.run_id,
+                                 return_state=True)
+            units[name] = {u.id: u for u in RunManifest.load(run.view).units}["publish/public-url"]
+    assert units["first"].state == "completed" and units["first"].message.startswith("OK: through ")
+    assert state.is_failed() and units["second"].state == "failed"
+    assert "problem: nightly/cu130/simple/demo/index.json: " in units["second"].message
+    assert "demo-1.1" not in units["second"].message  # the new files themselves are served as written
