@@ -181,7 +181,10 @@ def test_after_a_publish_its_new_files_and_changed_pages_are_checked_through_the
 
 def test_a_public_url_that_is_not_http_is_refused_before_anything_is_fetched(capsys: pytest.CaptureFixture[str],
                                                                             tmp_path: Path) -> None:
-    assert verify_command(tmp_path.as_uri() + "/", install=False, public_url="ftp://cdn.example/") == EXIT_USAGE
+    from kiln.flows.cli import main
+
+    assert main(["verify", tmp_path.as_uri() + "/", "--no-install", "--public-url", "ftp://cdn.example/"]) == (
+        EXIT_USAGE)
     assert "public URL 'ftp://cdn.example/' must be an http:// or https:// URL" in capsys.readouterr().err
 
 
