@@ -49,6 +49,7 @@ from kiln.release.publish import (
     UploadStep,
     index_prefix,
     page_cache,
+    page_max_age,
     publish,
     publish_pages,
     upload_file,
@@ -261,8 +262,9 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
 
 @task(name="verify-public-url", cache_policy=NO_CACHE, task_run_name="verify through {public_url}")
 def verify_public_url(store: Store, plan: Plan, public_url: str) -> PublicReport:
-    """Every new file and changed page downloaded through the CDN in front of the target, by hash."""
-    return check_public(public_url, published_expectations(store, plan))
+    """Every new file and changed page downloaded through the CDN in front of the target, by hash; a changed
+    page may take its channel's max-age to show there (kiln.release.public.check_public)."""
+    return check_public(public_url, published_expectations(store, plan), page_grace_s=page_max_age(plan.channel))
 
 
 def check_public_url(run: RunRecord, config: KilnConfig, target: str | None, store: Store, plan: Plan) -> None:

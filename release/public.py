@@ -32,7 +32,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import posixpath
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import quote, unquote, urljoin, urlsplit
@@ -50,6 +51,7 @@ from kiln.release.publish import Plan
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 120.0
+PAGE_POLL_S = 15.0  # how often a page a cache still serves old is fetched again, within its grace
 MAX_LISTED = 50
 Kind = Literal["file", "page"]
 
@@ -105,30 +107,60 @@ def _stale_hint(kind: Kind) -> str:
         return ("a file's key is never re-used, so a cache in front serves bytes Kiln never wrote there: purge it, and"
                 " check what else the cache or its origin maps to this path")
     return ("a page changes on every publish: a cache in front serves an old copy (Cache-Control allows a release's"
-            " pages 5 minutes); purge it, or run kiln verify --public-url again once it expired")
+            " pages 5 minutes, a nightly's none); purge it, or run kiln verify --public-url again once it expired")
+
+
+def _check_one(source: HttpSource, root: str, item: Expected) -> tuple[str | None, bool]:
+    """(the problem with ``item`` through the public URL or None, whether it was served at all)."""
+    url = urljoin(root, quote(item.path))
+    sink = _Hashing()
+    cap = source.limits.max_file_bytes if item.kind == "file" else source.limits.max_page_bytes
+    try:
+        source.download(url, sink, cap)
+    except FetchError as exc:
+        return f"{item.path}: the {item.kind} is not served at {url}: {exc}", False
+    actual = sink.digest.hexdigest()
+    if actual == item.sha256:
+        return None, True
+    return (f"{item.path}: {url} serves other bytes than the index says (sha256 {actual}, {sink.size} bytes; the"
+            f" index: sha256 {item.sha256}): {_stale_hint(item.kind)}"), True
 
 
 def check_public(public_url: str, expected: Sequence[Expected], timeout: float = DEFAULT_TIMEOUT_S,
-                 limits: FetchLimits | None = None) -> PublicReport:
+                 limits: FetchLimits | None = None, page_grace_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                 ) -> PublicReport:
     """Download each of ``expected`` through ``public_url``; each whose bytes differ (or that is not served) is a
-    problem naming it."""
+    problem naming it.
+
+    ``page_grace_s``: how long a cache in front may keep serving a page's previous bytes (the pages'
+    ``max-age``: none on a nightly channel, 5 minutes on releases). A page that differs is fetched again
+    every :data:`PAGE_POLL_S` until that long has passed, and is a problem only then; a file never waits (its
+    key is never re-used: other bytes there are a fault, not an age).
+    """
     root = public_root(public_url)
     source = HttpSource(root, timeout, limits=limits)
     report = PublicReport(root)
+    waiting: dict[Expected, str] = {}
     for item in expected:
-        url = urljoin(root, quote(item.path))
-        sink = _Hashing()
-        cap = source.limits.max_file_bytes if item.kind == "file" else source.limits.max_page_bytes
-        try:
-            source.download(url, sink, cap)
-        except FetchError as exc:
-            report.problems.append(f"{item.path}: the {item.kind} is not served at {url}: {exc}")
-            continue
-        report.checked += 1
-        actual = sink.digest.hexdigest()
-        if actual != item.sha256:
-            report.problems.append(f"{item.path}: {url} serves other bytes than the index says (sha256 {actual},"
-                                   f" {sink.size} bytes; the index: sha256 {item.sha256}): {_stale_hint(item.kind)}")
+        problem, served = _check_one(source, root, item)
+        report.checked += int(served)
+        if problem is not None and served and item.kind == "page" and page_grace_s > 0:
+            waiting[item] = problem
+        elif problem is not None:
+            report.problems.append(problem)
+    deadline = clock() + page_grace_s
+    while waiting and clock() < deadline:
+        log.info("%d pages through %s are older than the index; looking again (a cache may keep them up to %g s)",
+                 len(waiting), root, page_grace_s)
+        sleep(min(PAGE_POLL_S, max(0.0, deadline - clock())))
+        for item in list(waiting):
+            problem, _ = _check_one(source, root, item)
+            if problem is None:
+                del waiting[item]
+            else:
+                waiting[item] = problem
+    report.problems += waiting.values()
     log.info("checked %d files and pages through %s: %d problems", report.checked, root, len(report.problems))
     return report
 

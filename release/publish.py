@@ -115,13 +115,19 @@ IMMUTABLE_CACHE = "public, max-age=31536000, immutable"
 # Pages change on every publish. A nightly's must show at once: a CDN revalidates every request.
 NIGHTLY_PAGE_CACHE = "no-cache"
 # A release's change once per release: a CDN may serve one up to 5 minutes old (purge it to show one sooner).
-RELEASE_PAGE_CACHE = "public, max-age=300"
+RELEASE_PAGE_MAX_AGE_S = 300
+RELEASE_PAGE_CACHE = f"public, max-age={RELEASE_PAGE_MAX_AGE_S}"
 PAGE_CACHE = NIGHTLY_PAGE_CACHE  # a page written outside a channel's publish (a rollback, a prune): revalidated
 
 
 def page_cache(channel: str) -> str:
     """The Cache-Control of ``channel``'s index pages: short on ``release``, ``no-cache`` on every other."""
     return RELEASE_PAGE_CACHE if channel == "release" else NIGHTLY_PAGE_CACHE
+
+
+def page_max_age(channel: str) -> float:
+    """How long a cache in front may serve ``channel``'s previous pages (seconds): :func:`page_cache`'s max-age."""
+    return RELEASE_PAGE_MAX_AGE_S if channel == "release" else 0.0
 
 Outcome = Literal["added", "present", "conflict"]
 COMMIT_DIGITS = 12  # of the commit's hex sha in a per-commit index's URL
@@ -649,6 +655,6 @@ __all__ = [
     "COMBINED", "IMMUTABLE_CACHE", "NIGHTLY_PAGE_CACHE", "PAGE_CACHE", "RELEASE_PAGE_CACHE", "ClosureStep",
     "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
     "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_frozen",
-    "hold_unresolvable", "index_prefix", "page_cache", "publish", "publish_pages", "refuse_conflicting_labels",
-    "update_pages", "upload_each", "upload_file", "variant_documents",
+    "hold_unresolvable", "index_prefix", "page_cache", "page_max_age", "publish", "publish_pages",
+    "refuse_conflicting_labels", "update_pages", "upload_each", "upload_file", "variant_documents",
 ]

@@ -242,3 +242,38 @@ def test_the_publish_flow_checks_what_the_target_public_url_serves_and_fails_nam
     assert state.is_failed() and units["second"].state == "failed"
     assert "problem: nightly/cu130/simple/demo/index.json: " in units["second"].message
     assert "demo-1.1" not in units["second"].message  # the new files themselves are served as written
+
+
+def test_a_release_page_a_cache_still_holds_is_looked_at_again_within_its_max_age_and_a_file_never_waits(
+    s3_store: S3Store, s3_endpoint: str, tmp_path: Path,
+) -> None:
+    from kiln.release.public import PAGE_POLL_S
+    from kiln.release.publish import page_max_age
+
+    _publish(s3_store, make_run(tmp_path / "one", {"cu130": [("demo", "1.0+cu130")]}), "release", ["cu130"])
+    base = f"/{s3_store.prefix}release/cu130/simple"
+    new_wheel = f"{base}/demo/demo-1.1%2Bcu130-py3-none-any.whl"
+    stale = _bucket_proxy(s3_store, s3_endpoint, ignores_cache_control=True)
+    now, sleeps = [0.0], []
+
+    def expire(seconds: float) -> None:  # the fake clock: time passes, and the cache's copies expire (files too)
+        sleeps.append(seconds)
+        now[0] += seconds
+        stale.cache.clear()
+        stale.cache[new_wheel] = b"not what was published"
+
+    with stale.running():
+        for page in ("index.html", "index.json", "demo/index.html", "demo/index.json"):
+            stale.fetch(f"{base}/{page}")  # users read the pages: cached, with max-age=300
+        stale.cache[new_wheel] = b"not what was published"
+        plan = _publish(s3_store, make_run(tmp_path / "two", {"cu130": [("demo", "1.1+cu130")]}), "release",
+                        ["cu130"])
+        expected = published_expectations(s3_store, plan)
+        at_once = check_public(stale.url + s3_store.prefix, expected)
+        waited = check_public(stale.url + s3_store.prefix, expected, page_grace_s=page_max_age("release"),
+                              clock=lambda: now[0], sleep=expire)
+    assert sorted(p.split(":", 1)[0] for p in at_once.problems) == [
+        "release/cu130/simple/demo/demo-1.1+cu130-py3-none-any.whl", "release/cu130/simple/demo/index.html",
+        "release/cu130/simple/demo/index.json"]
+    assert [p.split(":", 1)[0] for p in waited.problems] == ["release/cu130/simple/demo/demo-1.1+cu130-py3-none-any.whl"]
+    assert sleeps == [PAGE_POLL_S]  # the pages showed once the cache let them go; the file was not waited for
