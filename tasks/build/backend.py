@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import shlex
+import sys
 import tempfile
 import tomllib
 import zipfile
@@ -51,6 +52,7 @@ from kiln.tasks.build import stagedir
 from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env, pip_env
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
 from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
@@ -81,6 +83,7 @@ _PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy")
 _NO_PROXY_VARS = ("no_proxy", "NO_PROXY")
 # A compiled library in a wheel (a shared object, a Python extension on any platform).
 _BINARY = re.compile(r"\.(so(\.[0-9]+)*|pyd|dylib)$")
+NARROWED_HOME = "cuda-narrow"  # under a unit's tool directory: the CUDA home whose nvcc narrows (arch_policy narrow)
 
 
 def cmake_arch(name: str) -> str:
@@ -227,14 +230,23 @@ class ProjectBuilder:
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
             result = run_tool([str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                                "--wheel-dir", str(dist), str(source)], self.timeout_s, cwd=source, env=environ)
+            shimmed = narrowed(tmp / "path" / NARROWED_HOME)
+            refused = next((n["refused"] for n in shimmed if "refused" in n), None)
+            if result.returncode != 0 and refused:
+                raise CompileError(f"the build of {what} under arch_policy \"narrow\" failed: {refused}")
             if result.returncode != 0:
                 raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
                                    f" its log ends:\n{_tail(result.stdout)}")
             wheel = self._one_wheel(dist, what)
             self._built_here(wheel, source, dist, what)
+            dropped = sorted({c for n in shimmed for c in n.get("dropped", ())})
+            if dropped:
+                _log.info("%s: Kiln's nvcc dropped the targets %s that its build names (arch_policy narrow)", what,
+                          dropped)
             found = check_wheel(wheel, unit.backend, unit.archs, self.cuobjdump, policy=unit.arch_policy,
                                 variant=unit.variant)
-            return {wheel.name: wheel.read_bytes(), DEVICE_CODE: device_code_json(found, unit.arch_policy)}
+            return {wheel.name: wheel.read_bytes(),
+                    DEVICE_CODE: device_code_json(found, unit.arch_policy, dropped)}
 
     def environ(self, unit: CompileUnit, made: BuildEnvironment | None, shadow: Path | None = None) -> dict[str, str]:
         """The build's variables: the variant's archs and toolchain, its ``build_env``, its environment's tools;
@@ -246,7 +258,24 @@ class ProjectBuilder:
         environ = without_network(environ) | dict(self.variant_env.get(unit.variant, {}))
         if made is not None:  # its scripts (ninja, cmake) before anything else of that name
             environ["PATH"] = os.pathsep.join(filter(None, [str(made.bin_dir), environ.get("PATH", "")]))
+        if unit.arch_policy == "narrow":
+            environ = self._narrowed(unit, environ, shadow)
         return environ
+
+    def _narrowed(self, unit: CompileUnit, environ: dict[str, str], shadow: Path | None) -> dict[str, str]:
+        """``environ`` whose nvcc (``CUDA_HOME``, ``PYTORCH_NVCC``, ``CUDACXX``, first on ``PATH``) keeps only the
+        variant's archs of a ``-gencode`` list the build names itself (:mod:`kiln.tasks.build.nvcc_narrow`)."""
+        real = environ.get("CUDA_HOME") or self.cuda_home
+        if unit.backend != "cuda" or real is None or shadow is None:
+            raise CompileError(f"variant {unit.variant}: arch_policy \"narrow\" narrows a CUDA build's nvcc targets;"
+                               f" this is a {unit.backend} build" + ("" if unit.backend != "cuda" else
+                                                                       " and no CUDA toolkit (nvcc) was found"))
+        archs = [parse_cuda_arch(a) for a in unit.archs]
+        home = narrowed_cuda_home(Path(real), shadow / NARROWED_HOME, {a.sm for a in archs},
+                                  {a.sm for a in archs if a.ptx}, sys.executable)
+        nvcc = str(home / "bin" / "nvcc")
+        return environ | {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "PYTORCH_NVCC": nvcc, "CUDACXX": nvcc,
+                          "PATH": os.pathsep.join(filter(None, [str(home / "bin"), environ.get("PATH", "")]))}
 
     def _environment(self, root: Path, source: Path, what: str, made: BuildEnvironment | None = None) -> Path:
         """A fresh environment for the build on the variant's (or Kiln's), every build requirement met."""
@@ -297,9 +326,11 @@ def _build_torch(environments: Any, variant: str, what: str) -> str:
                            " build_requires") from exc
 
 
-def device_code_json(found: Mapping[str, Any], policy: str) -> bytes:
-    """What the unit records of the wheel's device code: each library's archs and all of them together."""
+def device_code_json(found: Mapping[str, Any], policy: str, dropped: Sequence[str] = ()) -> bytes:
+    """What the unit records of the wheel's device code: each library's archs and all of them together (and,
+    under ``narrow``, the targets its build named that Kiln's nvcc dropped)."""
     total = held(dict(found))
-    data = {"policy": policy, "held": total.describe(), "sass": sorted(total.sass), "ptx": sorted(total.ptx),
+    data: dict[str, Any] = {"dropped": sorted(dropped)} if policy == "narrow" else {}
+    data |= {"policy": policy, "held": total.describe(), "sass": sorted(total.sass), "ptx": sorted(total.ptx),
             "gfx": sorted(total.gfx), "libraries": {name: c.describe() for name, c in sorted(found.items())}}
     return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()

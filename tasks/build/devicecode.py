@@ -109,7 +109,7 @@ def _difference(got: Contents, want: Contents, policy: str = "exact") -> str:
         missing, extra = sorted(need - have), sorted(have - need)
         if missing:
             lines.append(f"missing {label} {missing}")
-        if extra and policy == "exact":
+        if extra and policy in ("exact", "narrow"):
             lines.append(f"extra {label} {extra}")
     return "; ".join(lines)
 
@@ -126,7 +126,8 @@ def check_wheel(wheel: Path, backend: str, archs: Sequence[str], cuobjdump: str 
     """Raise :class:`CompileError` unless the device code of ``wheel`` meets ``policy`` for ``archs``.
 
     ``exact``: every device-code library holds exactly ``archs``; ``at_least``: every one of them, extra
-    archs allowed (a package that picks its own ``-gencode`` list); ``record``: whatever it holds. Under
+    archs allowed (a package that picks its own ``-gencode`` list); ``narrow``: as ``exact`` (Kiln's nvcc
+    dropped the targets such a list names outside ``archs``); ``record``: whatever it holds. Under
     every policy a GPU variant's wheel must hold some device code: none at all (no shared library, or only
     host code) means the backend built nothing for the GPU.
     """

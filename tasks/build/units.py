@@ -118,7 +118,8 @@ def _device_code(files: dict[str, bytes]) -> tuple[dict[str, bytes], str]:
     if DEVICE_CODE not in files:
         return files, ""
     record = json.loads(files[DEVICE_CODE])
-    return {n: d for n, d in files.items() if n != DEVICE_CODE}, f"holds {record['held']} ({record['policy']})"
+    dropped = f"; Kiln's nvcc dropped its build's own targets {record['dropped']}" if record.get("dropped") else ""
+    return {n: d for n, d in files.items() if n != DEVICE_CODE}, f"holds {record['held']} ({record['policy']}){dropped}"
 
 
 def _entries(unit: CompileUnit, files: dict[str, bytes], written: list[Path],

@@ -30,8 +30,10 @@ BUILD_BACKENDS: tuple[str, ...] = get_args(BuildBackend)
 PackageKind = Literal["native", "triton-jit"]
 PACKAGE_KINDS: tuple[str, ...] = get_args(PackageKind)
 # What a variant's wheel must hold of the archs it asked for: exactly them (exact), every one of them and
-# perhaps more (at_least: a package that picks its own -gencode list), or whatever it holds (record).
-ArchPolicy = Literal["exact", "at_least", "record"]
+# perhaps more (at_least: a package that picks its own -gencode list), or whatever it holds (record); narrow:
+# a pep517 CUDA build that picks its own -gencode list compiles through Kiln's nvcc, which drops every target
+# outside the variant's archs (tasks/build/nvcc_narrow.py), and its wheel must then hold exactly them.
+ArchPolicy = Literal["exact", "at_least", "record", "narrow"]
 ARCH_POLICIES: tuple[str, ...] = get_args(ArchPolicy)
 # The arch list is the variant's: build_env may not set these (the build exports them from `archs`).
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTORCH_ROCM_ARCH", "HIPARCHS")
