@@ -402,6 +402,10 @@ def _init_command(directory: str) -> int:
     print(f"kiln init: {result.findings.distribution} is a {result.findings.kind} package; inferred:")
     for reason in result.findings.reasons:
         print(f"  - {reason}")
+    for field, others in result.findings.undecided:  # never a silent guess: the file holds a commented choice
+        written = getattr(result.findings, field)
+        print(f"kiln init: could not decide the {field}: wrote {written!r}, also {', '.join(map(repr, others))};"
+              f" pick one in {result.path} (its [project] {field} line lists them)", file=sys.stderr)
     print(f"wrote {result.path}; next: git add kiln.toml, then kiln nightly")
     return EXIT_OK
 

@@ -20,7 +20,13 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from kiln.core.errors import ConfigError
-from kiln.tasks.onboarding.names import Declared, declared_metadata, declared_packages, package_bases, parse_setup_py
+from kiln.tasks.onboarding.names import (
+    Declared,
+    declarations,
+    declared_packages,
+    package_bases,
+    parse_setup_py,
+)
 from kiln.tasks.onboarding.switches import read_switches
 
 # registry: Kiln compiles the Triton kernels a kiln.runtime registry names (Kiln's own wheel builder);
@@ -77,10 +83,15 @@ class Findings:
     cuda_build: bool  # the package compiles device code for CUDA (a GPU variant is worth building)
     suites: tuple[SuitePlan, ...]
     reasons: tuple[str, ...]  # what was inferred and why, one line each
-    own_archs: bool = False  # its build hard-codes its own -gencode list: the wheel may hold more archs
+    # exact: the build compiles the archs Kiln exports; narrow: setup.py hard-codes its own -gencode list, which
+    # Kiln's nvcc narrows to the variant's; at_least: CMake names its own archs, the wheel may hold more
+    arch_policy: str = "exact"
     cpu_build: bool = True  # the build has a CPU path (a cpu variant is worth building)
     gpu_env: tuple[tuple[str, str], ...] = ()  # the build_env its GPU variants need (build switches)
     setup_py_only: bool = False  # no pyproject.toml: PEP 517's fallback, setuptools' legacy backend, builds it
+    # What kiln init could not decide: (field, the other candidates) for "package" or "distribution"; the file
+    # holds the first candidate, the others as a commented choice, and the command says so on stderr
+    undecided: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -105,21 +116,25 @@ def _packages_in(base: Path) -> list[Path]:
 
 
 def _find_package(root: Path, distribution: str | None, pyproject: dict[str, Any],
-                  setup_py: str) -> tuple[Path, str]:
-    """The import package's directory and the reason: where the build config says, then the src layout, then
-    the flat one; the package named like the distribution first, else the only one (whatever its name)."""
+                  setup_py: str) -> tuple[Path, str, tuple[str, ...]]:
+    """The import package's directory, the reason and the other candidates when it could not decide: where the
+    build config says, then the src layout, then the flat one; among the packages there (those the build config
+    lists, if it lists any), the one named like the distribution, else the only one (whatever its name)."""
     for base, layout in package_bases(root, pyproject, setup_py):
         found = _packages_in(base)
         if not found:
             continue
         wanted = canonicalize_name(distribution).replace("-", "_") if distribution else ""
         listed = [p for p in found if p.name in declared_packages(root, pyproject, setup_py)]
-        match = listed or [p for p in found if p.name.lower() == wanted]
-        chosen = (match or found)[0]
-        why = "the package its build config lists" if listed else "named like the distribution" if match else (
-            "the only package" if len(found) == 1 else
-            f"the first of {[p.name for p in found]}: if it is not the one, set [project] package and source")
-        return chosen, f"{layout}: {chosen.relative_to(root).as_posix()}/ ({why})"
+        candidates = listed or found
+        named = [p for p in candidates if p.name.lower() == wanted]
+        chosen = (named or candidates)[0]
+        others = tuple(p.name for p in candidates if p != chosen) if not named else ()
+        why = "named like the distribution" if named else (
+            f"could not decide between {[p.name for p in candidates]}: the first is written, the others as a"
+            " commented choice" if others else
+            "the package its build config lists" if listed else "the only package")
+        return chosen, f"{layout}: {chosen.relative_to(root).as_posix()}/ ({why})", others
     raise OnboardingError(f"{root} holds no Python package: no src/<name>/__init__.py and no <name>/__init__.py;"
                           " run kiln init in the repository of a Python package")
 
@@ -274,10 +289,18 @@ def _gpu_only(suites: tuple[SuitePlan, ...]) -> tuple[SuitePlan, ...]:
                                           " GPU") for s in suites)
 
 
-def _distribution(meta: dict[str, Declared], package: str) -> tuple[str, str]:
-    if "name" in meta:
-        return meta["name"].value, f"distribution {meta['name'].value!r}: {meta['name'].where}"
-    return package, f"distribution {package!r}: the package declares no name, so its import name"
+def _distribution(names: list[Declared], package: str) -> tuple[str, str, tuple[str, ...]]:
+    """The distribution's name, why, and the other names the package declares where they disagree."""
+    if not names:
+        return package, f"distribution {package!r}: the package declares no name, so its import name", ()
+    first = names[0]
+    others = tuple(dict.fromkeys(n.value for n in names[1:]
+                                 if canonicalize_name(n.value) != canonicalize_name(first.value)))
+    if others:
+        where = "; ".join(f"{n.value!r} in {n.where}" for n in names)
+        return first.value, (f"distribution {first.value!r}: could not decide, the package declares {where}: the"
+                             " first is written, the others as a commented choice"), others
+    return first.value, f"distribution {first.value!r}: {first.where}", ()
 
 
 def inspect_project(root: Path) -> Findings:
@@ -287,21 +310,27 @@ def inspect_project(root: Path) -> Findings:
         raise OnboardingError(f"{root} is not a directory; run kiln init in (or on) a package's repository")
     pyproject = _read_toml(root / "pyproject.toml")
     setup_py = _text(root / "setup.py")
-    meta = declared_metadata(root, pyproject, setup_py)
+    declared = declarations(root, pyproject, setup_py)
+    meta = {key: found[0] for key, found in declared.items() if found}
     name = meta["name"].value if "name" in meta else None
-    package_dir, layout = _find_package(root, name, pyproject, setup_py)
+    package_dir, layout, other_packages = _find_package(root, name, pyproject, setup_py)
     package = package_dir.name
     build = _kind(root, package_dir, package, pyproject, setup_py)
-    declared = meta["version"].value if "version" in meta else _version_in(package_dir)
-    version, version_why = _version(declared)
-    distribution, distribution_why = _distribution(meta, package)
+    version, version_why = _version(meta["version"].value if "version" in meta else _version_in(package_dir))
+    distribution, distribution_why, other_names = _distribution(declared["name"], package)
+    undecided = tuple((field, others) for field, others in (("distribution", other_names),
+                                                            ("package", other_packages)) if others)
     reasons = [distribution_why, layout, build.why, *build.switches_why, *version_why]
     suites, suites_why = _suites(root, pyproject, build.kind)
     if build.kind == "pep517" and build.cuda_build and not build.cpu_build:
         suites = _gpu_only(suites)
     own = next((name for name in ("setup.py", "CMakeLists.txt") if build.kind == "pep517" and build.cuda_build
                 and _OWN_ARCHS.search(_text(root / name))), None)
-    if own:
+    policy = "narrow" if own == "setup.py" else "at_least" if own else "exact"
+    if policy == "narrow":
+        reasons.append("arch_policy narrow: setup.py names its own CUDA archs (-gencode), so its build compiles"
+                       " through Kiln's nvcc, which keeps the variant's archs of that list and drops the rest")
+    elif own:
         reasons.append(f"arch_policy at_least: {own} names its own CUDA archs, so its wheel may hold more than the"
                        " variant's (each one is recorded)")
     reasons.append(suites_why)
@@ -309,8 +338,8 @@ def inspect_project(root: Path) -> Findings:
     requires_python = meta["requires-python"].value if "requires-python" in meta else ">=3.10"
     return Findings(root, build.kind, package, distribution, version, package_dir.relative_to(root).as_posix(),
                     requires_python, build.registry, runtime, build.torch_extension, build.cuda_build, suites,
-                    tuple(reasons), own_archs=own is not None, cpu_build=build.cpu_build, gpu_env=build.gpu_env,
-                    setup_py_only=not (root / "pyproject.toml").is_file() and bool(setup_py))
+                    tuple(reasons), arch_policy=policy, cpu_build=build.cpu_build, gpu_env=build.gpu_env,
+                    setup_py_only=not (root / "pyproject.toml").is_file() and bool(setup_py), undecided=undecided)
 
 
 def _version(declared: str | None) -> tuple[str, list[str]]:

@@ -93,22 +93,22 @@ def _static(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip()) and not value.startswith(("attr:", "file:"))
 
 
-def declared_metadata(root: Path, pyproject: dict[str, Any], setup_py: str) -> dict[str, Declared]:
-    """Each of name, version and requires-python the package declares statically, and where."""
+def declarations(root: Path, pyproject: dict[str, Any], setup_py: str) -> dict[str, list[Declared]]:
+    """Every static declaration of name, version and requires-python, and where, in the order kiln init reads
+    them (pyproject.toml, setup.cfg, setup.py, PKG-INFO): the first is the one taken; where names disagree,
+    the package does not say which one it means."""
     project = pyproject.get("project", {})
     cfg = setup_cfg(root)
     tree = parse_setup_py(setup_py)
     keywords = setup_keywords(tree)
     info = _pkg_info(root)
-    found: dict[str, Declared] = {}
+    found: dict[str, list[Declared]] = {}
     for key, (section, cfg_key, keyword, info_key) in _FIELDS.items():
         candidates = ((project.get(key), f"pyproject.toml [project] {key}"),
                       (cfg.get(section, cfg_key, fallback=None), f"setup.cfg [{section}] {cfg_key}"),
                       (literal(tree, keywords.get(keyword)), f"setup.py setup({keyword}=...)"),
                       (info.get(info_key), f"PKG-INFO {info_key}:"))
-        value, where = next(((v, w) for v, w in candidates if _static(v)), (None, ""))
-        if isinstance(value, str):
-            found[key] = Declared(value.strip(), where)
+        found[key] = [Declared(v.strip(), w) for v, w in candidates if isinstance(v, str) and _static(v)]
     return found
 
 

@@ -51,11 +51,22 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> str:
     return "{ " + ", ".join(f"{name} = {_q(value)}" for name, value in pairs) + " }"
 
 
+def _choice(f: Findings, field: str) -> str:
+    """A commented choice after ``field``'s value where kiln init could not decide it (never a silent guess)."""
+    others = dict(f.undecided).get(field)
+    if not others:
+        return ""
+    also = ", ".join(_q(o) for o in others)
+    then = " (and source, its folder)" if field == "package" else ""
+    return f"  # kiln init could not decide: also {also} - pick one{then}"
+
+
 def _header(f: Findings) -> list[str]:
     lines = ["# Written by `kiln init`: what it inferred from this repository, and why:"]
     lines += [f"#   - {reason}" for reason in f.reasons]
     lines += ["# Edit freely: `kiln nightly` reads only this file. The README's `kiln.toml` section lists every key.",
-              "", "[project]", f"package = {_q(f.package)}", f"distribution = {_q(f.distribution)}",
+              "", "[project]", f"package = {_q(f.package)}{_choice(f, 'package')}",
+              f"distribution = {_q(f.distribution)}{_choice(f, 'distribution')}",
               f"version = {_q(f.version)}                 # nightlies are <version>.dev<commit time>",
               f"source = {_q(f.source)}", f"requires_python = {_q(f.requires_python)}"]
     if f.registry:
@@ -77,7 +88,10 @@ def _variants(f: Findings, d: Defaults) -> list[str]:
                   f"archs = {_list(archs)}             # widen for a release: every arch is a build"]
         if f.torch_extension:
             lines.append(f"build_requires = {_list([d.cuda_torch])}   # its CUDAExtension builds against a CUDA torch")
-        if f.own_archs:
+        if f.arch_policy == "narrow":
+            lines.append('arch_policy = "narrow"            # setup.py names its own archs: Kiln\'s nvcc keeps the'
+                         " variant's")
+        elif f.arch_policy == "at_least":
             lines.append('arch_policy = "at_least"          # its build picks its own archs too: recorded, not refused')
         if f.gpu_env:
             lines.append(f"build_env = {_table(f.gpu_env)}   # its build switches: build from source, with CUDA")
