@@ -493,16 +493,16 @@ def _build_command(ns: argparse.Namespace, config: KilnConfig) -> int:
 
 
 def _test_command(ns: argparse.Namespace, config: KilnConfig) -> int:
+    from kiln.flows.params import SuiteOptions
     from kiln.flows.test import test_flow
     from kiln.tasks.testing.suite import split_test_args
 
     # `-- PATHS` run as one ad-hoc suite; options after `--` (-k, -x) go to pytest.
-    paths, options = split_test_args(_pytest_args(ns.pytest_args), Path.cwd(), config.root)
-    return _run_flow(
-        test_flow, ns.out, config_path=ns.config, out=ns.out, suites=ns.suites, isolate=ns.isolate,
-        timeout=ns.timeout, retries=ns.retries, junit=ns.junit, json_path=ns.json_path,
-        changed_since=ns.changed_since, pytest_args=options, paths=paths or None, run_id=ns.run_id,
-    )
+    paths, pytest_args = split_test_args(_pytest_args(ns.pytest_args), Path.cwd(), config.root)
+    options = SuiteOptions(isolate=ns.isolate, timeout=ns.timeout, retries=ns.retries, pytest_args=pytest_args,
+                           junit=ns.junit, json_path=ns.json_path)
+    return _run_flow(test_flow, ns.out, config_path=ns.config, out=ns.out, suites=ns.suites, options=options,
+                     changed_since=ns.changed_since, paths=paths or None, run_id=ns.run_id)
 
 
 def _bench_command(ns: argparse.Namespace, config: KilnConfig) -> int:

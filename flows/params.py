@@ -34,3 +34,21 @@ class RunParams(BaseModel):
         source = run.header.source
         return cls(config_path=str(config.config_file), out=out, run_id=run.run_id,
                    commit=source.commit if source.clean else "")
+
+
+class SuiteOptions(BaseModel):
+    """How the test flow's suites run and report, over what kiln.toml says (``kiln test``'s options).
+
+    ``isolate``, ``timeout`` (seconds per test) and ``retries`` (of infrastructure failures) override every
+    suite's own; ``pytest_args`` go to every suite; ``junit`` and ``json_path`` also write the combined
+    reports there. ``isolate`` is checked by the flow (a clear error before anything is written).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    isolate: str = "test"
+    timeout: float | None = None
+    retries: int = 1
+    pytest_args: list[str] | None = None
+    junit: str | None = None
+    json_path: str | None = None

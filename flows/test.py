@@ -29,6 +29,7 @@ from kiln.core.record import RunRecord
 from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
+from kiln.flows.params import SuiteOptions
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.summary import QUARANTINE_INFO, TEST_TABLE_INFO
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
@@ -54,6 +55,7 @@ from kiln.tasks.testing.suite import (
 # on the node shares it (`prefect gcl create gpu-<node> --limit <GPUs>`). The node is named by the
 # worker's KILN_GPU_NODE (one machine: "local").
 NODE_ENV = "KILN_GPU_NODE"
+DEFAULT_OPTIONS = SuiteOptions()  # each suite as kiln.toml says (frozen: one shared default is safe)
 
 
 def gpu_slots(n: int) -> AbstractContextManager[object]:
@@ -122,21 +124,20 @@ def quarantine_report(config: KilnConfig, run: RunRecord) -> int:
 
 @flow(name="test")
 def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str] | None = None,
-              isolate: str = "test", timeout: float | None = None, retries: int = 1, junit: str | None = None,
-              json_path: str | None = None, changed_since: str | None = None,
-              pytest_args: list[str] | None = None, exclude: list[str] | None = None, run_id: str | None = None,
-              paths: list[str] | None = None, commit: str = "") -> dict[str, int] | State:
+              options: SuiteOptions = DEFAULT_OPTIONS, changed_since: str | None = None,
+              exclude: list[str] | None = None, run_id: str | None = None, paths: list[str] | None = None,
+              commit: str = "") -> dict[str, int] | State:
     """Run the config's test suites against the run's wheels; Failed if any suite failed.
 
     ``run_id`` tests the wheels of that run (the nightly's, or ``kiln test --run``);
     without it the wheels are built first, in this run. ``exclude`` names suites
     that run elsewhere (the nightly dispatches GPU suites to their pool).
     ``paths`` (``kiln test -- PATHS``, relative to the project) run as one ad-hoc
-    suite instead of the configured ones; ``pytest_args`` go to every suite that runs.
+    suite instead of the configured ones; ``options`` (:class:`~kiln.flows.params.SuiteOptions`): how they run.
     ``commit``: the commit the run names, which this checkout must be at (a suite dispatched to a worker).
     """
     config = load_config(config_path)
-    check_overrides(isolate, timeout, retries)  # bad input fails before anything is written
+    check_overrides(options.isolate, options.timeout, options.retries)  # bad input fails before anything is written
     selected = select_suites_task(config, suites, changed_since, exclude, paths)
     run = open_run(config, "test", out, run_id=run_id, step="test", commit=commit)
     name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
@@ -157,10 +158,11 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
         if target.variant.name not in wheels:  # its build failed: that unit already fails the run
             record(run, target.unit("skipped", f"no {target.variant.name} wheel in run {run.run_id} to test"))
             continue
-        options = suite_options(config, target.suite, isolate=cast(Isolation, isolate), timeout=timeout,
-                                retries=retries, pytest_args=pytest_args or ())
+        chosen_options = suite_options(config, target.suite, isolate=cast(Isolation, options.isolate),
+                                       timeout=options.timeout, retries=options.retries,
+                                       pytest_args=options.pytest_args or ())
         futures[target.unit_id] = (target, suite_task.submit(config, target, wheels[target.variant.name],
-                                                             str(run.view), options, run))
+                                                             str(run.view), chosen_options, run))
     progress.expect("test", len(futures))
     runs = []
     for target, future in futures.values():
@@ -173,7 +175,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
                 run.add_artifact(path, step="test", kind="report", variant=target.variant.name)
         record(run, value.unit if isinstance(value, SuiteRun) else unit_from_state(target.unit("failed", ""),
                                                                                      future.state))
-    for path in write_combined(runs, junit, json_path):
+    for path in write_combined(runs, options.junit, options.json_path):
         logger.info("test report written to %s", path)
     names = {suite.name for suite in selected}
     return finish_stage(run, "test", "Tests", mine=lambda u: u.suite in names)

@@ -10,6 +10,7 @@ import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.manifest import RunManifest
+from kiln.flows.params import SuiteOptions
 from tests.helpers.waiting import until
 
 KILN_TOML = """
@@ -80,8 +81,9 @@ def test_flow_records_a_unit_and_reports_per_suite_and_fails_on_a_failed_test(pr
     from kiln.flows.test import test_flow
 
     out = tmp_path / "out"
-    state = test_flow(config_path=str(project / "kiln.toml"), out=str(out), junit=str(tmp_path / "all.xml"),
-                      json_path=str(tmp_path / "all.json"), return_state=True)
+    state = test_flow(config_path=str(project / "kiln.toml"), out=str(out),
+                      options=SuiteOptions(junit=str(tmp_path / "all.xml"), json_path=str(tmp_path / "all.json")),
+                      return_state=True)
     assert state.is_failed()
     assert "1 of 2 units failed" in state.message
 
@@ -150,7 +152,7 @@ def test_bad_overrides_fail_before_anything_is_written(prefect_server, project, 
 
     out = tmp_path / "out"
     with pytest.raises(InvalidInputError, match="isolate='suite'"):
-        test_flow(config_path=str(project / "kiln.toml"), out=str(out), isolate="suite")
+        test_flow(config_path=str(project / "kiln.toml"), out=str(out), options=SuiteOptions(isolate="suite"))
     assert not out.exists()
 
 
