@@ -24,6 +24,7 @@ cache. Creation is atomic and happens once:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from typing import Any, TypeVar
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.core.errors import PermanentError, UnsafePathError
+from kiln.core.errors import KilnError, PermanentError, UnsafePathError
 from kiln.core.fsutil import polled_lock
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
@@ -147,6 +148,13 @@ def _tail(text: str) -> str:
 _MACHINE_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT")
 
 
+def uv_env() -> dict[str, str]:
+    """uv's environment when it fills a matrix cell's build environment: scrubbed, as :func:`pip_env`, with
+    uv's own cache kept (``HOME`` is a fresh empty directory, removed at exit with the process's temporaries)."""
+    return scrubbed_env(Path(tempfile.mkdtemp(prefix="kiln-uv-home-")),
+                        extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR")})
+
+
 def pip_env(home: Path) -> dict[str, str]:
     """pip's environment when it fills a build or test-base environment: scrubbed
     (:mod:`kiln.release.installenv`), since a requirement from an index may be an sdist whose build hook is
@@ -158,6 +166,20 @@ def pip_env(home: Path) -> dict[str, str]:
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,
           base: CellInterpreter | None = None) -> None:
     what = f"the build environment of variant {variant} ({', '.join(requirements) or base and base.ident})"
+    uv = (shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))) if base else None
+    if base is not None and uv is not None:
+        _fill_with_uv(uv, tmp, base, requirements, timeout_s, what)
+    else:
+        _fill_with_pip(tmp, base, requirements, timeout_s, what)
+    _relocate(tmp, final)
+    info = {"format": ENV_FORMAT, "requirements": list(requirements),
+            "interpreter": base.ident if base else interpreter_id(),
+            "created": time.time(), "by": f"{platform.node()}:{os.getpid()}"}
+    (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+
+
+def _fill_with_pip(tmp: Path, base: CellInterpreter | None, requirements: Sequence[str], timeout_s: float,
+                   what: str) -> None:
     made = run_tool([str(base.path) if base else sys.executable, "-I", "-m", "venv", str(tmp)], min(timeout_s, 600))
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create {what}: python -m venv failed (exit {made.returncode}):\n"
@@ -172,11 +194,59 @@ def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, tim
         raise BuildEnvironmentError(
             f"cannot create {what}: pip could not install {list(requirements)} (exit {done.returncode}); check"
             f" the requirement and the index pip is configured with. pip's output ends:\n{_tail(done.stdout)}")
-    _relocate(tmp, final)
-    info = {"format": ENV_FORMAT, "requirements": list(requirements),
-            "interpreter": base.ident if base else interpreter_id(),
-            "created": time.time(), "by": f"{platform.node()}:{os.getpid()}"}
-    (tmp / MARKER).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+
+
+@functools.lru_cache(maxsize=1)
+def pip_sources() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(find-links, index URLs) of the machine's pip configuration: where the base's torch came from.
+
+    uv does not read ``pip.conf``; given these, it resolves the base's packages (a local CPU build of torch)
+    from the same sources pip installed them from, and installs nothing of them (they are installed).
+    """
+    try:
+        done = run_tool([sys.executable, "-I", "-m", "pip", "config", "list"], _PROBE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise BuildEnvironmentError(f"pip config list failed (exit {done.returncode}): {_tail(done.stdout)}")
+        out = done.stdout
+    except KilnError as exc:  # no pip beside Kiln: uv's own sources only
+        _log.warning("test environments resolve without pip's configured sources: %s", exc)
+        return (), ()
+    links: list[str] = []
+    indexes: list[str] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        values = value.strip().strip("'\"").split()
+        if key.endswith(".find-links"):
+            links += [v for v in values if v not in links]
+        elif key.endswith((".index-url", ".extra-index-url")):
+            indexes += [v for v in values if v not in indexes]
+    return tuple(links), tuple(indexes)
+
+
+def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Sequence[str], timeout_s: float,
+                  what: str) -> None:
+    """A matrix cell's environment, made by uv on the cell's interpreter from the machine's pip sources (its
+    pip.conf and ``PIP_*`` find-links, indexes and constraints): ``python -m venv`` and pip took 25 s a cell
+    here (ensurepip, then pip upgrading itself), uv about 2 s. Copies, never links into uv's cache."""
+    made = run_tool([uv, "venv", "--quiet", "--python", str(base.path), str(tmp)], min(timeout_s, 600),
+                    env=uv_env())
+    if made.returncode != 0:
+        raise BuildEnvironmentError(f"cannot create {what}: uv venv failed (exit {made.returncode}):\n"
+                                    f"{_tail(made.stdout)}")
+    links, indexes = pip_sources()
+    links += tuple(os.environ.get("PIP_FIND_LINKS", "").split())
+    indexes += tuple(os.environ.get("PIP_EXTRA_INDEX_URL", "").split())
+    options = [o for link in dict.fromkeys(links) for o in ("--find-links", link)]
+    options += [o for url in dict.fromkeys(indexes) for o in ("--extra-index-url", url)]
+    options += [o for c in os.environ.get("PIP_CONSTRAINT", "").split() for o in ("--constraint", c)]
+    if os.environ.get("PIP_INDEX_URL"):
+        options += ["--index-url", os.environ["PIP_INDEX_URL"]]
+    done = run_tool([uv, "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(tmp / "bin" / "python"),
+                     *options, *CELL_SEED, *requirements], timeout_s, env=uv_env())
+    if done.returncode != 0:
+        raise BuildEnvironmentError(
+            f"cannot create {what}: uv could not install {[*CELL_SEED, *requirements]} (exit {done.returncode});"
+            f" check the requirement and the indexes pip is configured with. uv's output ends:\n{_tail(done.stdout)}")
 
 
 def owner_only_dir(path: Path) -> Path:
@@ -352,21 +422,3 @@ def overlay_env(root: Path, parent: BuildEnvironment, timeout_s: float = 300) ->
     (own / "zz_kiln_build_env.pth").write_text(inherited.stdout.strip().splitlines()[-1] + "\n")
     return python
 
-
-def safe_path_flag(python: str | Path) -> str:
-    """How to keep the working directory off ``sys.path`` for ``python`` (an environment's interpreter):
-    ``-P`` (3.11+), else ``-I`` (a Python 3.10 cell's environment; ``-P`` came with 3.11). Read from the
-    environment's ``pyvenv.cfg``, no process; an interpreter outside an environment is taken as 3.11+."""
-    config = Path(python).parent.parent / "pyvenv.cfg"
-    try:
-        lines = config.read_text().splitlines()
-    except OSError:
-        return "-P"
-    for line in lines:
-        key, _, value = line.partition("=")
-        if key.strip() in ("version_info", "version"):
-            parts = value.strip().split(".")
-            if len(parts) >= 2 and parts[0] == "3" and parts[1].isdigit() and int(parts[1]) < 11:
-                return "-I"
-            return "-P"
-    return "-P"

@@ -35,6 +35,7 @@ from kiln.tasks.build.units import CompileContext, UnitResult
 from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
+from kiln.tasks.project.config_matrix import abi3_served
 from kiln.tasks.project.registry import load_registry
 from kiln.tasks.project.registry_types import CudaSourceRecord
 from kiln.tasks.run.versioning import check_build_version, variant_version
@@ -214,6 +215,8 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     entries = [e for r in results for e in r.entries]  # type: ignore[union-attr]
     files = [p for r in results for p in r.files]  # type: ignore[union-attr]
     built = [p for p in files if p.suffix == ".whl"]  # the project's own backend's wheel (pep517)
+    if built and (served := abi3_served(setup.config.variants, variant.name, built[0].name)):
+        return VariantOutput(Unit(uid, "build", "skipped", variant=variant.name, message=served), ())
     binaries = [WheelInput(p, p.relative_to(variant_dir).as_posix()) for p in files if p.suffix != ".whl"]
     manifest = variant_dir / "manifest.json"
     atomic_write_text(manifest, json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kiln.core.errors import ConfigError
 from kiln.tasks.onboarding.inspect import Findings, OnboardingError, inspect_project
+from kiln.tasks.onboarding.pythons import with_python_axis
 from kiln.tasks.onboarding.render import render
 
 __all__ = ["InitResult", "OnboardingError", "init_project", "inspect_project", "render"]
@@ -47,7 +48,7 @@ def init_project(directory: str | Path = ".") -> InitResult:
         raise OnboardingError(f"{target} already exists; kiln init never overwrites it (move it away to start"
                               " again, or edit it)")
     findings = inspect_project(root)
-    text = render(findings)
+    text = with_python_axis(render(findings), findings.kind, findings.torch_extension, findings.requires_python, root)
     _check(text, root)
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # never over a file made meanwhile

@@ -17,16 +17,36 @@ Pure: validation raises ``ValueError`` naming the key, which :mod:`kiln.tasks.pr
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, model_validator
 
-if TYPE_CHECKING:
-    from kiln.tasks.project.config import Variant
+
+class Variant(Protocol):
+    """What this module reads of :class:`kiln.tasks.project.config.Variant` (which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def python(self) -> tuple[str, ...]: ...
+    @property
+    def torch(self) -> tuple[str, ...]: ...
+    @property
+    def exclude(self) -> tuple[Exclusion, ...]: ...
+    @property
+    def build_requires(self) -> tuple[str, ...]: ...
+    @property
+    def cell(self) -> Cell | None: ...
+    @property
+    def abi(self) -> str: ...
+    @property
+    def torch_target(self) -> str | None: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Variant: ...
 
 _PYTHON = re.compile(r"^3\.(?:[0-9]|[1-9][0-9])$")
 # The oldest CPython Kiln builds for: its own floor (requires-python of kiln-runtime).
@@ -159,3 +179,24 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
         raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of python {list(variant.python)}"
                          f" x torch {list(variant.torch)}; remove an exclusion or the variant")
     return tuple(cells)
+
+
+def abi3_served(variants: Sequence[Variant], name: str, wheel: str) -> str:
+    """Why cell ``name`` keeps no wheel of its own, or "": its wheel ``wheel`` is abi3 (``py_limited_api``: one
+    wheel loads on every Python from the one it names) or has no Python ABI at all (``py3-none``), so the cell
+    of its matrix with the lowest Python and the same torch carries it; two cells would write two wheels of one
+    name (invariant 13)."""
+    cell = next((v.cell for v in variants if v.name == name), None)
+    tags = parse_wheel_filename(wheel)[3]
+    if cell is None or not cell.python or not all(t.abi in ("abi3", "none") for t in tags):
+        return ""
+    same = [v for v in variants if v.cell is not None and v.cell.matrix == cell.matrix and v.cell.torch == cell.torch
+            and v.cell.python]
+    lowest = min(same, key=lambda v: python_minor(v.cell.python))  # type: ignore[union-attr,arg-type]
+    if lowest.name == name:
+        return ""
+    first = lowest.cell.python  # type: ignore[union-attr]
+    kind = "an abi3 wheel" if any(t.abi == "abi3" for t in tags) else "a wheel of no Python ABI"
+    return (f"not built: the build makes {kind} ({wheel}), one wheel for every Python from its own:"
+            f" cell {lowest.name} (Python {first}) carries it; give variant {cell.matrix!r} one Python"
+            f" (python = [\"{first}\"]): with py_limited_api (or no extension) the python axis is one cell")

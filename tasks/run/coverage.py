@@ -1,8 +1,10 @@
 """The run's coverage table (issue 45, part 5): one row per requested cell, its wheel, and what became of it.
 
 A cell is what a user's environment must match to find a wheel: the Python, the torch, the backend and the
-archs. Today every ``[[variants]]`` entry is one cell (built by the build's interpreter against its variant's
-torch); a row says which wheel it got (its Python tag, and the torch its ``Requires-Dist`` asks for) and its
+archs. A ``[[variants]]`` entry without matrix axes is one cell (built by the build's interpreter against its
+variant's torch); one with ``python``/``torch`` axes is one cell per combination left after its exclusions
+(:mod:`kiln.tasks.project.config_matrix`), each a row of its own. A row says which wheel it got (its Python
+tag, and the torch its ``Requires-Dist`` asks for; a cell without a wheel shows what it asked for) and its
 state, read from the run's units alone:
 
 - ``not built``: the variant's wheel unit did not complete (its message says why);
@@ -84,12 +86,20 @@ def _state(wheel_unit: Unit | None, tests: list[Unit]) -> tuple[CoverageState, s
     return "tested", f"passed: {ran}" + (f"; {missing}" if missing else "")
 
 
+def _requested(variant: Variant) -> tuple[str, str]:
+    """What a matrix cell asked for (``cp312``, ``==2.14.1``), shown while it has no wheel to read; ``-`` else."""
+    cell = variant.cell
+    if cell is None:
+        return "-", "-"
+    return (f"cp{cell.python.replace('.', '')}" if cell.python else "-"), (f"=={cell.torch}" if cell.torch else "-")
+
+
 def _row(manifest: RunManifest, variant: Variant) -> CoverageRow:
     units = [u for u in manifest.units if u.variant == variant.name]
     wheel_unit = next((u for u in units if u.id == f"build/{variant.name}/wheel"), None)
     state, why = _state(wheel_unit, [u for u in units if u.stage == "test"])
     wheel = next((a for a in manifest.artifacts_of("wheel") if a.variant == variant.name), None)
-    python, torch = "-", "-"
+    python, torch = _requested(variant)
     if wheel is not None and state != "not built":
         try:
             python, torch = wheel_facts(manifest, wheel)

@@ -55,11 +55,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from kiln.core.errors import InfrastructureError, KilnError, PermanentError, ToolchainMissingError
+from kiln.core.errors import InfrastructureError, PermanentError, ToolchainMissingError
 from kiln.core.venvs import PURELIB_QUERY, layer, uv_command
 from kiln.core.wheels import core_metadata
 from kiln.release.installenv import scrubbed_env, user_cache
-from kiln.tasks.build.buildenv import safe_path_flag
+from kiln.tasks.build.buildenv import pip_sources
+from kiln.tasks.build.interpreters import safe_path_flag
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
 from kiln.tasks.testing.baseenv import base_env, base_pins
@@ -188,30 +189,6 @@ def wheel_distribution(wheel: Path) -> str:
 
 def _wheel_metadata(wheel: Path) -> email.message.Message:
     return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
-
-
-@functools.lru_cache(maxsize=1)
-def pip_sources() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(find-links, index URLs) of the machine's pip configuration: where the base's torch came from.
-
-    uv does not read ``pip.conf``; given these, it resolves the base's packages (a local CPU build of torch)
-    from the same sources pip installed them from, and installs nothing of them (they are installed).
-    """
-    try:
-        out = _run([sys.executable, "-I", "-m", "pip", "config", "list"], "reading pip's configuration")
-    except KilnError as exc:  # no pip beside Kiln: uv's own sources only
-        log.warning("test environments resolve without pip's configured sources: %s", exc)
-        return (), ()
-    links: list[str] = []
-    indexes: list[str] = []
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        values = value.strip().strip("'\"").split()
-        if key.endswith(".find-links"):
-            links += [v for v in values if v not in links]
-        elif key.endswith((".index-url", ".extra-index-url")):
-            indexes += [v for v in values if v not in indexes]
-    return tuple(links), tuple(indexes)
 
 
 def make_build_env(root: Path) -> Path:

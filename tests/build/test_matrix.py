@@ -106,3 +106,21 @@ def test_a_cell_without_an_interpreter_is_refused_before_anything_builds(tmp_pat
     assert "[build.interpreters]" in message and "uv python install 3.99" in message
     assert not (tmp_path / "cache" / "envs").exists()  # nothing was made
     assert load_config(config_path).variant("cpupy399").cell.python == "3.99"  # type: ignore[union-attr]
+
+
+def test_the_coverage_table_has_a_row_per_cell_and_a_cell_without_a_wheel_shows_what_it_asked_for(tmp_path):
+    from kiln.core.manifest import RunManifest, Unit
+    from kiln.tasks.run.coverage import coverage_rows
+
+    config = _config(tmp_path, python=["3.12", "3.13"], torch=["2.13.0", "2.14.1"])
+    run = RunManifest(tmp_path, "run-1")
+    run.add_unit(Unit("build/cu130py313torch2130/wheel", "build", "failed", variant="cu130py313torch2130",
+                      message="AbiAuditError: the wheel claims abi3"))
+    rows = coverage_rows(config, run)
+    assert [(r.variant, r.python, r.torch, r.state) for r in rows] == [
+        ("cu130py312torch2130", "cp312", "==2.13.0", "not built"),
+        ("cu130py312torch2141", "cp312", "==2.14.1", "not built"),
+        ("cu130py313torch2130", "cp313", "==2.13.0", "not built"),
+        ("cu130py313torch2141", "cp313", "==2.14.1", "not built"),
+    ]
+    assert rows[2].why == "AbiAuditError: the wheel claims abi3" and rows[0].why == "no build unit in this run"
