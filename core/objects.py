@@ -57,6 +57,7 @@ class BotoSession(Protocol):
     def client(self, service_name: str, *args: Any, **kwargs: Any) -> Any: ...
 
 
+@runtime_checkable
 class Store(Protocol):
     """The operations publishing and history need; every backend implements all of them."""
 
