@@ -162,6 +162,7 @@ def parse_filename(filename: str) -> tuple[str, str]:
     return canonicalize_name(name), str(version)
 
 
+# Any: a field of an untrusted JSON line, checked here
 def check_sha256(value: Any, what: str) -> str:
     if not isinstance(value, str) or len(value) != 64 or not _HEX.issuperset(value):
         raise InvalidInputError(f"{what}: {value!r} is not a lowercase hex SHA-256 (64 characters)")
@@ -180,6 +181,7 @@ def check_requires_python(value: str) -> str:
     return value
 
 
+# Any: a field of an untrusted JSON line, checked here
 def _check_int(value: Any, what: str, most: int) -> int:
     """A whole non-negative number up to ``most``: NaN, infinities and absurd values are input errors."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
@@ -227,6 +229,7 @@ _PLAIN_REST = re.compile(r"[A-Za-z0-9_.!+-]*\.whl")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+# Any: one parsed JSON line of a --from-list file, checked here
 def from_record(record: Any, where: str = "record") -> Distribution:
     """A distribution from one ``--from-list`` JSON object (see ``kiln index --from-list``)."""
     if not isinstance(record, dict):
@@ -259,6 +262,7 @@ def from_records(records: Iterable[Any], where: Callable[[int], str]) -> list[Di
     return out
 
 
+# Any: one parsed JSON line of a --from-list file, checked here
 def _plain_record(record: Any) -> Distribution | None:
     """The distribution of a record that needs no more than the usual checks, else None."""
     if type(record) is not dict or not _REQUIRED_KEYS <= record.keys() <= _RECORD_KEYS:

@@ -167,6 +167,7 @@ class RunRecord:
         return _concurrently(lambda item: self.add_artifact(item[0], step=item[1], kind=item[2], variant=item[3]),
                              list(items))
 
+    # Any: any JSON-serialisable value: the record keeps what the step says
     def set_info(self, key: str, value: Any) -> None:
         self._put_json(info_key(self.run_id, key), {"key": key, "value": value})
 
@@ -174,6 +175,7 @@ class RunRecord:
         """Point ``runs/latest.json`` at this run (the newest run that built wheels)."""
         self._put_json(LATEST_KEY, {"run_id": self.run_id, "created": self.header.created})
 
+    # Any: any JSON-serialisable value: the record keeps what the step says
     def _put_json(self, key: str, value: Any) -> None:
         self._put(key, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode(), JSON_TYPE)
 
@@ -282,6 +284,7 @@ def info_key(run_id: str, key: str) -> str:
     return f"runs/{check_run_id(run_id)}/info/{_escape(key)}.json"
 
 
+# Any: any JSON-serialisable value: the record keeps what the step says
 def info_json(key: str, value: Any) -> bytes:
     """An info entry's stored bytes (what :meth:`RunRecord.set_info` writes)."""
     return (json.dumps({"key": key, "value": value}, indent=2, sort_keys=True) + "\n").encode()

@@ -124,6 +124,7 @@ def _b64_to_hex(value: str | None) -> str | None:
 class S3Store:
     """Objects under ``s3://bucket/prefix``; see the module docstring for the guarantees."""
 
+    # Any: a boto3 S3 client (boto3's clients carry no types)
     def __init__(self, client: Any, bucket: str, prefix: str = "", expected_owner: str | None = None,
                  verifies_checksums: bool = False) -> None:
         self.client = client
@@ -135,6 +136,7 @@ class S3Store:
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self._warned_unconfirmed = False
 
+    # Any: the keyword arguments of a boto3 call (untyped)
     def _params(self, key: str | None = None, **extra: Any) -> dict[str, Any]:
         params: dict[str, Any] = {"Bucket": self.bucket, **extra}
         if key is not None:
@@ -143,6 +145,7 @@ class S3Store:
             params["ExpectedBucketOwner"] = self.expected_owner
         return params
 
+    # Any: the keyword arguments of a boto3 call (untyped)
     def _call(self, operation: str, what: str, **params: Any) -> Any:
         method: Callable[..., Any] = getattr(self.client, operation)
         try:

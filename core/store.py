@@ -199,6 +199,7 @@ def _dir_lock(dir_fd: int) -> Iterator[None]:
         fcntl.flock(dir_fd, fcntl.LOCK_UN)
 
 
+# Any: the S3-only options, ignored by a local store
 def _open_local(url: str, *, root: Path, public: bool = False, **_: Any) -> Store:
     path = url[len("file://"):]
     if not path:
@@ -208,6 +209,7 @@ def _open_local(url: str, *, root: Path, public: bool = False, **_: Any) -> Stor
     return LocalStore(Path(path) if path.startswith("/") else Path(root) / path, public)
 
 
+# Any: open_s3_store's keyword arguments, passed on as they are
 def _open_s3(url: str, *, public: bool = False, **kwargs: Any) -> Store:
     # ``public`` is a file:// setting: who reads an S3 prefix is the bucket policy's business.
     from kiln.core.s3 import open_s3_store  # boto3 is imported only when S3 is used

@@ -65,8 +65,8 @@ def _session_document(config: KilnConfig, step: str, read_only: bool) -> str:
     return session_policy(read_only_policy(document, s3_target(config)[0]) if read_only else document)
 
 
-# sts_client: a boto3 STS client (or a test's stand-in); Any because boto3's clients carry no types.
 def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | None, endpoint: str | None,
+    # Any: a boto3 STS client, or a test's stand-in (boto3's clients carry no types)
                  sts_client: Any = None, read_only: bool = False) -> boto3.Session:
     policy = _session_document(config, step, read_only)
     # MinIO and moto serve STS on the store's endpoint; AWS ignores endpoint=None.

@@ -47,6 +47,7 @@ class Pin:
     variants: tuple[str, ...] | None = None  # None: every variant's index
 
 
+# Any: one entry of pins.json as parsed, checked here
 def _pin(entry: Any, where: str) -> Pin:
     if not isinstance(entry, dict):
         raise InvalidInputError(f"{where}: expected an object, got {type(entry).__name__}")

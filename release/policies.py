@@ -197,6 +197,7 @@ def policies_for(bucket: str, base_prefix: str, steps: Mapping[str, StepAccess],
             for step in sorted(norm_steps)}
 
 
+# Any: the KilnConfig (kiln.tasks.project), which release/ may not import
 def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
     """``(bucket, base_prefix)`` of the S3 publish target the policies cover.
 
@@ -224,6 +225,7 @@ def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
     return bucket, base
 
 
+# Any: the KilnConfig (kiln.tasks.project), which release/ may not import
 def policies_from_config(config: Any, target: str | None = None) -> dict[str, dict[str, Any]]:
     """Policies for every step ``config.permissions`` declares; the release baseline is
     ``<[bench] history>/published/`` (kiln.tasks.bench.history), relative to the base like every prefix."""

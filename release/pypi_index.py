@@ -59,6 +59,7 @@ def _body(url: str, timeout: float) -> tuple[bytes, str] | None:
         raise TransientStoreError(f"{url}: the index did not answer: {getattr(exc, 'reason', exc)}") from exc
 
 
+# Any: a field of the index's JSON answer, checked here
 def _time(value: Any, url: str) -> datetime | None:
     if not value:
         return None

@@ -41,6 +41,7 @@ class _DatedWheelFile(WheelFile):  # type: ignore[misc]  # the wheel package shi
         super().__init__(path, "w")
         self.date_time = date_time
 
+    # Any: as zipfile.ZipFile.writestr takes them (str or ZipInfo; bytes or str)
     def writestr(self, zinfo_or_arcname: Any, data: Any, compress_type: int | None = None) -> None:
         if isinstance(zinfo_or_arcname, str):
             info = zipfile.ZipInfo(zinfo_or_arcname, self.date_time)
@@ -97,6 +98,7 @@ def _subject_ref(value: str, distribution: str, old: str, new: str) -> str:
 
 def _sbom(data: bytes, distribution: str, old: str, new: str) -> bytes:
     """Kiln's SBOM naming ``new``: the subject's version, bom-ref and purl, and the references to them."""
+    # Any: any JSON value, walked
     def walk(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: walk(v) for k, v in value.items()}

@@ -80,6 +80,7 @@ def dumps(document: Mapping[str, Any]) -> bytes:
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
+# Any: parsed JSON of a variants file, checked here
 def _properties(label: str, value: Any, where: str) -> Properties:
     if not isinstance(value, dict):
         raise InvalidInputError(f"{where}: variant {label!r} must map namespaces to features")
@@ -96,6 +97,7 @@ def _properties(label: str, value: Any, where: str) -> Properties:
     return out
 
 
+# Any: parsed JSON of a variants file, checked here
 def check_document(document: Any, where: str) -> dict[str, Any]:
     """A variant metadata document (``variant.json`` or ``-variants.json``), checked; InvalidInputError if not."""
     if not isinstance(document, dict):

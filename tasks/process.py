@@ -147,6 +147,7 @@ class Mailboxes:
         self._queues: dict[Any, queue.Queue[Any]] = {}
         self.lock, self.lost = threading.Lock(), False
 
+    # Any: any hashable key the caller chooses
     def box(self, key: Any) -> queue.Queue[Any]:
         with self.lock:
             if key not in self._queues:

@@ -119,7 +119,7 @@ def variants_to_publish(config: KilnConfig, run: RunManifest) -> tuple[list[str]
     return [v.name for v in config.variants if v.name not in held], held
 
 
-def untested_ok(config: Any) -> list[str]:
+def untested_ok(config: KilnConfig) -> list[str]:
     """The suites whose variants may go out when they could not run: none when the project says so."""
     return [s.name for s in config.suites if s.publish_untested and config.publish.publish_untested]
 

@@ -53,6 +53,7 @@ CLOSE_TIMEOUT_S = 10.0
 GRACE_S = 1.0
 
 
+# Any: the measuring module, imported in the environment under test (not Kiln's)
 def _child(request: dict[str, Any], measure: Any, threads: int | None) -> None:
     """In the fork: its own session, its own log, the answer file; never returns."""
     code = 1
@@ -75,6 +76,7 @@ def _child(request: dict[str, Any], measure: Any, threads: int | None) -> None:
         os._exit(code)
 
 
+# Any: the measuring module, imported in the environment under test (not Kiln's)
 def serve(requests: TextIO, replies: TextIO, measure: Any, threads: int | None = None) -> int:
     """Fork one child per request line, one at a time; 0 at the end of ``requests``.
 

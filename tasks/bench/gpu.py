@@ -29,6 +29,7 @@ MEMORY_SHARE = 0.25  # of free device memory the pool may use
 UNKNOWN_L2 = 256 << 20  # bytes, when the device does not report its L2 size
 
 
+# Any: torch objects; torch carries its own types only where it is installed
 def tensor_bytes(inputs: Any) -> int:
     """Bytes of every tensor in ``inputs`` (nested tuples/lists/dicts)."""
     if hasattr(inputs, "nbytes") and hasattr(inputs, "device"):
@@ -130,6 +131,7 @@ def _capture(fn: Callable[..., Any], pool: Sequence[tuple[Any, ...]], order: lis
     return graph
 
 
+# Any: torch objects; torch carries its own types only where it is installed
 def _timed_replay(graph: Any) -> float:
     import torch
 

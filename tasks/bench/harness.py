@@ -98,6 +98,7 @@ class CpuTimer:
         return kernel, ref
 
 
+# Any: a torch.utils.benchmark Timer (torch may be absent where Kiln is type-checked)
 def _calls_per_block(timer: Any, block_time: float) -> int:
     timer.timeit(1)  # first call compiles (Triton interpreter, lazy init): not timed
     once = max(timer.timeit(1).mean, 1e-9)  # a coarse clock can read 0 for one fast call

@@ -97,6 +97,7 @@ def plot_trend(history: Sequence[BenchResults], path: Path) -> Path:
     return _save(fig, path)
 
 
+# Any: the plot function's own arguments, passed on
 def try_plot(kind: str, plot: Callable[..., Path], *args: Any) -> Path | None:
     """Run a plot function; a failure is a logged warning, never a failed run."""
     try:

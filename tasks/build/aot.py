@@ -141,6 +141,7 @@ def relative_sources(package: str, root: Path) -> None:
                 _relative(jit, root)
 
 
+# Any: a Triton JITFunction (Triton carries no types)
 def _relative(jit: Any, root: Path) -> None:
     """Triton 3.9 reads the path from ``jit.file_name``, 3.6/3.7 from the function's code object: set both."""
     code = jit.fn.__code__

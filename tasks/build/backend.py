@@ -49,7 +49,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.core.errors import CompileError
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.buildenv import BuildEnvironment, overlay_env, pip_env
+from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pip_env
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
@@ -205,6 +205,7 @@ class ProjectBuilder:
     # abi = "stable" variants -> their torch_target (None: the torch they build against): the build is told it
     stable: Mapping[str, str | None] = field(default_factory=dict)
 
+    # Any: a CompileContext: kiln.tasks.build.units imports this module, so naming it here is a cycle
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
         """Build the variant's wheel, check its device code; ``{wheel filename: bytes, DEVICE_CODE: json}``."""
         what = f"{self.distribution} (variant {unit.variant}, {unit.backend} {list(unit.archs) or 'no archs'})"
@@ -314,7 +315,7 @@ class ProjectBuilder:
         return wheels[0]
 
 
-def _build_torch(environments: Any, variant: str, what: str) -> str:
+def _build_torch(environments: VariantEnvironments | None, variant: str, what: str) -> str:
     """The torch a unit builds against: its variant environment's, else the one Kiln's interpreter has."""
     found = environments.torch(variant) if environments is not None else None
     if found is not None:

@@ -223,6 +223,7 @@ class NvccBuilder:
     csrc: Mapping[str, CudaSourceRecord]  # kernel name -> its CUDA sources, as the registry loader read them
     settings: NvccSettings = NvccSettings()
 
+    # Any: a CompileContext: kiln.tasks.build.units imports this module, so naming it here is a cycle
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
         csrc = self.csrc[unit.kernel]
         paths = [self.package_dir / s for s in csrc.sources]

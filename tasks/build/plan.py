@@ -90,6 +90,7 @@ class BuildPlan:
         return sorted(self.units, key=lambda unit: unit.kind == "triton")
 
 
+# Any: a kernel's function from the registry (a Triton JITFunction or a plain function)
 def _fn_module(fn: Any) -> str:
     return getattr(getattr(fn, "fn", fn), "__module__", "")
 

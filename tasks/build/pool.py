@@ -284,6 +284,7 @@ class WorkerPool:
             self._started -= 1
             return True
 
+    # Any: whatever the worker function takes, sent through pickle
     def call(self, target: str, request: Any, timeout: float) -> Any:
         """Run ``module:function(request)`` in a worker; its return value or a raised error.
 

@@ -209,6 +209,7 @@ class _StampedWheelFile(WheelFile):  # type: ignore[misc]  # the wheel package s
         super().__init__(path, "w")
         self.stamp = stamp
 
+    # Any: as zipfile.ZipFile.writestr takes them (str or ZipInfo; bytes or str)
     def writestr(self, zinfo_or_arcname: Any, data: Any, compress_type: int | None = None) -> None:
         if isinstance(zinfo_or_arcname, str):
             zinfo_or_arcname = _info(zinfo_or_arcname, self.stamp)

@@ -223,6 +223,7 @@ class Variant(_Model):
 SUITE_RENAMES = {"timeout_s": "test_timeout_s"}
 
 
+# Any: the raw TOML table, before the model validates it
 def renamed_keys(data: Any, renames: Mapping[str, str], table: str) -> Any:
     """``data`` with each deprecated key of ``renames`` under its new name, warning once per key; both
     spellings at once is an error (which one is meant is not Kiln's guess)."""
@@ -262,6 +263,7 @@ class Suite(_Model):
 
     @model_validator(mode="before")
     @classmethod
+    # Any: the raw TOML table, before the model validates it
     def _renamed(cls, data: Any) -> Any:
         return renamed_keys(data, SUITE_RENAMES, "[[suites]]")
 
@@ -356,6 +358,7 @@ class UploadTarget(_Model):
         return self
 
 
+# Any: the raw TOML table, before the model validates it
 def _split_upload_targets(data: Any) -> Any:
     """``kind = "upload"`` tables of [publish.targets] become ``upload_targets``: every other reader of
     ``targets`` (stores, policies, credentials) keeps seeing file:// and s3:// targets only."""
@@ -401,6 +404,7 @@ class Publish(_Model):
 
     @model_validator(mode="before")
     @classmethod
+    # Any: the raw TOML table, before the model validates it
     def _uploads(cls, data: Any) -> Any:
         return _split_upload_targets(data)
 
@@ -429,6 +433,7 @@ class KilnConfig(_Model):
 
     @model_validator(mode="before")
     @classmethod
+    # Any: the raw TOML table, before the model validates it
     def _no_cell_key(cls, data: Any) -> Any:
         variants = data.get("variants") if isinstance(data, dict) else None
         for index, variant in enumerate(variants if isinstance(variants, (list, tuple)) else ()):

@@ -38,6 +38,9 @@ from kiln.tasks.project.registry_types import (
 )
 
 _log = logging.getLogger(__name__)
+# What a kernel package's registry module defined, before it is checked: any Python object (its own code made it),
+# so Any; each function taking one checks it and says what it expected.
+Unchecked = Any
 
 
 def _ensure_on_path(root: str) -> None:
@@ -126,11 +129,11 @@ def module_file(package_dir: Path, package: str, module: str) -> Path | None:
     return None
 
 
-def _got(value: Any) -> str:
+def _got(value: Unchecked) -> str:
     return repr(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else type(value).__name__
 
 
-def _fields(obj: Any, shape: type, where: _Where) -> dict[str, Any]:
+def _fields(obj: Unchecked, shape: type, where: _Where) -> dict[str, Any]:
     """Every field of ``kiln.runtime.spec.<shape>`` read from ``obj`` (a spec instance or a duck-typed one)."""
     out = {}
     for field in dataclasses.fields(shape):
@@ -142,7 +145,7 @@ def _fields(obj: Any, shape: type, where: _Where) -> dict[str, Any]:
     return out
 
 
-def _name(obj: Any, label: str, shape: type, where: _Where) -> tuple[str, _Where]:
+def _name(obj: Unchecked, label: str, shape: type, where: _Where) -> tuple[str, _Where]:
     """The object's ``name``, checked (it names units and files), and where it is."""
     try:
         name = obj.name
@@ -155,13 +158,13 @@ def _name(obj: Any, label: str, shape: type, where: _Where) -> tuple[str, _Where
     return name, where.inside(f"{label.split(' #')[0]} {name!r}")
 
 
-def _sequence(value: Any, where: _Where, field: str, what: str) -> tuple[Any, ...]:
+def _sequence(value: Unchecked, where: _Where, field: str, what: str) -> tuple[Any, ...]:
     if not isinstance(value, (list, tuple)):
         raise where.error(field, f"must be a list or tuple of {what}, got {_got(value)}")
     return tuple(value)
 
 
-def _strings(value: Any, where: _Where, field: str, what: str) -> tuple[str, ...]:
+def _strings(value: Unchecked, where: _Where, field: str, what: str) -> tuple[str, ...]:
     items = _sequence(value, where, field, what)
     bad = [item for item in items if not isinstance(item, str) or not item]
     if bad:
@@ -169,13 +172,13 @@ def _strings(value: Any, where: _Where, field: str, what: str) -> tuple[str, ...
     return items
 
 
-def _mapping(value: Any, where: _Where, field: str, what: str) -> Mapping[str, Any]:
+def _mapping(value: Unchecked, where: _Where, field: str, what: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise where.error(field, f"must map {what}, got {_got(value)}")
     return value
 
 
-def _arch(arch: Any, backend: str, where: _Where, field: str) -> str:
+def _arch(arch: Unchecked, backend: str, where: _Where, field: str) -> str:
     if not isinstance(arch, str):
         raise where.error(field, f"must hold {backend} arch names, got {_got(arch)}")
     try:
@@ -184,7 +187,7 @@ def _arch(arch: Any, backend: str, where: _Where, field: str) -> str:
         raise where.error(field, f"has a bad arch: {exc}") from exc
 
 
-def _supported(value: Any, where: _Where) -> FrozenMap[str, tuple[str, ...]]:
+def _supported(value: Unchecked, where: _Where) -> FrozenMap[str, tuple[str, ...]]:
     supported = _mapping(value, where, "supported", "a backend ('cuda', 'hip') to its archs")
     out: dict[str, tuple[str, ...]] = {}
     for backend, archs in supported.items():
@@ -195,14 +198,14 @@ def _supported(value: Any, where: _Where) -> FrozenMap[str, tuple[str, ...]]:
     return FrozenMap(out)
 
 
-def _module(value: Any, where: _Where, project: _Project) -> str:
+def _module(value: Unchecked, where: _Where, project: _Project) -> str:
     if not isinstance(value, str) or module_file(project.package_dir, project.package, value) is None:
         raise where.error("module", f"must name a module of package {project.package!r} with a file under"
                                     f" {project.package_dir} (its sources are hashed for the cache), got {_got(value)}")
     return value
 
 
-def _signature(value: Any, where: _Where, fn: Any) -> FrozenMap[str, str]:
+def _signature(value: Unchecked, where: _Where, fn: Unchecked) -> FrozenMap[str, str]:
     problem = "must map parameter names to Triton type strings"
     if not isinstance(value, Mapping):
         raise where.error("signature", f"{problem}, got {_got(value)}")
@@ -221,7 +224,7 @@ def _signature(value: Any, where: _Where, fn: Any) -> FrozenMap[str, str]:
     return FrozenMap(value)
 
 
-def _constexprs(value: Any, where: _Where, signature: Mapping[str, str]) -> FrozenMap[str, Any]:
+def _constexprs(value: Unchecked, where: _Where, signature: Mapping[str, str]) -> FrozenMap[str, Any]:
     constexprs = _mapping(value, where, "constexprs", "constexpr parameter names to values")
     declared = [p for p, kind in signature.items() if kind == "constexpr"]
     unknown = [p for p in constexprs if p not in declared]
@@ -233,7 +236,7 @@ def _constexprs(value: Any, where: _Where, signature: Mapping[str, str]) -> Froz
     return FrozenMap(constexprs)
 
 
-def _backends(value: Any, where: _Where) -> tuple[GpuBackend, ...]:
+def _backends(value: Unchecked, where: _Where) -> tuple[GpuBackend, ...]:
     backends = _strings(value, where, "backends", f"backends from {_GPU_BACKENDS}")
     unknown = [b for b in backends if b not in _GPU_BACKENDS]
     if unknown or not backends or len(set(backends)) != len(backends):
@@ -241,7 +244,7 @@ def _backends(value: Any, where: _Where) -> tuple[GpuBackend, ...]:
     return backends  # type: ignore[return-value]
 
 
-def _min_arch(value: Any, where: _Where) -> FrozenMap[str, str]:
+def _min_arch(value: Unchecked, where: _Where) -> FrozenMap[str, str]:
     min_arch = _mapping(value, where, "min_arch", "a backend to its lowest arch")
     out: dict[str, str] = {}
     for backend, arch in min_arch.items():
@@ -251,7 +254,7 @@ def _min_arch(value: Any, where: _Where) -> FrozenMap[str, str]:
     return FrozenMap(out)
 
 
-def _aligned(value: Any, where: _Where, signature: Mapping[str, str]) -> tuple[str, ...]:
+def _aligned(value: Unchecked, where: _Where, signature: Mapping[str, str]) -> tuple[str, ...]:
     aligned = _strings(value, where, "aligned", "parameter names")
     wrong = [p for p in aligned if signature.get(p, "constexpr") == "constexpr"]
     if wrong:
@@ -259,7 +262,7 @@ def _aligned(value: Any, where: _Where, signature: Mapping[str, str]) -> tuple[s
     return aligned
 
 
-def _specialization(obj: Any, index: int, kernel: _Where, fn: Any) -> SpecializationRecord:
+def _specialization(obj: Unchecked, index: int, kernel: _Where, fn: Unchecked) -> SpecializationRecord:
     name, where = _name(obj, f"specialization #{index}", spec.Specialization, kernel)
     f = _fields(obj, spec.Specialization, where)
     signature = _signature(f["signature"], where, fn)
@@ -271,7 +274,7 @@ def _specialization(obj: Any, index: int, kernel: _Where, fn: Any) -> Specializa
     )
 
 
-def _triton_entry(obj: Any, index: int, kernel: _Where) -> TritonRecord:
+def _triton_entry(obj: Unchecked, index: int, kernel: _Where) -> TritonRecord:
     name, where = _name(obj, f"triton entry #{index}", spec.TritonEntry, kernel)
     f = _fields(obj, spec.TritonEntry, where)
     if f["fn"] is None:
@@ -283,7 +286,7 @@ def _triton_entry(obj: Any, index: int, kernel: _Where) -> TritonRecord:
     return TritonRecord(name=name, fn=f["fn"], specializations=records)
 
 
-def _csrc(obj: Any, kernel: _Where, project: _Project) -> CudaSourceRecord:
+def _csrc(obj: Unchecked, kernel: _Where, project: _Project) -> CudaSourceRecord:
     name, where = _name(obj, "csrc", spec.CudaSource, kernel)
     f = _fields(obj, spec.CudaSource, where)
     sources = _strings(f["sources"], where, "sources", "paths relative to the package directory")
@@ -311,7 +314,7 @@ def _unique(names: list[str], where: _Where, field: str, what: str) -> None:
         raise where.error(field, f"has duplicate {what} {dupes} (each names its own build units and files)")
 
 
-def _kernel(obj: Any, index: int, top: _Where, project: _Project) -> KernelRecord:
+def _kernel(obj: Unchecked, index: int, top: _Where, project: _Project) -> KernelRecord:
     name, where = _name(obj, f"kernel #{index}", spec.KernelSpec, top)
     f = _fields(obj, spec.KernelSpec, where)
     triton = tuple(_triton_entry(e, i, where) for i, e in
@@ -329,7 +332,7 @@ def _kernel(obj: Any, index: int, top: _Where, project: _Project) -> KernelRecor
     )
 
 
-def read_registry(config: KilnConfig, specs: Any, entry: str | None = None) -> list[KernelRecord]:
+def read_registry(config: KilnConfig, specs: Unchecked, entry: str | None = None) -> list[KernelRecord]:
     """Validate what a registry returned and copy it into :class:`KernelRecord` objects.
 
     ``specs``: ``kiln.runtime.spec.KernelSpec`` objects or duck-typed ones with
@@ -375,7 +378,7 @@ def load_registry(config: KilnConfig, installed: bool = False) -> list[KernelRec
     return read_registry(config, specs, entry)
 
 
-def bench_case_record(case: Any, kernel: str, size: str, index: int) -> BenchCaseRecord:
+def bench_case_record(case: Unchecked, kernel: str, size: str, index: int) -> BenchCaseRecord:
     """One case ``bench_cases(size)`` returned, validated and copied (the callables as they are)."""
     top = _Where("", (f"kernel {kernel!r}: bench_cases({size!r})",))
     name, where = _name(case, f"case #{index}", spec.BenchCase, top)

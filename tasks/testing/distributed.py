@@ -212,6 +212,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 def _start_and_collect(fn: Callable[..., Any], world_size: int, backend: Backend, timeout: float,
                        args: Sequence[Any], startup_timeout: float, workdir: Path,
+    # Any: a multiprocessing context, spawn or forkserver (typeshed types each start method apart)
                        context: Any, ranks: list[_Rank]) -> list[Any]:
     init_method = (workdir / "rendezvous").as_uri()
     for rank in range(world_size):

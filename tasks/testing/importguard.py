@@ -167,6 +167,7 @@ class GuardFinder:
     def __init__(self, guard: Guard) -> None:
         self.guard = guard
 
+    # Any: as importlib's MetaPathFinder.find_spec takes them
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if watched_name(name) in self.guard.watched:
             self.guard.check(name, importer_globals(sys._getframe(1)))
@@ -183,6 +184,7 @@ def install(directory: str | None = None) -> None:
     original_import = builtins.__import__
     original_import_module = importlib.import_module
 
+    # Any: as builtins.__import__ takes them
     def guarded(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if level == 0 and watched_name(name) in guard.watched:  # __import__("x") called with no globals: the caller
             guard.check(name, globals if globals is not None else importer_globals(sys._getframe(1)))

@@ -81,6 +81,7 @@ def _phase_record(report: pytest.TestReport) -> dict[str, Any]:
     }
 
 
+# Any: an open text file of the worker's (its type varies with how it was opened)
 def _write(handle: Any, record: dict[str, Any]) -> None:
     handle.write(json.dumps(record) + "\n")
     handle.flush()
@@ -211,6 +212,7 @@ class ServePlugin(KilnPlugin):
         finally:
             os._exit(code)
 
+    # Any: a pidfd as the selector registered it (an int or a file object)
     def reap(self, pidfd: Any, selector: selectors.BaseSelector) -> None:
         job, pid = self.children.pop(pidfd)
         selector.unregister(pidfd)

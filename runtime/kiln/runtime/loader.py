@@ -76,6 +76,7 @@ class Artifact:
     aligned: tuple[str, ...] = ()
 
 
+# Any: the parsed JSON manifest, checked here
 def parse_manifest(data: Any, root: Path) -> tuple[Artifact, ...]:
     """Validate a decoded manifest (``ValueError`` naming the entry); paths must stay inside ``root``."""
     if not isinstance(data, list):
@@ -167,6 +168,7 @@ def _device_of(kind: str, index: int | None) -> Device:
     return Device("cuda", f"{props.major}.{props.minor}", triton_version(), interpreter)
 
 
+# Any: a torch or Triton object: kiln-runtime depends on neither
 def device_of(device: Any = None) -> Device:
     """The :class:`Device` of a torch device (default: the current CUDA device, else the CPU); cached."""
     if isinstance(device, Device):
@@ -197,6 +199,7 @@ def divisible_by_16(args: Sequence[Any], positions: Sequence[int]) -> bool:
 _rebuilt: dict[int, Any] = {}
 
 
+# Any: a torch or Triton object: kiln-runtime depends on neither
 def runnable(fn: Any, interpreter: bool) -> Any:
     """``fn`` (a ``@triton.jit`` function) in the form this mode runs.
 
@@ -217,6 +220,7 @@ def runnable(fn: Any, interpreter: bool) -> Any:
     return _rebuilt[id(fn)]
 
 
+# Any: a torch or Triton object: kiln-runtime depends on neither
 def load_compiled(fn: Any, art: Artifact) -> Any:
     """A launchable ``CompiledKernel`` from a verified artifact and Triton's metadata beside it."""
     from triton.compiler import ASTSource
@@ -269,11 +273,13 @@ class Loader:
         """Whether a precompiled artifact (not the JIT) serves this key."""
         return self._compiled.get((kernel, entry, specialization, device)) is not None
 
+    # Any: the logging call's own arguments, passed on
     def _warn_once(self, kernel: str, message: str, *args: Any) -> None:
         if kernel not in self._warned:
             self._warned.add(kernel)
             _log.warning(message, *args)
 
+    # Any: a torch or Triton object: kiln-runtime depends on neither
     def precompiled(self, kernel: str, entry: str, specialization: str, fn: Any, device: Device) -> Precompiled | None:
         """A launchable precompiled kernel for ``device``, or ``None`` (then the caller JITs).
 
@@ -307,7 +313,9 @@ class Loader:
             self._compiled[key] = result
         return result
 
+    # Any: a torch or Triton object: kiln-runtime depends on neither
     def launch(self, kernel: str, entry: str, specialization: str, fn: Any, grid: Sequence[int], args: Sequence[Any],
+        # Any: a torch or Triton object: kiln-runtime depends on neither
                constexprs: Mapping[str, Any], device: Any = None, **options: Any) -> None:
         """Run ``fn[grid](*args, **constexprs, **options)``, from the shipped artifact when one fits.
 
