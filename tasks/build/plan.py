@@ -67,7 +67,6 @@ class VariantPlan:
 
 @dataclass(frozen=True)
 class BuildPlan:
-    config_path: str
     toolchain: dict[str, str]
     variants: tuple[VariantPlan, ...]
 
@@ -245,7 +244,7 @@ def plan_variant(config: KilnConfig, variant: Variant, specs: Sequence[KernelRec
     return VariantPlan(variant.name, variant.backend, tuple(units), tuple(skips))
 
 
-def plan_build(config: KilnConfig, specs: Sequence[KernelRecord], config_path: str, toolchain: dict[str, str],
+def plan_build(config: KilnConfig, specs: Sequence[KernelRecord], toolchain: dict[str, str],
                variants: list[str] | None = None, nvcc_missing: str = "") -> BuildPlan:
     """The full matrix for ``variants`` (all of kiln.toml's when ``None``); pure.
 
@@ -254,5 +253,5 @@ def plan_build(config: KilnConfig, specs: Sequence[KernelRecord], config_path: s
     ``nvcc_missing``: why CUDA C++ units cannot build (they become skips), or "".
     """
     chosen = [config.variant(name) for name in variants] if variants else list(config.variants)
-    return BuildPlan(str(Path(config_path).resolve()), dict(toolchain),
+    return BuildPlan(dict(toolchain),
                      tuple(plan_variant(config, v, specs, toolchain, nvcc_missing) for v in chosen))

@@ -68,9 +68,9 @@ class StoredPlan:
     missing: str  # why CUDA C++ units could not build then, or ""
 
 
-def plan_key(config: KilnConfig, config_path: str, variants: list[str] | None, nvcc_path: str | None) -> str:
+def plan_key(config: KilnConfig, variants: list[str] | None, nvcc_path: str | None) -> str:
     """The entry a request maps to; every input listed in the module docstring is checked inside it."""
-    path = Path(config_path).resolve()
+    path = config.config_file.resolve()
     return digest(PLAN_FORMAT, CACHE_FORMAT, BUILD_RECIPE, str(path), path.read_bytes().hex(), repr(variants),
                   repr(nvcc_path), sys.version, sys.prefix, str(config.root))
 
@@ -196,5 +196,5 @@ def _stored_from(entry: dict[str, Any]) -> StoredPlan:
             for k, v in entry["csrc"].items()}
     settings = NvccSettings(**{k: tuple(v) for k, v in entry["settings"].items()})
     toolchain = {str(k): str(v) for k, v in entry["toolchain"].items()}
-    return StoredPlan(BuildPlan(plan["config_path"], dict(plan["toolchain"]), variants), csrc, settings, toolchain,
+    return StoredPlan(BuildPlan(dict(plan["toolchain"]), variants), csrc, settings, toolchain,
                       str(entry["missing"]))

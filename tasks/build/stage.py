@@ -46,7 +46,6 @@ _log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BuildSetup:
     config: KilnConfig
-    config_path: str
     version: str
     plan: BuildPlan
     nvcc: NvccBuilder | None
@@ -66,23 +65,22 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     stamps every wheel member, its sha goes into each wheel's ``kiln_build.json``.
     """
     config = load_config(config) if isinstance(config, str) else config
-    config_path = str(config.config_file.resolve())  # what the compile workers load in their own processes
     chosen = check_build_version(version)  # a malformed --version fails here, before anything is built
     wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
     cell_interpreters(config, wanted)  # a matrix cell with no interpreter here is refused before anything builds
     cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
-    key = plancache.plan_key(config, config_path, variants, nvcc_path)
+    key = plancache.plan_key(config, variants, nvcc_path)
     stored = plancache.load(cache_root, key, config)
     tools = _tools(config, wanted, nvcc_path, dict(stored.csrc), stored.settings) if stored is not None else None
     if stored is None or tools is None or (tools.toolchain, tools.missing) != (stored.toolchain, stored.missing):
         before = set(sys.modules)
-        stored, tools = _plan(config, config_path, wanted, variants, nvcc_path)
+        stored, tools = _plan(config, wanted, variants, nvcc_path)
         plancache.store(cache_root, key, config, stored, set(sys.modules) - before)
     else:
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
-    return BuildSetup(config, config_path, chosen, stored.plan, tools.nvcc, cache_root, stamp,
+    return BuildSetup(config, chosen, stored.plan, tools.nvcc, cache_root, stamp,
                       tools.project)
 
 
@@ -115,14 +113,14 @@ def _tools(config: KilnConfig, wanted: list[Variant], nvcc_path: str | None,
     return _Tools(toolchain, builder, missing, project)
 
 
-def _plan(config: KilnConfig, config_path: str, wanted: list[Variant], variants: list[str] | None,
+def _plan(config: KilnConfig, wanted: list[Variant], variants: list[str] | None,
           nvcc_path: str | None) -> tuple[plancache.StoredPlan, _Tools]:
     """Plan from the registry itself, imported now."""
     # A CPU variant compiles nothing: its wheel is the package's sources, so no registry is imported.
     specs = load_registry(config) if any(v.backend != "cpu" for v in wanted) else []
     csrc = {s.name: s.csrc for s in specs if s.csrc is not None}
     tools = _tools(config, wanted, nvcc_path, csrc)
-    plan = plan_build(config, specs, config_path, tools.toolchain, variants, tools.missing)
+    plan = plan_build(config, specs, tools.toolchain, variants, tools.missing)
     settings = tools.nvcc.settings if tools.nvcc is not None else NvccSettings()
     return plancache.StoredPlan(plan, csrc, settings, tools.toolchain, tools.missing), tools
 
@@ -176,6 +174,11 @@ def variant_stamp(setup: BuildSetup, variant: Variant) -> WheelStamp:
     return replace(setup.stamp, toolchain=tuple(sorted({**dict(setup.stamp.toolchain), "torch": torch}.items())))
 
 
+def worker_config(setup: BuildSetup) -> str:
+    """The kiln.toml a compile worker loads in its own process (the one place a build hands on a path)."""
+    return str(setup.config.config_file.resolve())
+
+
 @contextmanager
 def compile_context(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> Iterator[CompileContext]:
     """Workers and cache for one build; the workers stop when the block ends."""
@@ -186,9 +189,9 @@ def compile_context(setup: BuildSetup, out: str | Path, jobs: int | None = None)
         # what is reused, and a cold build is really cold.
         env_vars: dict[str, str | None] = {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": triton_cache}
         with WorkerPool(jobs or setup.config.build.jobs, env_vars) as pool:
-            yield CompileContext(setup.config_path, Path(out).resolve() / "build", BuildCache(setup.cache_root), pool,
-                           setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc, setup.project,
-                           environments=variant_environments(setup), config=setup.config)
+            yield CompileContext(worker_config(setup), Path(out).resolve() / "build", BuildCache(setup.cache_root),
+                                 pool, setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc,
+                                 setup.project, environments=variant_environments(setup), config=setup.config)
 
 
 @dataclass(frozen=True)

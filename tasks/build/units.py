@@ -34,7 +34,7 @@ BINARY_KIND = {"cuda": "cubin", "hip": "hsaco"}
 class CompileContext:
     """What every unit of one build needs; shared by the units of a run."""
 
-    config_path: str
+    config_path: str  # the kiln.toml each compile worker loads in its own process (stage.worker_config)
     out_dir: Path  # <out>/build
     cache: BuildCache
     pool: WorkerPool

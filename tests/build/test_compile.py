@@ -11,7 +11,7 @@ from kiln.core.fsutil import sha256_file
 from kiln.tasks.build.aot import check_elf_arch, elf_arch
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
-from kiln.tasks.build.stage import prepare_build
+from kiln.tasks.build.stage import prepare_build, worker_config
 from kiln.tasks.build.units import CompileContext, build_unit, unit_record
 from tests.build.conftest import copy_project
 
@@ -24,7 +24,7 @@ def pool(tmp_path_factory):
 
 
 def _env(setup, tmp_path, pool):
-    return CompileContext(setup.config_path, tmp_path / "out" / "build", BuildCache(tmp_path / "cache"), pool,
+    return CompileContext(worker_config(setup), tmp_path / "out" / "build", BuildCache(tmp_path / "cache"), pool,
                     120, setup.plan.toolchain)
 
 

@@ -32,7 +32,7 @@ def _ids(plan):
 
 
 def test_tiny_project_plan_has_units_and_a_skip_with_reason(tiny_config):
-    plan = plan_build(tiny_config, load_registry(tiny_config), "kiln.toml", TOOLS)
+    plan = plan_build(tiny_config, load_registry(tiny_config), TOOLS)
     assert _ids(plan) == [
         "build/cu130/8.0/add/fp32_b64", "build/cu130/8.0/scale/fp32_b64",
         "build/cu130/9.0/add/fp32_b64", "build/rocm/gfx942/add/fp32_b64",
@@ -52,7 +52,7 @@ def test_tiny_project_plan_has_units_and_a_skip_with_reason(tiny_config):
 def test_specialization_backends_and_min_arch_become_skips(tiny_config):
     kernel = _kernel(tiny_config, "q", {"cuda": ("8.0", "9.0"), "hip": ("gfx942",)},
                      _special("i8"), _special("fp8", min_arch={"cuda": "8.9"}), _special("cuda_only", backends=("cuda",)))
-    plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS)
+    plan = plan_build(tiny_config, [kernel], TOOLS)
     assert _ids(plan) == [
         "build/cu130/8.0/q/cuda_only", "build/cu130/8.0/q/i8",
         "build/cu130/9.0/q/cuda_only", "build/cu130/9.0/q/fp8", "build/cu130/9.0/q/i8",
@@ -65,15 +65,15 @@ def test_specialization_backends_and_min_arch_become_skips(tiny_config):
 
 def test_variant_filter_and_unknown_variant(tiny_config):
     specs = load_registry(tiny_config)
-    plan = plan_build(tiny_config, specs, "kiln.toml", TOOLS, variants=["rocm"])
+    plan = plan_build(tiny_config, specs, TOOLS, variants=["rocm"])
     assert _ids(plan) == ["build/rocm/gfx942/add/fp32_b64"]
     with pytest.raises(ConfigError, match="unknown variant 'cu999'"):
-        plan_build(tiny_config, specs, "kiln.toml", TOOLS, variants=["cu999"])
+        plan_build(tiny_config, specs, TOOLS, variants=["cu999"])
 
 
 def test_nvcc_unit_gets_exactly_the_filtered_archs(tiny_config):
     kernel = _kernel(tiny_config, "act", {"cuda": ("8.0",)}, csrc=CudaSource("csrc", ("add.py",), ("7.5", "8.0", "8.6"), "libx.so"))
-    plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS)
+    plan = plan_build(tiny_config, [kernel], TOOLS)
     (unit,) = plan.units
     assert unit.kind == "nvcc" and unit.archs == ("8.0",)  # 9.0 is not covered by 7.5/8.0/8.6
     assert unit.id == "build/cu130/sm_80/act/csrc"
@@ -85,7 +85,7 @@ def test_the_long_units_start_first_and_the_rest_keep_plan_order(tiny_config):
     csrc = CudaSource("csrc", ("add.py",), ("8.0",), "libx.so")
     kernels = [_kernel(tiny_config, name, {"cuda": ("8.0", "9.0")}, _special("s"), _special("t"), csrc=csrc)
                for name in ("act", "norm")]
-    plan = plan_build(tiny_config, kernels, "kiln.toml", TOOLS)
+    plan = plan_build(tiny_config, kernels, TOOLS)
     planned, started = plan.units, plan.in_start_order()
     assert [u.kind for u in planned].index("nvcc") > 0  # the plan lists each after its kernel's Triton units
     assert [u.kind for u in started] == ["nvcc", "nvcc"] + ["triton"] * (len(planned) - 2)
@@ -95,7 +95,7 @@ def test_the_long_units_start_first_and_the_rest_keep_plan_order(tiny_config):
 
 def test_missing_nvcc_skips_cuda_cpp_units_with_the_reason(tiny_config):
     kernel = _kernel(tiny_config, "act", {"cuda": ("8.0",)}, _special("s"), csrc=CudaSource("csrc", ("add.py",), ("8.0",), "libx.so"))
-    plan = plan_build(tiny_config, [kernel], "kiln.toml", TOOLS, nvcc_missing="CUDA C++ units skipped: nvcc not found")
+    plan = plan_build(tiny_config, [kernel], TOOLS, nvcc_missing="CUDA C++ units skipped: nvcc not found")
     assert [u.kind for u in plan.units] == ["triton"]  # Triton units still build
     (skip,) = [s for s in plan.skips if s.id.endswith("/act/csrc")]
     assert skip.reason == "CUDA C++ units skipped: nvcc not found"
@@ -103,12 +103,12 @@ def test_missing_nvcc_skips_cuda_cpp_units_with_the_reason(tiny_config):
 
 def test_keys_change_with_source_target_and_toolchain(tiny_config):
     specs = load_registry(tiny_config)
-    base = {u.id: u.key for u in plan_build(tiny_config, specs, "kiln.toml", TOOLS).units}
+    base = {u.id: u.key for u in plan_build(tiny_config, specs, TOOLS).units}
     assert len(set(base.values())) == len(base)  # every unit has its own key
-    other = {u.id: u.key for u in plan_build(tiny_config, specs, "kiln.toml", {**TOOLS, "triton": "3.10"}).units}
+    other = {u.id: u.key for u in plan_build(tiny_config, specs, {**TOOLS, "triton": "3.10"}).units}
     assert not set(base.values()) & set(other.values())
     add = tiny_config.path("tinyk/add.py")
     add.write_text(add.read_text() + "\n# edited\n")
-    edited = {u.id: u.key for u in plan_build(tiny_config, specs, "kiln.toml", TOOLS).units}
+    edited = {u.id: u.key for u in plan_build(tiny_config, specs, TOOLS).units}
     changed = sorted(uid for uid in base if base[uid] != edited[uid])
     assert changed == ["build/cu130/8.0/add/fp32_b64", "build/cu130/9.0/add/fp32_b64", "build/rocm/gfx942/add/fp32_b64"]

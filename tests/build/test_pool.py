@@ -12,7 +12,7 @@ import pytest
 from kiln.core.errors import BuildWorkerError, CompileError, KilnError, is_retryable
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import RemoteTraceback, UnpicklableRemoteError, WorkerPool, WorkerTimeout
-from kiln.tasks.build.stage import prepare_build
+from kiln.tasks.build.stage import prepare_build, worker_config
 from kiln.tasks.build.units import CompileContext, build_unit, unit_record
 from tests.build import pool_targets
 from tests.build.conftest import copy_project
@@ -46,7 +46,7 @@ class _Redirect:
 def test_import_error_in_a_compile_worker_is_an_error_of_the_worker_with_its_traceback(pool, tmp_path):
     setup = prepare_build(str(copy_project("tiny", tmp_path)), "0.1.0", ["cu130"])
     unit = next(u for u in setup.plan.units if u.id == "build/cu130/9.0/add/fp32_b64")
-    env = CompileContext(setup.config_path, tmp_path / "out" / "build", BuildCache(tmp_path / "cache"),
+    env = CompileContext(worker_config(setup), tmp_path / "out" / "build", BuildCache(tmp_path / "cache"),
                    _Redirect(pool, f"{TARGETS}:compile_with_triton_missing"), 120, setup.plan.toolchain)  # type: ignore[arg-type]
     with pytest.raises(BuildWorkerError) as info:
         build_unit(unit, env)

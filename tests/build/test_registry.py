@@ -249,7 +249,7 @@ def _duck_tiny(dest: Path, spec_fields: str, kernel_fields: str) -> Path:
 def test_duck_typed_registry_with_every_field_plans_like_the_spec_types(tmp_path):
     duck = load_config(_duck_tiny(tmp_path / "duck", _FULL_SPEC, _FULL_KERNEL))
     typed = load_config(copy_project("tiny", tmp_path / "typed"))
-    plans = [plan_build(c, load_registry(c), "kiln.toml", {"triton": "3.9.0"}) for c in (duck, typed)]
+    plans = [plan_build(c, load_registry(c), {"triton": "3.9.0"}) for c in (duck, typed)]
     assert [(u.id, u.key) for u in plans[0].units] == [(u.id, u.key) for u in plans[1].units]
     assert len(plans[0].units) == 4
 
