@@ -11,6 +11,7 @@ pure-Triton package's wheels are ``py3``: no axis.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +20,12 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from kiln.tasks.build.interpreters import Interpreter, find_interpreter
-from kiln.tasks.onboarding.inspect import _native
 
 # The CPythons Kiln builds a matrix for (the oldest still supported upstream, the newest released).
 SUPPORTED = ("3.10", "3.11", "3.12", "3.13", "3.14")
 Finder = Callable[[str], Interpreter | None]
+# setuptools' Extension( (not CUDAExtension/CppExtension: those are torch extensions) or an ext_modules list.
+_CPYTHON_EXTENSION = re.compile(r"\bExtension\(|\bext_modules\b")
 
 
 def _find(minor: str) -> Interpreter | None:
@@ -44,19 +46,23 @@ def python_axis(requires_python: str, find: Finder = _find) -> tuple[tuple[str, 
     return tuple(m for m, interpreter in found.items() if interpreter is not None), tuple(left)
 
 
-def builds_native(root: Path) -> bool:
-    """Whether the project at ``root`` compiles native code (kiln init's own reading of its build files)."""
+def cpython_extension(root: Path) -> bool:
+    """Whether the project at ``root`` builds a CPython extension module (setuptools ``Extension``/``ext_modules``,
+    or ``[tool.setuptools] ext-modules``): its wheel is per Python. A library it compiles and loads itself (nvcc,
+    CMake, ctypes) is not, and gets no axis."""
     pyproject = root / "pyproject.toml"
     data = tomllib.loads(pyproject.read_text()) if pyproject.is_file() else {}
+    if data.get("tool", {}).get("setuptools", {}).get("ext-modules"):
+        return True
     setup_py = root / "setup.py"
-    return _native(root, data, setup_py.read_text(errors="replace") if setup_py.is_file() else "")[0]
+    return bool(_CPYTHON_EXTENSION.search(setup_py.read_text(errors="replace") if setup_py.is_file() else ""))
 
 
 def with_python_axis(text: str, kind: str, torch_extension: bool, requires_python: str, root: Path,
                      find: Finder = _find) -> str:
-    """``text`` (a rendered kiln.toml) with the Python axis on each variant of a ``pep517`` package that
-    compiles native code (a pure package's one ``py3`` wheel needs no axis)."""
-    if kind != "pep517" or not builds_native(root):
+    """``text`` (a rendered kiln.toml) with the Python axis on each variant of a ``pep517`` package that builds
+    a CPython extension (a pure package's or a ctypes library's one ``py3`` wheel needs no axis)."""
+    if kind != "pep517" or not cpython_extension(root):
         return text
     axis, left = python_axis(requires_python, find)
     notes = [f"# left out of the python axis: {line}" for line in left]
