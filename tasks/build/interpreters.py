@@ -248,22 +248,3 @@ def cell_interpreters(config: KilnConfig, variants: Sequence[Variant],
             _found[(interpreter.minor, explicit, str(config.root))] = interpreter
             out[name] = CellInterpreter(interpreter.path, interpreter.minor, interpreter.version)
     return out
-
-
-def safe_path_flag(python: str | Path) -> str:
-    """How to keep the working directory off ``sys.path`` for ``python`` (an environment's interpreter):
-    ``-P`` (3.11+), else ``-I`` (a Python 3.10 cell's environment; ``-P`` came with 3.11). Read from the
-    environment's ``pyvenv.cfg``, no process; an interpreter outside an environment is taken as 3.11+."""
-    config = Path(python).parent.parent / "pyvenv.cfg"
-    try:
-        lines = config.read_text().splitlines()
-    except OSError:
-        return "-P"
-    for line in lines:
-        key, _, value = line.partition("=")
-        if key.strip() in ("version_info", "version"):
-            parts = value.strip().split(".")
-            if len(parts) >= 2 and parts[0] == "3" and parts[1].isdigit() and int(parts[1]) < 11:
-                return "-I"
-            return "-P"
-    return "-P"

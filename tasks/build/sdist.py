@@ -33,13 +33,13 @@ import build
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
+from kiln.core import venvs
 from kiln.core.errors import CompileError, InvalidInputError
 from kiln.tasks.build.backend import without_network
 from kiln.tasks.build.buildenv import pip_env
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
-from kiln.tasks.testing import envs
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 4000
@@ -70,7 +70,7 @@ def _runner(environ: Mapping[str, str], timeout_s: float) -> build.RunnerType:
 
 
 def _install_missing(python: Path, requirements: Sequence[str], what: str, timeout_s: float) -> None:
-    missing = envs.unmet_requirements(python, sorted(requirements))
+    missing = venvs.unmet_requirements(python, sorted(requirements))
     if not missing:
         return
     wanted = [m.rsplit(" (", 1)[0] for m in missing]
@@ -113,7 +113,7 @@ def build_sdist(project_dir: Path, distribution: str, version: str, out_dir: Pat
     with tempfile.TemporaryDirectory(prefix="kiln-sdist-") as tmp:
         work = Path(tmp)
         source = copy_project(project_dir, work / "src", exclude)
-        python = envs.make_build_env(work / "env")
+        python = venvs.make_build_env(work / "env")
         environ = reproducible_environ(sdist_environ(os.environ, distribution, public),
                                        path_maps(source, work, None), commit_time(project_dir))
         builder = build.ProjectBuilder(source, python_executable=str(python), runner=_runner(environ, timeout_s))

@@ -43,24 +43,23 @@ from __future__ import annotations
 import email.message
 import email.parser
 import functools
-import json
 import logging
 import shutil
-import subprocess
 import sys
-import sysconfig
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from kiln.core.errors import InfrastructureError, PermanentError, ToolchainMissingError
-from kiln.core.venvs import PURELIB_QUERY, layer, uv_command
+from kiln.core.errors import InfrastructureError, PermanentError
+from kiln.core.venvs import make_build_env as make_build_env  # a pep517 build's environment, kept here by name
+from kiln.core.venvs import run as _run
+from kiln.core.venvs import site_packages as _site_packages
+from kiln.core.venvs import unmet_requirements as unmet_requirements  # kept here by name
+from kiln.core.venvs import uv_command
 from kiln.core.wheels import core_metadata
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.buildenv import pip_sources
-from kiln.tasks.build.interpreters import safe_path_flag
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
 from kiln.tasks.testing.baseenv import base_env, base_pins
@@ -70,28 +69,6 @@ log = logging.getLogger(__name__)
 TIMEOUT_S = 300.0
 INSTALL_TIMEOUT_S = 900.0  # resolving and downloading a wheel's dependencies
 DEFAULT_INDEXES = ("https://pypi.org/simple",)
-# Kiln's own distributions the test processes import (the worker, the spec types).
-KILN_DISTRIBUTIONS = ("kiln", "kiln-runtime")
-
-# Run inside the new environment: which requirements are not met there.
-_CHECK = r"""
-import json, sys
-from importlib import metadata
-from packaging.requirements import Requirement
-missing = []
-for text in json.loads(sys.argv[1]):
-    req = Requirement(text)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    try:
-        found = metadata.version(req.name)
-    except metadata.PackageNotFoundError:
-        missing.append(f"{text} (not installed)")
-        continue
-    if req.specifier and not req.specifier.contains(found, prereleases=True):
-        missing.append(f"{text} (found {found})")
-print(json.dumps(missing))
-"""
 
 
 class DependencyResolutionError(PermanentError):
@@ -107,21 +84,6 @@ class TestEnv:
     root: Path
     python: Path
     installed: tuple[str, ...]
-
-
-def _run(cmd: list[str], what: str, timeout: float = TIMEOUT_S, env: dict[str, str] | None = None) -> str:
-    log.info("running %s", " ".join(cmd))
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
-    except subprocess.TimeoutExpired as exc:
-        raise InfrastructureError(f"{what} did not finish within {timeout:g}s") from exc
-    except FileNotFoundError as exc:
-        raise ToolchainMissingError(f"{what}: {cmd[0]} is not installed") from exc
-    if done.returncode != 0:
-        raise InfrastructureError(
-            f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-1500:]}"
-        )
-    return done.stdout
 
 
 @functools.cache
@@ -140,43 +102,6 @@ def installer_env() -> dict[str, str]:
     return scrubbed_env(_installer_home(), extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR")})
 
 
-def _editable_pth(distribution: str) -> str | None:
-    """The ``.pth`` line an editable install of ``distribution`` put into site-packages, if any."""
-    # Looked up in this interpreter's site-packages only: a ``kiln.egg-info`` left in the working
-    # directory (an in-tree build) would otherwise answer first, without the editable install's files.
-    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    found = list(metadata.distributions(name=distribution, path=site))
-    if not found:
-        return None
-    files = found[0].files or []
-    for file in files:
-        if file.name.endswith(".pth") and file.name.startswith("__editable__"):
-            return Path(str(file.locate())).read_text()
-    return None
-
-
-def _site_packages(python: Path) -> Path:
-    out = _run([str(python), safe_path_flag(python), "-c", PURELIB_QUERY],
-               "locating the environment's site-packages")
-    return Path(out.strip())
-
-
-def _link_parent(site: Path) -> None:
-    """See this interpreter's packages after the environment's own; expose Kiln as installed here."""
-    layer(site, "zz_kiln_inherit", sysconfig.get_paths()["purelib"])
-    for distribution in KILN_DISTRIBUTIONS:
-        line = _editable_pth(distribution)
-        if line is not None:  # an editable Kiln: its import hook maps only kiln.* (no checkout on a path)
-            (site / f"zzz_kiln_{distribution.replace('-', '_')}.pth").write_text(line)
-
-
-def unmet_requirements(python: Path, requirements: Sequence[str], flag: str = "-P") -> list[str]:
-    # -P: the caller's working directory (any directory a user runs kiln in) is not on the path.
-    unmet: list[str] = json.loads(_run([str(python), flag, "-c", _CHECK, json.dumps(list(requirements))],
-                                       "checking the environment's requirements").strip() or "[]")
-    return unmet
-
-
 def wheel_requirements(wheel: Path) -> list[str]:
     """The ``Requires-Dist`` lines of a wheel (its METADATA read bounded, by :func:`read_member`)."""
     return _wheel_metadata(wheel).get_all("Requires-Dist") or []
@@ -189,20 +114,6 @@ def wheel_distribution(wheel: Path) -> str:
 
 def _wheel_metadata(wheel: Path) -> email.message.Message:
     return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
-
-
-def make_build_env(root: Path) -> Path:
-    """A fresh environment at ``root`` that sees this interpreter's packages after its own; its python.
-
-    A project's own build backend (``[build] backend = "pep517"``) builds in it; test environments do not
-    (:func:`make_env`).
-    """
-    if root.exists():
-        shutil.rmtree(root)
-    _run([*uv_command(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
-    python = root / "bin" / "python"
-    _link_parent(_site_packages(python))
-    return python
 
 
 def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,

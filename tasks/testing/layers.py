@@ -32,8 +32,7 @@ from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InfrastructureError
 from kiln.core.fsutil import atomic_write_text
-from kiln.core.venvs import layer
-from kiln.tasks.build.interpreters import safe_path_flag
+from kiln.core.venvs import layer, safe_path_flag
 from kiln.tasks.testing import importguard
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kiln.tasks.build.interpreters import safe_path_flag
+from kiln.core.venvs import safe_path_flag
 from kiln.tasks.process import (
     LadderResult,
     Mailboxes,
