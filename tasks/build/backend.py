@@ -51,6 +51,7 @@ from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pip_env
+from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
@@ -229,8 +230,10 @@ class ProjectBuilder:
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
+            tree_env, tree_args, tree = build_dir_options(source, tmp / BUILD_DIR, environ)  # scikit-build-core
             result = run_tool([str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                               "--wheel-dir", str(dist), str(source)], self.timeout_s, cwd=source, env=environ)
+                               "--wheel-dir", str(dist), *tree_args, str(source)], self.timeout_s, cwd=source,
+                              env=environ | tree_env)
             shimmed = narrowed(tmp / "path" / NARROWED_HOME)
             refused = next((n["refused"] for n in shimmed if "refused" in n), None)
             if result.returncode != 0 and refused:
@@ -239,7 +242,7 @@ class ProjectBuilder:
                 raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
                                    f" its log ends:\n{_tail(result.stdout)}")
             wheel = self._one_wheel(dist, what)
-            self._built_here(wheel, source, dist, what)
+            self._built_here(wheel, source, dist, what, tree)
             dropped = sorted({c for n in shimmed for c in n.get("dropped", ())})
             if dropped:
                 _log.info("%s: Kiln's nvcc dropped the targets %s that its build names (arch_policy narrow)", what,
@@ -293,9 +296,17 @@ class ProjectBuilder:
                 raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")
         return python
 
-    def _built_here(self, wheel: Path, source: Path, dist: Path, what: str) -> None:
-        """Refuse a wheel whose libraries this build did not make (checked where setuptools builds: the
-        prebuilt-wheel download is a setuptools ``bdist_wheel`` pattern; other backends build out of tree)."""
+    def _built_here(self, wheel: Path, source: Path, dist: Path, what: str, tree: Path | None = None) -> None:
+        """Refuse a wheel whose libraries this build did not make: setuptools' build tree (the prebuilt-wheel
+        download is a ``bdist_wheel`` pattern), else the CMake build ``tree`` Kiln named for scikit-build-core
+        (:mod:`kiln.tasks.build.compiled_here`); other backends are not checked."""
+        if not _setuptools(source) and tree is not None:
+            foreign = foreign_out_of_tree(wheel, tree)
+            if foreign:
+                raise CompileError(f"the build of {what} put libraries in its wheel that it did not compile: {foreign}"
+                                   f" (no library its {out_of_tree(source)} build tree holds has their machine code:"
+                                   " installed from the sources or fetched, not built); build them from source")
+            return
         if not _setuptools(source):
             return
         foreign = foreign_binaries(wheel, source, dist)
