@@ -8,6 +8,7 @@ reason. Building one unit is :mod:`kiln.tasks.build.units`.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -198,6 +199,16 @@ def variant_env_id(variant: Variant) -> str:
                   *(f"{k}={v}" for k, v in sorted(variant.build_env.items())), *cell)
 
 
+def _project_input(config: KilnConfig, variant: Variant, project: Path) -> str:
+    """The project's hash for a backend unit. A matrix cell's leaves kiln.toml out: what of it the build sees
+    (the variant's archs, toolchain, build environment, policy and cell) is in the unit's key, so a Python added
+    to the axis builds that cell alone, not every cell again. A variant without axes: as before."""
+    if variant.cell is None:
+        return project_hash(project, kiln_state(config))
+    config_file = os.path.relpath(config.config_file, project)
+    return project_hash(project, kiln_state(config), unhashed=(Path(config_file).as_posix(),))
+
+
 def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]) -> CompileUnit:
     """The variant's whole wheel, built by the project's own backend (``[build] backend = "pep517"``)."""
     archs = variant.archs
@@ -205,7 +216,7 @@ def backend_unit(config: KilnConfig, variant: Variant, toolchain: dict[str, str]
     policy = "record" if config.build.kind == "triton-jit" else variant.arch_policy
     label = "+".join(arch_rules.parse_cuda_arch(a).sm if variant.backend == "cuda" else a for a in archs) or "-"
     project = config.path(config.build.project_dir)
-    batch = digest(CACHE_FORMAT, "pep517", BUILD_RECIPE, variant.backend, project_hash(project, kiln_state(config)),
+    batch = digest(CACHE_FORMAT, "pep517", BUILD_RECIPE, variant.backend, _project_input(config, variant, project),
                    repr(sorted(toolchain.items())))[:32]
     key = digest(batch, variant.name, *archs, config.build.toolchain.model_dump_json(),
                  *([variant_env_id(variant), policy] if variant_env_id(variant) or policy != "exact" else []),

@@ -166,13 +166,16 @@ def head_commit(project_dir: Path) -> str:
     return done.stdout.decode().strip() if done is not None and done.returncode == 0 else ""
 
 
-def project_hash(project_dir: Path, exclude: Sequence[Path] = ()) -> str:
+def project_hash(project_dir: Path, exclude: Sequence[Path] = (), unhashed: Sequence[str] = ()) -> str:
     """Content hash of the project's files (names and bytes) and its commit: the backend unit's cache input.
 
     The commit counts because git-based tooling (setuptools-scm's version and file list) reads it.
+    ``unhashed``: files (relative to ``project_dir``) left out, whose content the unit's key holds otherwise.
     """
     digest = hashlib.sha256(head_commit(project_dir).encode() + b"\0")
     for name in project_files(project_dir, exclude):
+        if name in unhashed:
+            continue
         digest.update(name.encode() + b"\0")
         digest.update(hashlib.sha256((project_dir / name).read_bytes()).digest())
     return digest.hexdigest()

@@ -124,3 +124,14 @@ def test_the_coverage_table_has_a_row_per_cell_and_a_cell_without_a_wheel_shows_
         ("cu130py313torch2141", "cp313", "==2.14.1", "not built"),
     ]
     assert rows[2].why == "AbiAuditError: the wheel claims abi3" and rows[0].why == "no build unit in this run"
+
+
+def test_a_python_added_to_the_axis_leaves_the_other_cells_keys_as_they_were(tmp_path):
+    from kiln.tasks.build.plan import backend_unit
+
+    config_path = copy_project("cmatrix", tmp_path)
+    before = {v.name: backend_unit(c, v, {}).key for c in [load_config(config_path)] for v in c.variants}
+    config_path.write_text(config_path.read_text().replace('"3.12", "3.13"]', '"3.12"]'))
+    after = {v.name: backend_unit(c, v, {}).key for c in [load_config(config_path)] for v in c.variants}
+    assert after == {name: key for name, key in before.items() if name != "cpupy313"}
+    assert len(set(before.values())) == 4  # every cell its own key
