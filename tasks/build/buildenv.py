@@ -164,10 +164,12 @@ def pip_env(home: Path) -> dict[str, str]:
 
 
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,
-          base: CellInterpreter | None = None) -> None:
+          base: CellInterpreter | None = None, fill: Callable[[Path], None] | None = None) -> None:
     what = f"the build environment of variant {variant} ({', '.join(requirements) or base and base.ident})"
     uv = (shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))) if base else None
-    if base is not None and uv is not None:
+    if fill is not None:
+        fill(tmp)
+    elif base is not None and uv is not None:
         _fill_with_uv(uv, tmp, base, requirements, timeout_s, what)
     else:
         _fill_with_pip(tmp, base, requirements, timeout_s, what)
@@ -281,11 +283,13 @@ class CellInterpreter:
 
 def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeout_s: float,
                finish: Callable[[Path], None] | None = None,
-               base: CellInterpreter | None = None) -> BuildEnvironment:
+               base: CellInterpreter | None = None, fill: Callable[[Path], None] | None = None) -> BuildEnvironment:
     """The environment of ``requirements`` under ``envs_root``, made now unless another builder made it first.
 
     ``finish`` is called on a new environment's directory before it is published (renamed into place).
     ``base``: a matrix cell's interpreter (default: this one), part of the key.
+    ``fill``: makes the environment at the directory it is given instead of pip (or uv) installing
+    ``requirements``, which must then say what it holds (the test base copied from Kiln's interpreter).
     """
     owner_only_dir(envs_root)
     reqs = tuple(sorted(str(Requirement(r)) for r in requirements))
@@ -305,7 +309,7 @@ def ensure_env(envs_root: Path, requirements: Sequence[str], variant: str, timeo
         start = time.perf_counter()
         _log.info("creating the %s: %s", what, ", ".join(reqs))
         try:
-            _make(tmp, final, reqs, variant, timeout_s, base)
+            _make(tmp, final, reqs, variant, timeout_s, base, fill)
             if finish is not None:
                 finish(tmp)
             os.rename(tmp, final)

@@ -5,10 +5,14 @@ nor see Kiln's own site-packages. Its large shared dependencies — torch,
 Triton, numpy, pytest and the pydantic Kiln's bench harness reads its
 configuration with — come from a base environment keyed by their exact
 versions and the interpreter: :func:`kiln.tasks.build.buildenv.ensure_env`
-makes it once (pip, from the machine's ``pip.conf`` sources, so torch is the
-local CPU build; under an ``fcntl`` lock, in a temporary directory renamed
+makes it once (under an ``fcntl`` lock, in a temporary directory renamed
 into place), and every suite environment of that key layers its
-site-packages after its own. The versions are those of Kiln's interpreter
+site-packages after its own. Where Kiln's interpreter has exactly those
+distributions (and their dependencies) installed, the base is a copy of
+their files (:mod:`.hostbase`: 25-35 s instead of 150-170 s for pip on a
+loaded 2-core machine, ``benchmarks/bench_test_base.py``), keyed by every
+distribution it holds; else pip installs them from the machine's
+``pip.conf`` sources (so torch is the local CPU build). The versions are those of Kiln's interpreter
 (what Kiln itself was tested with); a GPU variant's base takes the torch its
 ``build_requires`` pins instead.
 
@@ -30,6 +34,7 @@ in-place edit by a non-root test; the hash check is what catches the rest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -41,13 +46,17 @@ import sysconfig
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from kiln.core.errors import InfrastructureError
 from kiln.core.fsutil import polled_lock
+from kiln.core.venvs import tool_python
 from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir, pinned_version
+from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.testing.hostbase import HostDistributions, copy_into, host_distributions
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,7 @@ COMPILE_TIMEOUT_S = 600.0
 BASES = "bases"  # frozen bases (each with its MANIFEST) live here, apart from the unchecked ones of before
 MANIFEST = "kiln-base-files.json"
 _SHOWN = 5  # changed files named in the log
+HASH_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -99,14 +109,28 @@ def base_env(pins: Sequence[str], variant: str = "cpu") -> BaseEnv:
     root = owner_only_dir(cache_root()) / BASES
     log.info("test base environment of %s (%s): finding or creating it under %s (a cold one takes minutes)",
              variant, ", ".join(pins), root)
-    made = ensure_env(root, pins, variant, CREATE_TIMEOUT_S, finish=freeze)
+    host = host_distributions(pins)  # Kiln's interpreter has them all: copied from it, else pip installs them
+    requirements, fill = (host.pins, functools.partial(_copy_host, host)) if host else (tuple(pins), None)
+    made = ensure_env(root, requirements, variant, CREATE_TIMEOUT_S, finish=freeze, fill=fill)
     changed = None if made.created else changed_files(made.root)
     if changed:
         _discard(made.root, changed)
-        made = ensure_env(root, pins, variant, CREATE_TIMEOUT_S, finish=freeze)
+        made = ensure_env(root, requirements, variant, CREATE_TIMEOUT_S, finish=freeze, fill=fill)
     log.info("test base environment %s %s in %.1f s", made.root.name[:16], "created" if made.created else "found",
              time.perf_counter() - start)
     return BaseEnv(made.root, site_packages(made.root), made.requirements)
+
+
+def _copy_host(host: HostDistributions, tmp: Path) -> None:
+    """A base at ``tmp``: an environment of Kiln's interpreter, without pip, holding copies of ``host``'s files."""
+    done = run_tool([*tool_python(), "-m", "venv", "--without-pip", str(tmp)], COMPILE_TIMEOUT_S)
+    if done.returncode != 0:
+        raise BuildEnvironmentError(f"cannot create the test base {tmp}: python -m venv failed (exit "
+                                    f"{done.returncode}): {done.stdout.strip()[-1500:]}")
+    start = time.perf_counter()
+    copy_into(site_packages(tmp), host)
+    log.info("test base: %d files of %d distributions copied from Kiln's interpreter (%s) in %.1f s",
+             len(host.files), len(host), ", ".join(host.pins), time.perf_counter() - start)
 
 
 def _files(root: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -150,7 +174,10 @@ def freeze(root: Path) -> None:
                 path = os.path.join(here, name)
                 if not os.path.islink(path):
                     os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~0o222)
-        files = {rel: [_content(root / rel, found), *_stamp(found)] for rel, found in _files(root)}
+        found = list(_files(root))
+        with ThreadPoolExecutor(HASH_THREADS) as pool:  # hashlib lets go of the GIL: 1.5 GB on every core
+            contents = list(pool.map(lambda item: _content(root / item[0], item[1]), found))
+        files = {rel: [content, *_stamp(st)] for (rel, st), content in zip(found, contents, strict=True)}
     except BaseException:
         _writable_dirs(root)  # so the creator can remove what it could not finish
         raise
