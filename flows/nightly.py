@@ -45,6 +45,7 @@ from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO
+from kiln.tasks.testing.baseenv import prepare_bases
 
 
 @flow(name="nightly", log_prints=True)
@@ -72,6 +73,8 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     warn_below_extra_index(config, run.header.version)
     params = RunParams.of(config, run, out)
     remote = find_deployments(config)
+    # The suites' test bases Kiln's interpreter can give are copied while the build runs (issue 46, part 5).
+    prepare_bases((v.backend, v.build_requires) for s in config.suites for v in config.suite_variants(s))
     stages = {"build": build_stage(config, run, remote, params)}
     suites = start_suites(config, run, remote, params)
     stages |= {

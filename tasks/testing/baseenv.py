@@ -43,15 +43,16 @@ import shutil
 import stat
 import subprocess
 import sysconfig
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from kiln.core.errors import InfrastructureError
+from kiln.core.errors import InfrastructureError, KilnError
 from kiln.core.fsutil import polled_lock
 from kiln.core.venvs import tool_python
 from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir, pinned_version
@@ -119,6 +120,31 @@ def base_env(pins: Sequence[str], variant: str = "cpu") -> BaseEnv:
     log.info("test base environment %s %s in %.1f s", made.root.name[:16], "created" if made.created else "found",
              time.perf_counter() - start)
     return BaseEnv(made.root, site_packages(made.root), made.requirements)
+
+
+def prepare_bases(variants: Iterable[tuple[str, Sequence[str]]]) -> threading.Thread:
+    """Start making, in a background thread, the bases of ``variants`` ((backend, build_requires) each) that are
+    copied from Kiln's interpreter, so the test stage finds them made: the nightly's build runs meanwhile (on
+    a first run, the cold base was the test stage's first 25-35 s). A base pip would make is left to the test
+    stage (minutes of downloads for a suite that may be dispatched elsewhere or not run). Creation is under
+    the base's lock, so a suite that asks meanwhile waits for it; a failure here is logged and the suite that
+    needs the base makes it again, failing there with the error."""
+    wanted: dict[tuple[str, ...], str] = {}
+    for backend, reqs in variants:
+        wanted.setdefault(base_pins(backend, tuple(reqs)), backend)
+
+    def prepare() -> None:
+        for pins, backend in wanted.items():
+            try:
+                if host_distributions(pins) is not None:  # read here: Kiln's RECORDs, off the build's path
+                    base_env(pins, backend)
+            except (KilnError, OSError) as exc:
+                log.warning("preparing the test base of %s failed (the test stage makes it again): %s",
+                            ", ".join(pins), exc)
+
+    thread = threading.Thread(target=prepare, name="kiln-test-base", daemon=True)
+    thread.start()
+    return thread
 
 
 def _copy_host(host: HostDistributions, tmp: Path) -> None:

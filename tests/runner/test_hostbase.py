@@ -7,13 +7,14 @@ session's shared ``$KILN_TEST_ENV_CACHE``: made once for all of them, so this fi
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from kiln.tasks.testing.baseenv import MANIFEST, base_env, base_pins, changed_files
+from kiln.tasks.testing.baseenv import BASES, CACHE_ENV, MANIFEST, base_env, base_pins, changed_files, prepare_bases
 from kiln.tasks.testing.hostbase import copy_into, host_distributions
 
 
@@ -102,3 +103,23 @@ def test_the_real_base_copied_from_kilns_interpreter_imports_its_distributions_a
     assert (base.site / "torch" / "__init__.py").stat().st_mode & 0o222 == 0 and (base.root / MANIFEST).is_file()
     # copies: Kiln's own torch is left as it was (a hard link would have shared the read-only mode)
     assert (host.site / "torch" / "__init__.py").stat().st_mode & 0o200
+
+
+def test_a_base_pip_would_make_is_not_prepared_during_the_build(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+
+    prepare_bases([("cuda", ("torch==0.0.1",))]).join(timeout=120)
+
+    assert not (tmp_path / "cache" / BASES).exists() or not list((tmp_path / "cache" / BASES).iterdir())
+
+
+@pytest.mark.slow
+def test_the_bases_prepared_during_the_build_are_the_ones_the_suites_then_find(caplog):
+    with caplog.at_level(logging.INFO, logger="kiln.tasks.testing.baseenv"):
+        prepare_bases([("cpu", ()), ("cuda", ())]).join(timeout=600)  # one base: a GPU variant without a torch pin
+
+    prepared = [r.getMessage() for r in caplog.records if r.threadName == "kiln-test-base"
+                and r.getMessage().startswith("test base environment ") and " in " in r.getMessage()]
+    assert len(prepared) == 1, prepared  # the one base, made (or found) in the background
+    made = base_env(base_pins())
+    assert made.root.name[:16] in prepared[0] and changed_files(made.root) == []
