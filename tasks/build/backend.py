@@ -222,6 +222,9 @@ class ProjectBuilder:
             maps = path_maps(source, tmp, made.root if made is not None else None)
             environ = reproducible_environ(self.environ(unit, made, tmp / "path"), maps,
                                            commit_time(self.project_dir))
+            # the scripts its build requirements installed (meson, cmake, ninja from the index) first, as pip's
+            # own isolated builds have them
+            environ["PATH"] = os.pathsep.join(filter(None, [str(python.parent), environ.get("PATH", "")]))
             if unit.variant in self.stable:
                 target = build_target(self.stable[unit.variant], _build_torch(environments, unit.variant, what))
                 _log.info("%s targets the torch %s stable ABI (TORCH_TARGET_VERSION=%s)", what, target,
@@ -230,7 +233,7 @@ class ProjectBuilder:
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
-            tree_env, tree_args, tree = build_dir_options(source, tmp / BUILD_DIR, environ)  # scikit-build-core
+            tree_env, tree_args, tree = build_dir_options(source, tmp / BUILD_DIR, environ)  # CMake, meson
             result = run_tool([str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                                "--wheel-dir", str(dist), *tree_args, str(source)], self.timeout_s, cwd=source,
                               env=environ | tree_env)
@@ -298,7 +301,7 @@ class ProjectBuilder:
 
     def _built_here(self, wheel: Path, source: Path, dist: Path, what: str, tree: Path | None = None) -> None:
         """Refuse a wheel whose libraries this build did not make: setuptools' build tree (the prebuilt-wheel
-        download is a ``bdist_wheel`` pattern), else the CMake build ``tree`` Kiln named for scikit-build-core
+        download is a ``bdist_wheel`` pattern), else the CMake or meson build ``tree`` Kiln named
         (:mod:`kiln.tasks.build.compiled_here`); other backends are not checked."""
         if not _setuptools(source) and tree is not None:
             foreign = foreign_out_of_tree(wheel, tree)

@@ -1,13 +1,13 @@
 """Whether a ``pep517`` wheel's libraries were compiled by its build, for a backend that builds out of tree.
 
 setuptools compiles into ``build/`` of the project it builds (:func:`kiln.tasks.build.backend.foreign_binaries`).
-scikit-build-core (CMake) builds in a directory of its own, by default a temporary one it removes: Kiln names
-it (:func:`build_dir_options`) inside the unit's directory, so it is still there when the wheel is checked. A
+scikit-build-core (CMake) and meson-python (meson) build in a directory of their own, by default a temporary
+one: Kiln names it (:func:`build_dir_options`) inside the unit's directory, so it is there when the wheel is
+checked. A
 library of the wheel is compiled here when a library with the same machine code (the ELF ``.text`` section: an
 install's RPATH edit or strip leaves it unchanged) is in that build tree; one the build only installed from
 elsewhere (a prebuilt ``.so`` in the sources, or fetched) is not, and fails the unit. A build that copies a
-prebuilt library into its own build tree first is not told apart (a limit); meson-python's build tree is not
-read yet, so its wheels are not checked.
+prebuilt library into its own build tree first is not told apart (a limit).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 # build-backend (its top-level module) -> the build system named in messages
-OUT_OF_TREE = {"scikit_build_core": "CMake (scikit-build-core)"}
+OUT_OF_TREE = {"scikit_build_core": "CMake (scikit-build-core)", "mesonpy": "meson (meson-python)"}
 BUILD_DIR = "native-build"  # under the unit's directory
 _BINARY = re.compile(r"\.(so(\.[0-9]+)*|pyd|dylib)$")
 _ELF64_LE = b"\x7fELF\x02\x01"
@@ -47,6 +47,8 @@ def build_dir_options(project_dir: Path, build_dir: Path,
     if backend == "scikit_build_core":
         chosen = environ.get("SKBUILD_BUILD_DIR") or str(build_dir)
         return {"SKBUILD_BUILD_DIR": chosen}, [], Path(chosen)
+    if backend == "mesonpy":
+        return {}, [f"--config-settings=build-dir={build_dir}"], build_dir
     return {}, [], None
 
 
