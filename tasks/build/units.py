@@ -154,10 +154,35 @@ def build_unit(unit: CompileUnit, env: CompileContext) -> UnitResult:
         env.events.append(f"{unit.id}: {exc}")
         raise
     if hit is not None:
-        files, cache = hit.files, "hit"
-    else:
-        files, cache = _compile(unit, env), "miss"
-        env.cache.put(unit.batch, unit.key, files, {"unit": unit.id, "toolchain": env.toolchain})
+        return _result(unit, env, hit.files, "hit", start)
+    files = _compile(unit, env)
+    env.cache.put(unit.batch, unit.key, files, {"unit": unit.id, "toolchain": env.toolchain})
+    return _result(unit, env, files, "miss", start)
+
+
+def cached_results(units: list[CompileUnit], env: CompileContext) -> dict[str, UnitResult]:
+    """The units whose verified outputs are in the cache, written out as :func:`build_unit` writes a hit.
+
+    A unit missing from the result is a miss, or its batch drifted (the event is in ``env.events`` and the
+    batch is invalidated, so building it compiles): :func:`build_unit` builds it. A warm build resolves
+    all of its units here, in one pass, instead of one orchestrated task each.
+    """
+    results = {}
+    for unit in units:
+        start = time.perf_counter()
+        try:
+            hit = env.cache.get(unit.batch, unit.key)
+        except CacheDriftError as exc:
+            env.events.append(f"{unit.id}: {exc}")
+            continue
+        if hit is not None:
+            results[unit.id] = _result(unit, env, hit.files, "hit", start)
+    return results
+
+
+def _result(unit: CompileUnit, env: CompileContext, files: dict[str, bytes], cache: Literal["hit", "miss"],
+            start: float) -> UnitResult:
+    """Write the unit's ``files`` under ``env.out_dir`` and describe them."""
     files, device_code = _device_code(files)
     directory = (env.out_dir / unit.variant / unit_dir(unit)).resolve()
     written = []
@@ -168,7 +193,7 @@ def build_unit(unit: CompileUnit, env: CompileContext) -> UnitResult:
         written.append(directory / name)
     entries = _entries(unit, files, written, env)
     size = sum(len(d) for d in files.values()) if unit.kind == "pep517" else sum(e["size"] for e in entries)
-    return UnitResult(unit.id, cache, time.perf_counter() - start, tuple(written), tuple(entries),  # type: ignore[arg-type]
+    return UnitResult(unit.id, cache, time.perf_counter() - start, tuple(written), tuple(entries),
                       size, device_code)
 
 

@@ -159,3 +159,21 @@ def test_drift_found_by_a_unit_raises_retryable_and_the_retry_rebuilds(tiny, tmp
     assert info.value.retryable and env.events == [f"{unit.id}: {info.value}"]
     retried = build_unit(unit, env)  # what Prefect's retry does
     assert retried.cache == "miss" and retried.files[0].read_bytes() == first.files[0].read_bytes()
+
+
+def test_cached_results_serve_hits_as_build_unit_does_and_leave_misses_and_drift_to_it(tiny, tmp_path, pool):
+    from kiln.tasks.build.units import cached_results
+
+    units = [u for u in tiny.plan.units if u.id in ("build/cu130/8.0/add/fp32_b64", "build/cu130/9.0/add/fp32_b64",
+                                                    "build/cu130/8.0/scale/fp32_b64")]
+    env = _env(tiny, tmp_path, pool)
+    built = {u.id: build_unit(u, env) for u in units[:2]}  # the third is never built: a miss
+    served = cached_results(units, env)
+    assert sorted(served) == sorted(built) and {r.cache for r in served.values()} == {"hit"}
+    for uid, result in served.items():
+        assert result.files == built[uid].files and result.entries == built[uid].entries
+    cubin = next(p for p in (tmp_path / "cache" / "objects").rglob("*")
+                 if p.is_file() and p.read_bytes() == built[units[0].id].files[0].read_bytes())
+    cubin.write_bytes(b"\0" * cubin.stat().st_size)
+    assert cached_results(units, env) == {}  # the drifted batch is invalidated: both of its units compile again
+    assert len(env.events) == 1 and env.events[0].startswith(f"{units[0].id}: ")

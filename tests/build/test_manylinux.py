@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
@@ -204,3 +205,28 @@ def test_only_tag_lines_on_the_plain_linux_platform_are_moved(wheel_file, expect
 def test_a_wheel_without_host_binaries_is_not_analysed():
     verdict = platform_verdict([("pkg/__init__.py", b"x = 1\n"), ("pkg/data.bin", b"\x00")], "cpu")
     assert verdict.platform == linux_platform() and "no ELF binary" in verdict.reason
+
+
+def _elf(machine: int, elfclass: int = 2, order: int = 1) -> bytes:
+    fmt = "<H" if order == 1 else ">H"
+    return b"\x7fELF" + bytes([elfclass, order, 1]) + b"\0" * 11 + b"\x02\x00" + struct.pack(fmt, machine) + b"\0" * 44
+
+
+@pytest.mark.parametrize("data", [
+    _elf(62), _elf(190), _elf(224), _elf(0x7777), _elf(62, elfclass=1), _elf(62, order=2), _elf(62, elfclass=3),
+    _elf(62, order=0), _elf(62)[:52], _elf(62, elfclass=1)[:51], _elf(62)[:5], b"\x7fELF", b"not an ELF file",
+    Path(sys.executable).resolve().read_bytes()[:4096],
+])
+def test_the_elf_machine_read_from_the_header_is_what_pyelftools_reads(data):
+    from io import BytesIO
+
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from kiln.tasks.build.manylinux import _machine
+
+    try:
+        expected = str(ELFFile(BytesIO(data)).header["e_machine"]) if data[:4] == b"\x7fELF" else None
+    except ELFError:
+        expected = None
+    assert _machine(data) == expected
