@@ -23,18 +23,22 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from kiln.core.errors import ToolchainMissingError
 from kiln.core.fsutil import atomic_write_text
-from kiln.tasks.build.buildenv import CellInterpreter
+from kiln.tasks.build.buildenv import CellInterpreter, _complete, env_key, pip_sources
 from kiln.tasks.project.config import KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0
+RESOLVE_TIMEOUT_S = 300.0
 MEMO = "interpreters.json"  # in the build cache: what each search found (see find_interpreter)
 _PROBE = ("import json, platform, sys; print('KILN-PY ' + json.dumps([sys.implementation.name, "
           "'%d.%d' % sys.version_info[:2], platform.python_version(), sys.executable]))")
@@ -248,3 +252,62 @@ def cell_interpreters(config: KilnConfig, variants: Sequence[Variant],
             _found[(interpreter.minor, explicit, str(config.root))] = interpreter
             out[name] = CellInterpreter(interpreter.path, interpreter.minor, interpreter.version)
     return out
+
+
+class CellUnavailableError(ToolchainMissingError):
+    """A matrix cell's torch (its build requirements) cannot be had for its Python here (refused before any build)."""
+
+
+def check_cells_resolve(config: KilnConfig, variants: Sequence[Variant], envs_root: Path) -> None:
+    """Refuse, before anything builds, a torch cell whose build requirements do not resolve for its Python.
+
+    Only a cell whose build environment is not made yet is checked (a warm build runs nothing): ``uv pip
+    compile`` resolves its requirements for the cell's Python from the machine's pip sources, reading metadata
+    only (nothing is downloaded or installed)."""
+    uv = _uv()
+    interpreters = cell_interpreters(config, variants)
+    todo = []
+    for variant in variants:
+        if variant.cell is None or not variant.cell.torch:
+            continue
+        base = interpreters.get(variant.name)
+        reqs = sorted(str(Requirement(r)) for r in variant.build_requires)
+        if _complete(envs_root / env_key(reqs, base.ident if base else None)):
+            continue
+        todo.append((variant.name, base.minor if base else f"{sys.version_info[0]}.{sys.version_info[1]}", reqs))
+    if not todo or uv is None:
+        return
+    links, indexes = pip_sources()
+    sources = [o for link in links for o in ("--find-links", link)]
+    sources += [o for url in indexes for o in ("--extra-index-url", url)]
+
+    def resolve(item: tuple[str, str, list[str]]) -> str:
+        name, minor, reqs = item
+        with tempfile.TemporaryDirectory(prefix="kiln-cell-resolve-") as tmp:
+            listing = Path(tmp) / "requirements.in"
+            listing.write_text("".join(f"{r}\n" for r in reqs))
+            code, out = _run_long([uv, "pip", "compile", "--quiet", "--no-header", "--python-version", minor,
+                                   *sources, str(listing)])
+        if code == 0:
+            return ""
+        why = next((ln.strip() for ln in out.splitlines() if "cause:" in ln or "error" in ln.lower()), f"exit {code}")
+        return f"cell {name} (Python {minor}): {', '.join(reqs)} cannot be had here: {why}"
+
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        refused = [line for line in pool.map(resolve, todo) if line]
+    if refused:
+        raise CellUnavailableError(
+            "the build is refused before anything builds:\n  - " + "\n  - ".join(refused) + "\nProvide each"
+            " requirement for the cell's Python (a wheel in pip's find-links, or an index that has it), or drop"
+            " the cell from the variant's axes (or exclude it)")
+
+
+def _run_long(cmd: Sequence[str]) -> tuple[int, str]:
+    """A resolution that reads an index: its own deadline, longer than a probe's."""
+    _log.info("running %s", " ".join(cmd))
+    try:
+        done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False, env=os.environ | {"UV_PYTHON_DOWNLOADS": "never"})
+    except subprocess.TimeoutExpired:
+        return 124, f"the resolution did not finish within {RESOLVE_TIMEOUT_S:g} s"
+    return done.returncode, done.stdout + done.stderr

@@ -25,7 +25,7 @@ from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
 from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.interpreters import cell_interpreters
+from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
@@ -69,6 +69,7 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     wanted = [config.variant(name) for name in variants] if variants else list(config.variants)
     cell_interpreters(config, wanted)  # a matrix cell with no interpreter here is refused before anything builds
     cache_root = Path(cache_dir) if cache_dir else config.path(config.build.cache_dir)
+    check_cells_resolve(config, wanted, cache_root / "envs")  # and one whose torch cannot be had
     key = plancache.plan_key(config, variants, nvcc_path)
     stored = plancache.load(cache_root, key, config)
     tools = _tools(config, wanted, nvcc_path, dict(stored.csrc), stored.settings) if stored is not None else None

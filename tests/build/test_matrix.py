@@ -135,3 +135,15 @@ def test_a_python_added_to_the_axis_leaves_the_other_cells_keys_as_they_were(tmp
     after = {v.name: backend_unit(c, v, {}).key for c in [load_config(config_path)] for v in c.variants}
     assert after == {name: key for name, key in before.items() if name != "cpupy313"}
     assert len(set(before.values())) == 4  # every cell its own key
+
+
+def test_a_torch_cell_whose_torch_cannot_be_had_is_refused_before_anything_builds(tmp_path):
+    from kiln.tasks.build.interpreters import CellUnavailableError
+
+    config_path = copy_project("cmatrix", tmp_path)
+    config_path.write_text(config_path.read_text().replace('python = ["3.10", "3.11", "3.12", "3.13"]',
+                                                           'python = ["3.11"]\ntorch = ["2.99.0"]'))
+    with pytest.raises(CellUnavailableError) as refused:
+        prepare_build(str(config_path), "1.0.0", None, cache_dir=str(tmp_path / "cache"))
+    assert "cell cpupy311 (Python 3.11): torch==2.99.0 cannot be had here" in str(refused.value)
+    assert not (tmp_path / "cache" / "envs").exists()  # nothing was made
