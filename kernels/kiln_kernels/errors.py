@@ -1,7 +1,7 @@
 """Errors the kernel library raises on purpose.
 
 ``kernels`` may import only torch and triton (docs/architecture.md), so it cannot derive
-from ``kiln.release.errors``; the pipeline translates these where it calls us.
+from ``kiln.core.errors``; the pipeline translates these where it calls us.
 """
 
 from __future__ import annotations
