@@ -225,6 +225,19 @@ def pip_sources() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(links), tuple(indexes)
 
 
+def uv_source_options() -> list[str]:
+    """The machine's pip sources as uv's options: pip.conf's and ``PIP_*``'s find-links, indexes, constraints."""
+    links, indexes = pip_sources()
+    links += tuple(os.environ.get("PIP_FIND_LINKS", "").split())
+    indexes += tuple(os.environ.get("PIP_EXTRA_INDEX_URL", "").split())
+    options = [o for link in dict.fromkeys(links) for o in ("--find-links", link)]
+    options += [o for url in dict.fromkeys(indexes) for o in ("--extra-index-url", url)]
+    options += [o for c in os.environ.get("PIP_CONSTRAINT", "").split() for o in ("--constraint", c)]
+    if os.environ.get("PIP_INDEX_URL"):
+        options += ["--index-url", os.environ["PIP_INDEX_URL"]]
+    return options
+
+
 def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Sequence[str], timeout_s: float,
                   what: str) -> None:
     """A matrix cell's environment, made by uv on the cell's interpreter from the machine's pip sources (its
@@ -235,16 +248,8 @@ def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Seque
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create {what}: uv venv failed (exit {made.returncode}):\n"
                                     f"{_tail(made.stdout)}")
-    links, indexes = pip_sources()
-    links += tuple(os.environ.get("PIP_FIND_LINKS", "").split())
-    indexes += tuple(os.environ.get("PIP_EXTRA_INDEX_URL", "").split())
-    options = [o for link in dict.fromkeys(links) for o in ("--find-links", link)]
-    options += [o for url in dict.fromkeys(indexes) for o in ("--extra-index-url", url)]
-    options += [o for c in os.environ.get("PIP_CONSTRAINT", "").split() for o in ("--constraint", c)]
-    if os.environ.get("PIP_INDEX_URL"):
-        options += ["--index-url", os.environ["PIP_INDEX_URL"]]
     done = run_tool([uv, "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(tmp / "bin" / "python"),
-                     *options, *CELL_SEED, *requirements], timeout_s, env=uv_env())
+                     *uv_source_options(), *CELL_SEED, *requirements], timeout_s, env=uv_env())
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: uv could not install {[*CELL_SEED, *requirements]} (exit {done.returncode});"

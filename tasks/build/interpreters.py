@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 
 from kiln.core.errors import ToolchainMissingError
 from kiln.core.fsutil import atomic_write_text
-from kiln.tasks.build.buildenv import CellInterpreter, _complete, env_key, pip_sources
+from kiln.tasks.build.buildenv import CellInterpreter, _complete, env_key, uv_source_options
 from kiln.tasks.project.config import KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
@@ -277,9 +277,7 @@ def check_cells_resolve(config: KilnConfig, variants: Sequence[Variant], envs_ro
         todo.append((variant.name, base.minor if base else f"{sys.version_info[0]}.{sys.version_info[1]}", reqs))
     if not todo or uv is None:
         return
-    links, indexes = pip_sources()
-    sources = [o for link in links for o in ("--find-links", link)]
-    sources += [o for url in indexes for o in ("--extra-index-url", url)]
+    sources = uv_source_options()
 
     def resolve(item: tuple[str, str, list[str]]) -> str:
         name, minor, reqs = item
