@@ -4,6 +4,7 @@ keeps none and says which cell carries it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -53,8 +54,8 @@ def test_the_abi3_fixture_is_one_cp310_abi3_wheel_that_installs_and_imports_unde
     assert {(t.interpreter, t.abi) for t in parse_wheel_filename(wheel.name)[3]} == {("cp310", "abi3")}
     for python, interpreter in found.items():
         venv = tmp_path / f"venv{python}"
-        subprocess.run([str(interpreter.path), "-m", "venv", "--without-pip", str(venv)], check=True,  # type: ignore[union-attr]
-                       timeout=120)
+        subprocess.run(["uv", "venv", "--quiet", "--python", str(interpreter.path), str(venv)],  # type: ignore[union-attr]
+                       check=True, timeout=120, env=os.environ | {"UV_PYTHON_DOWNLOADS": "never"})
         subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "--python", str(venv / "bin" / "python"),
                         str(wheel)], check=True, timeout=300, capture_output=True)
         probe = subprocess.run([str(venv / "bin" / "python"), "-I", "-c",
