@@ -22,7 +22,6 @@ from kiln.flows.common import (
     finish_stage,
     markdown_report,
     open_run,
-    record,
     results_of,
     retry_on_retryable,
     side_reports,
@@ -100,8 +99,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     run = open_run(config, "build", out, run_id=run_id, version=version, commit=commit)
     name_this_run(run_name("build", run, variants or [v.name for v in config.variants]))
     setup = plan_build_task(config, run.header.version, variants, nvcc, run.header.source)
-    for skip in setup.plan.skips:
-        record(run, build_units.skip_record(skip))
+    run.record_all(build_units.skip_record(skip) for skip in setup.plan.skips)  # before any unit runs
     verify_events = verify_cache_task(unwalked(setup))
     units = setup.plan.units
     with build_stage.compile_context(setup, run.view) as env:
@@ -114,9 +112,6 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     built_now = [u.id for u in units if u.id in started]
     results: list[UnitResult | BaseException] = results_of([started[uid] for uid in built_now])
     outcomes: dict[str, UnitResult | BaseException] = {**cached, **dict(zip(built_now, results, strict=True))}
-    written = run.record_all(build_units.unit_record(u, outcomes[u.id]) for u in units)
-    records = {u.id: r for u, r in zip(units, written, strict=True)}
-    built = False
     # The variants' wheels at once (each writes only its own files): hashing and copying overlap.
     # Each gets its own units' outcomes, unwalked: walking 74 results cost more than the wheel
     # (the UI's run graph then draws no edge from each compile unit to its wheel).
@@ -124,10 +119,12 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
                                                  unwalked({u.id: outcomes[u.id] for u in variant.units}),
                                                  str(run.view)))
                   for variant in setup.plan.variants]
+    # The units' records are written while the wheels are assembled (neither reads the other).
+    written = run.record_all(build_units.unit_record(u, outcomes[u.id]) for u in units)
+    records = {u.id: r for u, r in zip(units, written, strict=True)}
     outputs = [(variant, assembled.result()) for variant, assembled in assembling]
-    for _, output in outputs:
-        record(run, output.unit)
-        built |= any(kind == "wheel" for _, kind in output.files)
+    run.record_all(output.unit for _, output in outputs)
+    built = any(kind == "wheel" for _, output in outputs for _, kind in output.files)
     # One batch for every variant: the record's writers are busy throughout, not three times ramping up.
     artifacts = run.add_artifacts((path, "build", kind, variant.name) for variant, output in outputs
                                   for path, kind in output.files)
