@@ -39,7 +39,8 @@ def _odd_cells(project: Path) -> None:
     (project / "odd").mkdir()
     (project / "odd" / "test_odd.py").write_text(_ODD_CELLS)
     toml = project / "kiln.toml"
-    toml.write_text(toml.read_text().replace('[publish]\n', '[[suites]]\nname = "odd"\npaths = ["odd"]\n\n[publish]\n'))
+    toml.write_text(toml.read_text().replace('[publish]\n', '[[suites]]\nname = "odd"\npaths = ["odd"]\n'
+                                          'variants = ["cpupy312", "cpupy313"]\n\n[publish]\n'))
 
 
 @pytest.mark.slow
