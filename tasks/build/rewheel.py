@@ -174,7 +174,8 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
         out[f"{package}/_aot/manifest.json"] = manifest.encode()
     contents = [(name, data) for name, data in out.items() if not name.startswith(f"{new}.dist-info/")]
     out[sbom_arcname(f"{new}.dist-info")] = wheel_sbom(config.project.distribution, str(Version(version)), variant,
-                                                       stamp.commit, stamp.epoch, stamp.toolchain, contents)
+                                                       stamp.commit, stamp.epoch, stamp.toolchain, contents,
+                                                       cache)
     audited = manylinux_tag(tag, contents, variant.backend, cache)  # the platform its binaries allow
     if audited != tag:
         filename = wheel_filename(config.project.distribution, version, audited)

@@ -146,8 +146,8 @@ def _with_version(metadata: bytes, version: str, wheel: str) -> bytes:
     return b"\n".join(lines) + sep + body
 
 
-def public_members(config: KilnConfig, variant: Variant, built: Path,
-                   stamp: WheelStamp) -> tuple[str, str, list[tuple[str, bytes]]]:
+def public_members(config: KilnConfig, variant: Variant, built: Path, stamp: WheelStamp,
+                   cache: BuildCache | None = None) -> tuple[str, str, list[tuple[str, bytes]]]:
     """(public version, dist-info directory, members) of ``built`` under its public version: the same members
     in the same order (RECORD and signatures left to the writer), METADATA's Version line and the SBOM made again."""
     dist_info, members = read_members(built)
@@ -162,7 +162,7 @@ def public_members(config: KilnConfig, variant: Variant, built: Path,
     contents = [(name, data) for name, data in out.items() if not name.startswith(f"{info}/")]
     if sbom_arcname(info) in out:
         out[sbom_arcname(info)] = wheel_sbom(config.project.distribution, version, variant, stamp.commit,
-                                             stamp.epoch, stamp.toolchain, contents)
+                                             stamp.epoch, stamp.toolchain, contents, cache)
     return version, info, list(out.items())
 
 
@@ -174,7 +174,7 @@ def write_variant_wheels(config: KilnConfig, variant: Variant, built: Path, out_
     if document is None:
         return []
     label = next(iter(document["variants"]))
-    version, info, members = public_members(config, variant, built, stamp)
+    version, info, members = public_members(config, variant, built, stamp, cache)
     parts = built.name.split("-")  # name-version-py-abi-platform.whl: PEP 427, as Kiln's writers name it
     plain = "-".join([parts[0], version, *parts[2:]])
     written = [write_wheel(out_dir, variant_filename(plain, label), [*members, (f"{info}/{VARIANT_JSON}",

@@ -234,7 +234,7 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
         manifest = json.dumps(sorted(entries, key=lambda e: e["path"]), indent=2, sort_keys=True) + "\n"
         members.append((f"{package}/_aot/manifest.json", manifest.encode()))
     sbom = wheel_sbom(config.project.distribution, version, variant, stamp.commit, stamp.epoch, stamp.toolchain,
-                      members)
+                      members, cache)
     audited_torch = None
     if not pure:  # the tag its binaries allow (the dist-info's name does not depend on it)
         tag = manylinux_tag(tag, members, variant.backend, cache)

@@ -78,3 +78,26 @@ def test_a_backend_built_wheel_gets_the_sbom_of_what_it_ships(tmp_path):
     assert "plaincuda-1.0.0.dev5+cpu.dist-info/sboms/kiln.cdx.json" in held
     assert [(c["name"], c["hashes"][0]["content"]) for c in sbom["components"]] == [
         ("plaincuda/_C.cpython-311-x86_64-linux-gnu.so", hashlib.sha256(library).hexdigest())]
+
+
+def test_a_stored_sbom_is_the_bytes_a_fresh_one_has_and_any_input_changes_its_key(tmp_path):
+    from kiln.tasks.build.cache import BuildCache
+    from kiln.tasks.build.sbom import wheel_sbom
+
+    variant = load_config(copy_project("tiny", tmp_path)).variant("cu130")
+    members = [("tinyk/_aot/8.0/add/a.cubin", b"\x7fELF cubin"), ("tinyk/__init__.py", b"x = 1\n")]
+    cache = BuildCache(tmp_path / "cache")
+
+    def sbom(**change: object) -> bytes:
+        args: dict = {"distribution": "tinyk", "version": "1.0+cu130", "variant": variant, "commit": "c" * 40,
+                      "epoch": 1764450423, "toolchain": STAMP.toolchain, "members": members} | change
+        return wheel_sbom(**args, cache=cache)
+
+    fresh = wheel_sbom("tinyk", "1.0+cu130", variant, "c" * 40, 1764450423, STAMP.toolchain, members)
+    assert sbom() == fresh and sbom() == fresh  # stored by the first, read back by the second
+    assert len(list((tmp_path / "cache" / "entries" / "sbom").glob("*.json"))) == 1
+    changed = [sbom(commit="d" * 40), sbom(version="1.1+cu130"), sbom(epoch=1764450424),
+               sbom(toolchain=(("triton", "3.9.1"),)), sbom(members=[("tinyk/_aot/8.0/add/a.cubin", b"\x7fELF other")]),
+               sbom(variant=variant.model_copy(update={"archs": ("9.0",)}))]
+    assert len({fresh, *changed}) == 1 + len(changed)
+    assert len(list((tmp_path / "cache" / "entries" / "sbom").glob("*.json"))) == 1 + len(changed)
