@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from kiln.core import venvs
 from kiln.core.errors import KilnError, PermanentError, UnsafePathError
 from kiln.core.fsutil import polled_lock
 from kiln.release.installenv import scrubbed_env, user_cache
@@ -422,12 +423,7 @@ def overlay_env(root: Path, parent: BuildEnvironment, timeout_s: float = 300) ->
         raise BuildEnvironmentError(f"cannot create a build environment at {root} on {parent.root}:\n"
                                     f"{_tail(made.stdout)}")
     python = root / "bin" / "python"
-    where = run_tool([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     timeout_s)
-    own = Path(where.stdout.strip().splitlines()[-1])
-    inherited = run_tool([str(parent.python), "-I", "-c",
-                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout_s)
-    # A path line in a .pth: the parent's site-packages come after the overlay's own.
-    (own / "zz_kiln_build_env.pth").write_text(inherited.stdout.strip().splitlines()[-1] + "\n")
+    # The parent's site-packages come after the overlay's own (core/venvs.py: one layering rule).
+    venvs.layer(venvs.site_packages(python), "zz_kiln_build_env", venvs.site_packages(parent.python))
     return python
 
