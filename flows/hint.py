@@ -87,6 +87,10 @@ def install_reason(index_url: str, install: Mapping[str, Any]) -> str:
                 f" supports, pip the default CPU wheel); {head}")
     if not facts.get("version"):
         return f"({head}; no {dist} wheel reached it in this run)"
+    pythons = [str(p) for p in facts.get("pythons") or []]
+    if pythons:  # a matrix variant's index: the same command on every Python
+        head += (f"; a wheel of {dist} {facts['version']} for each of {', '.join(pythons)}: pip and uv install"
+                 " the one of the Python they run under")
     requires = [str(r) for r in facts.get("requires") or []]
     what = f"{dist} {facts['version']}"
     if not requires:

@@ -310,7 +310,8 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
                    upload=upload_tasks(run, channel), pages=pages_task(run, channel),
                    commit=publish_commit(run, channel), statuses=project_statuses(config),
                    closure=None if check == "off" else closure_task(run, refuse=check == "refuse"),
-                   dependency_indexes=config.publish.extra_index_urls, closure_refuses=check == "refuse")
+                   dependency_indexes=config.publish.extra_index_urls, closure_refuses=check == "refuse",
+                   indexes=releasing.publish_indexes(config))
     plan.skipped.update(held)
     report_plan(run, config, plan)
     check_public_url(run, config, target, store, plan)

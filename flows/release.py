@@ -135,7 +135,7 @@ def plan_publish(config: KilnConfig, run: RunRecord, channel: str, dry_run: bool
     variants, held = releasing.variants_to_publish(config, run.manifest())  # as publish_flow holds them back
     plan = publish(run.manifest(), staging, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
                    variants=variants, extra=extra, untested_ok=allowed, dry_run=True,
-                   statuses=project_statuses(config))
+                   statuses=project_statuses(config), indexes=releasing.publish_indexes(config))
     plan.skipped.update(held)
     plan.dry_run, plan.preview = dry_run, not dry_run  # a real release's plan is a preview, not a dry run
     markdown = plan.to_markdown()
@@ -153,7 +153,8 @@ def snapshot_pages(config: KilnConfig, out: str, channel: str, view: str) -> lis
 def verify_channel(config: KilnConfig, out: str, channel: str) -> int:
     """Links, hashes, sidecars, then pip and uv installs from the served channel."""
     store, prefix = _store(config, out, channel)
-    return len(verify_published(store, prefix, [v.name for v in config.variants]))
+    indexes = releasing.publish_indexes(config)  # a matrix's cells are verified in their variant's one index
+    return len(verify_published(store, prefix, sorted({indexes.get(v.name, v.name) for v in config.variants})))
 
 
 @task(name="rollback-pages", cache_policy=NO_CACHE)

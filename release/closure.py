@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
+from packaging.tags import sys_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.core.dists import Distribution
 from kiln.core.errors import InfrastructureError, InvalidInputError
@@ -123,6 +124,16 @@ def stage_index(files: Sequence[Staged], directory: Path) -> str:
     return root.as_uri() + "/"
 
 
+def target_python(filename: str) -> list[str]:
+    """pip's ``--python-version`` for a wheel this interpreter cannot install: a matrix cell's (``cp312``) is
+    checked as its own Python would install it; none for a wheel this interpreter takes (``py3``, its own tag)."""
+    tags = parse_wheel_filename(filename)[3]
+    if not tags.isdisjoint(sys_tags()):
+        return []
+    found = sorted({t.interpreter[2:] for t in tags if re.fullmatch(r"cp3\d+", t.interpreter)})
+    return ["--python-version", f"3.{found[0][1:]}"] if found else []
+
+
 def kiln_files(query: ClosureQuery) -> dict[str, frozenset[str]]:
     """Every name the staged index holds, with the SHA-256 of its files there: what must come from it alone."""
     found: dict[str, set[str]] = {}
@@ -148,7 +159,7 @@ def resolve(query: ClosureQuery, timeout: float = RESOLVE_TIMEOUT_S) -> ClosureR
         # fast-deps: each wheel's metadata by HTTP range requests where the index serves no PEP 658 sidecar,
         # never the whole wheel (a CUDA torch's closure is gigabytes); pip >= 25.3 keeps a dry run at that.
         options = ["--isolated", "--ignore-installed", "--use-feature=fast-deps", "--cache-dir", str(pip_cache_dir()),
-                   "--index-url", index, *extras]
+                   "--index-url", index, *extras, *target_python(query.wheel.dist.filename)]
         try:
             done = pip_dry_run([sys.executable, "-I"], options, [query.requirement], Path(tmp), timeout)
         except subprocess.TimeoutExpired as exc:

@@ -22,6 +22,17 @@ pip and uv would pick the highest local version (``rocm`` > ``cu130`` in PEP
 CUDA version. Everything a channel writes lives under its prefix, which is
 what the generated IAM policies grant.
 
+Matrix variants (issue 45). The cells of a variant with matrix axes
+(``cpupy312``, ``cu130py312torch2141``) publish to the index of the variant
+they came from (``indexes``: cell -> variant; ``<channel>/cpu/simple``), like
+PyTorch's and flash-attention's indexes: the cells' wheels never share a name
+(their Python tags, and torch labels, differ), so pip and uv take the one
+whose tag fits the running Python. Each cell is still gated, uploaded and
+checked on its own (its units keep its name; its dependency check asks pip as
+its own Python would install, ``--python-version``); what goes beside the
+wheels goes in once per index, named by the index, and a per-commit index
+lists every cell's wheel or is not written.
+
 Combined index (PEP 825). Beside the per-variant indexes, a channel whose run
 built variant wheels (``variant-wheel`` artifacts, see
 :mod:`kiln.tasks.build.variants`) gets one index for every variant,
@@ -170,6 +181,11 @@ class Upload:
         return f"{self.index}/{self.dist.project}/{self.dist.filename}"
 
     @property
+    def index_name(self) -> str:
+        """The name its index is published under (``<channel>/<name>/simple``): a matrix cell's is its variant's."""
+        return posixpath.basename(posixpath.dirname(self.index))
+
+    @property
     def sidecar_key(self) -> str:
         return self.key + ".metadata"
 
@@ -268,7 +284,7 @@ def untested(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
 def collect(
     run: RunManifest, channel_prefix: str, variants: Sequence[str], clock: Callable[[], float] = time.time,
     extra: Sequence[tuple[str | None, Path]] = (), untested_ok: Iterable[str] = (), commit: str = "",
-    statuses: Mapping[str, ProjectStatus] | None = None,
+    statuses: Mapping[str, ProjectStatus] | None = None, indexes: Mapping[str, str] | None = None,
 ) -> tuple[list[Upload], dict[str, str]]:
     """The uploads of a publish, every local file verified against the manifest first.
 
@@ -276,10 +292,11 @@ def collect(
     the publish before it touches the target. ``extra`` adds verified pinned
     files as (variant or None for all, path). ``commit``: the full sha whose
     per-commit index also lists them (empty: none). ``statuses``: the PEP 792
-    status of a project by normalised name (any other: active).
+    status of a project by normalised name (any other: active). ``indexes``: the index a variant's files go to
+    by variant name (a matrix cell's: its matrix variant's, shared by all its cells); any other: its own.
     """
-    for commit_variant in variants if commit else ():
-        commit_index_prefix(channel_prefix, commit_variant, commit)  # a bad commit is refused before anything
+    for commit_variant in variants if commit else ():  # a bad commit is refused before anything
+        commit_index_prefix(channel_prefix, (indexes or {}).get(commit_variant, commit_variant), commit)
     publishable, skipped = gate(run, variants, untested_ok)
     now = clock()
     uploads: list[Upload] = []
@@ -287,13 +304,20 @@ def collect(
     unknown = sorted({str(v) for v, _ in wheels if v is not None and v not in variants})
     if unknown:
         log.warning("wheels of variants %s are not in kiln.toml's variants %s; not published", unknown, list(variants))
+    grouped = indexes or {}
     for n, (variant_of_file, path) in enumerate([*wheels, *extra]):
         dist, _ = read_wheel(path, now)  # hashed streaming; METADATA read under its limit
+        placed: set[str] = set()  # a file beside the wheels goes once into each index, however many cells share it
         for variant in publishable:
-            if variant_of_file in (None, variant):
-                commit_index = commit_index_prefix(channel_prefix, variant, commit) if commit else ""
-                uploads.append(Upload(variant, index_prefix(channel_prefix, variant), dist, path, commit_index,
-                                      (statuses or {}).get(dist.project, ACTIVE), beside=n >= len(wheels)))
+            name = grouped.get(variant, variant)
+            if variant_of_file in (None, variant) and name not in placed:
+                beside = n >= len(wheels)
+                if beside:
+                    placed.add(name)
+                commit_index = commit_index_prefix(channel_prefix, name, commit) if commit else ""
+                # a file beside a matrix's wheels belongs to its index, not to one cell (named as the index)
+                uploads.append(Upload(name if beside else variant, index_prefix(channel_prefix, name), dist, path,
+                                      commit_index, (statuses or {}).get(dist.project, ACTIVE), beside=beside))
     variant_wheels = [run.verify(a) for a in run.artifacts_of("variant-wheel")
                       if a.state == "ok" and a.variant in publishable]
     combined_commit = commit_index_prefix(channel_prefix, COMBINED, commit) if commit else ""
@@ -333,10 +357,10 @@ def check_closure(uploads: Sequence[Upload], dependency_indexes: Sequence[str],
     the same wheels' requirements.
     """
     queries = []
-    for variant in sorted({u.variant for u in uploads} - {COMBINED}):
-        mine = [u for u in uploads if u.variant == variant]
+    for index in sorted({u.index for u in uploads if u.variant != COMBINED}):
+        mine = [u for u in uploads if u.index == index]  # a matrix's index: every cell's wheel, one query each
         beside = tuple(Staged(u.dist, u.source) for u in mine if u.beside)
-        queries += [ClosureQuery(variant, Staged(u.dist, u.source), beside, tuple(dependency_indexes))
+        queries += [ClosureQuery(u.variant, Staged(u.dist, u.source), beside, tuple(dependency_indexes))
                     for u in mine if not u.beside]
     refused: dict[str, str] = {}
     for query, result in zip(queries, step(queries), strict=True):
@@ -560,7 +584,7 @@ def publish(
     clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
     untested_ok: Iterable[str] = (), upload: UploadStep = upload_each, pages: PagesStep | None = None,
     commit: str = "", statuses: Mapping[str, ProjectStatus] | None = None, closure: ClosureStep | None = None,
-    dependency_indexes: Sequence[str] = (), closure_refuses: bool = True,
+    dependency_indexes: Sequence[str] = (), closure_refuses: bool = True, indexes: Mapping[str, str] | None = None,
 ) -> Plan:
     """The whole protocol — verify, upload wheel then sidecar, then pages — in one call.
 
@@ -575,9 +599,10 @@ def publish(
     ``dependency_indexes`` (:func:`check_closure`); a variant that does not is held back, named (with
     ``closure_refuses`` False it is published and listed in the plan's ``uninstallable``). Against a
     :class:`~kiln.release.staging.StagingStore` it is the plan of a publish
-    (what the release shows its approver), with the target untouched.
+    (what the release shows its approver), with the target untouched. ``indexes``: the index of each variant
+    by name (:func:`collect`): a matrix variant's cells share one.
     """
-    uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses)
+    uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses, indexes)
     uploads, frozen = hold_frozen(store, uploads)
     unresolved = check_closure(uploads, dependency_indexes, closure) if closure is not None else {}
     uninstallable = {} if closure_refuses else unresolved
@@ -610,12 +635,12 @@ def complete_commit_indexes(uploads: Sequence[Upload], results: Sequence[UploadR
     """
     verified = {r.upload.key for r in results if r.outcome != "conflict"}
     missing: dict[str, list[str]] = {}
-    for item in uploads:
+    for item in uploads:  # by index: a matrix's per-commit index lists every cell's wheel, or is not written
         if item.commit_index and item.key not in verified:
-            missing.setdefault(item.variant, []).append(item.dist.filename)
-    held = {variant: f"not every file uploaded and verified (missing: {', '.join(sorted(names))})"
-            for variant, names in missing.items()}
-    ready = [replace(r, upload=replace(r.upload, commit_index="")) if r.upload.variant in held else r
+            missing.setdefault(item.index_name, []).append(item.dist.filename)
+    held = {name: f"not every file uploaded and verified (missing: {', '.join(sorted(names))})"
+            for name, names in missing.items()}
+    ready = [replace(r, upload=replace(r.upload, commit_index="")) if r.upload.index_name in held else r
              for r in results]
     return ready, held
 

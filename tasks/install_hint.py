@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.metadata import parse_email
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from kiln.core.wheels import core_metadata
@@ -68,11 +68,16 @@ def index_facts(plan: Plan, distribution: str) -> dict[str, dict[str, Any]]:
         own = sorted((u for u in uploads if u.dist.project == project),
                      key=lambda u: (Version(u.dist.version), wheel_variant_label(u.dist.filename) is None))
         newest = own[-1] if own else None
+        # a matrix variant's index: one wheel of the version per Python, pip and uv take the running one's
+        pythons = sorted({t.interpreter for u in own if newest and u.dist.version == newest.dist.version
+                          and u.variant != COMBINED  # a PEP 825 variant wheel's name has a label after its tag
+                          for t in parse_wheel_filename(u.dist.filename)[3]}, key=lambda tag: (len(tag), tag))
         facts[f"{plan.target}/{index}/"] = {
             "holds": sorted({u.dist.project for u in uploads}),
             "version": newest.dist.version if newest else "",
             "requires": requires_dist(newest.source) if newest else [],
-        } | ({"variants": True} if any(u.variant == COMBINED for u in uploads) else {})
+        } | ({"variants": True} if any(u.variant == COMBINED for u in uploads) else {}) \
+          | ({"pythons": pythons} if len(pythons) > 1 else {})
     return facts
 
 

@@ -119,6 +119,12 @@ def variants_to_publish(config: KilnConfig, run: RunManifest) -> tuple[list[str]
     return [v.name for v in config.variants if v.name not in held], held
 
 
+def publish_indexes(config: KilnConfig) -> dict[str, str]:
+    """The index each matrix cell publishes to: its matrix variant's (``cpupy312`` -> ``cpu``), one index holding
+    every cell's wheel, where pip and uv pick the one whose Python tag fits. A variant without axes: its own."""
+    return {v.name: v.cell.matrix for v in config.variants if v.cell is not None}
+
+
 def untested_ok(config: KilnConfig) -> list[str]:
     """The suites whose variants may go out when they could not run: none when the project says so."""
     return [s.name for s in config.suites if s.publish_untested and config.publish.publish_untested]
@@ -127,7 +133,8 @@ def untested_ok(config: KilnConfig) -> list[str]:
 def publish_facts(config: KilnConfig, run: RunManifest, plan: Plan, env: Mapping[str, str] = os.environ,
                   lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
     """What a publish records for the summary: untested variants, variants no suite ran on, the install hint."""
-    published = sorted({u.variant for u in plan.uploads if u.variant != COMBINED})  # the combined index is none
+    # the combined index is no variant, nor a matrix's index its files beside the wheels are named by
+    published = sorted({u.variant for u in plan.uploads if u.variant != COMBINED and not u.beside})
     not_run = untested(run, published)
     return {"published_untested": not_run,
             "published_without_suite": without_suite(run, [v for v in published if v not in not_run]),
