@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from typing import Any, Protocol
 
 from packaging.requirements import Requirement
@@ -81,6 +82,9 @@ class Cell(_Model):
     python: str | None = None
     torch: str | None = None
     label: str
+    # abi = "stable" with a torch axis: every torch of the axis, which its one wheel (built against the newest)
+    # claims; the test stage runs its suites under each (issue 45, part 3)
+    claims: tuple[str, ...] = ()
 
 
 def python_minor(version: str) -> int:
@@ -159,7 +163,9 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
     """The variant's cells in axis order (Python, then torch), exclusions left out; itself without axes."""
     if not has_axes(variant):
         return (variant,)
+    claims: tuple[str, ...] = ()
     if variant.abi == "stable" and len(variant.torch) > 1:
+        claims = tuple(variant.torch)
         variant = _stable_once(variant)
     pythons: Sequence[str | None] = variant.python or (None,)
     torches: Sequence[str | None] = variant.torch or (None,)
@@ -171,7 +177,8 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
             label = variant.name + (_torch_label(torch, variant.torch) if torch and len(variant.torch) > 1 else "")
             update: dict[str, object] = {
                 "name": cell_name(variant.name, python, torch, variant.torch), "python": (), "torch": (),
-                "exclude": (), "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label)}
+                "exclude": (), "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label,
+                                                     claims=claims)}
             if torch:
                 update["build_requires"] = _with_torch(variant.build_requires, torch)
             cells.append(variant.model_copy(update=update))
@@ -179,6 +186,47 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
         raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of python {list(variant.python)}"
                          f" x torch {list(variant.torch)}; remove an exclusion or the variant")
     return tuple(cells)
+
+
+TORCH_ID = "/torch"  # a stable-ABI suite run's unit id ends with it and its torch: test/unit/cpu/torch2.14.1
+
+
+def host_torch() -> str | None:
+    """The public version of the torch Kiln's interpreter has (``2.13.0``), or None."""
+    try:
+        return Version(metadata.version("torch")).public
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _pinned_torch(requirements: Sequence[str]) -> str | None:
+    for text in requirements:
+        req = Requirement(text)
+        specs = list(req.specifier)
+        if canonicalize_name(req.name) == "torch" and len(specs) == 1 and specs[0].operator == "==" \
+                and "*" not in specs[0].version:
+            return specs[0].version
+    return None
+
+
+def claimed_torches(variant: Variant) -> tuple[str, ...]:
+    """The torches an ``abi = "stable"`` variant's one wheel claims, each run by its suites (issue 45, part 3): its
+    torch axis (:attr:`Cell.claims`), else the torch it builds against and its target torch (the host's when it
+    is of that ``major.minor``, else ``<target>.0``), each at least its ``torch_target``; () for any other
+    variant (one run, as before)."""
+    if variant.abi != "stable":
+        return ()
+    host = host_torch()
+    if variant.cell is not None and variant.cell.claims:
+        wanted: tuple[str | None, ...] = variant.cell.claims
+    else:
+        target = variant.torch_target
+        at_target = host if host and target and Version(host).release[:2] == Version(target).release[:2] \
+            else (f"{target}.0" if target else None)
+        wanted = (_pinned_torch(variant.build_requires) or host, at_target)
+    floor = Version(variant.torch_target) if variant.torch_target else None
+    return tuple(sorted({Version(t).public for t in wanted if t and (floor is None or Version(t) >= floor)},
+                        key=Version))
 
 
 def abi3_served(variants: Sequence[Variant], name: str, wheel: str) -> str:

@@ -28,6 +28,7 @@ from kiln.core.errors import KilnError
 from kiln.core.manifest import Artifact, RunManifest, Unit
 from kiln.tasks.install_hint import requires_dist
 from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.project.config_matrix import TORCH_ID, claimed_torches
 
 CoverageState = Literal["tested", "untested", "failed", "not built"]
 COVERAGE_INFO = "coverage"  # run info key: the rows, as dicts
@@ -94,21 +95,28 @@ def _requested(variant: Variant) -> tuple[str, str]:
     return (f"cp{cell.python.replace('.', '')}" if cell.python else "-"), (f"=={cell.torch}" if cell.torch else "-")
 
 
-def _row(manifest: RunManifest, variant: Variant) -> CoverageRow:
+def _row(manifest: RunManifest, variant: Variant, torch: str = "") -> CoverageRow:
     units = [u for u in manifest.units if u.variant == variant.name]
     wheel_unit = next((u for u in units if u.id == f"build/{variant.name}/wheel"), None)
-    state, why = _state(wheel_unit, [u for u in units if u.stage == "test"])
+    tests = [u for u in units if u.stage == "test" and (not torch or u.id.endswith(f"{TORCH_ID}{torch}"))]
+    state, why = _state(wheel_unit, tests)
     wheel = next((a for a in manifest.artifacts_of("wheel") if a.variant == variant.name), None)
-    python, torch = _requested(variant)
+    python, requested_torch = _requested(variant)
     if wheel is not None and state != "not built":
         try:
-            python, torch = wheel_facts(manifest, wheel)
+            python, requested_torch = wheel_facts(manifest, wheel)
         except KilnError as exc:  # the record lost the wheel: the row says so, the rest of the table stands
-            python, torch, why = "?", "?", f"{why}; its wheel cannot be read: {_first(str(exc))}"
-    return CoverageRow(variant.name, python, torch, variant.backend, " ".join(variant.archs) or "-",
+            python, requested_torch, why = "?", "?", f"{why}; its wheel cannot be read: {_first(str(exc))}"
+    if torch:  # a stable-ABI wheel's row under one torch it claims: that torch, and what the wheel asks
+        requested = f"{torch} ({requested_torch})" if requested_torch not in ("-", "?") else torch
+    else:
+        requested = requested_torch
+    return CoverageRow(variant.name, python, requested, variant.backend, " ".join(variant.archs) or "-",
                        wheel.path.rsplit("/", 1)[-1] if wheel is not None else "-", state, why)
 
 
 def coverage_rows(config: KilnConfig, manifest: RunManifest) -> list[CoverageRow]:
-    """One row per requested cell (each ``[[variants]]`` entry, in ``kiln.toml``'s order)."""
-    return [_row(manifest, variant) for variant in config.variants]
+    """One row per requested cell (each ``[[variants]]`` entry, in ``kiln.toml``'s order); a stable-ABI cell's,
+    one per torch it claims (its suites run under each: ``2.13.0 (>=2.13)``)."""
+    return [_row(manifest, variant, torch) for variant in config.variants
+            for torch in (claimed_torches(variant) or ("",))]

@@ -62,7 +62,7 @@ from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.buildenv import pip_sources
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
-from kiln.tasks.testing.baseenv import base_env, base_pins
+from kiln.tasks.testing.baseenv import BaseEnv, base_env, base_pins
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _wheel_metadata(wheel: Path) -> email.message.Message:
 def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,
              indexes: Sequence[str] = DEFAULT_INDEXES, tests_root: Path | None = None, test_paths: Sequence[str] = (),
              backend: str = "cpu", build_requires: Sequence[str] = (), python: Path | None = None,
-             shared_base: bool = True) -> TestEnv:
+             shared_base: bool = True, base: BaseEnv | None = None) -> TestEnv:
     """A fresh, isolated environment at ``root``: ``wheels``, what they declare, ``requirements``, pytest.
 
     The base of ``backend``/``build_requires`` is layered after the environment's own site-packages, Kiln's
@@ -129,8 +129,12 @@ def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (
 
     ``python``: a matrix cell's interpreter (default: this one). ``shared_base`` false: no base layer (a wheel
     that requires neither torch nor Triton, issue 45): uv installs pytest and the rest into the environment.
+    ``base``: a made environment to stand on instead (another torch's, for a stable-ABI wheel's run under each
+    torch it claims, issue 45): only what it holds is fixed, uv installs pytest and the rest.
     """
-    base = base_env(base_pins(backend, build_requires), backend) if shared_base else None
+    own_base = base is None
+    if base is None and shared_base:
+        base = base_env(base_pins(backend, build_requires), backend)
     if root.exists():
         shutil.rmtree(root)
     _run([*uv_command(), "venv", "--quiet", "--python", str(python or sys.executable), str(root)], f"creating {root}")
@@ -140,7 +144,7 @@ def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (
         layers.layer_base(site, base.site)
     layers.expose_harness(site, root / "kiln-harness")
     names = ", ".join(w.name for w in wheels)
-    _install(root, python, wheels, [*requirements, *(() if base else ("pytest",))], indexes,
+    _install(root, python, wheels, [*requirements, *(() if base and own_base else ("pytest",))], indexes,
              base.site if base else None, names)
     if wheels:
         layers.install_guard(site, python, wheels[0].name, wheel_distribution(wheels[0]),

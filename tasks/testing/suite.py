@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,11 +29,15 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
-from kiln.core.errors import InvalidInputError, ToolchainMissingError
+from kiln.core.errors import InfrastructureError, InvalidInputError, ToolchainMissingError
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.core.manifest import Unit
+from kiln.core.venvs import uv_command
+from kiln.tasks.build.buildenv import BuildEnvironmentError, _complete, ensure_env, env_key, uv_source_options
 from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.project.config import KilnConfig, Suite, Variant
+from kiln.tasks.project.config_matrix import TORCH_ID, claimed_torches, host_torch
+from kiln.tasks.testing.baseenv import CREATE_TIMEOUT_S, BaseEnv, site_packages
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.envs import make_env, wheel_requirements
@@ -43,18 +50,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SuiteTarget:
-    """One suite against one variant's installed wheel."""
+    """One suite against one variant's installed wheel; a stable-ABI wheel's, under one ``torch`` it claims."""
 
     suite: Suite
     variant: Variant
+    torch: str = ""
 
     @property
     def unit_id(self) -> str:
-        return f"test/{self.suite.name}/{self.variant.name}"
+        return f"test/{self.suite.name}/{self.variant.name}" + (f"{TORCH_ID}{self.torch}" if self.torch else "")
 
     @property
     def name(self) -> str:
-        return f"{self.suite.name}.{self.variant.name}"
+        return f"{self.suite.name}.{self.variant.name}" + (f".torch{self.torch}" if self.torch else "")
 
     def unit(self, state: str, message: str, duration_s: float = 0.0) -> Unit:
         return Unit(id=self.unit_id, stage="test", state=state, suite=self.suite.name,  # type: ignore[arg-type]
@@ -106,7 +114,64 @@ def adhoc_suite(config: KilnConfig, paths: Sequence[str]) -> Suite:
 
 
 def targets(config: KilnConfig, suites: Sequence[Suite]) -> list[SuiteTarget]:
-    return [SuiteTarget(suite, variant) for suite in suites for variant in config.suite_variants(suite)]
+    """Each suite against each variant's wheel; a stable-ABI variant's, once per torch it claims."""
+    return [SuiteTarget(suite, variant, torch) for suite in suites for variant in config.suite_variants(suite)
+            for torch in (claimed_torches(variant) or ("",))]
+
+
+class TorchUnavailableError(ToolchainMissingError):
+    """A torch a stable-ABI wheel claims cannot be had here: its run is "not run", naming why."""
+
+
+def torch_base(config: KilnConfig, target: SuiteTarget) -> BaseEnv | None:
+    """The environment a stable-ABI suite run under ``target.torch`` stands on: None for the host's torch (the
+    shared base, copied from Kiln's interpreter, as today); for another torch, the build environment of that torch
+    alone under the build cache (``envs/``, what a build against it makes and shares), found, or made by pip from
+    the machine's sources (pip.conf's find-links: local disk). One that cannot be made is
+    :class:`TorchUnavailableError`."""
+    if not target.torch or target.torch == host_torch():
+        return None
+    envs = config.path(config.build.cache_dir) / "envs"
+    if not _complete(envs / env_key([f"torch=={target.torch}"])):
+        why = _cannot_resolve(target.torch)
+        if why:
+            raise TorchUnavailableError(f"torch {target.torch} is not available here ({why})")
+    try:
+        made = ensure_env(envs, [f"torch=={target.torch}"], target.variant.name, CREATE_TIMEOUT_S)
+    except (BuildEnvironmentError, InfrastructureError) as exc:
+        raise TorchUnavailableError(f"torch {target.torch} is not available here ({_first_line(exc)})") from exc
+    return BaseEnv(made.root, site_packages(made.root), made.requirements)
+
+
+def _cannot_resolve(torch: str) -> str:
+    """Why ``torch==<torch>`` does not resolve for Kiln's Python from the machine's pip sources, or "" (``uv pip
+    compile``: metadata only, nothing downloaded; the check the build makes of a matrix cell's torch)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-torch-resolve-") as tmp:
+        listing = Path(tmp) / "requirements.in"
+        listing.write_text(f"torch=={torch}\n")
+        try:
+            done = subprocess.run([*uv_command(), "pip", "compile", "--quiet", "--no-header", "--python-version",
+                                   f"{sys.version_info[0]}.{sys.version_info[1]}", *uv_source_options(),
+                                   str(listing)], capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL, check=False,
+                                  env=os.environ | {"UV_PYTHON_DOWNLOADS": "never"})
+        except subprocess.TimeoutExpired:
+            return f"resolving it took over {RESOLVE_TIMEOUT_S:g} s"
+    if done.returncode == 0:
+        return ""
+    out = done.stdout + done.stderr
+    lines = out.splitlines()
+    return next((ln.strip() for ln in lines if "cause:" in ln), next(
+        (ln.strip() for ln in lines if "error" in ln.lower()), f"uv pip compile exit {done.returncode}"))[:300]
+
+
+RESOLVE_TIMEOUT_S = 300.0
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    why = next((ln for ln in lines if "No matching distribution" in ln or "ERROR" in ln), lines[0] if lines else "")
+    return why[:300]
 
 
 def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
@@ -187,13 +252,18 @@ def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], v
     start = time.monotonic()
     try:
         python, shared_base = cell_environment(config, target.variant, wheels)
+        base = torch_base(config, target)
+    except TorchUnavailableError as exc:
+        logger.warning("suite %s: %s", target.name, exc)
+        return SuiteRun(target.name, (), target.unit("not_run", f"not run: {exc}", 0.0), (), 0.0)
     except ToolchainMissingError as exc:  # a cell this machine cannot test: "not run", never "passed" (invariant 9)
         logger.warning("suite %s: not run: %s", target.name, exc)
         return SuiteRun(target.name, (), target.unit("not_run", f"not run: {exc}", 0.0), (), 0.0)
     env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires,
                    indexes=config.publish.extra_index_urls, tests_root=config.root, test_paths=suite.paths,
                    backend=target.variant.backend,
-                   build_requires=target.variant.build_requires, python=python, shared_base=shared_base)
+                   build_requires=() if target.torch else target.variant.build_requires, python=python,
+                   shared_base=shared_base, base=base)
     logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
                 list(suite.paths), options.isolate, options.timeout_s)
     results = run_tests(suite.paths, config.root, reports_dir / ".work" / target.name,
