@@ -79,3 +79,24 @@ def test_one_stable_abi_wheel_loads_under_torch_2_13_and_2_14_and_a_planted_unst
     under_2_14 = _run_op(overlay_env(tmp_path / "torch214", made), wheel)  # the torch it was built against
     assert under_2_13[0] == "2.13.0+cpu" and under_2_14[0] == "2.14.1+cu130", (under_2_13, under_2_14)
     assert under_2_13[1] == under_2_14[1] == [0.0, 2.0, 4.0, 6.0]
+
+    # The test stage runs its suite under each torch the wheel claims (its torch axis; issue 45, part 3): 2.13.0 on
+    # the shared base copied from Kiln's interpreter, 2.14.1 on the build's torch-2.14.1 environment (the one the
+    # build found: nothing new is installed). The coverage table has one row per (cell, torch).
+    from kiln.flows.test import test_flow
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.run.coverage import coverage_rows
+
+    test_flow(str(config), str(out), suites=["unit"], run_id=run.run_id, return_state=True)
+    run = RunManifest.load(out / run.run_id)
+    tests = {u.id: u for u in run.units if u.stage == "test"}
+    assert set(tests) == {"test/unit/cpu/torch2.13.0", "test/unit/cpu/torch2.14.1", "test/unit/planted/torch2.13.0"}
+    for torch, version in (("2.13.0", "2.13.0+cpu"), ("2.14.1", "2.14.1+cu130")):
+        assert tests[f"test/unit/cpu/torch{torch}"].state == "completed", tests
+        assert tests[f"test/unit/cpu/torch{torch}"].message.startswith("1 passed"), tests
+        (python,) = out.glob(f"**/tests/.envs/unit.cpu.torch{torch}/bin/python")
+        probe = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                               text=True, timeout=300, check=True)
+        assert probe.stdout.strip() == version, probe
+    rows = [r for r in coverage_rows(load_config(str(config)), run) if r.variant == "cpu"]
+    assert [(r.torch, r.state) for r in rows] == [("2.13.0 (>=2.13)", "tested"), ("2.14.1 (>=2.13)", "tested")], rows
