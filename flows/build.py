@@ -1,4 +1,4 @@
-"""The build stage as a Prefect flow: one task run per compile unit.
+"""The build stage as a Prefect flow: one task run per compile unit that builds, one for all cached units.
 
 Order and final state only; every decision is in ``kiln.tasks.build.plan`` and
 ``kiln.tasks.build.stage``. Prefect's result cache is off for compile units on
