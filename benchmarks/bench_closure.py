@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.release.wheelkit, for the fixture wheel
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers.wheelkit, for the fixture wheel
 
 from kiln.core.wheels import read_wheel
 from kiln.release.closure import ClosureQuery, Staged, resolve
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 REQUIRES = ["torch>=2.6", "triton>=3.6; platform_system == 'Linux'", "numpy", "kiln-runtime"]
 TIMEOUT_S = 900

@@ -33,14 +33,14 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.release.wheelkit, for the fixture wheels
+sys.path.insert(0, str(REPO))  # tests.helpers.wheelkit, for the fixture wheels
 
 from kiln.core.wheels import read_wheel  # noqa: E402
 from kiln.release.closure import ClosureQuery, Staged, resolve, resolve_all  # noqa: E402
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel  # noqa: E402
 from kiln.tasks.build.wheel import requirements  # noqa: E402
 from kiln.tasks.project.config import load_config  # noqa: E402
-from tests.release.wheelkit import make_wheel  # noqa: E402
+from tests.helpers.wheelkit import make_wheel  # noqa: E402
 
 
 def _installed(name: str) -> str:

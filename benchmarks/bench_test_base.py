@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.release.wheelkit, for the fixture wheel
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers.wheelkit, for the fixture wheel
 
 from kiln.tasks.testing import baseenv, envs
 from kiln.tasks.testing.hostbase import host_distributions
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def _remove(root: Path) -> None:

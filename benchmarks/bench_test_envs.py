@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.release.wheelkit, for the fixture wheel
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers.wheelkit, for the fixture wheel
 
 from kiln.core.venvs import uv_command
 from kiln.tasks.testing import envs
 from kiln.tasks.testing.baseenv import base_env, base_pins
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def _baseline(root: Path, wheel: Path) -> None:

@@ -161,7 +161,7 @@ if [ "${STATES[0]}" != passed ]; then
     for step in gpu_tests aot_selfcheck bench; do skip_step "$step" "setup failed"; done
 elif [ "$MODE" = gpu ]; then
     mapfile -t GPU_FILES < <(grep -l "pytest.mark.gpu" tests/kernels/test_*.py tests/bench/test_*.py \
-        tests/runner/test_*.py 2>/dev/null)
+        tests/testing/test_*.py 2>/dev/null)
     run_step gpu_tests 90 "$VENV/bin/python" -m pytest -m gpu "${GPU_FILES[@]}" -q -p no:cacheprovider \
         --junitxml="${OUT_DIR}/gpu_tests.xml"
     run_step aot_selfcheck 60 "$VENV/bin/python" -m kiln_kernels.selfcheck --out "${OUT_DIR}/aot_selfcheck.json"

@@ -24,7 +24,7 @@ from kiln.tasks.run.coverage import COVERAGE_INFO
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
 QUARANTINE_INFO = "quarantine:"  # run info key prefix (+ unit id): the quarantine lines of a suite's run
 BENCH_TREND_INFO = "bench_trend"  # run info key: one line per benchmark case, its recent medians and the policy
-# What a release engineer must read first; every UnitState, in that order (tests/foundation/test_summary.py).
+# What a release engineer must read first; every UnitState, in that order (tests/flows/test_summary.py).
 STATE_ORDER: tuple[UnitState, ...] = ("failed", "not_run", "flaky", "skipped", "completed")
 STAGE_ORDER: tuple[Stage, ...] = get_args(Stage)  # the order stages run in
 TAIL_LINES = 6  # of a failure's log, under its line

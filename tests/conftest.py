@@ -24,7 +24,7 @@ os.environ["KILN_DAEMON"] = "off"
 # Runs publish with PyPI as their extra index; tests never query it (kiln.tasks.install_hint, issue 32).
 os.environ["KILN_CHECK_EXTRA_INDEXES"] = "off"
 # Test and bench environments layer one base environment (torch, Triton, numpy, pytest) made once per user and
-# shared by every test and session (kiln.tasks.testing.baseenv), as tests/build/cuda_torch.py shares build envs.
+# shared by every test and session (kiln.tasks.testing.baseenv), as tests/helpers/cuda_torch.py shares build envs.
 os.environ.setdefault("KILN_TEST_ENV_CACHE", str(Path(tempfile.gettempdir()) / f"kiln-test-baseenvs-{os.getuid()}"))
 
 from kiln.flows.local.environment import apply_defaults  # noqa: E402

@@ -18,7 +18,7 @@ from kiln.tasks.bench.results import load_results, save_results
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.runs import artifact_store
 from tests.bench.conftest import FIXTURE
-from tests.bench.fakes import keep
+from tests.helpers.benchfakes import keep
 from tests.helpers.waiting import until
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 from kiln.core.errors import BenchmarkError, ConfigError, InfrastructureError
 from kiln.tasks.bench.harness import MetricPlan, bench_kernel, bench_specs, prepare, resolve_metric
 from kiln.tasks.project.config import load_config
-from tests.bench.fakes import CPU_PLAN
+from tests.helpers.benchfakes import CPU_PLAN
 
 
 def test_auto_is_cpu_without_a_gpu_and_graph_replay_with_one():

@@ -25,7 +25,7 @@ from kiln.tasks.bench.results import parse_time, save_results
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.runs import artifact_store
-from tests.bench.fakes import FakeTimer, fake_run, keep, run_header
+from tests.helpers.benchfakes import FakeTimer, fake_run, keep, run_header
 
 
 def _run(run_id: str, created: str, flow: str = "nightly", variant: str = "cpu", seed: int = 1):

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from kiln.tasks.bench.plots import plot_speedups, plot_trend, png_markdown, try_plot
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kiln.tasks.bench.compare import KernelOutcome, compare_results
 from kiln.tasks.bench.report import artifact_key, build_report
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 
 def _outcomes(results, extra=()):

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.tasks.bench.results import git_commit, hardware, load_results, save_results
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 from kiln.core.errors import InvalidInputError
 from kiln.tasks.bench.compare import compare_results
 from kiln.tasks.bench.stats import bootstrap_median_ci, judge, summarize
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 THRESHOLD = 0.05
 

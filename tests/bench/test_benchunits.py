@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.tasks.bench.compare import KernelOutcome, compare_results, kernel_units
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 
 def _outcomes(results):

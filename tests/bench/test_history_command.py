@@ -14,7 +14,7 @@ from kiln.tasks.bench.series import series
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.runs import artifact_store
-from tests.bench.fakes import FakeTimer, fake_run, keep
+from tests.helpers.benchfakes import FakeTimer, fake_run, keep
 
 
 def _stored(config, runs: list[tuple[str, str, float]]) -> None:

@@ -24,7 +24,7 @@ from kiln.tasks.bench.results import BenchResults, parse_results, parse_time
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run.runs import artifact_store
-from tests.bench.fakes import FakeTimer, fake_run, keep, run_header
+from tests.helpers.benchfakes import FakeTimer, fake_run, keep, run_header
 
 NOW = "2026-11-29T03:00:00Z"
 

@@ -1,6 +1,6 @@
 """The nightly and the release gate judge each case by the regression policy over its window of stored runs.
 
-Histories are measured through the real harness with a seeded fake timer (tests/bench/fakes.py): five
+Histories are measured through the real harness with a seeded fake timer (tests/helpers/benchfakes.py): five
 nights at one speed on one machine, then the run under judgement.
 """
 
@@ -11,7 +11,7 @@ from kiln.tasks.bench.compare import KernelOutcome, compare_results, comparison_
 from kiln.tasks.bench.results import Hardware
 from kiln.tasks.bench.window import window_cases
 from kiln.tasks.project.config import RegressionPolicy
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 POLICY = RegressionPolicy(window=5, min_runs=3, noise_k=3.0)
 THRESHOLD = 0.05

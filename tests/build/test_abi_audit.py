@@ -27,7 +27,7 @@ from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.stage import assemble_variant, prepare_build
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 STAMP = WheelStamp.for_commit("c" * 40, 1764450423, {"torch": "2.13.0"}, environ={})
 _MODULE = """#define Py_LIMITED_API 0x030B0000

@@ -18,7 +18,7 @@ from kiln.tasks.build.rewheel import rewrite_metadata, rewrite_wheel
 from kiln.tasks.build.wheel import WheelInput, write_wheel
 from kiln.tasks.project.config import load_config
 from kiln.tasks.project.config_build import Toolchain
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

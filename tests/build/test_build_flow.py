@@ -12,7 +12,7 @@ import pytest
 from kiln.core.fsutil import sha256_file
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build.aot import elf_arch
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from kiln.tasks.build.buildenv import (
     probe_torch,
 )
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 from tests.helpers.sdists import evil_sdist_index
 
 REPO = Path(__file__).resolve().parents[2]

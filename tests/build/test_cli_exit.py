@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 pytestmark = pytest.mark.slow
 

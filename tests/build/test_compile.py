@@ -13,7 +13,7 @@ from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
 from kiln.tasks.build.stage import prepare_build, worker_config
 from kiln.tasks.build.units import CompileContext, build_unit, unit_record
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build.compiled_here import code_digest
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("cmake") is None,
                               reason="needs a C compiler and cmake")

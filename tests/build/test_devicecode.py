@@ -11,7 +11,7 @@ import pytest
 
 from kiln.core.errors import InvalidInputError, MemberTooLargeError
 from kiln.tasks.build.devicecode import wheel_contents
-from tests.release.wheelkit import claim_member_size
+from tests.helpers.wheelkit import claim_member_size
 
 MIB = 1 << 20
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from tests.build.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
+from tests.helpers.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
 from tests.helpers.gitrepo import git_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")]
@@ -98,7 +98,7 @@ def test_an_nvcc_torch_unit_of_a_variant_with_build_requires_compiles_against_th
     from kiln.tasks.build.units import CompileContext, _compile
     from kiln.tasks.project.config import load_config
     from kiln.tasks.project.registry_types import CudaSourceRecord
-    from tests.build.conftest import copy_project
+    from tests.helpers.projects import copy_project
 
     config_path = copy_project("tiny", tmp_path)
     config_path.write_text(config_path.read_text().replace('archs = ["8.0", "9.0"]', 'archs = ["8.0", "9.0"]\n'

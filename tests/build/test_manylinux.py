@@ -32,7 +32,7 @@ from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.variants import write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 STAMP = WheelStamp.for_commit("c" * 40, 1764450423, {"triton": "3.9.0"}, environ={})

@@ -11,7 +11,7 @@ from kiln.core.errors import ConfigError
 from kiln.tasks.build.interpreters import InterpreterMissingError, find_interpreter
 from kiln.tasks.build.stage import prepare_build
 from kiln.tasks.project.config import load_config, parse_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 _BASE = {"project": {"package": "pkg", "distribution": "pkg", "version": "1.0", "source": "pkg"},
          "build": {"backend": "pep517"},

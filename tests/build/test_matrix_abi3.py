@@ -16,7 +16,7 @@ from kiln.tasks.build.stage import assemble_variant, compile_context, prepare_bu
 from kiln.tasks.build.units import build_unit
 from kiln.tasks.project.config import load_config
 from kiln.tasks.project.config_matrix import abi3_served
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 

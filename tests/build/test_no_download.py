@@ -15,7 +15,7 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build.backend import REFUSING_PROXY, without_network
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 
 class _Counting(BaseHTTPRequestHandler):
@@ -41,7 +41,7 @@ class _Counting(BaseHTTPRequestHandler):
 @pytest.fixture
 def prebuilt_wheel(tmp_path) -> bytes:
     """Someone else's wheel of the package: a library no build of this project compiled."""
-    from tests.release.wheelkit import make_wheel
+    from tests.helpers.wheelkit import make_wheel
 
     return make_wheel(tmp_path / "elsewhere", "prebuilt_ops", "1.0.0", module="pbops",
                       files={"pbops/_native.so": b"\x7fELF not built here"}).read_bytes()

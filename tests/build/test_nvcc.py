@@ -67,7 +67,7 @@ def test_nvcc_builds_two_archs_and_the_library_embeds_exactly_them(tmp_path):
 
 def test_a_tool_past_its_deadline_goes_down_the_shared_ladder_with_its_children(tmp_path):
     """The tool's subprocess (as nvcc's cicc/ptxas would be) dies with it: the whole group is signalled."""
-    from tests.runner._procs import running
+    from tests.helpers.procs_tree import running
 
     pid_file = tmp_path / "child.pid"
     script = f"sleep 600 & echo $! > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; echo started; wait"

@@ -13,7 +13,7 @@ from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build
 from kiln.tasks.project.config import load_config
 from kiln.tasks.project.registry import load_registry
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 
 class _Counting:

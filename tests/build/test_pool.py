@@ -14,11 +14,11 @@ from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.pool import RemoteTraceback, UnpicklableRemoteError, WorkerPool, WorkerTimeout
 from kiln.tasks.build.stage import prepare_build, worker_config
 from kiln.tasks.build.units import CompileContext, build_unit, unit_record
-from tests.build import pool_targets
-from tests.build.conftest import copy_project
-from tests.runner._procs import running
+from tests.helpers import pool_targets
+from tests.helpers.procs_tree import running
+from tests.helpers.projects import copy_project
 
-TARGETS = "tests.build.pool_targets"
+TARGETS = "tests.helpers.pool_targets"
 
 
 @pytest.fixture(scope="module")

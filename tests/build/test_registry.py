@@ -14,7 +14,7 @@ from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build
 from kiln.tasks.project.config import load_config
 from kiln.tasks.project.registry import load_registry, read_registry
-from tests.build.conftest import FIXTURES, copy_project
+from tests.helpers.projects import FIXTURES, copy_project
 
 _counter = itertools.count()
 

@@ -26,7 +26,7 @@ from kiln.tasks.build.manylinux import EXCLUDES, most_compatible
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.wheel import ZIP_EPOCH
 from kiln.tasks.project.config import Backend
-from tests.build.cuda_torch import link_shared_envs, shared_cuda_torch_envs
+from tests.helpers.cuda_torch import link_shared_envs, shared_cuda_torch_envs
 from tests.helpers.gitrepo import COMMIT_TIME, git, git_project, init_repo
 
 REPO = Path(__file__).resolve().parents[2]

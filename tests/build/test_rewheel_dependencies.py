@@ -23,7 +23,7 @@ from kiln.tasks.build.rewheel import merged_requires, rewrite_wheel
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.install_hint import install_facts, requires_dist
 from kiln.tasks.project.config import load_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 OWN = ("numpy>=1.20", 'pytest; extra == "test"')
 

@@ -15,7 +15,7 @@ from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.sbom import is_binary
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import load_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 STAMP = WheelStamp.for_commit("c" * 40, 1764450423, {"triton": "3.9.0", "nvcc": "13.0"}, environ={})
 

@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build.buildenv import overlay_env
 from kiln.tasks.testing.envs import make_build_env
-from tests.build.cuda_torch import link_shared_envs, shared_cuda_torch_env, shared_envs_root
+from tests.helpers.cuda_torch import link_shared_envs, shared_cuda_torch_env, shared_envs_root
 from tests.helpers.gitrepo import git_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")]

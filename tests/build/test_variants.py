@@ -26,7 +26,7 @@ from kiln.tasks.build.stage import assemble_variant, prepare_build
 from kiln.tasks.build.variants import cuda_lower_bound, sm_arch_values, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import load_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 VERSION = "0.1.0.dev20261129"
 

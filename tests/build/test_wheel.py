@@ -22,7 +22,7 @@ import kiln.runtime
 from kiln.core.errors import InvalidInputError
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, platform_tag, wheel_filename
 from kiln.tasks.project.config import load_config
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 
 def _record_ok(archive: zipfile.ZipFile) -> dict[str, str]:

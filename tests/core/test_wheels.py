@@ -10,8 +10,7 @@ import pytest
 from kiln.core.errors import InvalidInputError
 from kiln.core.fsutil import sha256_bytes, sha256_file
 from kiln.core.wheels import read_wheel
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def test_read_wheel_hashes_file_and_extracts_metadata(tmp_path: Path) -> None:

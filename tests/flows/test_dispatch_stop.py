@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.gitrepo import git_project
+from tests.helpers.prefect_server import PrefectServer, prefect_server_process
 from tests.helpers.processes import stop
 from tests.helpers.waiting import until
-from tests.release_flow.conftest import PrefectServer, prefect_server_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -16,7 +16,7 @@ from prefect.client.schemas.objects import WorkerStatus
 
 from kiln.flows import dispatch as dispatching
 from kiln.flows.waiting import Waiting, cancel_dispatched_on_exit, time_left, worker_is_live
-from tests.foundation.test_dispatch import config_with_pool, deploy_gpu_tests
+from tests.flows.test_dispatch import config_with_pool, deploy_gpu_tests
 from tests.helpers.waiting import until
 
 NOW = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
@@ -127,7 +127,7 @@ def test_a_flow_interrupted_while_its_suite_waits_cancels_the_dispatched_run(pre
             dispatching.dispatch_suite.submit(config, config.suites_by_name["kernels-gpu"], f"test/{pool}", run)
             until(lambda: _dispatched(run.run_id), bool, deadline_s=120)
             # An interrupt in the flow's thread (Prefect's TerminationSignal for SIGTERM would also re-send the
-            # signal to this process once the engine has handled it: tests/foundation/test_dispatch_stop.py).
+            # signal to this process once the engine has handled it: tests/flows/test_dispatch_stop.py).
             raise KeyboardInterrupt
 
     start = time.monotonic()

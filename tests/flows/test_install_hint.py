@@ -26,7 +26,7 @@ from kiln.release.publish import Plan, publish
 from kiln.release.remote import Lookup, newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.install_hint import CHECK_ENV, extra_index_check, install_facts, requires_dist
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 NIGHTLY = "0.8.2.dev20261202205655"
 REQUIRES = ("torch>=2.6", 'triton>=3.6; platform_system == "Linux"', "numpy", "demo-runtime==1.0",

@@ -22,7 +22,7 @@ from kiln.flows.summary import render_text
 from kiln.release.hintrun import parse_hint, run_hint
 from kiln.tasks.install_hint import CHECK_ENV
 from tests.helpers.gitrepo import git_project
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.gitrepo import git, git_project
-from tests.release_flow.conftest import PrefectServer, prefect_server_process
+from tests.helpers.prefect_server import PrefectServer, prefect_server_process
 from tests.release_flow.test_readme import readme_commands
 
 # A real server migrating a fresh database, deployments and a whole nightly on a loaded 2-core machine.

@@ -14,8 +14,8 @@ from kiln.core.manifest import RunManifest, Unit
 from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_text
 from kiln.tasks.install_hint import CHECK_ENV
-from tests.release.runkit import make_record
-from tests.release.wheelkit import make_wheel
+from tests.helpers.runkit import make_record
+from tests.helpers.wheelkit import make_wheel
 
 KILN_TOML = """
 [project]

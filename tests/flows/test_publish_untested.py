@@ -14,7 +14,7 @@ from kiln.release.publish import Plan, publish
 from kiln.tasks.bench.harness import nothing_to_bench
 from kiln.tasks.project.config import Publish
 from kiln.tasks.releasing import held_untested, publish_facts, untested_ok, variants_to_publish, without_suite
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def config(publish_untested: bool = True, suites: tuple = ()) -> SimpleNamespace:

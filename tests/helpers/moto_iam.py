@@ -1,4 +1,4 @@
-"""A moto S3/IAM/STS server on loopback, in its own process, with IAM enforced.
+"""A moto S3/IAM/STS server on loopback, in its own process, with IAM enforced (the permissions tests' and the release flow's).
 
 Server mode, not the in-process mock: the enforcement switch is global to the
 process that serves the requests, and a subprocess keeps it away from every

@@ -12,8 +12,7 @@ from kiln.core.manifest import RunManifest, Unit
 from kiln.core.record import Checkout, RunHeader, RunRecord, create_record
 from kiln.core.store import open_store
 from kiln.release.variants import VARIANT_SCHEMA, dumps
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 NVIDIA = {"plugin-api": "nvidia_variant_provider.plugin:NvidiaVariantPlugin",
           "requires": ["nvidia-variant-provider>=0.0.1,<1.0.0"]}

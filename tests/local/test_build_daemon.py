@@ -22,10 +22,10 @@ import pytest
 from kiln.flows.local import daemon
 from kiln.flows.local.daemon_server import running
 from kiln.flows.local.server import alive
-from tests.build.conftest import copy_project
 from tests.helpers.daemons import REPO, daemon_env
 from tests.helpers.daemons import client as _client
 from tests.helpers.daemons import start_daemon as _start
+from tests.helpers.projects import copy_project
 from tests.helpers.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

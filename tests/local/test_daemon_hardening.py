@@ -23,8 +23,8 @@ import pytest
 
 from kiln.flows.local import daemon, server
 from kiln.flows.local.daemon_server import running
-from tests.build.conftest import copy_project
 from tests.helpers.daemons import NOT_SERVED, REPO, client, daemon_env, key_of, start_daemon, state_directory
+from tests.helpers.projects import copy_project
 from tests.helpers.waiting import until
 
 ENTRY = "tests.helpers.daemon_entry:main"

@@ -29,7 +29,7 @@ import pytest
 
 from kiln.flows.local import server, server_watch
 from kiln.flows.local.server_home import AUTH_FILE, USED_FILE
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 from tests.helpers.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -15,13 +15,13 @@ import pytest
 
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config import load_config
-from tests.build.cuda_torch import link_shared_envs, shared_cuda_torch_env, shared_envs_root
-from tests.foundation.test_real_cuda_extension import _cuda_torch_venv
-from tests.foundation.test_triton_jit_nightly import _kiln_init, _nightly
+from tests.helpers.cuda_torch import link_shared_envs, shared_cuda_torch_env, shared_envs_root
 from tests.helpers.gitrepo import FIXTURES
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.real_packages import committed_checkout
 from tests.helpers.venvs import run as run_in_venv
+from tests.onboarding.test_real_cuda_extension import _cuda_torch_venv
+from tests.onboarding.test_triton_jit_nightly import _kiln_init, _nightly
 
 _PROBE = ("import json, torch, coops, cuda_only_ops_C as ext;"
           " print(json.dumps({'package': coops.__file__, 'extension': ext.__file__}))")

@@ -113,7 +113,7 @@ def test_a_torch_cpp_extension_package_built_by_its_own_backend_goes_through_the
     from kiln.tasks.build.buildenv import ensure_env
     from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
-    from tests.build.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
+    from tests.helpers.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
 
     config = git_project("ember", tmp_path)
     envs = shared_cuda_torch_envs()  # cu130 builds against the CUDA torch (build_requires), made once per machine

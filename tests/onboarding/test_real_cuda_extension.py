@@ -17,12 +17,12 @@ import pytest
 
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config import load_config
-from tests.build.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_env, shared_envs_root
-from tests.foundation.test_triton_jit_nightly import _kiln_init, _nightly
+from tests.helpers.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_env, shared_envs_root
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.real_packages import committed_checkout, fetch_sdist, load_pin
 from tests.helpers.venvs import make_venv
 from tests.helpers.venvs import run as run_in_venv
+from tests.onboarding.test_triton_jit_nightly import _kiln_init, _nightly
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_package,
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")]

@@ -8,8 +8,7 @@ import pytest
 
 from kiln.core.errors import ConfigError
 from kiln.flows.credentials import session_for
-
-from .conftest import kiln_config
+from tests.helpers.moto_iam import kiln_config
 
 
 @pytest.fixture

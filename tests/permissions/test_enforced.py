@@ -17,9 +17,8 @@ from kiln.flows.credentials import session_for
 from kiln.release.policies import policies_from_config, render
 from kiln.release.prune import Retention, prune
 from kiln.release.publish import publish
-from tests.release.runkit import make_run
-
-from .conftest import BUCKET, kiln_config
+from tests.helpers.moto_iam import BUCKET, kiln_config
+from tests.helpers.runkit import make_run
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,7 @@ import pytest
 from kiln.core.errors import ConfigError
 from kiln.flows.policies import policies_command
 from kiln.release.policies import DESTRUCTIVE_ACTIONS, StepAccess, policies_for, render, session_policy
-
-from .conftest import REPO
+from tests.helpers.moto_iam import REPO
 
 CHANNELS = {"nightly": "nightly", "release": "release"}
 STEPS = {

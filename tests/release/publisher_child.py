@@ -18,8 +18,7 @@ import boto3
 from kiln.core.manifest import RunManifest
 from kiln.core.s3 import S3Store, make_client
 from kiln.release.publish import publish
-
-from .faults import kill_after
+from tests.helpers.faults import kill_after
 
 
 def main() -> int:

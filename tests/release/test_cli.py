@@ -12,8 +12,7 @@ from kiln.core.store import LocalStore
 from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
 from kiln.release.serve import IndexServer
 from tests.helpers.indexcheck import check_local_index
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def _mtimes(root: Path) -> dict[str, int]:

@@ -20,10 +20,10 @@ from kiln.flows.publish import publish_flow
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, read_refusal, resolve_all
 from kiln.release.publish import publish
+from tests.helpers.runkit import make_record
+from tests.helpers.wheelkit import make_wheel
 
-from .runkit import make_record
 from .test_publish_flow import KILN_TOML
-from .wheelkit import make_wheel
 
 ABSENT = "kiln-test-absent-dependency>=1.0"
 

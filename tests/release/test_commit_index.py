@@ -13,11 +13,10 @@ from kiln.core.errors import InvalidInputError, TransientStoreError
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.store import LocalStore, Store
 from kiln.release.publish import UploadResult, commit_index_prefix, publish, upload_each
+from tests.helpers.faults import HookedLocalStore
 from tests.helpers.indexcheck import check_local_index
-
-from .faults import HookedLocalStore
-from .pageparse import parse_html, parse_json
-from .runkit import make_run
+from tests.helpers.pageparse import parse_html, parse_json
+from tests.helpers.runkit import make_run
 
 COMMIT_A, COMMIT_B = "a1b2c3d4e5f6" + "0" * 28, "0123456789ab" + "f" * 28
 CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock

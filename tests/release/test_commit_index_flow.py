@@ -18,9 +18,9 @@ from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_markdown, render_text
 from kiln.release.fetch import StoreSettings
 from kiln.release.verify import check_links, verify_index
+from tests.helpers.pageparse import parse_json
+from tests.helpers.runkit import make_record
 
-from .pageparse import parse_json
-from .runkit import make_record
 from .test_publish_flow import config_path  # noqa: F401 - the fixture: a two-variant demo project
 
 COMMIT = "c0ffee0123456789abcdef0123456789abcdef01"

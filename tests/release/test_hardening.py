@@ -16,8 +16,7 @@ from kiln.core.errors import InvalidInputError, MemberTooLargeError, RecordMisma
 from kiln.core.store import LocalStore
 from kiln.core.wheels import check_record, read_wheel, record_problems
 from kiln.release.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, index_command
-
-from .wheelkit import claim_member_size, make_wheel, rewrite_members
+from tests.helpers.wheelkit import claim_member_size, make_wheel, rewrite_members
 
 MIB = 1 << 20
 BOMB_MIB = 300

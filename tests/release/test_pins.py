@@ -10,8 +10,7 @@ import pytest
 from kiln.core.errors import IntegrityError, InvalidInputError
 from kiln.core.fsutil import sha256_file
 from kiln.release.pins import DEFAULT_PINS, fetch_pins, load_pins
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def _write(path: Path, pins: list[dict]) -> Path:

@@ -21,9 +21,8 @@ from kiln.tasks.promotion import (
     promotion_info,
     promotion_refusals,
 )
-
-from .runkit import variant_document
-from .wheelkit import make_wheel
+from tests.helpers.runkit import variant_document
+from tests.helpers.wheelkit import make_wheel
 
 NIGHTLY = "0.3.0.dev20261206010203+cpu"
 WHEEL = f"tiny_kernels-{NIGHTLY}-py3-none-manylinux_2_28_x86_64.whl"

@@ -11,8 +11,8 @@ import pytest
 from kiln.core.store import LocalStore
 from kiln.flows.cli import main
 from kiln.release.prune import Retention, prune
+from tests.helpers.staticserver import static_server
 
-from .staticserver import static_server
 from .test_prune import CPU, T0, _files, _local_read, _publish, _snapshot, broken_links
 from .test_publish_flow import KILN_TOML
 

@@ -26,8 +26,7 @@ from kiln.release.cli import verify_command
 from kiln.release.fetch import StoreSettings
 from kiln.release.public import check_public, published_expectations
 from kiln.release.publish import IMMUTABLE_CACHE, NIGHTLY_PAGE_CACHE, RELEASE_PAGE_CACHE, Plan, publish
-
-from .runkit import CU130, make_run, make_variant_run
+from tests.helpers.runkit import CU130, make_run, make_variant_run
 
 
 class CachingProxy:
@@ -223,8 +222,7 @@ def test_the_publish_flow_checks_what_the_target_public_url_serves_and_fails_nam
 ) -> None:
     from kiln.core.manifest import RunManifest
     from kiln.flows.publish import publish_flow
-
-    from .runkit import make_record
+    from tests.helpers.runkit import make_record
 
     stale = _bucket_proxy(s3_store, s3_endpoint, ignores_cache_control=True)
     (tmp_path / "src").mkdir()

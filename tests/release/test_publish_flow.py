@@ -12,9 +12,9 @@ from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
 from kiln.flows.publish import publish_flow
 from kiln.flows.summary import render_text
+from tests.helpers.pageparse import parse_json
+from tests.helpers.runkit import make_record
 
-from .pageparse import parse_json
-from .runkit import make_record
 from .test_publish_local import assert_index_consistent
 
 KILN_TOML = """

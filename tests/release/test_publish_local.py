@@ -17,10 +17,9 @@ from kiln.core.store import LocalStore
 from kiln.core.swap import CAS_ATTEMPTS
 from kiln.release.publish import gate, publish, update_pages
 from kiln.release.staging import StagingStore
-
-from .faults import CorruptingStore
-from .pageparse import parse_html, parse_json
-from .runkit import make_run, run_at_once
+from tests.helpers.faults import CorruptingStore
+from tests.helpers.pageparse import parse_html, parse_json
+from tests.helpers.runkit import make_run, run_at_once
 
 CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock
 

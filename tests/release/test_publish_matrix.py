@@ -13,8 +13,7 @@ from kiln.flows.hint import install_command, install_reason
 from kiln.release.closure import resolve_all
 from kiln.release.publish import complete_commit_indexes, publish
 from kiln.tasks.install_hint import install_facts
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 COMMIT = "c0ffee" + "0" * 34
 CELLS = {"cpupy310": "cp310", "cpupy312": "cp312", "cpupy313": "cp313"}

@@ -16,10 +16,10 @@ import pytest
 from kiln.core.errors import IntegrityError
 from kiln.core.s3 import S3Store, make_client
 from kiln.release.publish import publish
+from tests.helpers.faults import echo_checksums, inject_throttling
+from tests.helpers.runkit import make_run, run_at_once
 from tests.helpers.s3 import S3_ENV
 
-from .faults import echo_checksums, inject_throttling
-from .runkit import make_run, run_at_once
 from .test_publish_local import assert_index_consistent, page_keys, plant_sidecar_with_other_bytes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,11 +21,10 @@ from kiln.release.publish import COMBINED, publish
 from kiln.release.variants import dumps
 from kiln.release.verify import verify_index
 from kiln.tasks.install_hint import install_facts
+from tests.helpers.faults import HookedLocalStore
 from tests.helpers.indexcheck import check_local_index
-
-from .faults import HookedLocalStore
-from .pageparse import parse_html, parse_json
-from .runkit import CU130, make_variant_run, run_at_once
+from tests.helpers.pageparse import parse_html, parse_json
+from tests.helpers.runkit import CU130, make_variant_run, run_at_once
 
 CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock
 COMMIT = "a1b2c3d4e5f6" + "0" * 28

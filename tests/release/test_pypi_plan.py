@@ -16,8 +16,7 @@ from kiln.release.pypi_plan import MIB, Candidate, IndexFile, Limits, plan_uploa
 from kiln.release.reversion import public_wheel
 from kiln.release.upload import candidate
 from kiln.tasks.project.config import load_config
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 MANYLINUX = "py3-none-manylinux_2_28_x86_64"

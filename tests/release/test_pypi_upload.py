@@ -29,8 +29,7 @@ from kiln.release.pypi_release import UploadRequest, prepare_upload
 from kiln.release.upload import Credentials, Endpoint, UploadRefusedError, classify, twine_upload, upload_file
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
 from tests.helpers.processes import free_port
-
-from .wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 NOW = datetime.now(UTC)
 CREDENTIALS = Credentials("kiln", "pypi-loopback-token")  # pypiserver here accepts any

@@ -14,8 +14,7 @@ from kiln.release.index import JSON_TYPE
 from kiln.release.publish import publish
 from kiln.release.serve import IndexServer, wants_json
 from kiln.release.verify import verify_index
-
-from .runkit import make_run
+from tests.helpers.runkit import make_run
 
 
 def _get(url: str, accept: str | None = None) -> tuple[int, str, bytes]:

@@ -13,9 +13,8 @@ from kiln.core.store import LocalStore
 from kiln.release.index import ProjectStatus, generate, project_pages
 from kiln.release.publish import publish
 from kiln.tasks.project.config import parse_config
-
-from .pageparse import parse_html, parse_json
-from .runkit import make_run
+from tests.helpers.pageparse import parse_html, parse_json
+from tests.helpers.runkit import make_run
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "tiny"
 SHA = "a" * 64

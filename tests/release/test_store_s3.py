@@ -23,8 +23,7 @@ from kiln.core.errors import (
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.s3 import S3Store, make_client, translate
 from kiln.core.store import open_store
-
-from .faults import echo_checksums
+from tests.helpers.faults import echo_checksums
 
 
 def test_put_immutable_sets_content_type_cache_control_and_reads_hash_back(s3_store: S3Store) -> None:
@@ -199,8 +198,7 @@ def test_bytes_corrupted_in_transit_are_caught_by_the_read_back(s3_store: S3Stor
 
 def test_pages_and_wheels_carry_their_content_type_and_cache_control(s3_store: S3Store, tmp_path) -> None:
     from kiln.release.publish import IMMUTABLE_CACHE, PAGE_CACHE, publish
-
-    from .runkit import make_run
+    from tests.helpers.runkit import make_run
 
     run = make_run(tmp_path / "run", {"cu130": [("demo", "1.0+cu130")]})
     publish(run, s3_store, channel="nightly", channel_prefix="nightly", variants=["cu130"])

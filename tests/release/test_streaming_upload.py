@@ -28,11 +28,11 @@ from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
 from kiln.release.publish import Plan, Upload, UploadResult, publish, upload_each
 from kiln.release.staging import StagingStore
+from tests.helpers.faults import ForwardingStore
 from tests.helpers.s3 import S3_ENV
+from tests.helpers.wheelkit import make_wheel
 
-from .faults import ForwardingStore
 from .test_publish_local import page_keys
-from .wheelkit import make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BLOB = 48 << 20  # incompressible bytes in the big wheel: far more than a streaming publish may hold

@@ -31,11 +31,10 @@ from kiln.release.closure import ClosureQuery, Staged, resolve
 from kiln.release.installenv import run_installer, scrubbed_env
 from kiln.release.publish import Plan, publish
 from kiln.tasks.install_hint import install_facts
+from tests.helpers.runkit import variant_document
 from tests.helpers.sdists import evil_sdist_index
-from tests.release.runkit import variant_document
-
-from .staticserver import static_server
-from .wheelkit import make_wheel
+from tests.helpers.staticserver import static_server
+from tests.helpers.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow  # a few dozen pip and uv runs
 

@@ -25,8 +25,7 @@ from kiln.release.cli import EXIT_OK, index_command
 from kiln.release.fetch import FetchLimits
 from kiln.release.index import JSON_TYPE, generate
 from kiln.release.verify import verify_index
-
-from .wheelkit import make_wheel, rewrite_members
+from tests.helpers.wheelkit import make_wheel, rewrite_members
 
 MIB = 1 << 20
 ENDLESS_MIB = 400  # what the oversized bodies would send if nobody stopped reading

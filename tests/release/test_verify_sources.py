@@ -23,10 +23,9 @@ from kiln.release.install import index_options
 from kiln.release.publish import publish
 from kiln.release.serve import IndexServer
 from kiln.release.verify import verify_index
-
-from .runkit import make_run
-from .staticserver import static_server
-from .wheelkit import make_wheel
+from tests.helpers.runkit import make_run
+from tests.helpers.staticserver import static_server
+from tests.helpers.wheelkit import make_wheel
 
 WHEEL = "alpha-1.1+cu130-py3-none-any.whl"
 

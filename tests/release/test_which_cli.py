@@ -14,9 +14,8 @@ import pytest
 
 from kiln.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from kiln.flows.cli import main
-
-from .staticserver import static_server
-from .wheelkit import make_wheel
+from tests.helpers.staticserver import static_server
+from tests.helpers.wheelkit import make_wheel
 
 CPU_WHEEL = "kiln_kernels-0.1.0+cpu-cp311-cp311-linux_x86_64.whl"
 CU130_WHEEL = "kiln_kernels-0.1.0+cu130-cp312-cp312-linux_x86_64.whl"

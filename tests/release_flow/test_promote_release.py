@@ -17,9 +17,8 @@ from kiln.flows.release import approved_release_flow
 from kiln.tasks.project.config import load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO, PROMOTED_INFO
 from tests.helpers.gitrepo import commit_all, init_repo
-
-from ..release.runkit import CLEAN
-from ..release.wheelkit import make_wheel
+from tests.helpers.runkit import CLEAN
+from tests.helpers.wheelkit import make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"

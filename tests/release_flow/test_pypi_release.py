@@ -27,9 +27,8 @@ from kiln.release.upload import Credentials, Endpoint, upload_file
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
-
-from ..release.runkit import make_record
-from ..release.wheelkit import make_wheel
+from tests.helpers.runkit import make_record
+from tests.helpers.wheelkit import make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"

@@ -21,9 +21,8 @@ from kiln.release.pypi_index import read_index
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
-
-from ..release.runkit import make_record
-from ..release.wheelkit import make_wheel
+from tests.helpers.runkit import make_record
+from tests.helpers.wheelkit import make_wheel
 
 TOKEN = "pypi-loopback-token-never-logged"
 WHEEL = "tiny_kernels-0.3.0-py3-none-any.whl"

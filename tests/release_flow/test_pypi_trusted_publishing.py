@@ -25,9 +25,8 @@ from tests.helpers.loopback_oidc import (
     without_ambient_identity,
 )
 from tests.helpers.loopback_pypi import pypi_server
-
-from ..release.runkit import make_record
-from ..release.wheelkit import make_wheel
+from tests.helpers.runkit import make_record
+from tests.helpers.wheelkit import make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"

@@ -25,8 +25,7 @@ from kiln.flows.release import approved_release_flow, release_flow
 from kiln.release.index import generate
 from kiln.tasks.bench.harness import stats_of
 from tests.helpers.gitrepo import init_repo
-
-from ..permissions.conftest import BUCKET, moto_server  # noqa: F401 (fixture)
+from tests.helpers.moto_iam import BUCKET, moto_server  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"
@@ -218,7 +217,7 @@ def test_a_noisy_cpu_release_passes_the_gate_first_and_is_the_next_releases_base
     from kiln.tasks.bench.trust import HistoryReader
     from kiln.tasks.project.config import load_config
     from kiln.tasks.run.runs import artifact_store
-    from tests.bench.fakes import keep
+    from tests.helpers.benchfakes import keep
 
     out = tmp_path / "out"
     first = approved_release_flow(version="0.1.0", config_path=str(benchproj), out=str(out), return_state=True)

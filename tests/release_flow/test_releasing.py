@@ -16,7 +16,7 @@ from kiln.release.index import generate
 from kiln.tasks import releasing
 from kiln.tasks.bench.compare import compare_results, comparison_record
 from kiln.tasks.project.config import load_config
-from tests.bench.fakes import FakeTimer, fake_run
+from tests.helpers.benchfakes import FakeTimer, fake_run
 
 REPO = Path(__file__).resolve().parents[2]
 

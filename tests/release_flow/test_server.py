@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.gitrepo import git_project
+from tests.helpers.prefect_server import REPO, PrefectServer
 
-from .conftest import REPO, PrefectServer
 from .test_readme import readme_commands
 
 # A real server, a worker and deployments: setup alone takes minutes on a loaded 2-core machine.

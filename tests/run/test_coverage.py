@@ -22,7 +22,7 @@ from kiln.flows.summary import render_markdown, render_text
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.coverage import COVERAGE_INFO
-from tests.build.conftest import copy_project
+from tests.helpers.projects import copy_project
 
 VERSION = "0.1.0.dev1"
 

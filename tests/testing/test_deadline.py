@@ -21,7 +21,7 @@ from kiln.tasks.process import (
     terminate,
     watch,
 )
-from tests.runner._procs import running
+from tests.helpers.procs_tree import running
 
 # A child that leads its group, installs the stack dump, maybe starts a
 # SIGTERM-ignoring grandchild, writes its pids, then does what it is told.

@@ -11,7 +11,7 @@ import pytest
 
 from kiln.core.errors import DistributedTestError, InvalidInputError, TestTimeoutError
 from kiln.tasks.testing import distributed
-from tests.runner._procs import running
+from tests.helpers.procs_tree import running
 
 
 def all_reduce_sum(rank: int, world_size: int, offset: float = 0.0) -> float:

@@ -17,7 +17,7 @@ from kiln.tasks.testing import envs
 from kiln.tasks.testing.baseenv import BASES, CACHE_ENV, MANIFEST, base_env, changed_files, site_packages
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 EDITS_ITS_DEPENDENCY = """
 import os

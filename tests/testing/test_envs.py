@@ -6,7 +6,7 @@ import os
 import subprocess
 
 from kiln.tasks.testing import envs
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 
 def test_a_kiln_egg_info_in_the_working_directory_does_not_hide_the_installed_kiln(tmp_path, monkeypatch):

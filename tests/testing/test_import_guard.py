@@ -15,7 +15,7 @@ from kiln.tasks.testing import envs
 from kiln.tasks.testing.importguard import Guard
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 PROJECT = "/src/project"
 ENV = "/src/project/out/tests/.envs/cpu"  # an environment made inside the project, as `kiln nightly --out out` does

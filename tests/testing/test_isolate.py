@@ -11,7 +11,7 @@ import pytest
 from kiln.core.errors import InvalidInputError
 from kiln.tasks.process import DUMP_WINDOW_S
 from kiln.tasks.testing.runner import RunOptions, run_tests
-from tests.runner._procs import running
+from tests.helpers.procs_tree import running
 
 REPO = Path(__file__).resolve().parents[2]
 LADDER = "tests/fixtures/suites/ladder"

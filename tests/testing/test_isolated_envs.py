@@ -22,7 +22,7 @@ from kiln.tasks.testing.classify import suite_state
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
 from tests.helpers.sdists import evil_sdist_index
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 from kiln.tasks.testing import envs
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
-from tests.release.wheelkit import make_wheel
+from tests.helpers.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow
 
