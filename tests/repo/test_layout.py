@@ -266,3 +266,21 @@ def test_the_rooms_hold_what_their_names_say():
     assert (ROOT / "runtime" / "pyproject.toml").is_file() and not (ROOT / "release" / "runtime" / "kiln").exists()
     table = (ROOT / "flows" / "local" / "README.md").read_text()
     assert all(f"`{name}.py`" in table for name in plumbing), "flows/local/README.md names every module"
+
+
+def test_no_test_imports_another_folders_conftest_and_helpers_have_one_home():
+    """Shared test code lives in tests/helpers; a conftest serves only its own folder's tests."""
+    tests = ROOT / "tests"
+    crossing = []
+    for path in sorted(tests.rglob("*.py")):
+        folder = path.relative_to(tests).parts[0]
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for name in _imported_names(ast.parse(path.read_text(encoding="utf-8")), module, path.name == "__init__.py"):
+            parts = name.split(".")
+            if parts[0] == "tests" and parts[-1] == "conftest" and parts[1:2] != [folder]:
+                crossing.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert crossing == []
+    # The old homes of shared helpers are gone: each moved to tests/helpers.
+    assert not [p for p in ("release/wheelkit.py", "release/runkit.py", "build/cuda_torch.py", "bench/fakes.py")
+                if (tests / p).exists()]
+    assert not (tests / "foundation").exists()
