@@ -399,7 +399,10 @@ def seed_base() -> Path:
     from kiln.tasks.build import buildenv
     from kiln.tasks.testing import baseenv
 
-    def linked(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float) -> None:
+    def linked(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,
+               base: object = None, fill: object = None) -> None:
+        # base (a matrix cell's interpreter) and fill (a copy from Kiln's interpreter) are production's ways to
+        # fill the environment; here the machine layer's links replace all of them.
         made = _run([sys.executable, "-I", "-m", "venv", "--without-pip", str(tmp)], f"creating {tmp}", timeout_s)
         if made.returncode != 0:
             raise CarryError(f"creating the base environment {tmp} failed: {made.stderr.strip()[-1500:]}")

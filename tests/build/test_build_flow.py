@@ -84,8 +84,8 @@ def test_warm_rebuild_hits_then_drift_heals_and_one_kernel_change_rebuilds_only_
     # damage the cached cubin of cu130/8.0/add and delete the one of rocm/gfx942/add
     cache = config.parent / ".kiln" / "cache"
     stored = [json.loads(p.read_text()) for p in cache.glob("entries/*/*.json")]
-    entries = {e["info"]["unit"]: e for e in stored if "unit" in e["info"]}  # the others are the stored wheels
-    assert {e["info"].get("kind") for e in stored if "unit" not in e["info"]} == {"wheel"}
+    entries = {e["info"]["unit"]: e for e in stored if "unit" in e["info"]}  # the others: wheels and their SBOMs
+    assert {e["info"].get("kind") for e in stored if "unit" not in e["info"]} == {"wheel", "sbom"}
 
     def obj(unit_id):
         sha = next(f["sha256"] for n, f in entries[unit_id]["files"].items() if not n.endswith(".json"))
