@@ -42,15 +42,19 @@ if TYPE_CHECKING:
 # gets kiln.toml loaded too, once, by ``_dispatch``.
 PlainHandler = Callable[[argparse.Namespace], int]
 ConfigHandler = Callable[[argparse.Namespace, KilnConfig], int]
+# What a flow command does while Kiln's local server starts (kiln.flows.headstart), named by its function there.
+HeadStart = str | None
 
 
 def _runs(parser: argparse.ArgumentParser, handler: PlainHandler) -> None:
-    parser.set_defaults(handler=handler, config_handler=None, connect=False)
+    parser.set_defaults(handler=handler, config_handler=None, connect=False, head_start=None)
 
 
-def _runs_with_config(parser: argparse.ArgumentParser, handler: ConfigHandler, *, flow: bool = False) -> None:
-    """``handler`` gets the loaded kiln.toml; ``flow``: it runs a flow, connected, under the command's signals."""
-    parser.set_defaults(handler=None, config_handler=handler, connect=flow)
+def _runs_with_config(parser: argparse.ArgumentParser, handler: ConfigHandler, *, flow: bool = False,
+                      head_start: HeadStart = None) -> None:
+    """``handler`` gets the loaded kiln.toml; ``flow``: it runs a flow, connected, under the command's signals;
+    ``head_start``: the kiln.flows.headstart function it runs while Kiln's server starts."""
+    parser.set_defaults(handler=None, config_handler=handler, connect=flow, head_start=head_start)
 
 
 
@@ -94,11 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("nightly", help="build, test, benchmark and publish the nightly")
     _add_config(p)
-    _runs_with_config(p, _nightly_command, flow=True)
+    _runs_with_config(p, _nightly_command, flow=True, head_start="nightly")
 
     p = sub.add_parser("release", help="the release flow: validate, build, test, bench, approve, publish, verify")
     _add_config(p)
-    _runs_with_config(p, _release_command, flow=True)
+    _runs_with_config(p, _release_command, flow=True, head_start="release")
     p.add_argument("--version", required=True, help="PEP 440 version to release")
     p.add_argument("--ref", default="HEAD", help="git ref being released")
     p.add_argument("--channel", default="release")
@@ -113,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build", help="build kernels and wheels for every variant")
     _add_config(p)
-    _runs_with_config(p, _build_command, flow=True)
+    _runs_with_config(p, _build_command, flow=True, head_start="build")
     p.add_argument("--version", help="version to build (default: the commit's nightly version, "
                                      "<base>.dev<commit time as YYYYMMDDHHMMSS>)")
     p.add_argument("--variant", action="append", dest="variants", help="only this variant (repeatable)")
@@ -317,9 +321,10 @@ def _run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = 
     return EXIT_FAILED
 
 
-def _connect() -> contextlib.AbstractContextManager[Any]:
+def _connect(meanwhile: Callable[[], object] = lambda: None) -> contextlib.AbstractContextManager[Any]:
     """Point Prefect at its server: ``PREFECT_API_URL`` (environment, profile, a test harness) when set,
-    else Kiln's local server for this ``PREFECT_HOME``, started now if it is not running.
+    else Kiln's local server for this ``PREFECT_HOME``, started now if it is not running, with
+    ``meanwhile`` run while it starts.
 
     Returns the settings to run the command's flow under. On Kiln's local server,
     flow-run heartbeats are off unless ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` is
@@ -333,9 +338,9 @@ def _connect() -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
     from prefect.context import refresh_global_settings_context
 
-    from kiln.flows.local.server import client_env, ensure_server
+    from kiln.flows.local.server import client_env, ensure_server_while
 
-    info = ensure_server(Path(settings.home))
+    info = ensure_server_while(Path(settings.home), meanwhile)
     # The environment, not a settings context: subprocesses (build workers, test envs) inherit it.
     os.environ.update(client_env(Path(settings.home), info))  # PREFECT_API_URL and the server's auth string
     refresh_global_settings_context()
@@ -543,8 +548,15 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
 
 def _connected(handler: ConfigHandler, ns: argparse.Namespace, config: KilnConfig) -> int:
-    with _connect():
+    with _connect(lambda: _head_start(ns, config)):
         return handler(ns, config)
+
+
+def _head_start(ns: argparse.Namespace, config: KilnConfig) -> None:
+    if ns.head_start is not None:
+        from kiln.flows import headstart
+
+        getattr(headstart, ns.head_start)(ns, config)
 
 
 def _exit_now(status: int) -> NoReturn:

@@ -46,8 +46,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib.metadata import version as dist_version
@@ -357,6 +358,41 @@ def ensure_server(home: Path, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
                 info = _start(home, timeout_s)
     mark_used(home)
     return info
+
+
+def ensure_server_while(home: Path, meanwhile: Callable[[], object]) -> ServerInfo:
+    """:func:`ensure_server`, running ``meanwhile`` in this thread while a server starts (seconds: a first
+    start creates Prefect's database); not called when the server already runs.
+
+    ``meanwhile`` is work the command would do next anyway, which needs no server: it only fills the wait.
+    An error of it is logged and dropped (the command meets it again where it really does that work); the
+    server's error, if it did not start, is raised here once ``meanwhile`` has returned.
+    """
+    private_home(home)
+    info = find_server(home)
+    if info is not None:
+        mark_used(home)
+        return info
+    started: list[ServerInfo] = []
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            started.append(ensure_server(home))
+        except BaseException as exc:  # handed to the command's own thread, which raises it
+            failed.append(exc)
+
+    # A daemon: the server it starts belongs to its watchdog, not to this command (see ensure_server).
+    thread = threading.Thread(target=start, name="kiln-server-start", daemon=True)
+    thread.start()
+    try:
+        meanwhile()
+    except Exception as exc:  # a head start only: the command does this work again and reports it there
+        _log.debug("work done while the Prefect server started failed (done again later): %s", exc)
+    thread.join()
+    if failed:
+        raise failed[0]
+    return started[0]
 
 
 def _stop_recorded(home: Path, why: str, grace_s: float = STOP_GRACE_S) -> ServerInfo | None:

@@ -79,6 +79,11 @@ def _entry_path(root: Path, key: str) -> Path:
     return root / "plans" / f"{key}.json"
 
 
+def stored(root: Path, key: str) -> bool:
+    """Whether a plan is stored under ``key`` (unchecked: :func:`load` decides whether it still holds)."""
+    return _entry_path(root, key).is_file()
+
+
 def tree_hashes(package_dir: Path) -> dict[str, str]:
     """Every file under ``package_dir`` but bytecode caches: {relative POSIX path: sha256}."""
     out = {}

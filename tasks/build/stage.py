@@ -36,7 +36,7 @@ from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
 from kiln.tasks.project.config_matrix import abi3_served
-from kiln.tasks.project.registry import load_registry
+from kiln.tasks.project.registry import import_registry, load_registry
 from kiln.tasks.project.registry_types import CudaSourceRecord
 from kiln.tasks.run.versioning import check_build_version, variant_version
 
@@ -52,6 +52,23 @@ class BuildSetup:
     cache_root: Path
     stamp: WheelStamp = WheelStamp()
     project: ProjectBuilder | None = None  # [build] backend = "pep517"
+
+
+# What the registry's import loaded when preload_registry ran it ahead of the plan, by project import root:
+# the plan then finds those modules imported already, and the plan cache must still record their distributions.
+_preloaded: dict[str, frozenset[str]] = {}
+
+
+def preload_registry(config: KilnConfig) -> None:
+    """Import the project's kernel registry now, as the build's plan does next when it has no stored plan to
+    reuse (torch and Triton: seconds), for a command that waits meanwhile (Kiln's server starting)."""
+    if config.project.registry is None or all(v.backend == "cpu" for v in config.variants):
+        return  # nothing to import, or a build that compiles nothing (see _plan)
+    if plancache.stored(config.path(config.build.cache_dir), plancache.plan_key(config, None, None)):
+        return  # the plan is likely reused: no import at all
+    before = set(sys.modules)
+    import_registry(config)
+    _preloaded[str(config.import_root)] = frozenset(set(sys.modules) - before)
 
 
 def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
@@ -76,7 +93,8 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     if stored is None or tools is None or (tools.toolchain, tools.missing) != (stored.toolchain, stored.missing):
         before = set(sys.modules)
         stored, tools = _plan(config, wanted, variants, nvcc_path)
-        plancache.store(cache_root, key, config, stored, set(sys.modules) - before)
+        imported = (set(sys.modules) - before) | _preloaded.get(str(config.import_root), frozenset())
+        plancache.store(cache_root, key, config, stored, imported)
     else:
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()

@@ -358,6 +358,13 @@ def read_registry(config: KilnConfig, specs: Unchecked, entry: str | None = None
     return records
 
 
+def import_registry(config: KilnConfig) -> None:
+    """Import the module of ``config.project.registry`` from the project's source tree, as
+    :func:`load_registry` does, without calling it (a head start: that import is torch and Triton)."""
+    if config.project.registry is not None:
+        _import_entry(config.project.registry, str(config.import_root))
+
+
 def load_registry(config: KilnConfig, installed: bool = False) -> list[KernelRecord]:
     """Import and call ``config.project.registry``; return its validated kernels as records.
 

@@ -122,16 +122,27 @@ def base_env(pins: Sequence[str], variant: str = "cpu") -> BaseEnv:
     return BaseEnv(made.root, site_packages(made.root), made.requirements)
 
 
+# The (cache root, pins) of each base this process started to prepare in the background.
+_preparing: set[tuple[str, tuple[str, ...]]] = set()
+_preparing_lock = threading.Lock()
+
+
 def prepare_bases(variants: Iterable[tuple[str, Sequence[str]]]) -> threading.Thread:
     """Start making, in a background thread, the bases of ``variants`` ((backend, build_requires) each) that are
     copied from Kiln's interpreter, so the test stage finds them made: the nightly's build runs meanwhile (on
     a first run, the cold base was the test stage's first 25-35 s). A base pip would make is left to the test
     stage (minutes of downloads for a suite that may be dispatched elsewhere or not run). Creation is under
     the base's lock, so a suite that asks meanwhile waits for it; a failure here is logged and the suite that
-    needs the base makes it again, failing there with the error."""
+    needs the base makes it again, failing there with the error. A base this process has already started to
+    prepare is not prepared twice (a command starts it while its server starts, its nightly again)."""
     wanted: dict[tuple[str, ...], str] = {}
-    for backend, reqs in variants:
-        wanted.setdefault(base_pins(backend, tuple(reqs)), backend)
+    root = str(cache_root())
+    with _preparing_lock:
+        for backend, reqs in variants:
+            pins = base_pins(backend, tuple(reqs))
+            if (root, pins) not in _preparing:
+                wanted.setdefault(pins, backend)
+        _preparing.update((root, pins) for pins in wanted)
 
     def prepare() -> None:
         for pins, backend in wanted.items():

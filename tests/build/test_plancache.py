@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,22 @@ def test_a_registry_helper_outside_the_package_is_an_input(project):
     helper.write_text("BLOCK = 128\n")
     _prepare(config, cache)
     assert counting.calls == 2
+
+
+def test_a_registry_imported_ahead_of_its_plan_still_records_what_that_import_loaded(project, monkeypatch):
+    # kiln nightly imports the registry while its server starts (preload_registry); the plan then finds the
+    # registry's modules imported, and must still record the distributions they came from as its inputs.
+    config, cache, counting = project
+    for name in [n for n in sys.modules if n == "text_unidecode" or n.startswith("text_unidecode.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported first by the registry, as torch is on a first run
+    registry = config.parent / "tinyk" / "registry.py"
+    registry.write_text(registry.read_text().replace("from __future__ import annotations\n",
+                                                     "from __future__ import annotations\n\nimport text_unidecode  # noqa\n"))
+    stage.preload_registry(load_config(config))
+    assert "text_unidecode" in sys.modules and counting.calls == 0  # imported, not called
+    _prepare(config, cache)
+    assert counting.calls == 1
+    assert "text-unidecode" in json.loads(_entry(cache).read_text())["inputs"]["dists"]
 
 
 def test_a_changed_toolchain_replans(project, monkeypatch):

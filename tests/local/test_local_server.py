@@ -380,3 +380,20 @@ def test_the_server_ends_when_its_watchdog_is_killed(tmp_path):
     finally:
         if watchdog.poll() is None:
             os.killpg(watchdog.pid, signal.SIGKILL)
+
+
+def test_work_runs_while_the_server_starts_and_not_when_one_runs(tmp_path):
+    home = tmp_path / "home"
+    seen: list[object] = []
+
+    def meanwhile() -> None:
+        seen.append(server.find_server(home))  # the server it waits for: started, not yet answering
+        raise RuntimeError("planted: an error of the head start")  # fault injection: dropped, the start goes on
+
+    try:
+        info = server.ensure_server_while(home, meanwhile)
+        assert seen == [None] and server.find_server(home) == info
+        assert server.ensure_server_while(home, lambda: seen.append("again")) == info
+        assert seen == [None]  # a running server: nothing to fill
+    finally:
+        server.stop_server(home)
