@@ -5,8 +5,8 @@ database, about 11 s on two cores, with one core mostly idle. The work here is
 what the command's flow would do first anyway and needs no server, so it fills
 that wait (:func:`kiln.flows.local.server.ensure_server_while`): importing the
 flow's modules, starting to copy the test bases the test stage takes from this
-interpreter, and importing the project's kernel registry (torch, Triton) that
-the build plans from. Nothing here starts a flow run, writes a run record or
+interpreter, starting the build's compile workers and importing the project's
+kernel registry (torch, Triton) that the build plans from. Nothing here starts a flow run, writes a run record or
 changes what the flow then does; an error here is the flow's to meet again.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from kiln.tasks.build.stage import preload_registry
+from kiln.tasks.build.stage import head_start as build_head_start
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing.baseenv import prepare_bases
 
@@ -23,15 +23,15 @@ from kiln.tasks.testing.baseenv import prepare_bases
 def nightly(ns: argparse.Namespace, config: KilnConfig) -> None:
     importlib.import_module("kiln.flows.nightly")
     prepare_bases((v.backend, v.build_requires) for s in config.suites for v in config.suite_variants(s))
-    preload_registry(config)
+    build_head_start(config)
 
 
 def build(ns: argparse.Namespace, config: KilnConfig) -> None:
     importlib.import_module("kiln.flows.build")
-    preload_registry(config)
+    build_head_start(config)
 
 
 def release(ns: argparse.Namespace, config: KilnConfig) -> None:
     importlib.import_module("kiln.flows.release")
     if getattr(ns, "from_run", None) is None:  # a promotion builds nothing
-        preload_registry(config)
+        build_head_start(config)

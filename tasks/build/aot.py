@@ -171,6 +171,14 @@ def _target(backend: str, arch: str) -> Any:
     return GPUTarget("hip", arch, 64)
 
 
+def warm_worker(config_path: str) -> None:
+    """What compiling a unit of ``config_path`` imports first (Triton's compiler, the project's registry),
+    done ahead of the first unit (kiln.tasks.build.sparepool)."""
+    import triton.compiler  # noqa: F401
+
+    _registry(config_path)
+
+
 def compile_in_worker(request: dict[str, Any]) -> dict[str, Any]:
     """Compile one unit; returns ``{"binary", "metadata", "kind", "asm_name"}``.
 

@@ -20,7 +20,7 @@ from kiln.core.errors import AbiAuditError, ToolchainMissingError
 from kiln.core.fsutil import atomic_write_text
 from kiln.core.manifest import ArtifactKind, Unit
 from kiln.core.record import Checkout
-from kiln.tasks.build import plancache
+from kiln.tasks.build import plancache, sparepool
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
@@ -29,7 +29,6 @@ from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
-from kiln.tasks.build.pool import WorkerPool
 from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.units import CompileContext, UnitResult
 from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
@@ -54,18 +53,20 @@ class BuildSetup:
     project: ProjectBuilder | None = None  # [build] backend = "pep517"
 
 
-# What the registry's import loaded when preload_registry ran it ahead of the plan, by project import root:
-# the plan then finds those modules imported already, and the plan cache must still record their distributions.
+# What the registry's import loaded when head_start ran it ahead of the plan, by project import root: the
+# plan then finds those modules imported already, and the plan cache must still record their distributions.
 _preloaded: dict[str, frozenset[str]] = {}
 
 
-def preload_registry(config: KilnConfig) -> None:
-    """Import the project's kernel registry now, as the build's plan does next when it has no stored plan to
-    reuse (torch and Triton: seconds), for a command that waits meanwhile (Kiln's server starting)."""
+def head_start(config: KilnConfig) -> None:
+    """What the next build of this process does first when it has no stored plan (so likely units to compile),
+    done now by a command that waits meanwhile (Kiln's server starting): start the compile workers
+    (kiln.tasks.build.sparepool), and import the project's kernel registry as the plan does (torch, Triton)."""
     if config.project.registry is None or all(v.backend == "cpu" for v in config.variants):
         return  # nothing to import, or a build that compiles nothing (see _plan)
     if plancache.stored(config.path(config.build.cache_dir), plancache.plan_key(config, None, None)):
-        return  # the plan is likely reused: no import at all
+        return  # the plan is likely reused, and its units cached
+    sparepool.prestart(str(config.config_file.resolve()), config.build.jobs, config.build.unit_timeout_s)
     before = set(sys.modules)
     import_registry(config)
     _preloaded[str(config.import_root)] = frozenset(set(sys.modules) - before)
@@ -200,17 +201,16 @@ def worker_config(setup: BuildSetup) -> str:
 
 @contextmanager
 def compile_context(setup: BuildSetup, out: str | Path, jobs: int | None = None) -> Iterator[CompileContext]:
-    """Workers and cache for one build; the workers stop when the block ends."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="kiln-triton-") as triton_cache:
-        # Triton's own cache is private to the build: Kiln's cache decides
-        # what is reused, and a cold build is really cold.
-        env_vars: dict[str, str | None] = {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": triton_cache}
-        with WorkerPool(jobs or setup.config.build.jobs, env_vars) as pool:
-            yield CompileContext(worker_config(setup), Path(out).resolve() / "build", BuildCache(setup.cache_root),
-                                 pool, setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc,
-                                 setup.project, environments=variant_environments(setup), config=setup.config)
+    """Workers and cache for one build (the ones started ahead of it, if any: kiln.tasks.build.sparepool);
+    the workers stop and their Triton cache is removed when the block ends."""
+    size = jobs or setup.config.build.jobs
+    compile_pool = sparepool.take(worker_config(setup), size) or sparepool.new_pool(size)
+    try:
+        yield CompileContext(worker_config(setup), Path(out).resolve() / "build", BuildCache(setup.cache_root),
+                             compile_pool.pool, setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc,
+                             setup.project, environments=variant_environments(setup), config=setup.config)
+    finally:
+        compile_pool.close()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.tasks.build import plancache, stage
+from kiln.tasks.build import plancache, sparepool, stage
 from kiln.tasks.build.plan import plan_build
 from kiln.tasks.build.stage import prepare_build
 from kiln.tasks.project.config import load_config
@@ -116,7 +116,7 @@ def test_a_registry_helper_outside_the_package_is_an_input(project):
 
 
 def test_a_registry_imported_ahead_of_its_plan_still_records_what_that_import_loaded(project, monkeypatch):
-    # kiln nightly imports the registry while its server starts (preload_registry); the plan then finds the
+    # kiln nightly imports the registry while its server starts (head_start); the plan then finds the
     # registry's modules imported, and must still record the distributions they came from as its inputs.
     config, cache, counting = project
     for name in [n for n in sys.modules if n == "text_unidecode" or n.startswith("text_unidecode.")]:
@@ -124,7 +124,10 @@ def test_a_registry_imported_ahead_of_its_plan_still_records_what_that_import_lo
     registry = config.parent / "tinyk" / "registry.py"
     registry.write_text(registry.read_text().replace("from __future__ import annotations\n",
                                                      "from __future__ import annotations\n\nimport text_unidecode  # noqa\n"))
-    stage.preload_registry(load_config(config))
+    try:
+        stage.head_start(load_config(config))
+    finally:
+        sparepool.discard()  # the compile workers it also started: not this test's subject
     assert "text_unidecode" in sys.modules and counting.calls == 0  # imported, not called
     _prepare(config, cache)
     assert counting.calls == 1
