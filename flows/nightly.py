@@ -37,6 +37,7 @@ from kiln.flows.common import (
 )
 from kiln.flows.dispatch import find_deployments
 from kiln.flows.params import RunParams
+from kiln.flows.publish import start_dependency_checks
 from kiln.flows.runname import name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown
@@ -76,6 +77,8 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     # The suites' test bases Kiln's interpreter can give are copied while the build runs (issue 46, part 5).
     prepare_bases((v.backend, v.build_requires) for s in config.suites for v in config.suite_variants(s))
     stages = {"build": build_stage(config, run, remote, params)}
+    if remote.publish is None:  # the checks publishing asks, answered while the tests run (issue 46, part 5)
+        start_dependency_checks(run, config)
     suites = start_suites(config, run, remote, params)
     stages |= {
         "test": test_flow(config_path=params.config_path, out=params.out, run_id=params.run_id,

@@ -9,7 +9,10 @@ the plan and the index link as an artifact.
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import tempfile
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -19,9 +22,10 @@ from packaging.utils import canonicalize_name
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
+from prefect.results import ResultStore, get_result_store
 
 from kiln.core.errors import IMMUTABLE_HINT, ConfigError, IntegrityError, PermanentError
-from kiln.core.manifest import Unit
+from kiln.core.manifest import RunManifest, Unit
 from kiln.core.record import RunRecord
 from kiln.core.store import Store
 from kiln.flows.common import (
@@ -34,7 +38,7 @@ from kiln.flows.common import (
     unit_from_state,
 )
 from kiln.flows.runname import name_this_run, run_name
-from kiln.release.closure import ClosureQuery, ClosureResult, resolve, unique_queries
+from kiln.release.closure import ClosureQuery, ClosureResult, prefetch, resolve_shared, unique_queries
 from kiln.release.index import ProjectStatus
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.public import PublicReport, check_public, published_expectations
@@ -47,6 +51,8 @@ from kiln.release.publish import (
     Upload,
     UploadResult,
     UploadStep,
+    closure_queries,
+    collect,
     index_prefix,
     page_cache,
     page_max_age,
@@ -66,6 +72,8 @@ DEPENDENCY_CACHE = timedelta(hours=12)
 STAGING_DIR = "publish-staging"
 PINS_DIR = "pins"
 RUNTIME_DIR = "runtime"
+
+log = logging.getLogger(__name__)
 
 
 def refusal(run: RunRecord, dry_run: bool) -> str:
@@ -176,7 +184,7 @@ class UnresolvedDependencies(PermanentError):
       retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_jitter_factor=RETRY_JITTER,
       retry_condition_fn=retry_on_retryable)  # an index that did not answer, a full disk: asked again
 def check_dependencies(query: ClosureQuery) -> ClosureResult:
-    result = resolve(query)
+    result = resolve_shared(query)  # a nightly started it after its build (start_dependency_checks)
     if not result.ok:
         raise UnresolvedDependencies(result.describe(query), result)
     return result
@@ -205,6 +213,49 @@ def _answer(run: RunRecord, query: ClosureQuery, future: PrefectFuture[Any], ref
                      "completed" if result.ok or not refuse else "failed", variant=query.variant,
                      message=warning + result.describe(query) + cached))
     return result
+
+
+def early_queries(run: RunRecord, manifest: RunManifest, config: KilnConfig, channel: str) -> list[ClosureQuery]:
+    """The dependency questions the publish of ``run`` to ``channel``'s default target will ask, from the
+    ``manifest`` its build left: the uploads :func:`publish_flow` collects (before any test gates a variant)."""
+    extra, allowed = publish_inputs(run, config)
+    variants, _ = releasing.variants_to_publish(config, manifest)
+    uploads, _ = collect(manifest, releasing.channel_prefix(config, channel), variants, extra=extra,
+                         untested_ok=allowed, commit=publish_commit(run, channel), statuses=project_statuses(config),
+                         indexes=releasing.publish_indexes(config))
+    return closure_queries(uploads, config.publish.extra_index_urls)
+
+
+def answered_by_cache(query: ClosureQuery) -> bool:
+    """Whether :func:`check_dependencies` holds an answer to ``query`` in Prefect's cache (its run would be Cached,
+    asking nothing: not worth a pip beside the tests)."""
+    store = get_result_store().update_for_task(check_dependencies)  # sync here: no event loop on this thread
+    return isinstance(store, ResultStore) and store.exists(query.cache_key)
+
+
+def start_dependency_checks(run: RunRecord, config: KilnConfig, channel: str = "nightly") -> None:
+    """Start the publish stage's dependency checks in the background, now that the wheels are built
+    (:func:`kiln.release.closure.prefetch`): :func:`check_dependencies` takes their answers. Never fails, never
+    changes the run: what goes wrong here is logged, and the publish stage then resolves as it would have."""
+    try:
+        if config.publish.check_dependencies == "off" or refusal(run, dry_run=False):
+            return
+        manifest = run.manifest()  # read here, before the tests add to the record
+    except Exception as exc:  # as in start()
+        log.info("dependency checks not started early: %s", exc)
+        return
+
+    def start() -> None:
+        try:
+            if config.publish.pins and load_pins(config.path(config.publish.pins)):
+                log.debug("dependency checks not started early: the pinned wheels would be downloaded twice")
+                return
+            prefetch([q for q in early_queries(run, manifest, config, channel) if not answered_by_cache(q)])
+        except Exception as exc:  # the publish stage asks itself, and meets any real error there
+            log.info("dependency checks not started early: %s", exc)
+
+    threading.Thread(target=contextvars.copy_context().run, args=(start,), name="kiln-early-closure",
+                     daemon=True).start()
 
 
 def pages_task(run: RunRecord, channel: str) -> PagesStep:
@@ -318,4 +369,4 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
     return finish_stage(run, "publish", "Publish")
 
 
-__all__ = ["index_prefix", "publish_flow"]
+__all__ = ["index_prefix", "publish_flow", "start_dependency_checks"]

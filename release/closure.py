@@ -24,10 +24,16 @@ The question depends on the wheel's requirements, not on its version, so
 :attr:`ClosureQuery.cache_key` leaves the version out: the publish flow runs
 the check as a Prefect task cached on that key for a while (nightly after
 nightly asks the same question).
+
+A nightly asks its questions early: :func:`prefetch` starts them on daemon threads as soon as its wheels
+are built, and the publish stage's :func:`resolve_shared` takes each answer (waiting for one still in
+flight) instead of starting a second pip. Only an answer is shared, used once, in this process; a check
+that raised is forgotten, so the publish stage resolves again and meets the real error itself.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import logging
@@ -36,8 +42,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
@@ -223,5 +230,60 @@ def resolve_all(queries: Sequence[ClosureQuery], timeout: float = RESOLVE_TIMEOU
     return [answers[query.cache_key] for query in queries]
 
 
-__all__ = ["ClosureQuery", "ClosureResult", "RESOLVE_TIMEOUT_S", "Staged", "kiln_files", "read_refusal", "resolve",
-           "resolve_all", "stage_index", "unique_queries"]
+# The answers of checks started ahead of their asker, by cache key: in flight or done, each taken once.
+_early: dict[str, Future[ClosureResult]] = {}
+_early_lock = threading.Lock()
+_early_slots = threading.BoundedSemaphore(PARALLEL)  # prefetched pips at once, however many prefetches
+
+
+def prefetch(queries: Sequence[ClosureQuery]) -> None:
+    """Start :func:`resolve` of every distinct query not already asked, on daemon threads (at most
+    :data:`PARALLEL` pips at once; each has :func:`resolve`'s timeout), for :func:`resolve_shared` to take.
+
+    Nothing waits for them but their asker (invariant 11): a cancelled ``kiln`` command ends their pips with
+    the rest of what it ran in its own group (:mod:`kiln.tasks.descendants`), and a pip ended so raises, so its
+    answer is forgotten."""
+    for key, query in unique_queries(queries).items():
+        future: Future[ClosureResult] = Future()
+        with _early_lock:
+            if key in _early:
+                continue
+            _early[key] = future
+        # the caller's context (a flow run's): what pip runs is logged to that run
+        threading.Thread(target=contextvars.copy_context().run, args=(_resolve_early, key, query, future),
+                         name=f"kiln-closure-{query.variant}", daemon=True).start()
+
+
+def _resolve_early(key: str, query: ClosureQuery, future: Future[ClosureResult]) -> None:
+    with _early_slots:
+        try:
+            future.set_result(resolve(query))
+        except BaseException as exc:  # forgotten, so its asker resolves again; never a waiter left waiting
+            with _early_lock:
+                if _early.get(key) is future:
+                    del _early[key]
+            log.info("the early dependency check of %s (%s) did not answer (%s); the publish stage asks again",
+                     query.requirement, query.variant, exc)
+            future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+
+def resolve_shared(query: ClosureQuery) -> ClosureResult:
+    """:func:`resolve`'s answer to ``query``: the one :func:`prefetch` started for its cache key when there is
+    one (taken once; waiting while it runs), else a resolution of its own."""
+    with _early_lock:
+        future = _early.pop(query.cache_key, None)
+    if future is not None:
+        if not future.done():
+            log.info("dependencies of %s (%s): waiting for the check started after the build",
+                     query.requirement, query.variant)
+        if future.exception() is None:  # one that raised was logged where it did: resolved again below
+            log.info("dependencies of %s (%s) answered by the check started after the build",
+                     query.requirement, query.variant)
+            return future.result()
+    return resolve(query)
+
+
+__all__ = ["ClosureQuery", "ClosureResult", "RESOLVE_TIMEOUT_S", "Staged", "kiln_files", "prefetch", "read_refusal",
+           "resolve", "resolve_all", "resolve_shared", "stage_index", "unique_queries"]

@@ -352,22 +352,28 @@ def check_closure(uploads: Sequence[Upload], dependency_indexes: Sequence[str],
                   step: ClosureStep) -> dict[str, str]:
     """Per variant, why its wheel would not install with its dependencies (:mod:`kiln.release.closure`).
 
-    Each variant's index as this publish stages it, with ``dependency_indexes`` behind it; ``step`` answers
-    every question at once (they are independent). The combined index is not asked on its own: it holds
-    the same wheels' requirements.
+    Each variant's index as this publish stages it, with ``dependency_indexes`` behind it
+    (:func:`closure_queries`); ``step`` answers every question at once (they are independent).
     """
-    queries = []
-    for index in sorted({u.index for u in uploads if u.variant != COMBINED}):
-        mine = [u for u in uploads if u.index == index]  # a matrix's index: every cell's wheel, one query each
-        beside = tuple(Staged(u.dist, u.source) for u in mine if u.beside)
-        queries += [ClosureQuery(u.variant, Staged(u.dist, u.source), beside, tuple(dependency_indexes))
-                    for u in mine if not u.beside]
+    queries = closure_queries(uploads, dependency_indexes)
     refused: dict[str, str] = {}
     for query, result in zip(queries, step(queries), strict=True):
         if not result.ok and query.variant not in refused:
             refused[query.variant] = result.describe(query)
             log.error("variant %s not published: %s", query.variant, refused[query.variant])
     return refused
+
+
+def closure_queries(uploads: Sequence[Upload], dependency_indexes: Sequence[str]) -> list[ClosureQuery]:
+    """The dependency question of each wheel in ``uploads``, its variant's index staged as ``uploads`` holds it.
+    The combined index is not asked on its own: it holds the same wheels' requirements."""
+    queries = []
+    for index in sorted({u.index for u in uploads if u.variant != COMBINED}):
+        mine = [u for u in uploads if u.index == index]  # a matrix's index: every cell's wheel, one query each
+        beside = tuple(Staged(u.dist, u.source) for u in mine if u.beside)
+        queries += [ClosureQuery(u.variant, Staged(u.dist, u.source), beside, tuple(dependency_indexes))
+                    for u in mine if not u.beside]
+    return queries
 
 
 def hold_unresolvable(uploads: Sequence[Upload], refused: Mapping[str, str]) -> list[Upload]:
@@ -678,8 +684,8 @@ def publish_pages(store: Store, results: Iterable[UploadResult | BaseException],
 
 __all__ = [
     "COMBINED", "IMMUTABLE_CACHE", "NIGHTLY_PAGE_CACHE", "PAGE_CACHE", "RELEASE_PAGE_CACHE", "ClosureStep",
-    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages",
-    "check_closure", "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_frozen",
+    "PagesStep", "Plan", "Upload", "UploadResult", "UploadStep", "cas_pages", "check_closure", "closure_queries",
+    "collect", "commit_index_prefix", "complete_commit_indexes", "gate", "hold_frozen",
     "hold_unresolvable", "index_prefix", "page_cache", "page_max_age", "publish", "publish_pages",
     "refuse_conflicting_labels", "update_pages", "upload_each", "upload_file", "variant_documents",
 ]

@@ -76,14 +76,18 @@ def nightly(prefect_server, tmp_path_factory):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    watched = [logging.getLogger(name) for name in ("prefect.flow_runs", "kiln.tasks.install_hint")]
+    watched = [logging.getLogger(name) for name in ("prefect.flow_runs", "kiln.tasks.install_hint", "kiln.release.closure")]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CHECK_ENV, "on")  # a file:// extra index only
         for logger in watched:
             logger.addHandler(handler)
+        closure_log = logging.getLogger("kiln.release.closure")
+        level = closure_log.level
+        closure_log.setLevel(logging.INFO)  # its info: which check answered the publish stage
         try:
             state = nightly_flow(config_path=str(config), out=str(tmp / "out"), return_state=True)
         finally:
+            closure_log.setLevel(level)
             for logger in watched:
                 logger.removeHandler(handler)
     run = RunManifest.load(tmp / "out" / str(state.state_details.flow_run_id))
@@ -100,6 +104,14 @@ def test_the_nightly_warns_at_its_start_and_in_its_summary(nightly):
     building = [i for i, m in enumerate(messages) if "build" in m.lower()]
     assert building and messages.index(warning) < building[0]  # before the build stage said anything
     assert warning in render_text(run).splitlines()[:4]
+
+
+def test_the_publish_stage_takes_the_dependency_answer_of_the_check_started_after_the_build(nightly):
+    state, run, _, messages = nightly
+    version = next(a.path for a in run.artifacts_of("wheel")).rsplit("/", 1)[-1].split("-")[1]
+    assert f"dependencies of scmpkg=={version} (cpu) answered by the check started after the build" in messages, \
+        [m for m in messages if "dependencies" in m]
+    assert next(u for u in run.units if u.id == "publish/dependencies/cpu").state == "completed"
 
 
 def test_project_dependencies_are_merged_into_the_wheel_and_the_summary_states_its_requires_dist(nightly):
