@@ -36,8 +36,9 @@ def _first_run_module() -> ModuleType:
     return module
 
 
-def one_run(fr: ModuleType, commit: str, timeout: float) -> dict[str, float]:
-    """One fresh clone at ``commit`` and its README's first command; its times in seconds."""
+def one_run(fr: ModuleType, commit: str, timeout: float, keep: Path | None = None) -> dict[str, float]:
+    """One fresh clone at ``commit`` and its README's first command; its times in seconds (``keep``: where its
+    output goes, each line with the seconds since the command started)."""
     root = Path(tempfile.mkdtemp(prefix="kiln-bench-first-run-"))
     clone = root / "kiln"
     env: dict[str, str] = {}
@@ -49,6 +50,8 @@ def one_run(fr: ModuleType, commit: str, timeout: float) -> dict[str, float]:
         status, _, lines = fr.run_logged(["bash", "-c", command], clone, env, timeout, root / "first-run.log")
         if status != 0:
             raise SystemExit(f"bench_first_run: {commit}: the first command exited {status}; see {root}")
+        if keep is not None:
+            keep.write_text("".join(f"{t:7.1f} {text}\n" for t, text in lines), encoding="utf-8")
         times = {"fresh clone -> nightly done": lines[-1][0]}
         for what, seconds in fr.stage_times(lines).items():
             times[what.split(" (")[0]] = seconds
@@ -65,6 +68,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new", default="HEAD")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--logs", type=Path, help="keep each run's timed output in this folder")
     args = parser.parse_args(argv)
     fr = _first_run_module()
     arms = {name: subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, text=True,
@@ -73,7 +77,11 @@ def main(argv: list[str]) -> int:
     results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for run in range(args.runs):
         for name, commit in arms.items():
-            times = one_run(fr, commit, args.timeout)
+            keep = None
+            if args.logs is not None:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                keep = args.logs / f"{name}-{commit}-{run + 1}.log"
+            times = one_run(fr, commit, args.timeout, keep)
             results[name].append(times)
             print(f"run {run + 1} {name} {commit}: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()),
                   flush=True)
