@@ -17,12 +17,12 @@ import importlib
 
 from kiln.tasks.build.stage import head_start as build_head_start
 from kiln.tasks.project.config import KilnConfig
-from kiln.tasks.testing.baseenv import prepare_bases
 
 
 def nightly(ns: argparse.Namespace, config: KilnConfig) -> None:
-    importlib.import_module("kiln.flows.nightly")
-    prepare_bases((v.backend, v.build_requires) for s in config.suites for v in config.suite_variants(s))
+    from kiln.flows.nightly import prepare_test_bases  # imports the flow's modules
+
+    prepare_test_bases(config)
     build_head_start(config)
 
 

@@ -75,7 +75,7 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     params = RunParams.of(config, run, out)
     remote = find_deployments(config)
     # The suites' test bases Kiln's interpreter can give are copied while the build runs (issue 46, part 5).
-    prepare_bases((v.backend, v.build_requires) for s in config.suites for v in config.suite_variants(s))
+    prepare_test_bases(config)
     stages = {"build": build_stage(config, run, remote, params)}
     if remote.publish is None:  # the checks publishing asks, answered while the tests run (issue 46, part 5)
         start_dependency_checks(run, config)
@@ -91,6 +91,11 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     stages["publish"] = publish_stage(config, run, remote, params)
     coverage_report(config, run, "nightly")
     return conclude(run, stages)
+
+
+def prepare_test_bases(config: KilnConfig) -> None:
+    """Start copying, in the background, the test bases of every suite's variants (prepare_bases: idempotent)."""
+    prepare_bases((v.backend, v.build_requires) for s in config.suites for v in config.suite_variants(s))
 
 
 def warn_below_extra_index(config: KilnConfig, version: str) -> dict[str, Any] | None:
