@@ -1,6 +1,6 @@
 """Errors the kernel library raises on purpose.
 
-``kernels`` may import only torch and triton (docs/architecture.md), so it cannot derive
+``kernels`` may import only torch and triton (docs/explanation/architecture.md), so it cannot derive
 from ``kiln.core.errors``; the pipeline translates these where it calls us.
 """
 

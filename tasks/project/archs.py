@@ -110,7 +110,7 @@ def _resolve_cuda_one(target: CudaArch, supported: list[CudaArch]) -> tuple[Cuda
 
 
 def resolve_cuda(requested: Sequence[str], supported: Sequence[str]) -> tuple[Resolved, ...]:
-    """Loose intersection for CUDA (docs/architecture.md, "Stages").
+    """Loose intersection for CUDA (docs/explanation/architecture.md, "Stages").
 
     Per requested arch: an exact match (suffix included); else, for a plain
     request, the kernel's ``a``/``f`` build of that same base arch; else the

@@ -1,4 +1,4 @@
-"""docs/architecture.md stays true: every invariant the code cites exists there, every path it names exists."""
+"""docs/explanation/architecture.md stays true: every invariant the code cites exists there, every path it names exists."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "architecture.md"
+DOC = ROOT / "docs" / "explanation" / "architecture.md"
 SCANNED = ("core", "flows", "tasks", "release", "kernels", "runtime", "tests", "benchmarks")
 _CITED = re.compile(r"\binvariants? (\d+)", re.IGNORECASE)
 _DEFINED = re.compile(r"^(\d+)\. \*\*", re.MULTILINE)
@@ -50,12 +50,12 @@ def _package_folders() -> list[str]:
 
 
 def test_the_map_names_every_package_folder_and_every_flow():
-    """One map: a newcomer finds every package and every flow in docs/architecture.md."""
+    """One map: a newcomer finds every package and every flow in docs/explanation/architecture.md."""
     named = _PATH.findall(DOC.read_text(encoding="utf-8"))
     folders = _package_folders()
     assert "tasks/build" in folders and "flows/local" in folders  # the scan sees nested packages
     unnamed = [f for f in folders if not any(p == f + "/" or p.startswith(f + "/") for p in named)]
-    assert unnamed == [], f"package folders docs/architecture.md does not name: {unnamed}"
+    assert unnamed == [], f"package folders docs/explanation/architecture.md does not name: {unnamed}"
     flows = {path.relative_to(ROOT).as_posix(): _FLOW.findall(path.read_text(encoding="utf-8"))
              for path in sorted((ROOT / "flows").glob("*.py"))}
     flow_files = [path for path, names in flows.items() if names]
@@ -65,4 +65,4 @@ def test_the_map_names_every_package_folder_and_every_flow():
 
 def test_the_readme_links_the_map_at_its_top():
     head = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
-    assert "docs/architecture.md" in head
+    assert "docs/explanation/architecture.md" in head

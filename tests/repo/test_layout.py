@@ -2,7 +2,7 @@
 
 Every ``import`` statement counts — at module level, inside functions, and
 under ``if TYPE_CHECKING:`` — because a lazy import only hides a cycle until
-the day someone moves it to the top. The layer rule is docs/architecture.md's table:
+the day someone moves it to the top. The layer rule is docs/explanation/architecture.md's table:
 core/ is below release/, release/ is below tasks/, tasks/ is below flows/, and kiln.runtime (a
 separate, dependency-free distribution) sees nothing of kiln but itself.
 """
