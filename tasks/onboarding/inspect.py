@@ -10,6 +10,7 @@ was made (:mod:`kiln.tasks.onboarding.render` writes them as ``kiln.toml``).
 from __future__ import annotations
 
 import configparser
+import fnmatch
 import re
 import tomllib
 from dataclasses import dataclass, replace
@@ -36,7 +37,7 @@ Kind = Literal["registry", "pep517", "triton-jit"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 _SKIP_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "benchmark", "benchmarks", "build", "dist",
-              "scripts", "tools", "dev", "src", "csrc", "site-packages", "node_modules"}
+              "scripts", "tools", "dev", "src", "csrc", "site-packages", "node_modules", "third_party", "include"}
 _TRITON_KERNEL = re.compile(r"^\s*@triton\.(jit|autotune)\b", re.M)
 _TRITON = re.compile(r"^\s*(import triton\b|from triton(\.| )\S*\s*import\b)", re.M)
 _TORCH_EXT = re.compile(r"\b(CUDAExtension|CppExtension|BuildExtension|torch\.utils\.cpp_extension)\b")
@@ -108,35 +109,71 @@ def _text(path: Path) -> str:
         return ""
 
 
-def _packages_in(base: Path) -> list[Path]:
+def _is_dir_name(d: Path) -> bool:
+    return d.is_dir() and d.name.isidentifier() and d.name not in _SKIP_DIRS and not d.name.startswith(".")
+
+
+def _packages_in(base: Path) -> list[tuple[Path, str]]:
+    """The import packages under ``base``: (folder, dotted name). A regular package has an ``__init__.py``; a
+    PEP 420 namespace folder has none, and the packages inside it are ``org.pkg`` (two levels deep at most)."""
     if not base.is_dir():
         return []
-    return sorted(d for d in base.iterdir() if d.is_dir() and (d / "__init__.py").is_file()
-                  and d.name.isidentifier() and d.name not in _SKIP_DIRS and not d.name.startswith("."))
+    found: list[tuple[Path, str]] = []
+    namespaces = [(d, d.name) for d in sorted(base.iterdir()) if _is_dir_name(d)]
+    for depth in range(3):
+        deeper: list[tuple[Path, str]] = []
+        for folder, dotted in namespaces:
+            if (folder / "__init__.py").is_file():
+                found.append((folder, dotted))
+            elif depth < 2:
+                deeper += [(d, f"{dotted}.{d.name}") for d in sorted(folder.iterdir()) if _is_dir_name(d)]
+        namespaces = deeper
+    return found
+
+
+def _named(dotted: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the build config's ``packages``/``include`` entries name the package ``dotted``."""
+    return any(fnmatch.fnmatchcase(dotted, p) or p == dotted or p.startswith(f"{dotted}.")
+               or ("." not in dotted and p.split(".")[0] == dotted) for p in patterns)
+
+
+def _listing(root: Path) -> str:
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir() if not p.name.startswith("."))
+    return ", ".join(entries[:12]) + (f" and {len(entries) - 12} more" if len(entries) > 12 else "") or "nothing"
 
 
 def _find_package(root: Path, distribution: str | None, pyproject: dict[str, Any],
-                  setup_py: str) -> tuple[Path, str, tuple[str, ...]]:
-    """The import package's directory, the reason and the other candidates when it could not decide: where the
-    build config says, then the src layout, then the flat one; among the packages there (those the build config
-    lists, if it lists any), the one named like the distribution, else the only one (whatever its name)."""
-    for base, layout in package_bases(root, pyproject, setup_py):
+                  setup_py: str) -> tuple[Path, str, str, tuple[str, ...]]:
+    """The import package's directory, its dotted name, the reason and the other candidates when it could not
+    decide: where the build config says, then the src layout, then the flat one; among the packages there
+    (regular or PEP 420 namespace ones; those the build config names, if it names any), the one named like the
+    distribution, else the only one (whatever its name)."""
+    patterns = declared_packages(root, pyproject, setup_py)
+    bases = package_bases(root, pyproject, setup_py)
+    for base, layout in bases:
         found = _packages_in(base)
         if not found:
             continue
         wanted = canonicalize_name(distribution).replace("-", "_") if distribution else ""
-        listed = [p for p in found if p.name in declared_packages(root, pyproject, setup_py)]
-        candidates = listed or found
-        named = [p for p in candidates if p.name.lower() == wanted]
+        listed = [p for p in found if _named(p[1], patterns)]
+        regular = [p for p in found if "." not in p[1]]
+        candidates = listed or regular or found
+        named = [p for p in candidates if p[1].lower().replace(".", "_") == wanted]
         chosen = (named or candidates)[0]
-        others = tuple(p.name for p in candidates if p != chosen) if not named else ()
+        others = tuple(p[1] for p in candidates if p != chosen) if not named else ()
         why = "named like the distribution" if named else (
-            f"could not decide between {[p.name for p in candidates]}: the first is written, the others as a"
+            f"could not decide between {[p[1] for p in candidates]}: the first is written, the others as a"
             " commented choice" if others else
             "the package its build config lists" if listed else "the only package")
-        return chosen, f"{layout}: {chosen.relative_to(root).as_posix()}/ ({why})", others
-    raise OnboardingError(f"{root} holds no Python package: no src/<name>/__init__.py and no <name>/__init__.py;"
-                          " run kiln init in the repository of a Python package")
+        if "." in chosen[1]:
+            why += f"; a PEP 420 namespace package: {chosen[1].rsplit('.', 1)[0].replace('.', '/')}/ has no __init__.py"
+        return chosen[0], chosen[1], f"{layout}: {chosen[0].relative_to(root).as_posix()}/ ({why})", others
+    where = "; ".join(f"{b.relative_to(root).as_posix() or '.'}/ ({why})" for b, why in dict(bases).items())
+    names = f"; its build config names {list(patterns)}" if patterns else ""
+    raise OnboardingError(f"{root} holds no Python package: kiln init looked for <name>/__init__.py (a package) and"
+                          f" <namespace>/<name>/__init__.py (a PEP 420 namespace package) in {where}{names}, and"
+                          f" found none; the top level holds {_listing(root)}; run kiln init in the repository of a"
+                          " Python package")
 
 
 def _py_files(directory: Path) -> list[Path]:
@@ -313,8 +350,7 @@ def inspect_project(root: Path) -> Findings:
     declared = declarations(root, pyproject, setup_py)
     meta = {key: found[0] for key, found in declared.items() if found}
     name = meta["name"].value if "name" in meta else None
-    package_dir, layout, other_packages = _find_package(root, name, pyproject, setup_py)
-    package = package_dir.name
+    package_dir, package, layout, other_packages = _find_package(root, name, pyproject, setup_py)
     build = _kind(root, package_dir, package, pyproject, setup_py)
     version, version_why = _version(meta["version"].value if "version" in meta else _version_in(package_dir))
     distribution, distribution_why, other_names = _distribution(declared["name"], package)

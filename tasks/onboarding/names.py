@@ -112,6 +112,29 @@ def declarations(root: Path, pyproject: dict[str, Any], setup_py: str) -> dict[s
     return found
 
 
+def _find_call(tree: ast.Module | None) -> dict[str, Any]:
+    """The literal keywords of ``setup(packages=find_packages(...))`` or ``find_namespace_packages(...)``, or the
+    first such call anywhere in ``setup.py`` (often assigned to a constant first)."""
+    if tree is None:
+        return {}
+    node = setup_keywords(tree).get("packages")
+    calls = [node] if isinstance(node, ast.Call) else []
+    calls += [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    for call in calls:
+        func = call.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name in ("find_packages", "find_namespace_packages"):
+            found = {k.arg: literal(tree, k.value) for k in call.keywords if k.arg}
+            if call.args:
+                found.setdefault("where", literal(tree, call.args[0]))
+            return found
+    return {}
+
+
+def _cfg_list(value: str) -> list[str]:
+    return [v.strip() for v in value.replace(",", "\n").splitlines() if v.strip()]
+
+
 def package_bases(root: Path, pyproject: dict[str, Any], setup_py: str) -> list[tuple[Path, str]]:
     """The folders the build config says hold the import packages (``package_dir``, ``packages.find where``),
     then ``src/`` and the root: (folder, what says so)."""
@@ -122,23 +145,37 @@ def package_bases(root: Path, pyproject: dict[str, Any], setup_py: str) -> list[
         for where in find.get("find", {}).get("where", []):
             declared.append((where, "[tool.setuptools.packages.find] where"))
     declared.append((setuptools.get("package-dir", {}).get(""), "[tool.setuptools] package-dir"))
-    cfg_dir = setup_cfg(root).get("options", "package_dir", fallback="")
+    cfg = setup_cfg(root)
+    cfg_dir = cfg.get("options", "package_dir", fallback="")
     declared.append((cfg_dir.split("=", 1)[1].strip() if cfg_dir.strip().startswith("=") else None,
                      "setup.cfg [options] package_dir"))
+    declared += [(w, "setup.cfg [options.packages.find] where")
+                 for w in _cfg_list(cfg.get("options.packages.find", "where", fallback=""))]
     tree = parse_setup_py(setup_py)
     package_dir = literal(tree, setup_keywords(tree).get("package_dir"))
     declared.append((package_dir.get("") if isinstance(package_dir, dict) else None, "setup.py package_dir"))
+    declared.append((_find_call(tree).get("where"), "setup.py find_packages(where=...)"))
     bases = [(root / d, f"{why} = {d!r}") for d, why in declared if isinstance(d, str) and d.strip(". /")]
     return [(b, why) for b, why in bases if b.resolve().is_relative_to(root)] + [
         (root / "src", "src layout"), (root, "flat layout")]
 
 
-def declared_packages(root: Path, pyproject: dict[str, Any], setup_py: str) -> set[str]:
-    """The top-level import packages the build config lists (``packages=``), if it lists them."""
-    listed = pyproject.get("tool", {}).get("setuptools", {}).get("packages")
-    names = listed if isinstance(listed, list) else []
-    names += setup_cfg(root).get("options", "packages", fallback="").split()
+def declared_packages(root: Path, pyproject: dict[str, Any], setup_py: str) -> tuple[str, ...]:
+    """The import packages the build config names: ``packages=`` lists (dotted names) and the ``include``
+    patterns of ``packages.find`` (``"org.pkg*"``), in pyproject.toml, setup.cfg and setup.py; empty when it
+    names none (the build then discovers them)."""
+    packages = pyproject.get("tool", {}).get("setuptools", {}).get("packages")
+    names: list[object] = list(packages) if isinstance(packages, list) else []
+    if isinstance(packages, dict):
+        names += packages.get("find", {}).get("include", [])
+    cfg = setup_cfg(root)
+    listed = cfg.get("options", "packages", fallback="")
+    if not listed.strip().startswith("find"):
+        names += _cfg_list(listed)
+    names += _cfg_list(cfg.get("options.packages.find", "include", fallback=""))
     tree = parse_setup_py(setup_py)
-    packages = literal(tree, setup_keywords(tree).get("packages"))
-    names += packages if isinstance(packages, list | tuple) else []
-    return {str(n).split(".")[0] for n in names if isinstance(n, str) and n.split(".")[0].isidentifier()}
+    in_setup = literal(tree, setup_keywords(tree).get("packages"))
+    names += in_setup if isinstance(in_setup, list | tuple) else []
+    include = _find_call(tree).get("include")
+    names += include if isinstance(include, list | tuple) else []
+    return tuple(dict.fromkeys(n.strip() for n in names if isinstance(n, str) and n.strip()))
