@@ -15,6 +15,9 @@ reports) which policy the wheel's ELF members satisfy, then writes the wheel und
   library at all, so it gets auditwheel's most compatible policy (``manylinux_2_5`` on x86_64): the tag
   states the glibc the wheel's own host binaries need, and it has none; what its device code needs (a
   driver, the Triton it was compiled with) is stated by its requirements, not by its platform tag.
+- A declared target (kiln.toml ``[build] manylinux = "2_28"``) tags the wheel for it, or fails the wheel's unit
+  naming each symbol whose version is newer than the target's policy allows (read from the ELF's
+  ``.gnu.version_r``): the tag then says what the team promised its users, not what the build host gave.
 - The verdict is a function of the ELF members' bytes, the exclude set and auditwheel's version (the key of
   its entry in the build cache), so every worker names the wheel alike and a warm build runs no analysis.
 """
@@ -22,6 +25,7 @@ reports) which policy the wheel's ELF members satisfy, then writes the wheel und
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 import platform
@@ -35,9 +39,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from elftools.elf.elffile import ELFFile
 from elftools.elf.enums import ENUM_E_MACHINE
+from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
+from elftools.elf.sections import SymbolTableSection
 
-from kiln.core.errors import CompileError
+from kiln.core.errors import AbiAuditError, CompileError
 from kiln.core.fsutil import sha256_bytes
 from kiln.tasks.build.cache import BuildCache, digest
 from kiln.tasks.process import run_in_group
@@ -144,19 +151,90 @@ def platform_verdict(members: Sequence[tuple[str, bytes]], backend: Backend,
 
 
 def manylinux_tag(tag: str, members: Sequence[tuple[str, bytes]], backend: Backend,
-                  cache: BuildCache | None = None) -> str:
+                  cache: BuildCache | None = None, target: str | None = None) -> str:
     """``tag`` (``py3-none-linux_x86_64``, ``cp311-cp311-linux_x86_64``) with its plain ``linux_<machine>``
     platform replaced by the manylinux one ``members`` allow; any other tag (``any``, a tag a backend already
-    audited) as it is. A wheel that stays ``linux_<machine>`` is logged with the reason."""
+    audited) as it is. A wheel that stays ``linux_<machine>`` is logged with the reason.
+
+    ``target`` (``"2_28"``, kiln.toml ``[build] manylinux``): the wheel is tagged ``manylinux_<target>`` when its
+    binaries allow that policy or an older one, else :class:`~kiln.core.errors.AbiAuditError` names what does
+    not (the symbols and versions newer than the target's, or auditwheel's reason)."""
     interpreter, abi, platforms = tag.split("-")
     if platforms != linux_platform():
         return tag
     verdict = platform_verdict(members, backend, cache)
+    if target is not None:
+        return f"{interpreter}-{abi}-{meet_target(verdict, members, target)}"
     if not verdict.manylinux:
         _log.warning("the wheel stays %s: %s", verdict.platform, verdict.reason)
         return tag
     _log.info("the wheel's binaries allow %s (auditwheel; %s)", verdict.platform, verdict.reason or "analysed")
     return f"{interpreter}-{abi}-{verdict.platform}"
+
+
+def target_policy(target: str) -> Any:
+    """auditwheel's policy ``manylinux_<target>_<machine>`` (its symbol versions); config has checked it exists."""
+    from auditwheel.architecture import Architecture
+    from auditwheel.libc import Libc
+    from auditwheel.policy import WheelPolicies
+
+    arch = Architecture(platform.machine())
+    return WheelPolicies(libc=Libc.GLIBC, arch=arch).get_policy_by_name(f"manylinux_{target}_{arch.value}")
+
+
+def _glibc(policy_name: str) -> tuple[int, int]:
+    """``manylinux_2_28_x86_64`` -> (2, 28)."""
+    major, minor = policy_name.split("_")[1:3]
+    return int(major), int(minor)
+
+
+def meet_target(verdict: PlatformVerdict, members: Sequence[tuple[str, bytes]], target: str) -> str:
+    """The platform of a wheel that must meet ``manylinux_<target>``: the target's own tag when the binaries
+    allow it (an older policy meets it too), else an :class:`AbiAuditError` naming why not."""
+    policy = target_policy(target)
+    if verdict.manylinux and _glibc(verdict.platform) <= _glibc(policy.name):
+        return str(policy.name)
+    too_new = newer_symbols(members, policy.symbol_versions)
+    if too_new:
+        named = "; ".join(f"{arcname}: {', '.join(symbols)}" for arcname, symbols in too_new.items())
+        why = f"needs symbol versions newer than {policy.name} allows: {named}"
+    else:
+        why = verdict.reason or f"its binaries need {verdict.platform}"
+    raise AbiAuditError(f"the wheel's binaries do not meet the manylinux target {target} (kiln.toml [build] "
+                        f"manylinux): {why}. Build on a worker whose glibc and libstdc++ are at most the target's "
+                        f"(e.g. the manylinux_{target} build image), or raise the target.")
+
+
+def newer_symbols(members: Sequence[tuple[str, bytes]],
+                  allowed: dict[str, frozenset[str]]) -> dict[str, list[str]]:
+    """``{arcname: ["dlopen@GLIBC_2.34", ...]}``: each host ELF member's undefined symbols whose version is in
+    a namespace the policy lists (GLIBC, GLIBCXX, CXXABI, GCC...) but is not one the policy allows."""
+    found: dict[str, list[str]] = {}
+    for name, (machine, data) in sorted(elf_members(members).items()):
+        if machine in _DEVICE_MACHINES:
+            continue
+        needs = sorted(f"{symbol}@{version}" for symbol, version in _versioned_needs(data)
+                       if (space := version.partition("_")[0]) in allowed
+                       and version.partition("_")[2] not in allowed[space])
+        if needs:
+            found[name] = needs
+    return found
+
+
+def _versioned_needs(data: bytes) -> list[tuple[str, str]]:
+    """(symbol, version) of every undefined dynamic symbol of the ELF file ``data`` that names a version."""
+    elf = ELFFile(io.BytesIO(data))
+    need, versym, dynsym = (elf.get_section_by_name(n) for n in (".gnu.version_r", ".gnu.version", ".dynsym"))
+    if not (isinstance(need, GNUVerNeedSection) and isinstance(versym, GNUVerSymSection)
+            and isinstance(dynsym, SymbolTableSection)):
+        return []
+    names = {aux.entry["vna_other"]: aux.name for _, auxes in need.iter_versions() for aux in auxes}
+    out = []
+    for index, symbol in enumerate(dynsym.iter_symbols()):
+        ndx = versym.get_symbol(index).entry["ndx"]
+        if symbol["st_shndx"] == "SHN_UNDEF" and isinstance(ndx, int) and (ndx & 0x7FFF) in names:
+            out.append((symbol.name, names[ndx & 0x7FFF]))
+    return out
 
 
 def wheel_file_tagged(wheel_file: bytes, tag: str) -> bytes:

@@ -176,7 +176,8 @@ def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Pat
     out[sbom_arcname(f"{new}.dist-info")] = wheel_sbom(config.project.distribution, str(Version(version)), variant,
                                                        stamp.commit, stamp.epoch, stamp.toolchain, contents,
                                                        cache)
-    audited = manylinux_tag(tag, contents, variant.backend, cache)  # the platform its binaries allow
+    # the platform its binaries allow, or the declared target they must meet
+    audited = manylinux_tag(tag, contents, variant.backend, cache, config.build.manylinux)
     if audited != tag:
         filename = wheel_filename(config.project.distribution, version, audited)
         out[f"{new}.dist-info/WHEEL"] = wheel_file_tagged(wheel_file, audited)

@@ -237,7 +237,7 @@ def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], en
                       members, cache)
     audited_torch = None
     if not pure:  # the tag its binaries allow (the dist-info's name does not depend on it)
-        tag = manylinux_tag(tag, members, variant.backend, cache)
+        tag = manylinux_tag(tag, members, variant.backend, cache, config.build.manylinux)
         filename = wheel_filename(config.project.distribution, version, tag)
         # the ABI it claims, kept before it is written (an AbiAuditError naming the symbols)
         audited_torch = check_claims(audit_members(filename, tag, members, torch_stable=variant.abi == "stable",
