@@ -122,6 +122,30 @@ class Build(_Model):
     # [build.interpreters]: "3.12" = "/path/to/python3.12", the interpreter of every cell of that Python,
     # before python3.X on PATH, uv's discovery and pyenv's versions (kiln.tasks.build.interpreters).
     interpreters: dict[str, LocalPath] = Field(default_factory=dict)
+    # The manylinux a native wheel must meet ("2_28": glibc 2.28 and the libstdc++ of that policy): the wheel
+    # is tagged for it, and one whose binaries need newer symbol versions fails its unit naming them
+    # (kiln.tasks.build.manylinux). None: the tag is whatever the binaries allow on the build host.
+    manylinux: str | None = None
+
+    @field_validator("manylinux")
+    @classmethod
+    def _manylinux_target(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        major, _, minor = value.partition("_")
+        if major != "2" or not minor.isdigit() or minor != str(int(minor)):
+            raise ValueError(f"build.manylinux {value!r} is not a glibc target in the '2_NN' form (e.g. \"2_28\")")
+        from auditwheel.architecture import Architecture
+        from auditwheel.libc import Libc
+        from auditwheel.policy import WheelPolicies
+
+        arch = Architecture.detect()
+        known = [policy.name.removeprefix("manylinux_").removesuffix(f"_{arch.value}")
+                 for policy in WheelPolicies(libc=Libc.GLIBC, arch=arch) if policy.name.startswith("manylinux_")]
+        if value not in known:
+            raise ValueError(f"build.manylinux {value!r}: auditwheel has no manylinux_{value} policy to check it by"
+                             f" (known: {', '.join(sorted(known, key=lambda k: int(k.split('_')[1])))})")
+        return value
 
     @field_validator("interpreters")
     @classmethod
