@@ -66,7 +66,7 @@ EXCLUDES: dict[Backend, tuple[str, ...]] = {
                      "libhipsparse*", "libhipfft*", "libhiprand*", "librocrand*", "libhipsolver*"),
 }
 _DEVICE_MACHINES = frozenset({"EM_CUDA", "EM_AMDGPU"})
-_VERDICT_FORMAT = "manylinux-1"  # bump when the probe or the verdict's reading changes
+_VERDICT_FORMAT = "manylinux-2"  # bump when the probe or the verdict's reading changes
 _BATCH = "manylinux"
 _TIMEOUT_S = 300
 
@@ -272,7 +272,7 @@ def _analysed(elves: Sequence[tuple[str, bytes]], backend: Backend) -> PlatformV
             for name, data in elves:
                 archive.writestr(name, data)
             archive.writestr("kiln_probe-0.dist-info/RECORD", "".join(f"{name},,\n" for name, _ in elves))
-        cmd = [sys.executable, "-P", "-m", __name__, str(probe), str(result), *EXCLUDES[backend]]
+        cmd = [sys.executable, "-P", "-m", __name__, str(probe), str(result), _host_libc(), *EXCLUDES[backend]]
         ladder, out = run_in_group(cmd, _TIMEOUT_S)
         if ladder.timed_out or ladder.returncode != 0 or not result.is_file():
             raise CompileError(f"auditwheel could not analyse the wheel's binaries ({', '.join(n for n, _ in elves)}):"
@@ -298,13 +298,24 @@ def _verdict(report: dict[str, Any]) -> PlatformVerdict:
     return PlatformVerdict(report["overall"], "; ".join(reasons) or "auditwheel allows no manylinux policy")
 
 
-def _report(probe: Path, exclude: frozenset[str]) -> dict[str, Any]:
+def _host_libc() -> str:
+    """The build host's C library as auditwheel names it ("glibc"), or "" to let auditwheel read it from the
+    binaries. auditwheel reads it from the libc each binary links; a CPython extension that calls only the
+    Python C-API (common with a pyenv-built interpreter, whose modules get libc's symbols through the
+    interpreter) links none, and auditwheel then "couldn't detect libc" and allows no policy at all. The wheel
+    was built against this host's libc, so that is the one to judge it by."""
+    return "glibc" if platform.libc_ver()[0] == "glibc" else ""
+
+
+def _report(probe: Path, exclude: frozenset[str], libc_name: str = "") -> dict[str, Any]:
     """auditwheel's analysis of ``probe`` (what ``auditwheel show --json`` reports), grafting nothing."""
     from auditwheel.error import AuditwheelError
+    from auditwheel.libc import Libc
     from auditwheel.wheel_abi import analyze_wheel_abi
 
+    libc = Libc(libc_name) if libc_name else None
     try:
-        info = analyze_wheel_abi(None, None, probe, exclude, disable_isa_ext_check=False, allow_graft=False)
+        info = analyze_wheel_abi(libc, None, probe, exclude, disable_isa_ext_check=False, allow_graft=False)
     except (AuditwheelError, RuntimeError) as exc:  # a library in purelib, an unknown libc
         return {"error": " ".join(str(getattr(exc, "message", exc)).split())}
     policies = info.policies
@@ -318,8 +329,8 @@ def _report(probe: Path, exclude: frozenset[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    probe, result, *exclude = argv
-    Path(result).write_text(json.dumps(_report(Path(probe), frozenset(exclude))))
+    probe, result, libc_name, *exclude = argv
+    Path(result).write_text(json.dumps(_report(Path(probe), frozenset(exclude), libc_name)))
     return 0
 
 
