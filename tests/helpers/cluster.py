@@ -1,4 +1,4 @@
-"""A scale-out cluster on loopback, built by README.md's own "Scaling out" recipe.
+"""A scale-out cluster on loopback, built by the docs' own "Scaling out" recipe (docs/guides/scale-out.md).
 
 PostgreSQL (Debian's package, ``initdb`` in a temporary directory, a free
 port), then the recipe's commands run one by one: the Prefect server on that
@@ -33,13 +33,14 @@ from tests.helpers.s3 import S3_ENV
 
 log = logging.getLogger("kiln.tests.cluster")
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "## Scaling out"
+GUIDE = REPO / "docs" / "guides" / "scale-out.md"
+SECTION = "# Scaling out"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def recipe() -> list[str]:
-    """The README's scale-out commands, in order (comments dropped)."""
-    text = (REPO / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    """The scale-out guide's commands, in order (comments dropped)."""
+    text = GUIDE.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
     lines = [line.strip() for line in text.splitlines() if line.startswith("    ") and line.strip()]
     return [re.sub(r"\s+#.*$", "", line) for line in lines]
 

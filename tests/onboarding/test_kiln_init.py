@@ -228,7 +228,7 @@ def test_the_bench_stage_is_not_run_for_a_gpu_only_package_here_or_when_switched
 
 
 def _readme_examples() -> list[str]:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "onboarding.md").read_text()
     section = readme.split("## Onboarding: kiln init", 1)[1].split("\n## ", 1)[0]
     import re
 

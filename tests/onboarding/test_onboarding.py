@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _readme_toml(which: int = 0) -> str:
     """The README onboarding section's kiln.toml blocks: the Triton-only package (0), a self-building one (1)."""
-    section = (REPO / "README.md").read_text().split("## Onboarding your kernel package", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "guides" / "onboarding.md").read_text().split("## Onboarding your kernel package", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 2
     return blocks[which]

@@ -1,7 +1,7 @@
-"""README.md's deploy-and-release section agrees with prefect.yaml and the CLI (no server needed).
+"""The deploy-and-release guide (docs/guides/deploying.md) agrees with prefect.yaml and the CLI (no server needed).
 
 :mod:`tests.release_flow.test_server` runs the same commands against a real
-server; these checks catch a README that falls behind prefect.yaml at once.
+server; these checks catch a guide that falls behind prefect.yaml at once.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "## Deploying the schedule and triggering a release"
+GUIDE = REPO / "docs" / "guides" / "deploying.md"
+SECTION = "# Deploying the schedule and triggering a release"
 
 
 def readme_commands() -> list[list[str]]:
-    """Every command of the README's deploy-and-release section, in order, as shell words (comments dropped)."""
-    text = (REPO / "README.md").read_text()
+    """Every command of the deploy-and-release guide, in order, as shell words (comments dropped)."""
+    text = GUIDE.read_text()
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return [shlex.split(line.strip(), comments=True) for line in section.splitlines()
             if line.startswith("    ") and line.strip()]
