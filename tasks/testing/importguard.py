@@ -39,6 +39,12 @@ Three hooks, because no single one sees every import:
   it is answered from there), so ``builtins.__import__`` is wrapped for
   ``import`` statements, and ``importlib.import_module`` for calls of it.
 
+Whoever imports on another's behalf is passed over on the way out: importlib's
+frames, the standard library's helpers that take a dotted name
+(``pkgutil.resolve_name``, ``unittest.mock.patch``), and code run with globals
+that name no module (``exec(code, {})``) — the import is judged as the code's
+that called them.
+
 The refusals are computed once, when the environment is made
 (:data:`REFUSALS_SCRIPT`, run inside the environment), and read from
 ``_kiln_import_guard.json`` beside this file. Standard library only: it runs
@@ -62,6 +68,11 @@ KILN_RUNTIME = "kiln.runtime"
 Role = Literal["package", "tests"]
 # Frames of these files are the import machinery, not the importer.
 _MACHINERY = (os.path.dirname(importlib.__file__ or "") + os.sep, "<frozen importlib")
+_STDLIB = os.path.dirname(os.__file__)
+# The standard library's helpers that import a name on their caller's behalf (``pkgutil.resolve_name``,
+# ``unittest.mock.patch`` by way of it): their frames are passed over like importlib's, so the import is
+# judged as the caller's. Their paths, not their modules: importing them here would slow every start.
+_ON_BEHALF = frozenset(os.path.join(_STDLIB, *parts) for parts in (("pkgutil.py",), ("unittest", "mock.py")))
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
@@ -151,11 +162,28 @@ def watched_name(name: str) -> str:
     return KILN_RUNTIME if (name + ".").startswith(KILN_RUNTIME + ".") else ""
 
 
+def anonymous(importer: dict[str, Any]) -> bool:
+    """Whether ``importer`` is globals that name no module: ``exec(code, {})``'s fresh dict, say.
+
+    Such code imports on behalf of whoever ran it (``exec`` fills in only ``__builtins__``), so the
+    importer is found further out on the stack, never judged "neither" for want of a name.
+    """
+    if isinstance(importer.get("__file__"), str) and importer["__file__"]:
+        return False
+    module = sys.modules.get(str(importer.get("__name__") or ""))
+    return getattr(module, "__dict__", None) is not importer
+
+
 def importer_globals(frame: FrameType | None) -> dict[str, Any] | None:
-    """The globals of the first frame from ``frame`` outwards that is neither this guard nor importlib's."""
+    """The globals of the first frame from ``frame`` outwards that is the importer.
+
+    Passed over: this guard, importlib's machinery, the standard library's import-on-behalf helpers
+    and code run with anonymous globals (:func:`anonymous`).
+    """
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename != __file__ and not filename.startswith(_MACHINERY):
+        if (filename != __file__ and not filename.startswith(_MACHINERY) and filename not in _ON_BEHALF
+                and not anonymous(frame.f_globals)):
             return frame.f_globals
         frame = frame.f_back
     return None
@@ -187,7 +215,8 @@ def install(directory: str | None = None) -> None:
     # Any: as builtins.__import__ takes them
     def guarded(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if level == 0 and watched_name(name) in guard.watched:  # __import__("x") called with no globals: the caller
-            guard.check(name, globals if globals is not None else importer_globals(sys._getframe(1)))
+            named = globals is not None and not anonymous(globals)
+            guard.check(name, globals if named else importer_globals(sys._getframe(1)))
         return original_import(name, globals, locals, fromlist, level)
 
     def import_module(name: str, package: str | None = None) -> Any:

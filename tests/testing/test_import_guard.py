@@ -131,3 +131,54 @@ def test_every_route_of_import_is_refused_and_kilns_own_modules_are_not_test_cod
         assert f"No module named {module!r}: " in message and "does not declare" in message, message
         assert who in message or who in by_name[name].details, message
     assert Path(env.root).is_relative_to(project)
+
+
+HELPERS_BODY = '''
+import pkgutil
+from unittest import mock
+
+
+def by_resolve_name():
+    return pkgutil.resolve_name("undeclared.sub:VALUE")  # imports undeclared.sub on the package's behalf
+
+
+def by_exec_in_fresh_globals():
+    exec("import undeclared.sub", {})  # exec fills in __builtins__ only: the globals name no module
+
+
+def by_mock_patch():
+    with mock.patch("undeclared.sub.VALUE", 2):  # mock resolves the target with pkgutil.resolve_name
+        pass
+'''
+
+
+@pytest.mark.parametrize("route", ["by_resolve_name", "by_exec_in_fresh_globals", "by_mock_patch"])
+@pytest.mark.parametrize("preloaded", [False, True], ids=["not-yet-imported", "already-imported"])
+def test_the_standard_librarys_import_on_behalf_helpers_are_judged_as_their_caller(tmp_path, route, preloaded):
+    """A real interpreter with the guard installed as an environment's .pth does (no mocks of the guard)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from kiln.tasks.testing import importguard
+
+    site = tmp_path / "site"
+    (site / "probe_pkg").mkdir(parents=True)
+    (site / "probe_pkg" / "__init__.py").write_text(HELPERS_BODY)
+    (site / "undeclared").mkdir()
+    (site / "undeclared" / "__init__.py").write_text("")
+    (site / "undeclared" / "sub.py").write_text("VALUE = 1\n")
+    (site / importguard.CONFIG).write_text(json.dumps({
+        "packages": ["probe_pkg"], "wheel": "probe_pkg-1.0-py3-none-any.whl",
+        "for_package": {"undeclared": ["undeclared-dist"]}, "for_tests": {}}))
+    shutil.copyfile(importguard.__file__, site / f"{importguard.MODULE}.py")
+    script = (f"import {importguard.MODULE}; {importguard.MODULE}.install()\n"
+              + ("import undeclared.sub\n" if preloaded else "")  # the script may: it is neither role
+              + f"import probe_pkg\nprobe_pkg.{route}()\n")
+
+    done = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n{script}"],
+                          capture_output=True, text=True, timeout=60)
+
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "ModuleNotFoundError: No module named 'undeclared': probe_pkg imports it" in done.stderr, done.stderr
