@@ -2,8 +2,9 @@
 
 One task run: the nightly's record is read from the artifact store, refused
 when it did not complete or a wheel of it was not tested or published
-(:func:`kiln.tasks.promotion.promotion_refusals`), and each wheel is written
-under the release version with its binaries checked by hash. The release's
+(:func:`kiln.tasks.promotion.promotion_refusals`) or when the build ledger does
+not vouch for a wheel of it (:func:`kiln.tasks.promotion.ledger_refusals`), and
+each wheel is written under the release version with its binaries checked by hash. The release's
 record gets the wheels as its build artifacts, the nightly's test units (the
 bytes passed them, in that run), one ``promote/<variant>/<wheel>`` unit each,
 and ``promoted_from``: the run it promoted.
@@ -28,8 +29,10 @@ PROMOTED_DIR = "wheels"  # under the release run's view, per variant, as a build
 def promote_run(config: KilnConfig, run: RunRecord, from_run: str, version: str) -> str:
     """Promote ``from_run``'s wheels into ``run`` under ``version``; the summary line."""
     store = artifact_store(config, store_session(config, "build", config.artifacts.kind, read_only=True))
-    nightly = open_record(store, from_run, run.view.parent).manifest()
-    promoted = promotion.promote(nightly, version, run.view / PROMOTED_DIR)
+    source = open_record(store, from_run, run.view.parent)
+    nightly = source.manifest()
+    promoted = promotion.promote(nightly, version, run.view / PROMOTED_DIR, ledger=store,
+                                 built_from=source.header.source)
     run.add_artifacts((p.path, "build", p.kind, p.variant) for p in promoted)
     run.record_all(promotion.inherited_units(nightly, {p.variant for p in promoted}))
     for p in promoted:

@@ -10,6 +10,13 @@ not complete, a wheel that was not tested or not published, each named);
 ``variant.json`` kept) for the release's combined index, and checks every
 non-metadata member's sha256 against the nightly's wheel: the binaries a
 release ships are the ones the nightly tested.
+
+The nightly's record is no witness: the build and test steps may write it, so
+a swapped wheel comes with a rewritten record. Every wheel promoted (variant
+wheels too) must be the one the build step wrote in the build ledger
+(:mod:`kiln.tasks.run.ledger`) for the run's commit, variant, name and sha256,
+as bisect requires (:func:`ledger_refusals`); one it contradicts or does not
+know is refused before anything is written.
 Plain functions (no Prefect): :mod:`kiln.flows.promote` records the result.
 """
 
@@ -24,11 +31,15 @@ from packaging.version import Version
 
 from kiln.core.dists import parse_filename
 from kiln.core.errors import IntegrityError, PermanentError
+from kiln.core.fsutil import sha256_file
 from kiln.core.manifest import Artifact, ArtifactKind, RunManifest, Unit
+from kiln.core.objects import Store
+from kiln.core.record import Checkout
 from kiln.core.wheels import open_wheel
 from kiln.release.reversion import reversioned_wheel
 from kiln.tasks.build.variants import VARIANT_WHEELS_DIR
 from kiln.tasks.releasing import RAN
+from kiln.tasks.run.ledger import vouched
 
 FINAL_STATE_INFO = "final_state"  # the nightly's end, as its flow concluded it (kiln.flows.nightly.conclude)
 PROMOTED_INFO = "promoted_from"  # in the release's record: the run whose bytes it published
@@ -109,24 +120,49 @@ def promotion_refusals(nightly: RunManifest) -> list[str]:
             if not ok]
 
 
-def promote(nightly: RunManifest, version: str, out_dir: Path) -> list[PromotedWheel]:
+def ledger_refusals(nightly: RunManifest, built_from: Checkout, ledger: Store,
+                    wheels: list[tuple[Artifact, Path]]) -> list[str]:
+    """Why the build ledger in ``ledger`` does not vouch for each of ``wheels`` (the nightly's artifact and its
+    fetched, hash-checked file) as a build of ``built_from``; an :class:`IntegrityError` naming the wheel when it
+    holds another sha256 (the wheel was swapped after the build)."""
+    run = f"run {nightly.run_id}"
+    if not (built_from.clean and built_from.commit):
+        why = "modified: " + ", ".join(built_from.modified[:3]) if built_from.modified else "no git commit"
+        return [f"{run} was not built from a clean commit ({why}), so the build ledger holds no hash for its wheels"
+                " and nothing vouches for them; promote a nightly of a clean commit"]
+    refused = []
+    for artifact, path in wheels:
+        what = f"{run}'s {artifact.variant} wheel {path.name}"
+        if not vouched(ledger, built_from.commit, str(artifact.variant), path.name, sha256_file(path), what):
+            refused.append(f"{run}: {path.name} ({artifact.variant}) is not in the build ledger of commit"
+                           f" {built_from.commit[:12]} ({ledger.url}), so its build step did not write it; promote a"
+                           " nightly whose build recorded its wheels")
+    return refused
+
+
+def promote(nightly: RunManifest, version: str, out_dir: Path, *, ledger: Store,
+            built_from: Checkout) -> list[PromotedWheel]:
     """Each of the nightly's wheels under ``version`` (its variant's local label kept) in
-    ``out_dir/<variant>/``; IntegrityError when a binary differs (never expected: nothing rewrites them)."""
+    ``out_dir/<variant>/``, once the build ledger in ``ledger`` vouches for every one as a build of
+    ``built_from`` (the run's header); IntegrityError when a binary differs (never expected: nothing
+    rewrites them)."""
     refused = promotion_refusals(nightly)
     if refused:
         raise PromotionRefusedError("; ".join(refused))
     wheels = promoted_wheels(nightly)
-    promoted = [_promoted(nightly, a, version, out_dir, "wheel") for a in wheels]
     variant_wheels = promoted_variant_wheels(nightly, {str(a.variant) for a in wheels})
-    return promoted + [_promoted(nightly, a, version, out_dir / VARIANT_WHEELS_DIR, "variant-wheel")
-                       for a in variant_wheels]
+    sources = [(a, nightly.verify(a)) for a in [*wheels, *variant_wheels]]  # the bytes the record names
+    refused = ledger_refusals(nightly, built_from, ledger, sources)
+    if refused:
+        raise PromotionRefusedError("; ".join(refused))
+    return [_promoted(nightly, a, source, version, out_dir / VARIANT_WHEELS_DIR if a.kind == "variant-wheel"
+                      else out_dir, a.kind) for a, source in sources]
 
 
-def _promoted(nightly: RunManifest, artifact: Artifact, version: str, out_dir: Path,
+def _promoted(nightly: RunManifest, artifact: Artifact, source: Path, version: str, out_dir: Path,
               kind: ArtifactKind) -> PromotedWheel:
-    """One wheel of the nightly under ``version`` (its local label kept, a variant wheel's label too), its
-    binaries checked against the nightly's bytes."""
-    source = nightly.verify(artifact)  # the bytes the nightly recorded, checked by sha256
+    """One wheel of the nightly (``source``: its vouched-for bytes) under ``version`` (its local label kept, a
+    variant wheel's label too), its binaries checked against the nightly's bytes."""
     local = Version(parse_filename(source.name)[1]).local
     target = str(Version(version).public) + (f"+{local}" if local else "")
     wheel = reversioned_wheel(source, out_dir / str(artifact.variant), target)

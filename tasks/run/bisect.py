@@ -34,7 +34,7 @@ from kiln.core.errors import (
 from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.core.objects import Store
 from kiln.core.record import RunHeader, load_header, open_record
-from kiln.tasks.run.ledger import ledger_key, record_wheel, recorded_sha256
+from kiln.tasks.run.ledger import record_wheel, recorded_sha256, vouched
 
 log = logging.getLogger(__name__)
 
@@ -110,19 +110,6 @@ def runs_by_commit(store: Store) -> dict[str, list[RunHeader]]:
     return found
 
 
-def _vouched(store: Store, commit: str, variant: str, name: str, sha256: str, what: str) -> bool:
-    """Whether the build ledger vouches for ``sha256`` as ``commit``'s ``variant`` wheel ``name``: False when it
-    holds nothing for it; an :class:`IntegrityError` (refused) when it holds another hash."""
-    recorded = recorded_sha256(store, commit, variant, name)
-    if recorded is None:
-        return False
-    if recorded != sha256:
-        raise IntegrityError(f"refusing {what}: its sha256 is {sha256}, but the build step recorded {recorded} in "
-                             f"{store.url}/{ledger_key(commit, variant, name)} — the store was changed after the "
-                             f"build; nothing was installed")
-    return True
-
-
 def stored_wheel(store: Store, headers: Sequence[RunHeader], variant: str, work: Path) -> tuple[Path, str] | None:
     """The newest run's wheel of ``variant`` among ``headers`` that the build ledger vouches for (fetched and
     hash-checked), and which run; a wheel the ledger contradicts is refused."""
@@ -132,7 +119,7 @@ def stored_wheel(store: Store, headers: Sequence[RunHeader], variant: str, work:
                   and a.path.endswith(".whl")]
         for wheel in wheels[:1]:
             what = f"run {header.run_id}'s {variant} wheel {wheel.path}"
-            if not _vouched(store, header.source.commit, variant, wheel.path.rsplit("/", 1)[-1], wheel.sha256, what):
+            if not vouched(store, header.source.commit, variant, wheel.path.rsplit("/", 1)[-1], wheel.sha256, what):
                 log.warning("not using %s: the build ledger holds no hash for it", what)
                 continue
             try:
@@ -154,7 +141,7 @@ def cached_build(store: Store, commit: str, variant: str, work: Path) -> Path | 
             continue
         name = key.rsplit("/", 1)[-1]
         what = f"{store.url}/{key}"
-        if not _vouched(store, commit, variant, name, sha256_bytes(data), what):
+        if not vouched(store, commit, variant, name, sha256_bytes(data), what):
             raise IntegrityError(f"refusing {what}: the build ledger holds no hash for it, so bisect did not keep it "
                                  f"(it keeps the hash first); delete it — nothing was installed")
         path = work / "cached" / commit[:12] / name

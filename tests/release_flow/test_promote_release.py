@@ -1,5 +1,6 @@
 """``kiln release --from-run RUN``: the release flow publishes a completed nightly's tested wheels under the
-release version instead of building; the binaries are the nightly's and the release's record names the run."""
+release version instead of building; the binaries are the nightly's and the release's record names the run; a
+wheel the build ledger does not vouch for is refused, however the record was rewritten."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kiln.core.store import open_store
 from kiln.flows.release import approved_release_flow
 from kiln.tasks.project.config import load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO, PROMOTED_INFO
+from kiln.tasks.run import ledger
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.runkit import CLEAN
 from tests.helpers.wheelkit import make_wheel
@@ -45,7 +47,8 @@ def _nightly(config_path: Path, out: Path, completed: bool = True) -> RunRecord:
                                          version=NIGHTLY, source=CLEAN), out)
     wheel = make_wheel(run.view / "wheels" / "cpu", "tiny-kernels", NIGHTLY,
                        files={"tiny_kernels/_kernels.so": os.urandom(4096)})
-    run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
+    artifact = run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
+    ledger.record_wheels(store, run.header, [artifact])  # as the build flow does: its word alone vouches
     run.record_all([Unit("build/cpu", "build", "completed", variant="cpu"),
                     Unit("test/unit/cpu", "test", "completed", variant="cpu", suite="unit"),
                     Unit(f"publish/cpu/{wheel.name}", "publish", "completed", variant="cpu", message="added")])
@@ -87,3 +90,23 @@ def test_a_nightly_that_did_not_complete_is_refused_naming_it(prefect_server, tm
                                   dry_run=True, from_run=nightly.run_id, return_state=True)
     assert state.is_failed()
     assert f"run {nightly.run_id} did not complete (1 unit failed)" in state.message
+
+
+def test_a_wheel_swapped_together_with_its_record_is_refused_naming_the_wheel(prefect_server, tmp_path):
+    config = _project(tmp_path)
+    nightly = _nightly(config, tmp_path / "nightly-out")
+    [artifact] = [a for a in nightly.artifacts() if a.kind == "wheel"]
+    # A writer of the run record (the build or test role) swaps the wheel and rewrites its entry to match.
+    swapped = make_wheel(tmp_path / "attacker", "tiny-kernels", NIGHTLY, files={"tiny_kernels/_kernels.so": b"evil"})
+    local = nightly.view / artifact.path
+    local.write_bytes(swapped.read_bytes())
+    nightly.add_artifact(local, step="build", kind="wheel", variant="cpu")
+    out = tmp_path / "out"
+
+    state = approved_release_flow(version="0.3.0", config_path=str(config), out=str(out), dry_run=True,
+                                  from_run=nightly.run_id, return_state=True)
+
+    assert state.is_failed()
+    assert f"refusing run {nightly.run_id}'s cpu wheel {local.name}: its sha256" in state.message, state.message
+    assert "the build step recorded" in state.message
+    assert not list(out.rglob("tiny_kernels-0.3.0+cpu-*.whl"))  # nothing promoted
