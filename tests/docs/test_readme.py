@@ -29,3 +29,11 @@ def test_every_link_in_the_readme_resolves_to_a_file_of_the_checkout():
     local = [t.split("#", 1)[0] for t in targets if not t.startswith(("http://", "https://"))]
     assert any(t.startswith("docs/") for t in local)
     assert [t for t in local if t and not (REPO / t).exists()] == []
+
+
+def test_getting_started_quotes_the_readmes_two_commands_exactly():
+    """The docs repeat the set-up; CI proves the README's, so the page must say the very same commands."""
+    readme = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("    python3 -m venv")]
+    page = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8").splitlines()
+    assert len(readme) == 2
+    assert [line for line in page if line.startswith("    python3 -m venv")] == readme
