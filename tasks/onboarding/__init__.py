@@ -16,6 +16,7 @@ from kiln.core.errors import ConfigError
 from kiln.tasks.onboarding.inspect import Findings, OnboardingError, inspect_project
 from kiln.tasks.onboarding.pythons import with_python_axis
 from kiln.tasks.onboarding.render import render
+from kiln.tasks.onboarding.stable import with_stable_abi
 
 __all__ = ["InitResult", "OnboardingError", "init_project", "inspect_project", "render"]
 _log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def init_project(directory: str | Path = ".") -> InitResult:
                               " again, or edit it)")
     findings = inspect_project(root)
     text = with_python_axis(render(findings), findings.kind, findings.torch_extension, findings.requires_python, root)
+    text = with_stable_abi(text, root) if findings.torch_extension else text
     _check(text, root)
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # never over a file made meanwhile
