@@ -31,7 +31,6 @@ from kiln.flows.common import (
 from kiln.flows.runname import name_this_run, run_name
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
-from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.plan import CompileUnit, VariantPlan
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import CompileContext, UnitResult
@@ -50,13 +49,13 @@ UNIT_THREADS = max(4, 2 * (os.cpu_count() or 1))
 
 @task(name="plan-build", cache_policy=NO_CACHE)
 def plan_build_task(config: KilnConfig, version: str, variants: list[str] | None, nvcc: str | None,
-                    source: Checkout) -> BuildSetup:
-    return build_stage.prepare_build(config, version, variants, nvcc, source=source)
+                    source: Checkout, store: Any = None) -> BuildSetup:
+    return build_stage.prepare_build(config, version, variants, nvcc, source=source, store=store)
 
 
 @task(name="verify-build-cache", cache_policy=NO_CACHE)
 def verify_cache_task(setup: BuildSetup) -> list[str]:
-    return build_units.verify_cache(setup.plan, BuildCache(setup.cache_root))
+    return build_units.verify_cache(setup.plan, build_stage.unit_cache(setup))
 
 
 # One task run for every unit the cache holds (a warm build's all): a task run per unit cost Prefect's
@@ -98,7 +97,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     config = load_config(config_path)
     run = open_run(config, "build", out, run_id=run_id, version=version, commit=commit)
     name_this_run(run_name("build", run, variants or [v.name for v in config.variants]))
-    setup = plan_build_task(config, run.header.version, variants, nvcc, run.header.source)
+    # The run's store, opened with the build step's credentials, also holds the unit cache's shared tier.
+    setup = plan_build_task(config, run.header.version, variants, nvcc, run.header.source, unwalked(run.store))
     run.record_all(build_units.skip_record(skip) for skip in setup.plan.skips)  # before any unit runs
     verify_events = verify_cache_task(unwalked(setup))
     units = setup.plan.units
@@ -135,6 +135,9 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
         report(markdown_report, "kiln-build-cache", build_stage.cache_report(events), "Build cache events")
         # One writer per key: builds of other variants of the run (other workers) keep their own.
         run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
+        if setup.remote is not None:  # what the shared tier served, refused and took (and whether it answered)
+            run.set_info("build_cache_shared" + "".join(f"/{v}" for v in variants or ()),
+                         setup.remote.stats.as_dict())
         if built:
             run.mark_latest()
         return finish_stage(run, "build", "Build", mine=lambda u: not variants or u.variant in variants)

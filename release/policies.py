@@ -16,7 +16,10 @@ verified release: its document allows that prefix, and every other step's
 denies it — the bench step writes the rest of the history, never a baseline.
 Likewise the build ledger (``build-ledger/`` under each prefix the build step
 writes: the sha256 of every wheel it built, which is all ``kiln bisect``
-trusts) is denied to every step but the build.
+trusts) is denied to every step but the build, and so is the unit cache's shared tier
+(``[build.cache] prefix`` under each prefix the build step writes, when ``remote = "artifacts"``): every
+worker's build serves what is there, so only the build role may put anything there; the other steps read it
+(through their own read prefixes) or nothing.
 """
 
 from __future__ import annotations
@@ -141,7 +144,8 @@ def _baseline_statement(step: str, bucket: str, base: str, baselines: str) -> di
 
 
 def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels: Mapping[str, str],
-                 baselines: str | None = None, ledgers: Sequence[str] = ()) -> dict[str, Any]:
+                 baselines: str | None = None, ledgers: Sequence[str] = (),
+                 caches: Sequence[str] = ()) -> dict[str, Any]:
     statements = []
     if access.read:
         statements.append(_statement("Read", "Allow", READ_ACTIONS, _object_arns(bucket, base, access.read)))
@@ -162,6 +166,9 @@ def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels
     if ledgers and step != LEDGER_STEP:
         statements.append(_statement("DenyBuildLedgerWrites", "Deny", ("s3:PutObject*",),
                                      _object_arns(bucket, base, ledgers)))
+    if caches and step != LEDGER_STEP:
+        statements.append(_statement("DenyBuildCacheWrites", "Deny", ("s3:PutObject*",),
+                                     _object_arns(bucket, base, caches)))
     destructive = [a for a in DESTRUCTIVE_ACTIONS if a != "s3:Delete*"] + ["s3:DeleteBucket*"] if deletes \
         else DESTRUCTIVE_ACTIONS
     statements.append(_statement("DenyDestructive", "Deny", destructive,
@@ -170,9 +177,11 @@ def _step_policy(step: str, access: StepAccess, bucket: str, base: str, channels
 
 
 def policies_for(bucket: str, base_prefix: str, steps: Mapping[str, StepAccess],
-                 channels: Mapping[str, str], baselines: str | None = None) -> dict[str, dict[str, Any]]:
+                 channels: Mapping[str, str], baselines: str | None = None,
+                 build_cache: str | None = None) -> dict[str, dict[str, Any]]:
     """``{step: IAM policy document}`` for every step in ``steps``; with ``baselines`` (the release baseline
-    prefix), only ``publish-release`` may write it; only ``build`` may write its build ledger.
+    prefix), only ``publish-release`` may write it; only ``build`` may write its build ledger, and with
+    ``build_cache`` (the unit cache's prefix in the artifact store) that shared tier.
 
     Raises :class:`ConfigError` (and returns nothing) when a step's declared
     access would break the least-privilege rules: build, test and bench write
@@ -193,7 +202,10 @@ def policies_for(bucket: str, base_prefix: str, steps: Mapping[str, StepAccess],
     _validate(norm_steps, norm_channels, norm_baselines)
     build = norm_steps.get(LEDGER_STEP, StepAccess())
     ledgers = tuple(f"{prefix}{BUILD_LEDGER}" for prefix in build.write)
-    return {step: _step_policy(step, norm_steps[step], bucket, base, norm_channels, norm_baselines, ledgers)
+    cache = None if build_cache is None else _prefix(build_cache, "build.cache.prefix")
+    caches = tuple(f"{prefix}{cache}" for prefix in build.write) if cache else ()
+    return {step: _step_policy(step, norm_steps[step], bucket, base, norm_channels, norm_baselines, ledgers,
+                               caches)
             for step in sorted(norm_steps)}
 
 
@@ -232,7 +244,9 @@ def policies_from_config(config: Any, target: str | None = None) -> dict[str, di
     bucket, base = s3_target(config, target)
     steps = {step: StepAccess(tuple(p.read), tuple(p.write)) for step, p in config.permissions.items()}
     baselines = f"{config.bench.history.strip('/')}/published/"
-    return policies_for(bucket, base, steps, dict(config.publish.channels), baselines)
+    shared = config.build.cache
+    build_cache = shared.prefix if shared.remote == "artifacts" else None
+    return policies_for(bucket, base, steps, dict(config.publish.channels), baselines, build_cache)
 
 
 def read_only(document: Mapping[str, Any], bucket: str) -> dict[str, Any]:

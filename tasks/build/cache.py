@@ -17,6 +17,11 @@ rebuilds the batch from source — never a silent wrong artifact.
 
 Writes are atomic (temp file + rename in the same directory), so concurrent
 builders sharing the root see whole entries or none.
+
+With a :class:`~kiln.tasks.build.cache_remote.RemoteTier` (``[build.cache] remote``), a local miss asks the
+team's artifact store, and what it serves, re-hashed, is copied into the local tier; every entry put here is
+published there too (create-only). The remote tier only ever turns a miss into a verified hit: its damage
+is a miss, never a drift of the local batch, and its silence is a local-only build.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 from kiln.core.errors import CacheDriftError
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
+from kiln.tasks.build.cache_remote import RemoteTier
 
 _log = logging.getLogger(__name__)
 
@@ -51,8 +57,13 @@ class CacheHit:
 
 
 class BuildCache:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, remote: RemoteTier | None = None) -> None:
         self.root = Path(root)
+        self.remote = remote
+
+    def local(self) -> BuildCache:
+        """This cache without its remote tier: for memos (wheels, audits) cheaper to remake than to fetch."""
+        return BuildCache(self.root)
 
     def _entry_path(self, batch: str, key: str) -> Path:
         return self.root / "entries" / batch / f"{key}.json"
@@ -61,7 +72,12 @@ class BuildCache:
         return self.root / "objects" / sha[:2] / sha
 
     def put(self, batch: str, key: str, files: dict[str, bytes], info: dict[str, object] | None = None) -> None:
-        """Store ``files`` under ``key``; objects first, then the entry that names them."""
+        """Store ``files`` under ``key`` in every tier; objects first, then the entry that names them."""
+        entry = self._put_local(batch, key, files, info)
+        if self.remote is not None:
+            self.remote.put(batch, key, files, entry.encode())
+
+    def _put_local(self, batch: str, key: str, files: dict[str, bytes], info: dict[str, object] | None) -> str:
         listed = {}
         for name, data in files.items():
             sha = sha256_bytes(data)
@@ -70,8 +86,10 @@ class BuildCache:
             if not target.is_file() or sha256_file(target) != sha:
                 atomic_write_bytes(target, data)
             listed[name] = {"sha256": sha, "size": len(data)}
-        entry = {"key": key, "batch": batch, "files": listed, "info": info or {}}
-        atomic_write_text(self._entry_path(batch, key), json.dumps(entry, indent=2, sort_keys=True))
+        entry = json.dumps({"key": key, "batch": batch, "files": listed, "info": info or {}}, indent=2,
+                           sort_keys=True)
+        atomic_write_text(self._entry_path(batch, key), entry)
+        return entry
 
     def get(self, batch: str, key: str) -> CacheHit | None:
         """The verified files of ``key``, ``None`` on a miss.
@@ -84,7 +102,7 @@ class BuildCache:
             entry = json.loads(path.read_text())
             listed = entry["files"]
         except FileNotFoundError:
-            return None
+            return self._from_remote(batch, key)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self._drift(batch, key, f"entry {path.name} is unreadable ({exc})")
         files = {}
@@ -97,6 +115,17 @@ class BuildCache:
             if len(data) != meta["size"] or sha256_bytes(data) != meta["sha256"]:
                 self._drift(batch, key, f"artifact {name} has {len(data)} bytes and another sha256 than recorded")
             files[name] = data
+        return CacheHit(key, files)
+
+    def _from_remote(self, batch: str, key: str) -> CacheHit | None:
+        """A verified hit of the remote tier, kept in the local one; None on its miss (or without one)."""
+        if self.remote is None:
+            return None
+        found = self.remote.get(batch, key)
+        if found is None:
+            return None
+        files, info = found
+        self._put_local(batch, key, files, {**info, "from": "remote"})
         return CacheHit(key, files)
 
     def file(self, batch: str, key: str, name: str) -> bytes | None:

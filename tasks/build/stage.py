@@ -19,12 +19,14 @@ from typing import Any
 from kiln.core.errors import AbiAuditError, ToolchainMissingError
 from kiln.core.fsutil import atomic_write_text
 from kiln.core.manifest import ArtifactKind, Unit
+from kiln.core.objects import Store
 from kiln.core.record import Checkout
 from kiln.tasks.build import plancache, sparepool
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
 from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.cache_remote import RemoteTier
 from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
@@ -51,6 +53,21 @@ class BuildSetup:
     cache_root: Path
     stamp: WheelStamp = WheelStamp()
     project: ProjectBuilder | None = None  # [build] backend = "pep517"
+    remote: RemoteTier | None = None  # [build.cache] remote: the unit cache's shared tier
+
+
+def unit_cache(setup: BuildSetup) -> BuildCache:
+    """The build's unit cache: the worker's directory over the shared tier, when kiln.toml names one."""
+    return BuildCache(setup.cache_root, setup.remote)
+
+
+def remote_tier(config: KilnConfig, store: Store | None) -> RemoteTier | None:
+    """The shared tier ``[build.cache]`` names in ``store`` (the run's artifact store, opened with the build
+    step's credentials); None when it names none or no store is given."""
+    settings = config.build.cache
+    if settings.remote == "none" or store is None:
+        return None
+    return RemoteTier(store, settings.prefix, settings.read_only)
 
 
 # What the registry's import loaded when head_start ran it ahead of the plan, by project import root: the
@@ -73,14 +90,16 @@ def head_start(config: KilnConfig) -> None:
 
 
 def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
-                  cache_dir: str | None = None, source: Checkout | None = None) -> BuildSetup:
+                  cache_dir: str | None = None, source: Checkout | None = None,
+                  store: Store | None = None) -> BuildSetup:
     """Load the registry, find the toolchain, plan the matrix. Changes nothing on disk but the plan cache.
 
     ``config``: the flow's loaded config (a path is loaded here). The registry
     (and torch and Triton with it) is imported only when the plan
     stored by the last build with the same inputs (:mod:`kiln.tasks.build.plancache`)
     is missing or out of date. ``source`` is the commit being built: its time
-    stamps every wheel member, its sha goes into each wheel's ``kiln_build.json``.
+    stamps every wheel member, its sha goes into each wheel's ``kiln_build.json``. ``store``: the artifact
+    store the run's record is in, which holds the unit cache's shared tier when ``[build.cache]`` says so.
     """
     config = load_config(config) if isinstance(config, str) else config
     chosen = check_build_version(version)  # a malformed --version fails here, before anything is built
@@ -101,7 +120,7 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
     return BuildSetup(config, chosen, stored.plan, tools.nvcc, cache_root, stamp,
-                      tools.project)
+                      tools.project, remote_tier(config, store))
 
 
 @dataclass(frozen=True)
@@ -206,7 +225,7 @@ def compile_context(setup: BuildSetup, out: str | Path, jobs: int | None = None)
     size = jobs or setup.config.build.jobs
     compile_pool = sparepool.take(worker_config(setup), size) or sparepool.new_pool(size)
     try:
-        yield CompileContext(worker_config(setup), Path(out).resolve() / "build", BuildCache(setup.cache_root),
+        yield CompileContext(worker_config(setup), Path(out).resolve() / "build", unit_cache(setup),
                              compile_pool.pool, setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc,
                              setup.project, environments=variant_environments(setup), config=setup.config)
     finally:
@@ -246,7 +265,7 @@ def assemble_variant(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str
     label = setup.config.variant(variant.name).label  # a matrix cell's: its variant's, with its torch if several
     version = setup.version if setup.config.build.kind == "triton-jit" else variant_version(setup.version, label)
     config, wheels = setup.config, Path(out).resolve() / "wheels"
-    cache = BuildCache(setup.cache_root)  # a warm build copies wheels of unchanged members
+    cache = BuildCache(setup.cache_root)  # a warm build copies wheels of unchanged members (the local tier only)
     stamp = variant_stamp(setup, config.variant(variant.name))
     try:
         if built:

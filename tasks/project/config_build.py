@@ -107,8 +107,43 @@ class Toolchain(_Model):
     torch: bool = False
 
 
+# Where the unit cache's second tier lives, under the worker's own directory: "artifacts" is the artifact store
+# ([artifacts]: s3:// for a team, a shared file:// path), so any worker's hit is every worker's; "none" keeps
+# the cache local to this worker.
+CacheTier = Literal["artifacts", "none"]
+CACHE_TIERS: tuple[str, ...] = get_args(CacheTier)
+
+
+class BuildCacheSettings(_Model):
+    """``[build.cache]``: the second tier of the content-addressed unit cache (kiln.tasks.build.cache_remote).
+
+    Objects are written create-only under their sha256 and every read is re-hashed, so a damaged or forged
+    object is a miss that rebuilds; an unreachable store is a warning and a local-only build. ``read_only``
+    (for builds of untrusted branches) reads the shared tier and never writes it. Only the build step's
+    credentials may write ``prefix`` (kiln.release.policies denies it to every other step).
+    """
+
+    # "artifacts": the artifact store ([artifacts]) is the second tier, shared by every worker; "none": local only.
+    remote: CacheTier = "none"
+    # Where the shared tier lives in the artifact store: objects/<sha256> and entries/<batch>/<key>.json below it.
+    prefix: StorePrefix = "build-cache"
+    # Read the shared tier, never write it (builds of untrusted branches, or a role without its write right).
+    read_only: bool = False
+
+    @field_validator("remote", mode="before")
+    @classmethod
+    def _known_tier(cls, value: object) -> object:
+        if isinstance(value, str) and value not in CACHE_TIERS:
+            hint = difflib.get_close_matches(value, CACHE_TIERS, n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"{value!r} is not a cache tier (one of {', '.join(CACHE_TIERS)}){suggestion}")
+        return value
+
+
 class Build(_Model):
     cache_dir: LocalPath = ".kiln/cache"
+    # [build.cache]: the unit cache's shared tier, under the worker's own cache_dir.
+    cache: BuildCacheSettings = BuildCacheSettings()
     jobs: int = Field(default=2, ge=1, le=256)
     unit_timeout_s: float = Field(default=300, gt=0)
     backend: BuildBackend = "kiln"

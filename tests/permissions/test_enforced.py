@@ -17,6 +17,7 @@ from kiln.flows.credentials import session_for
 from kiln.release.policies import policies_from_config, render
 from kiln.release.prune import Retention, prune
 from kiln.release.publish import publish
+from kiln.tasks.project.config_build import BuildCacheSettings
 from tests.helpers.moto_iam import BUCKET, kiln_config
 from tests.helpers.runkit import make_run
 
@@ -54,6 +55,9 @@ def enforced(moto_server):
     for prefix in PREFIXES:
         s3.put_object(Bucket=BUCKET, Key=f"simple/{prefix}seed.txt", Body=b"seed")
     config = kiln_config(moto_server.url, {})
+    # with the unit cache's shared tier in the artifact store, whose prefix only the build writes
+    config = config.model_copy(update={"build": config.build.model_copy(
+        update={"cache": BuildCacheSettings(remote="artifacts")})})
     for step, document in policies_from_config(config).items():
         iam.create_user(UserName=f"kiln-{step}")
         iam.put_user_policy(UserName=f"kiln-{step}", PolicyName="kiln",
@@ -168,6 +172,15 @@ def test_only_the_build_writes_the_build_ledger_and_only_the_release_publisher_t
     assert _code(_put(server.client_as("bench"), "bench-history/")) == "OK"
     assert _code(_put(server.client_as("bench"), "bench-history/published/")) == "AccessDenied"
     assert _code(_put(server.client_as("publish-release"), "bench-history/published/")) == "OK"
+
+
+def test_only_the_build_writes_the_shared_build_cache_and_the_test_step_reads_it(enforced):
+    server, _ = enforced
+    assert _code(_put(server.client_as("build"), "artifacts/build-cache/objects/")) == "OK"
+    for step in ("test", "bench", "publish-nightly", "publish-release"):
+        assert _code(_put(server.client_as(step), "artifacts/build-cache/objects/")) == "AccessDenied", step
+    read = server.client_as("test").get_object(Bucket=BUCKET, Key="simple/artifacts/build-cache/objects/new.txt")
+    assert read["Body"].read()
 
 
 def test_session_for_names_a_missing_permissions_entry(enforced):

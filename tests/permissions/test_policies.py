@@ -157,3 +157,14 @@ def test_a_channel_without_a_prefix_is_refused_naming_it(missing):
     channels = {c: p for c, p in CHANNELS.items() if c != missing}
     with pytest.raises(ConfigError, match=f"channels has no '{missing}' prefix"):
         policies_for("b", "simple", STEPS, channels)
+
+
+def test_only_the_build_may_write_the_shared_build_cache():
+    docs = policies_for("b", "simple", STEPS, CHANNELS, build_cache="build-cache")
+    cache = "arn:aws:s3:::b/simple/artifacts/build-cache/*"
+    assert cache not in _resources(docs["build"], "Deny", "s3:PutObject*")
+    for step in ("test", "bench", "publish-nightly", "publish-release"):
+        assert cache in _resources(docs[step], "Deny", "s3:PutObject*"), step
+        session_policy(docs[step])  # still fits STS's limit
+    # without a shared tier the documents are as before
+    assert policies_for("b", "simple", STEPS, CHANNELS) == policies_for("b", "simple", STEPS, CHANNELS, None)
