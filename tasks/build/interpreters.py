@@ -13,6 +13,18 @@ Every candidate is run (``-I``, with a deadline) and must say it is CPython of t
 shim that answers "command not found" is passed over, not trusted. A cell none of them answers for is refused
 with :class:`InterpreterMissingError` before any unit builds, naming the cell, every place looked and what it
 said, and how to provide one.
+
+A candidate is a program Kiln runs, so the search is careful what it runs:
+
+- ``PATH`` is read for its absolute entries only: an empty entry (a leading, trailing or doubled ``:``)
+  means the working directory and a relative one a directory below it, where anyone who can write a file
+  there could plant a ``python3.12``;
+- nothing in the project tree runs unless ``[build.interpreters]`` names it (the team's word): a checkout's
+  files are the package's, not the machine's;
+- every probe (uv's discovery too, which runs the interpreters it finds) runs in a fresh scratch directory
+  with a minimal environment (:func:`probe_env`: the absolute ``PATH``, the locale, ``HOME`` and ``TMPDIR``
+  the scratch), never the step's credentials;
+- what a candidate claims is held to what its name promises: ``python3.11`` answering 3.12 is passed over.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,7 +51,11 @@ from kiln.tasks.project.config import KilnConfig, Variant
 _log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0
 RESOLVE_TIMEOUT_S = 300.0
+EXPLICIT = "kiln.toml [build.interpreters]"
 MEMO = "interpreters.json"  # in the build cache: what each search found (see find_interpreter)
+_LOCALE = ("LANG", "LC_ALL", "LC_CTYPE")
+_FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
+_PROMISE = re.compile(r"^python(\d+)(?:\.(\d+))?$")  # python3.12 promises 3.12; python3, 3.x
 _PROBE = ("import json, platform, sys; print('KILN-PY ' + json.dumps([sys.implementation.name, "
           "'%d.%d' % sys.version_info[:2], platform.python_version(), sys.executable]))")
 
@@ -59,21 +75,61 @@ class Interpreter:
 Runner = Callable[[Sequence[str], Mapping[str, str] | None], tuple[int, str]]
 
 
+def search_path(value: str) -> list[str]:
+    """The directories of a ``PATH`` value that are named absolutely; an empty entry (the working directory)
+    and a relative one (a directory below it) are dropped: whoever can write there could plant a program."""
+    return [os.path.normpath(entry) for entry in value.split(os.pathsep) if entry and os.path.isabs(entry)]
+
+
+def on_path(name: str, value: str) -> str | None:
+    """The absolute path of the first executable ``name`` in :func:`search_path` of ``value``, or None."""
+    for entry in search_path(value):
+        candidate = os.path.join(entry, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def probe_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a probed program gets: the absolute ``PATH`` entries and the locale, nothing else.
+
+    :func:`_run` adds ``HOME`` and ``TMPDIR``, both a fresh scratch directory: no credential, identity or
+    Prefect variable, no user's home, reaches a candidate Kiln has not trusted yet."""
+    env = {name: environ[name] for name in _LOCALE if name in environ}
+    env["PATH"] = os.pathsep.join(search_path(environ.get("PATH", ""))) or _FALLBACK_PATH
+    return env
+
+
 def _run(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Run a probe in a fresh scratch directory (its working directory, ``HOME`` and ``TMPDIR``) with ``env``
+    (:func:`probe_env` of the process's environment when None) and nothing more."""
     _log.debug("running %s", " ".join(cmd))
-    try:
-        done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, f"did not answer within {PROBE_TIMEOUT_S:g} s"
-    except OSError as exc:
-        return 127, str(exc)
+    with tempfile.TemporaryDirectory(prefix="kiln-probe-") as scratch:
+        full = {**(probe_env(os.environ) if env is None else env), "HOME": scratch, "TMPDIR": scratch}
+        try:
+            done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=full,
+                                  cwd=scratch, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return 124, f"did not answer within {PROBE_TIMEOUT_S:g} s"
+        except OSError as exc:
+            return 127, str(exc)
     return done.returncode, done.stdout + done.stderr
 
 
-def probe(path: str | Path, minor: str, run: Runner = _run) -> tuple[str, str]:
-    """(full version, "") when ``path`` runs as CPython ``minor``; else ("", why not)."""
-    code, out = run([str(path), "-I", "-c", _PROBE], None)
+def _promised(path: str | Path) -> str | None:
+    """The version a candidate's file name promises ("3.12" for python3.12, "3" for python3), or None."""
+    match = _PROMISE.match(Path(path).name)
+    return None if match is None else match.group(1) + (f".{match.group(2)}" if match.group(2) else "")
+
+
+def probe(path: str | Path, minor: str, run: Runner = _run,
+          environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(full version, "") when ``path`` runs as CPython ``minor`` and its name promises no other; else
+    ("", why not). The probe runs with :func:`probe_env` of ``environ`` (the process's when None)."""
+    promised = _promised(path)
+    if promised is not None and promised not in (minor, minor.partition(".")[0]):
+        return "", f"{path} is named for Python {promised}, not {minor}"
+    code, out = run([str(path), "-I", "-c", _PROBE], probe_env(os.environ if environ is None else environ))
     lines = [ln for ln in out.splitlines() if ln.startswith("KILN-PY ")]
     if code != 0 or not lines:
         tail = out.strip().splitlines()[-1] if out.strip() else "no output"
@@ -84,8 +140,28 @@ def probe(path: str | Path, minor: str, run: Runner = _run) -> tuple[str, str]:
     return str(full), ""
 
 
+def _in_tree(path: str | Path, root: Path) -> bool:
+    """Whether ``path`` (as found, or what its links lead to) lies in the project tree ``root``."""
+    tree = root.resolve()
+    return any(Path(p).is_relative_to(tree) for p in (os.path.abspath(path), os.path.realpath(path)))
+
+
+def _uv_env(environ: Mapping[str, str], root: Path) -> dict[str, str]:
+    """:func:`probe_env` for uv's discovery, which runs every interpreter it finds on ``PATH``: the project
+    tree's entries left out, where uv keeps its Pythons and its cache spelled out (the scratch ``HOME`` would
+    hide them), and never a download."""
+    home = Path(environ.get("HOME") or Path.home())
+    data = Path(environ.get("XDG_DATA_HOME") or home / ".local" / "share")
+    cache = Path(environ.get("XDG_CACHE_HOME") or home / ".cache")
+    pythons = environ.get("UV_PYTHON_INSTALL_DIR") or str(data / "uv" / "python")
+    path = os.pathsep.join(e for e in search_path(environ.get("PATH", "")) if not _in_tree(e, root))
+    return probe_env(environ) | {"PATH": path or _FALLBACK_PATH, "UV_PYTHON_DOWNLOADS": "never",
+                                 "UV_PYTHON_INSTALL_DIR": pythons,
+                                 "UV_CACHE_DIR": environ.get("UV_CACHE_DIR") or str(cache / "uv")}
+
+
 def _uv() -> str | None:
-    return shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    return on_path("uv", os.environ.get("PATH", "")) or on_path("uv", str(Path(sys.executable).parent.absolute()))
 
 
 def _pyenv_candidates(minor: str, environ: Mapping[str, str]) -> list[Path]:
@@ -104,8 +180,8 @@ def _pyenv_candidates(minor: str, environ: Mapping[str, str]) -> list[Path]:
 def _memo_key(minor: str, explicit: Mapping[str, str], root: Path, env: Mapping[str, str]) -> str:
     """What the search depends on that is cheap to read: the table, PATH's answer, pyenv's versions, uv's binary."""
     uv = _uv()
-    parts = [minor, json.dumps(sorted(explicit.items())), str(root), shutil.which(f"python{minor}",
-             path=env.get("PATH", "")) or "", json.dumps([str(p) for p in _pyenv_candidates(minor, env)]),
+    parts = [minor, json.dumps(sorted(explicit.items())), str(root), on_path(f"python{minor}", env.get("PATH", ""))
+             or "", json.dumps([str(p) for p in _pyenv_candidates(minor, env)]),
              f"{uv}:{os.stat(uv).st_mtime_ns}" if uv else ""]
     return "\0".join(parts)
 
@@ -155,33 +231,37 @@ def find_interpreter(minor: str, explicit: Mapping[str, str], root: Path, run: R
     env = dict(os.environ if environ is None else environ)
     key = _memo_key(minor, explicit, root, env) if memo is not None else ""
     remembered = _remembered(memo, key)
-    if remembered is not None:
+    if remembered is not None and (remembered.found_by == EXPLICIT or not _in_tree(remembered.path, root)):
         return remembered, []
     tried: list[str] = []
     candidates: list[tuple[str, str | Path]] = []
     if minor in explicit:
-        candidates.append(("kiln.toml [build.interpreters]", (root / explicit[minor]).expanduser()))
-    on_path = shutil.which(f"python{minor}", path=env.get("PATH", ""))
-    if on_path:
-        candidates.append(("PATH", on_path))
+        candidates.append((EXPLICIT, (root / explicit[minor]).expanduser().absolute()))
+    found_on_path = on_path(f"python{minor}", env.get("PATH", ""))
+    if found_on_path:
+        candidates.append(("PATH", found_on_path))
     else:
-        tried.append(f"PATH: no python{minor}")
+        tried.append(f"PATH: no python{minor} (its absolute entries only)")
     uv = _uv()
     if uv is None:
         tried.append("uv: not installed")
     else:
-        code, out = run([uv, "python", "find", "--system", "--no-python-downloads", minor],
-                        env | {"UV_PYTHON_DOWNLOADS": "never"})
+        code, out = run([uv, "python", "find", "--system", "--no-python-downloads", "--no-config", minor],
+                        _uv_env(env, root))
         lines = out.strip().splitlines()
-        if code == 0 and lines:
+        if code == 0 and lines and os.path.isabs(lines[-1].strip()):
             candidates.append(("uv", lines[-1].strip()))
         else:
             tried.append(f"uv python find {minor}: " + (lines[0].strip() if lines else f"exit {code}"))
     candidates += [("pyenv", p) for p in _pyenv_candidates(minor, env)]
     if not _pyenv_candidates(minor, env):
         tried.append(f"pyenv: no versions/{minor}.*")
-    for found_by, path in candidates:
-        full, why = probe(path, minor, run)
+    for found_by, path in ((by, os.path.abspath(p)) for by, p in candidates):  # probes run in a scratch directory
+        if found_by != EXPLICIT and _in_tree(path, root):
+            tried.append(f"{found_by}: {path} lies in the project tree ({root.resolve()}), so it is not run; name"
+                         " it in kiln.toml [build.interpreters] to use it")
+            continue
+        full, why = probe(path, minor, run, env)
         if full:
             found = Interpreter(minor, Path(path), full, found_by)
             _remember(memo, key, found)
