@@ -147,7 +147,8 @@ def _default(info: FieldInfo) -> str:
     if value is None:
         return "unset"
     if isinstance(value, BaseModel):
-        return "its table's defaults"
+        given = value.model_dump(exclude_defaults=True)  # a default table that sets keys of its own ([artifacts])
+        return f"`{_toml(given)}`" if given else "its table's defaults"
     return f"`{_toml(value)}`"
 
 
@@ -223,10 +224,10 @@ def render() -> str:
         "",
     ]
     top = KilnConfig.model_fields
-    lines += ["## Top level", "", "| table | type | required |", "|---|---|---|"]
+    lines += ["## Top level", "", "| table | type | default |", "|---|---|---|"]
     for name, info in top.items():
         if not info.exclude:
-            lines.append(f"| `{name}` | {_type(info.annotation)} | {'yes' if info.is_required() else 'no'} |")
+            lines.append(f"| `{name}` | {_type(info.annotation)} | {_default(info)} |")
     lines.append("")
     for table in tables():
         lines += render_table(table)
