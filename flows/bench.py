@@ -60,7 +60,16 @@ from kiln.flows.test import gpu_slots
 from kiln.tasks.bench import history as benchhistory
 from kiln.tasks.bench.compare import Comparison, KernelOutcome, compare_results, comparison_record, kernel_unit
 from kiln.tasks.bench.forking import MeasureServer
-from kiln.tasks.bench.harness import BenchSetup, assemble, bench_skip, bench_variant, nothing_to_bench, prepare
+from kiln.tasks.bench.harness import (
+    BenchSetup,
+    assemble,
+    bench_left,
+    bench_skip,
+    bench_variant,
+    no_benchmarks,
+    nothing_to_bench,
+    prepare,
+)
 from kiln.tasks.bench.measure import measure_server, run_measure
 from kiln.tasks.bench.report import build_report
 from kiln.tasks.bench.results import BenchResults, CaseResult, iso_time, load_results, save_results
@@ -222,13 +231,15 @@ def bench_flow(
     choice = benchhistory.parse_compare(compare)  # parsed once, here; a bad baseline fails before measuring
     benchhistory.check_compare(choice)
     run = open_run(config, "bench", out, run_id=run_id, step="bench")
-    skipped = bench_skip(config)
-    if skipped:  # switched off, or nothing here runs any variant: not run, with the reason
+    skipped = bench_skip(config) or no_benchmarks(config)
+    if skipped:  # switched off, nothing here runs any variant, or nothing to measure: not run, with the reason
         name_this_run(run_name("bench", run))
         record(run, Unit("bench/-", "bench", "not_run", message=skipped))
         return finish_stage(run, "bench", "Benchmarks")
     variant = bench_variant(config)
     name_this_run(run_name("bench", run, variant))
+    for left in bench_left(config, variant):  # the matrix's other Python cells: not run, each saying why
+        record(run, left)
     if run_id is None:
         build_flow(config_path=str(config.config_file), out=out, variants=[variant], run_id=run.run_id,
                    return_state=True)

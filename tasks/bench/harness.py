@@ -13,6 +13,7 @@ fake and exercise everything else for real.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from kiln.tasks.bench.results import (
     library_versions,
 )
 from kiln.tasks.bench.stats import summarize
-from kiln.tasks.project.config import BENCH_SIZES, KilnConfig, Metric
+from kiln.tasks.project.config import BENCH_SIZES, KilnConfig, Metric, Variant
 from kiln.tasks.project.registry import bench_case_record, load_registry
 from kiln.tasks.project.registry_types import BenchCaseRecord, KernelRecord
 
@@ -212,21 +213,65 @@ def bench_skip(config: KilnConfig) -> str:
     if not config.bench.enabled:
         return "not run: the bench stage is switched off ([bench] enabled = false in kiln.toml)"
     backend = _machine_backend()
-    if any(v.backend in (backend, "cpu") for v in config.variants):
-        return ""
-    have = ", ".join(f"{v.name} ({v.backend})" for v in config.variants)
-    return (f"not run: no variant of kiln.toml runs on this machine ({backend}); its variants are {have}:"
-            " a machine with their hardware benchmarks them ([bench] enabled = false switches the stage off)")
+    hardware = _hardware_variants(config, backend)
+    if not hardware:
+        have = ", ".join(f"{v.name} ({v.backend})" for v in config.variants)
+        return (f"not run: no variant of kiln.toml runs on this machine ({backend}); its variants are {have}:"
+                " a machine with their hardware benchmarks them ([bench] enabled = false switches the stage off)")
+    if not any(_runs_here(v) for v in hardware):
+        cells = ", ".join(f"{v.name} (Python {v.cell.python})" for v in hardware if v.cell is not None)
+        return (f"not run: the harness measures in an environment of Kiln's interpreter (Python {_KILN_PYTHON}),"
+                f" and no cell of this machine's variants is for it: {cells}")
+    return ""
+
+
+def no_benchmarks(config: KilnConfig) -> str:
+    """Why the package has nothing to measure ("" when it may): Kiln's harness times the cases of the kernel
+    registry, so a package without one (built by its own backend) declares no benchmarks, and its bench stage
+    is "not run", never a failure and never an environment made for nothing."""
+    if config.project.registry is None:
+        return ("not run: the package declares no benchmarks (no [project] registry in kiln.toml, whose kernels'"
+                " bench cases the harness times)")
+    return ""
+
+
+_KILN_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _runs_here(variant: Variant) -> bool:
+    """Whether Kiln's interpreter runs ``variant``'s wheel: the bench environment stands on the shared base
+    (torch, Triton) and Kiln's harness, which are made for Kiln's Python only."""
+    return variant.cell is None or variant.cell.python is None or variant.cell.python == _KILN_PYTHON
+
+
+def _hardware_variants(config: KilnConfig, backend: str) -> list[Variant]:
+    """The variants of this machine's hardware: a GPU variant of the device's kind, else the CPU ones."""
+    return ([v for v in config.variants if v.backend == backend]
+            or [v for v in config.variants if v.backend == "cpu"])
 
 
 def bench_variant(config: KilnConfig) -> str:
-    """The variant whose wheel this machine benchmarks: a GPU variant of the device's kind, else a CPU one."""
+    """The variant whose wheel this machine benchmarks: a GPU variant of the device's kind, else a CPU one; of
+    a Python matrix, the cell of Kiln's own Python (:func:`bench_left` names the others)."""
     backend = _machine_backend()
-    chosen = next((v for v in config.variants if v.backend == backend), None)
-    chosen = chosen or next((v for v in config.variants if v.backend == "cpu"), None)
+    chosen = next((v for v in _hardware_variants(config, backend) if _runs_here(v)), None)
     if chosen is None:
-        raise ConfigError(f"no variant of kiln.toml runs on this machine ({backend}); the bench stage needs one")
+        raise ConfigError(f"no variant of kiln.toml runs on this machine ({backend}, Python {_KILN_PYTHON});"
+                          " the bench stage needs one")
     return chosen.name
+
+
+def bench_left(config: KilnConfig, variant: str) -> list[Unit]:
+    """A "not run" unit, with the reason, for each other Python cell of ``variant``'s matrix: the stage measures
+    one wheel per machine, and those cells' wheels need an interpreter the harness does not run under."""
+    chosen = config.variant(variant)
+    if chosen.cell is None:
+        return []
+    return [Unit(f"bench/{v.name}", "bench", "not_run", variant=v.name,
+                 message=f"not run: the bench stage measured {variant} (Kiln's Python {_KILN_PYTHON}); this cell's"
+                         f" wheel is for Python {v.cell.python}, which the harness does not run under")
+            for v in config.variants
+            if v.cell is not None and v.cell.matrix == chosen.cell.matrix and v.name != variant and not _runs_here(v)]
 
 
 def nothing_to_bench(run_id: str, variant: str, units: Iterable[Unit], artifacts: Iterable[Artifact]) -> str:
