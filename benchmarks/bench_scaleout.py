@@ -1,6 +1,6 @@
 """The same nightly on one worker versus three: wall time, and the cost of dispatching a unit.
 
-Both clusters are built by README.md's "Scaling out" recipe on loopback
+Both clusters are built by the docs' "Scaling out" recipe (docs/guides/scale-out.md) on loopback
 (PostgreSQL, a Prefect server on it, moto's S3 server as artifact store and
 publish target; tests/helpers/cluster.py), with the ``acme`` fixture project
 and the same nightly: two variant builds, a CPU suite, a GPU suite on a

@@ -185,7 +185,7 @@ def test_uv_chooses_the_variant_the_machine_supports_and_pip_the_default(built, 
     which say nothing about the choice), each into a fresh venv, the choice read from the installed
     ``*.dist-info/variant.json``.
 
-    What uv 0.13 does (found here; see the README's "Variant wheels"): its NVIDIA provider is told the
+    What uv 0.13 does (found here; see "Variant wheels" in docs/getting-started.md): its NVIDIA provider is told the
     machine's CUDA driver and GPU by ``NV_VARIANT_PROVIDER_FORCE_CUDA_DRIVER_VERSION`` and
     ``NV_VARIANT_PROVIDER_FORCE_SM_ARCH``; ``UV_CUDA_DRIVER_VERSION`` (the kernel driver, for
     ``--torch-backend``) does not reach it. uv vendors no AMD provider: it skips the ``amd`` namespace

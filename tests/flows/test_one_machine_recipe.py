@@ -1,6 +1,6 @@
-"""README's one-machine deploy recipe on a CPU-only machine, then `kiln nightly` there: done in minutes.
+"""The deploy guide's one-machine recipe (docs/guides/deploying.md) on a CPU-only machine, then `kiln nightly` there: done in minutes.
 
-A real ``prefect server`` gets the README's work pools and ``prefect deploy
+A real ``prefect server`` gets the guide's work pools and ``prefect deploy
 --all`` (so ``test/kiln-gpu`` exists, with no worker on ``kiln-gpu``); then
 ``kiln nightly`` runs on the same server for a committed project whose GPU
 suite lives on ``kiln-gpu``. The suite must be "not run" at once, naming the
@@ -43,7 +43,7 @@ def _with_gpu_suite(repo: Path) -> None:
 
 
 def _deploy_as_the_readme_says(server: PrefectServer) -> None:
-    """The README's commands up to its workers: pools, limits, ``prefect deploy --all``; no worker at all."""
+    """The guide's commands up to its workers: pools, limits, ``prefect deploy --all``; no worker at all."""
     for words in readme_commands():
         if words[0] != "prefect" or words[1] in ("config", "worker", "deployment"):
             continue  # the server's URL is in the environment; this machine starts no worker

@@ -158,7 +158,7 @@ def _pool(line: str) -> str | None:
 @contextmanager
 def cluster(home: Path, env: dict[str, str], workers: dict[str, int],
             worker_env: dict[str, dict[str, str]] | None = None) -> Iterator[Cluster]:
-    """Run the README recipe up to its last line (the nightly run): ``workers[pool]`` workers per pool."""
+    """Run the scale-out guide's recipe up to its last line (the nightly run): ``workers[pool]`` workers per pool."""
     made = Cluster(home, dict(env))
     try:
         for line in recipe()[:-1]:

@@ -1,4 +1,4 @@
-"""Onboarding: the README's smallest kiln.toml is valid, and a third-party package goes through as it is."""
+"""Onboarding: the onboarding guide's smallest kiln.toml is valid, and a third-party package goes through as it is."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _readme_toml(which: int = 0) -> str:
-    """The README onboarding section's kiln.toml blocks: the Triton-only package (0), a self-building one (1)."""
+    """The onboarding guide's (docs/guides/onboarding.md) kiln.toml blocks: the Triton-only package (0), a self-building one (1)."""
     section = (REPO / "docs" / "guides" / "onboarding.md").read_text().split("## Onboarding your kernel package", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```toml\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 2

@@ -1,8 +1,8 @@
-"""Prefect operations against a real server, following README.md's deploy-and-release section.
+"""Prefect operations against a real server, following the deploy-and-release guide (docs/guides/deploying.md).
 
-The module runs the README's own commands, in order, against a fresh server:
+The module runs the guide's own commands, in order, against a fresh server:
 the work pools, ``prefect deploy --all`` (which must exit 0), a process
-worker, and the README's two ``prefect deployment run release/release``
+worker, and the guide's two ``prefect deployment run release/release``
 commands (a dry run, then the release) pointed at a committed copy of the
 tiny project. Each run pauses for approval; the test approves it through the
 API, as a person would in the UI, after reading the plan the pause shows. A
@@ -38,7 +38,7 @@ RUN_ID = re.compile(r"UUID:\s*([0-9a-f-]{36})")
 
 @pytest.fixture(scope="module")
 def deployed(real_server: PrefectServer) -> PrefectServer:
-    """The README's deploy commands, verbatim and in order, on a fresh server."""
+    """The guide's deploy commands, verbatim and in order, on a fresh server."""
     for words in readme_commands():
         if words[0] == "kiln" or words[:3] == ["prefect", "deployment", "run"]:
             continue  # the release itself: started by ``triggered``; `kiln release` has flow tests of its own
@@ -48,13 +48,13 @@ def deployed(real_server: PrefectServer) -> PrefectServer:
             real_server.start("worker", *words[1:-1], "--limit", "2")
             continue
         proc = real_server.cli(*words[1:], timeout=240, check=False)
-        assert proc.returncode == 0, f"README command {shlex.join(words)} exited {proc.returncode}:\n" \
+        assert proc.returncode == 0, f"deploy guide command {shlex.join(words)} exited {proc.returncode}:\n" \
                                      f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return real_server
 
 
 def _deployment_run(server: PrefectServer, words: list[str], **overrides: str) -> str:
-    """Run a README ``prefect deployment run`` command plus ``overrides``; the flow run's id."""
+    """Run a deploy guide ``prefect deployment run`` command plus ``overrides``; the flow run's id."""
     extra = [arg for name, value in overrides.items() for arg in ("--param", f"{name}={value}")]
     proc = server.cli(*words[1:], *extra)
     match = RUN_ID.search(proc.stdout)
@@ -82,7 +82,7 @@ def test_deployments_carry_schedule_schema_and_limits(deployed, triggered):
 
 @pytest.mark.parametrize("param, needle", [
     ("channel=beta", "beta"),
-    ("version=1.0", "is not of type 'string'"),  # why the README quotes the version
+    ("version=1.0", "is not of type 'string'"),  # why the deploy guide quotes the version
 ])
 def test_server_refuses_release_parameters_outside_the_schema(deployed, param, needle):
     proc = deployed.cli("deployment", "run", "release/release", "--param", "version=1.0.0", "--param", param,
@@ -100,7 +100,7 @@ def test_the_deployment_cannot_be_told_to_skip_the_approval(deployed):
 
 @pytest.fixture(scope="module")
 def triggered(deployed, webhook, tmp_path_factory) -> dict[str, tuple[str, Path]]:
-    """The README's release commands on a committed tiny project, and a failing nightly, started at once.
+    """The guide's release commands on a committed tiny project, and a failing nightly, started at once.
 
     The release deployment takes one run at a time: the real release waits until the dry run is approved.
     """

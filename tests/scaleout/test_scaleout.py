@@ -1,6 +1,6 @@
 """Scale-out on real parts: PostgreSQL, a Prefect server on it, moto's S3 server, workers on three pools.
 
-The module builds the cluster with README.md's own "Scaling out" recipe
+The module builds the cluster with the docs' own "Scaling out" recipe (docs/guides/scale-out.md)
 (tests/helpers/cluster.py): two build workers, one CPU worker and one GPU
 worker (a GPU node simulated on the CPU with the GPU-count override), each in
 an empty directory of its own; every unit clones the project (the ``acme``
