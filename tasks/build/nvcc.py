@@ -14,11 +14,15 @@ still build.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import stagedir
+from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache, CompileStats, read_stats_log
 from kiln.tasks.process import run_in_group
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.registry_types import CudaSourceRecord
@@ -191,27 +196,62 @@ def settings_for(config: KilnConfig, python: str | None = None) -> NvccSettings:
 
 
 def build_library(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
-                  settings: NvccSettings = NvccSettings()) -> bytes:
-    """Compile ``sources`` into one shared library for ``archs``; return its bytes after the arch check.
+                  settings: NvccSettings = NvccSettings(), cache: CompileCache | None = None) -> bytes:
+    """Compile ``sources`` into one shared library for ``archs``; return its bytes after the arch check."""
+    return build_library_counted(nvcc, sources, library, archs, timeout, settings, cache)[0]
 
-    The sources are compiled from a directory named by their content (:mod:`kiln.tasks.build.stagedir`), so the
-    library's bytes do not depend on where the checkout lives (invariant 8).
+
+def _stage_name(library: str, sources: list[Path], archs: tuple[str, ...]) -> str:
+    """What the staging directory is named by: the library, its sources' names and its archs, never their
+    content (a one-file change keeps the path, so the other files' cached objects still apply)."""
+    origin = Path(os.path.commonpath([str(s.resolve().parent) for s in sources]))
+    names = sorted(s.resolve().relative_to(origin).as_posix() for s in sources)
+    return hashlib.sha256("\0".join([library, *names, *archs]).encode()).hexdigest()[:16]
+
+
+def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
+                          settings: NvccSettings = NvccSettings(),
+                          cache: CompileCache | None = None) -> tuple[bytes, CompileStats]:
+    """:func:`build_library`, and which translation units were compiled and which the compile ``cache`` served.
+
+    Each source is compiled to its own object (through ``cache``'s launcher when there is one), then the
+    objects are linked. The sources are compiled from a directory whose path depends only on what is built
+    (:func:`kiln.tasks.build.stagedir.fixed_sources`), so the library's bytes do not depend on where the
+    checkout lives (invariant 8) nor on whether an object came from the cache.
     """
-    with tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp, stagedir.staged(sources) as (root, staged):
+    deadline = time.monotonic() + timeout
+    with (tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp,
+          stagedir.fixed_sources(sources, _stage_name(library, sources, archs), timeout) as (root, staged)):
+        log = Path(tmp) / "compile-cache.log"
+        env = {**os.environ, **cache.environ(root, log)} if cache is not None else None
+        launcher = cache.prefix() if cache is not None else []
+        objects = []
+        for number, source in enumerate(staged):
+            obj = Path(tmp) / f"{number}-{source.name}.o"
+            # -ffile-prefix-map: __FILE__ and debug paths name the staged directory as '.'.
+            cmd = [*launcher, nvcc.path, "-c", "-Xcompiler", "-fPIC", "-O3", "-Xcompiler",
+                   f"-ffile-prefix-map={root}=.", *settings.compile_args(), *gencode_flags(archs),
+                   "-o", str(obj), source.relative_to(root).as_posix()]
+            result = run_tool(cmd, max(deadline - time.monotonic(), 1.0), cwd=root, env=env)
+            if result.returncode != 0:
+                raise CompileError(f"nvcc failed on {source.name} for {library} ({', '.join(archs)}):\n"
+                                   f"{result.stdout[-4000:]}")
+            objects.append(str(obj))
         out = Path(tmp) / library
         # -s: no .symtab, whose FILE symbols name nvcc's per-process temporary files (tmpxft_<pid>_…).
-        cmd = [nvcc.path, "-shared", "-Xcompiler", "-fPIC", "-O3", "-Xcompiler", f"-ffile-prefix-map={root}=.",
-               "-Xlinker", "-s", *settings.compile_args(), "-o", str(out),
-               *map(str, staged), *gencode_flags(archs), *settings.link_args()]
-        result = run_tool(cmd, timeout, cwd=root)
+        # The archs again: without them nvcc's link adds its default arch's (sm_75) device code.
+        cmd = [nvcc.path, "-shared", "-Xlinker", "-s", "-o", str(out), *objects, *gencode_flags(archs),
+               *settings.link_args()]
+        result = run_tool(cmd, max(deadline - time.monotonic(), 1.0), cwd=root)
         if result.returncode != 0:
-            raise CompileError(f"nvcc failed for {library} ({', '.join(archs)}):\n{result.stdout[-4000:]}")
+            raise CompileError(f"nvcc could not link {library} ({', '.join(archs)}):\n{result.stdout[-4000:]}")
         sass, ptx = embedded_archs(out, nvcc.cuobjdump)
         want_sass, want_ptx = expected_contents(archs)
         if sass != want_sass or not want_ptx <= ptx:
             raise CompileError(f"{library}: embeds SASS {sorted(sass)} and PTX {sorted(ptx)}, the plan asked for"
                                f" SASS {sorted(want_sass)} and PTX {sorted(want_ptx)}")
-        return out.read_bytes()
+        stats = read_stats_log(log) if cache is not None else CompileStats(tuple(s.name for s in staged))
+        return out.read_bytes(), stats
 
 
 @dataclass(frozen=True)
@@ -222,9 +262,13 @@ class NvccBuilder:
     package_dir: Path
     csrc: Mapping[str, CudaSourceRecord]  # kernel name -> its CUDA sources, as the registry loader read them
     settings: NvccSettings = NvccSettings()
+    cache: CompileCache | None = None  # the per-translation-unit compile cache (kiln.tasks.build.compile_cache)
 
     # Any: a CompileContext: kiln.tasks.build.units imports this module, so naming it here is a cycle
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
+        """The library, and under :data:`COMPILE_STATS` what was compiled (taken out before it is cached)."""
         csrc = self.csrc[unit.kernel]
         paths = [self.package_dir / s for s in csrc.sources]
-        return {csrc.library: build_library(self.nvcc, paths, csrc.library, unit.archs, env.timeout_s, self.settings)}
+        data, stats = build_library_counted(self.nvcc, paths, csrc.library, unit.archs, env.timeout_s,
+                                            self.settings, self.cache)
+        return {csrc.library: data, COMPILE_STATS: json.dumps(stats.as_dict()).encode()}

@@ -27,6 +27,7 @@ from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.cache_remote import RemoteTier
+from kiln.tasks.build.compile_cache import open_compile_cache
 from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
@@ -119,7 +120,8 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
-    return BuildSetup(config, chosen, stored.plan, tools.nvcc, cache_root, stamp,
+    nvcc = replace(tools.nvcc, cache=open_compile_cache(cache_root)) if tools.nvcc is not None else None
+    return BuildSetup(config, chosen, stored.plan, nvcc, cache_root, stamp,
                       tools.project, remote_tier(config, store))
 
 

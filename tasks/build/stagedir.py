@@ -99,3 +99,19 @@ def fixed_dir(kind: str, name: str, timeout_s: float, base: Path = BASE) -> Iter
             yield target
         finally:
             shutil.rmtree(target, ignore_errors=True)
+
+
+@contextmanager
+def fixed_sources(sources: list[Path], name: str, timeout_s: float,
+                  base: Path = BASE) -> Iterator[tuple[Path, list[Path]]]:
+    """Copy the directory holding ``sources`` to ``/tmp/kiln-nvcc-<uid>/<name>/``; yield it and their new paths.
+
+    ``name`` names what is built (a library and its archs), never the sources' content: the path stays the
+    same when one file changes, so a per-file compile cache still serves every other file's object (an
+    object names its translation unit's path); a build of the same thing waits for the one that holds it.
+    """
+    origin = Path(os.path.commonpath([str(s.resolve().parent) for s in sources]))
+    with fixed_dir("nvcc", name, timeout_s, base) as target:
+        shutil.copytree(origin, target, symlinks=False, dirs_exist_ok=True)
+        _log.info("compiling %s from %s (a path named by what is built, the same on every worker)", origin, target)
+        yield target, [target / s.resolve().relative_to(origin) for s in sources]

@@ -20,6 +20,7 @@ from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.core.manifest import Unit
 from kiln.tasks.build.aot import check_elf_arch
 from kiln.tasks.build.cache import BuildCache
+from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileStats
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
 from kiln.tasks.project.config import KilnConfig
@@ -57,6 +58,8 @@ class UnitResult:
     entries: tuple[dict[str, Any], ...]  # _aot/manifest.json rows (path relative to the variant dir)
     size: int
     device_code: str = ""  # pep517: the archs the wheel holds ("SASS ['sm_80']"), recorded in the run
+    # A native unit compiled now: its translation units compiled and served by the compile cache.
+    compile: CompileStats | None = None
 
 
 def unit_dir(unit: CompileUnit) -> str:
@@ -156,8 +159,10 @@ def build_unit(unit: CompileUnit, env: CompileContext) -> UnitResult:
     if hit is not None:
         return _result(unit, env, hit.files, "hit", start)
     files = _compile(unit, env)
+    stats = files.pop(COMPILE_STATS, None)  # this compile's, never cached: a hit compiles nothing
     env.cache.put(unit.batch, unit.key, files, {"unit": unit.id, "toolchain": env.toolchain})
-    return _result(unit, env, files, "miss", start)
+    result = _result(unit, env, files, "miss", start)
+    return result if stats is None else dataclasses.replace(result, compile=CompileStats.from_dict(json.loads(stats)))
 
 
 def cached_results(units: list[CompileUnit], env: CompileContext) -> dict[str, UnitResult]:
@@ -202,6 +207,7 @@ def unit_record(unit: CompileUnit, outcome: UnitResult | BaseException) -> Unit:
     base = dict(id=unit.id, stage="build", variant=unit.variant, arch=unit.arch, kernel=unit.kernel)
     if isinstance(outcome, UnitResult):
         held = f"; {outcome.device_code}" if outcome.device_code else ""
+        held += f"; {outcome.compile.describe()}" if outcome.compile is not None else ""
         return Unit(**base, state="completed", duration_s=outcome.duration_s, cache=outcome.cache,  # type: ignore[arg-type]
                     message=f"{outcome.size} bytes{held}")
     kind = type(outcome).__name__ if isinstance(outcome, KilnError) else f"unexpected {type(outcome).__name__}"

@@ -1,0 +1,66 @@
+"""The per-translation-unit compile cache (ccache) of Kiln's nvcc units, on a real nvcc and a four-file
+library: a warm rebuild compiles nothing, a one-file change compiles that file alone, a clone at another
+path hits, and the library's bytes are the same whether the cache hit or not."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kiln.tasks.build.compile_cache import CompileStats, compile_cache_dir, open_compile_cache, read_stats_log
+from kiln.tasks.build.nvcc import build_library_counted, find_nvcc
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "multicu" / "csrc"
+SOURCES = ("scale.cu", "shift.cu", "square.cu", "api.cpp")
+ARCHS = ("9.0",)
+
+needs_toolchain = pytest.mark.skipif(shutil.which("nvcc") is None or open_compile_cache(Path("/nonexistent/x"))
+                                     is None, reason="nvcc or ccache is not installed")
+
+
+def test_the_stats_log_counts_compiled_and_reused_translation_units(tmp_path):
+    log = tmp_path / "stats.log"
+    log.write_text("# a.cu\ncache_miss\ndirect_cache_miss\nlocal_storage_write\n"
+                   "# b.cu\ndirect_cache_hit\nlocal_storage_hit\n# c.cpp\npreprocessed_cache_hit\n")
+    assert read_stats_log(log) == CompileStats(("a.cu",), ("b.cu", "c.cpp"))
+    assert read_stats_log(tmp_path / "none.log") == CompileStats()
+    assert read_stats_log(log).describe() == "1 of 3 translation units compiled, 2 reused"
+
+
+def test_the_compile_cache_lives_in_the_unit_cache_directory(tmp_path):
+    assert compile_cache_dir(tmp_path / "cache") == tmp_path / "cache" / "ccache"
+
+
+def _clone(dest: Path) -> list[Path]:
+    shutil.copytree(FIXTURE, dest)
+    return [dest / name for name in SOURCES]
+
+
+def _build(sources: list[Path], cache_root: Path | None) -> tuple[bytes, CompileStats]:
+    cache = open_compile_cache(cache_root) if cache_root is not None else None
+    return build_library_counted(find_nvcc(), sources, "libmulticu.so", ARCHS, timeout=600, cache=cache)
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_one_changed_file_compiles_alone_and_every_library_is_the_same_hit_or_not(tmp_path):
+    cache = tmp_path / "cache"
+    cold, stats = _build(_clone(tmp_path / "first" / "csrc"), cache)
+    assert sorted(stats.compiled) == sorted(SOURCES) and stats.reused == ()
+
+    # another clone, at a path of another length: every translation unit is served, the bytes are the same
+    second = _clone(tmp_path / "a-much-longer-second-clone-path" / "csrc")
+    warm, stats = _build(second, cache)
+    assert stats.compiled == () and sorted(stats.reused) == sorted(SOURCES)
+    assert warm == cold
+
+    # one .cu changes: it alone is compiled; the library equals one built with no cache at all
+    shift = second[1]
+    shift.write_text(shift.read_text().replace("x[i] += b", "x[i] += 2.0f * b"))
+    changed, stats = _build(second, cache)
+    assert stats.compiled == ("shift.cu",) and sorted(stats.reused) == ["api.cpp", "scale.cu", "square.cu"]
+    assert changed != cold
+    uncached, stats = _build(second, None)
+    assert uncached == changed and len(stats.compiled) == 4
