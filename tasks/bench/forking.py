@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from kiln.tasks.guests import guest_command, guest_environ
 from kiln.tasks.process import (
     Mailboxes,
     PopenChild,
@@ -42,7 +43,6 @@ from kiln.tasks.process import (
     run_with_deadline,
     terminate,
     unregister,
-    without_secrets,
 )
 from kiln.tasks.testing.workers import ForkedChild
 
@@ -137,8 +137,11 @@ class MeasureServer:
                 logger.info("starting the measuring server: %s", " ".join(self.command))
                 self.log.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.log, "ab") as log:
-                    proc = subprocess.Popen(self.command, cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=log, text=True, start_new_session=True, env=without_secrets())
+                    proc = subprocess.Popen(guest_command(self.command, read=[self.cwd], write=[self.log.parent],
+                                                          network="loopback"),
+                                            cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                            text=True, start_new_session=True,
+                                            env=guest_environ(self.log.parent / "home"))
                 self._session = _Session(proc)
                 register(self._session.child, grace_s=GRACE_S)  # a cancellation ends the server's group
             return self._session

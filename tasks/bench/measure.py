@@ -25,7 +25,8 @@ from kiln.core.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.core.fsutil import atomic_write_text
 from kiln.tasks.bench.forking import MeasureServer, serve
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
-from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded, without_secrets
+from kiln.tasks.guests import guest_command, guest_environ
+from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
 from kiln.tasks.project.config import load_config
 
 _log = logging.getLogger(__name__)
@@ -106,8 +107,9 @@ def measure_server(python: str, config_path: str, work: Path, *, size: str, metr
 def _spawn(cmd: list[str], cwd: Path, log_path: Path) -> PopenChild:
     _log.info("running %s", " ".join(cmd))
     with open(log_path, "wb") as log:
-        return PopenChild(subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True, env=without_secrets()))
+        return PopenChild(subprocess.Popen(guest_command(cmd, read=[cwd], write=[log_path.parent], network="loopback"),
+                                           cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True, env=guest_environ(log_path.parent / "home")))
 
 
 def run_measure(python: str, config_path: str, work: Path, *, size: str, metric: str, kernel: str | None,

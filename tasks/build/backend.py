@@ -58,6 +58,7 @@ from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
 from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
+from kiln.tasks.guests import guest_command, guest_environ
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config_build import Toolchain
 
@@ -205,6 +206,8 @@ class ProjectBuilder:
     variant_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # variant -> its build_env
     # abi = "stable" variants -> their torch_target (None: the torch they build against): the build is told it
     stable: Mapping[str, str | None] = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()  # variables of Kiln's environment the build may see, by name
+    writable: tuple[str, ...] = ()  # folders beyond the unit's own that the sandboxed build may write
 
     # Any: a CompileContext: kiln.tasks.build.units imports this module, so naming it here is a cycle
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
@@ -234,9 +237,13 @@ class ProjectBuilder:
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
             tree_env, tree_args, tree = build_dir_options(source, tmp / BUILD_DIR, environ)  # CMake, meson
-            result = run_tool([str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                               "--wheel-dir", str(dist), *tree_args, str(source)], self.timeout_s, cwd=source,
-                              env=environ | tree_env)
+            # the package's backend and build requirements run sandboxed: they write only this unit's folder
+            # (sources, environment, build tree, dist) and see the allow-listed environment; no network at all
+            cmd = [str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir",
+                   str(dist), *tree_args, str(source)]
+            result = run_tool(guest_command(cmd, read=[tmp], write=[tmp, *self.writable], network="none"),
+                              self.timeout_s, cwd=source,
+                              env=guest_environ(tmp / "home", tree_env, self.pass_env, base=environ))
             shimmed = narrowed(tmp / "path" / NARROWED_HOME)
             refused = next((n["refused"] for n in shimmed if "refused" in n), None)
             if result.returncode != 0 and refused:

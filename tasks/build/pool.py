@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kiln.core.errors import BuildWorkerError, InfrastructureError, KilnError
+from kiln.tasks.guests import guest_command, guest_environ
 from kiln.tasks.process import (
     Escalation,
     LadderResult,
@@ -179,9 +180,13 @@ class _Worker:
 class WorkerPool:
     """``size`` reusable workers; :meth:`call` is thread-safe and blocks for a free one."""
 
-    def __init__(self, size: int, env: dict[str, str | None] | None = None) -> None:
+    def __init__(self, size: int, env: dict[str, str | None] | None = None, read: tuple[str, ...] = (),
+                 write: tuple[str, ...] = ()) -> None:
         self.size = size
         self.env = dict(env or {})
+        # the workers import the package's registry: sandboxed, reading ``read`` and writing ``write`` beside
+        # their own stack dumps and home, with no network
+        self.read, self.write = read, write
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._started = 0
         self._lock = threading.Lock()
@@ -197,8 +202,12 @@ class WorkerPool:
         ours, theirs = socket.socketpair()
         try:
             # -P: the directory this command runs in is never on the worker's import path.
-            process = subprocess.Popen([sys.executable, "-P", "-m", WORKER_MODULE, str(theirs.fileno()), str(stacks)],
-                                       pass_fds=(theirs.fileno(),), env=worker_environ(self.env, os.environ),
+            cmd = [sys.executable, "-P", "-m", WORKER_MODULE, str(theirs.fileno()), str(stacks)]
+            home = self._dumps / f"home-{self._seq}"
+            process = subprocess.Popen(guest_command(cmd, read=self.read, write=(*self.write, self._dumps),
+                                                     network="none"),
+                                       pass_fds=(theirs.fileno(),),
+                                       env=guest_environ(home, base=worker_environ(self.env, os.environ)),
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             ours.close()

@@ -40,6 +40,7 @@ from kiln.tasks.build.buildenv import pip_env
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
+from kiln.tasks.guests import guest_command, guest_environ
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 4000
@@ -60,10 +61,15 @@ def sdist_environ(base: Mapping[str, str], distribution: str, version: str) -> d
     return env | {"SETUPTOOLS_SCM_PRETEND_VERSION": version, f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{scm_name}": version}
 
 
-def _runner(environ: Mapping[str, str], timeout_s: float) -> build.RunnerType:
-    """pyproject-hooks' runner: each hook call in its own process group, under the deadline, in ``environ``."""
+def _runner(environ: Mapping[str, str], timeout_s: float, work: Path) -> build.RunnerType:
+    """pyproject-hooks' runner: each hook call in its own process group, under the deadline, in ``environ``,
+    sandboxed: it writes ``work`` (the copied sources, its environment, the dist folder) and the control folder
+    pyproject-hooks names on its command line; no network."""
     def run(cmd: Sequence[str], cwd: str | None = None, extra_environ: Mapping[str, str] | None = None) -> None:
-        done = run_tool(list(cmd), timeout_s, cwd=Path(cwd) if cwd else None, env={**environ, **(extra_environ or {})})
+        control = [arg for arg in cmd[1:] if os.path.isabs(arg) and os.path.isdir(arg)]
+        done = run_tool(guest_command(list(cmd), read=[work], write=[work, *control], network="none"), timeout_s,
+                        cwd=Path(cwd) if cwd else None,
+                        env=guest_environ(work / "home", extra_environ, base=environ))
         if done.returncode != 0:
             raise subprocess.CalledProcessError(done.returncode, list(cmd), output=done.stdout)
     return run
@@ -116,7 +122,7 @@ def build_sdist(project_dir: Path, distribution: str, version: str, out_dir: Pat
         python = venvs.make_build_env(work / "env")
         environ = reproducible_environ(sdist_environ(os.environ, distribution, public),
                                        path_maps(source, work, None), commit_time(project_dir))
-        builder = build.ProjectBuilder(source, python_executable=str(python), runner=_runner(environ, timeout_s))
+        builder = build.ProjectBuilder(source, python_executable=str(python), runner=_runner(environ, timeout_s, work))
         _log.info("building the sdist of %s with its own backend", what)
         try:
             _install_missing(python, sorted(builder.build_system_requires), what, timeout_s)

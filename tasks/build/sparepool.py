@@ -19,6 +19,7 @@ import logging
 import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from kiln.tasks.build.pool import WorkerPool
 
@@ -41,11 +42,12 @@ class CompilePool:
             self.triton_cache.cleanup()
 
 
-def new_pool(size: int) -> CompilePool:
-    """Workers for one build with a Triton cache of their own: Kiln's cache decides what is reused, and a cold
-    build is really cold."""
+def new_pool(size: int, project: Path) -> CompilePool:
+    """Workers for one build of the project in ``project`` (which they read), with a Triton cache of their own:
+    Kiln's cache decides what is reused, and a cold build is really cold."""
     cache = tempfile.TemporaryDirectory(prefix="kiln-triton-")
-    return CompilePool(WorkerPool(size, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": cache.name}), cache)
+    return CompilePool(WorkerPool(size, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": cache.name},
+                                  read=(str(project),), write=(cache.name,)), cache)
 
 
 @dataclass
@@ -66,7 +68,7 @@ def prestart(config_file: str, size: int, timeout_s: float) -> None:
     again. A pool started before and never taken is closed first.
     """
     discard()
-    spare = _Spare(new_pool(size), config_file, size)
+    spare = _Spare(new_pool(size, Path(config_file).parent), config_file, size)
     with _lock:
         _spare.append(spare)
     for n in range(size):

@@ -225,7 +225,8 @@ def compile_context(setup: BuildSetup, out: str | Path, jobs: int | None = None)
     """Workers and cache for one build (the ones started ahead of it, if any: kiln.tasks.build.sparepool);
     the workers stop and their Triton cache is removed when the block ends."""
     size = jobs or setup.config.build.jobs
-    compile_pool = sparepool.take(worker_config(setup), size) or sparepool.new_pool(size)
+    config_file = worker_config(setup)
+    compile_pool = sparepool.take(config_file, size) or sparepool.new_pool(size, Path(config_file).parent)
     try:
         yield CompileContext(worker_config(setup), Path(out).resolve() / "build", unit_cache(setup),
                              compile_pool.pool, setup.config.build.unit_timeout_s, setup.plan.toolchain, setup.nvcc,

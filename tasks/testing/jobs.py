@@ -42,6 +42,7 @@ class RunOptions:
     collect_timeout_s: float = 600.0
     startup_timeout_s: float = 120.0  # a spawned job's interpreter start and collection
     python: str = sys.executable      # the interpreter of the environment under test
+    pass_env: tuple[str, ...] = ()    # variables of Kiln's environment the suite's tests may see, by name
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATIONS:

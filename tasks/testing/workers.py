@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.venvs import safe_path_flag
+from kiln.tasks.guests import guest_command, guest_environ
 from kiln.tasks.process import (
     LadderResult,
     Mailboxes,
@@ -33,7 +35,6 @@ from kiln.tasks.process import (
     run_with_deadline,
     terminate,
     unregister,
-    without_secrets,
 )
 from kiln.tasks.testing.jobs import Job, RunOptions
 
@@ -50,12 +51,19 @@ def worker_args(python: str) -> tuple[str, ...]:
     return (safe_path_flag(python), *WORKER[1:])
 
 
-def process_env(root: Path, extra: Mapping[str, str]) -> dict[str, str]:
-    """The test processes' environment: this one's without the step's credentials (the tests run the package's
-    code), plus ``extra`` (Kiln adds no path of its own)."""
-    env = without_secrets()
-    env.update(extra)
-    return env
+def process_env(work: Path, extra: Mapping[str, str], pass_env: Sequence[str] = ()) -> dict[str, str]:
+    """The test processes' environment (they run the package's code): the allow-listed part of this one, plus
+    ``extra`` and the suite's ``pass_env`` names, a private home under ``work`` (Kiln adds no path of its own)."""
+    return guest_environ(work / "home", extra, pass_env)
+
+
+def sandboxed(cmd: Sequence[str], root: Path, work: Path) -> list[str]:
+    """``cmd`` in the tests' sandbox: read the interpreter's environment (the layers under it read-only), Kiln's
+    runner code and the tests under ``root``; write only ``work`` (results, stacks, the private home) and the
+    suite's own environment, never Kiln's; loopback only."""
+    env_root = Path(cmd[0]).parent.parent
+    own = [env_root] if (env_root / "pyvenv.cfg").is_file() and env_root.resolve() != Path(sys.prefix).resolve() else []
+    return guest_command(cmd, read=[root], write=[work, *own], network="loopback")
 
 
 class SpawnedChild(PopenChild):
@@ -98,7 +106,8 @@ class Worker:
         logger.info("starting the test worker: %s", " ".join(args))
         self.log = work / "worker.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(args, cwd=root, env=process_env(root, options.env), stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(sandboxed(args, root, work), cwd=root,
+                                         env=process_env(work, options.env, options.pass_env), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, pass_fds=(cmd_r, evt_w),
                                          start_new_session=True)
         self._child = SpawnedChild(self.proc)
@@ -179,7 +188,8 @@ def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stack
     logger.info("spawning %s", " ".join(args))
     log = open(results.with_suffix(".log"), "wb")
     try:
-        proc = subprocess.Popen(args, cwd=root, env=process_env(root, {**options.env, **env}),
+        proc = subprocess.Popen(sandboxed(args, root, results.parent), cwd=root,
+                                env=process_env(results.parent, {**options.env, **env}, options.pass_env),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         log.close()

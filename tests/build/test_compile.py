@@ -19,7 +19,10 @@ from tests.helpers.projects import copy_project
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     triton_cache = tmp_path_factory.mktemp("triton-cache")
-    with WorkerPool(2, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": str(triton_cache)}) as pool:
+    # sandboxed workers: the tests' own directories are the project they read and the outputs they write
+    base = str(tmp_path_factory.getbasetemp())
+    with WorkerPool(2, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": str(triton_cache)}, read=(base,),
+                    write=(base,)) as pool:
         yield pool
 
 

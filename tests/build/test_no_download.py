@@ -65,11 +65,6 @@ def download_host() -> Iterator[tuple[str, list[str]]]:
     yield from _serve(b"")
 
 
-@pytest.fixture
-def serving_host(prebuilt_wheel) -> Iterator[tuple[str, list[str]]]:
-    yield from _serve(prebuilt_wheel)
-
-
 def test_a_builds_environment_routes_every_fetch_to_a_refusing_proxy_unless_build_env_says_otherwise():
     env = without_network({"PATH": "/bin", "no_proxy": "*", "NO_PROXY": "example.org", "https_proxy": "http://p:3"})
     assert "no_proxy" not in env and "NO_PROXY" not in env and env["PATH"] == "/bin"
@@ -86,9 +81,11 @@ def test_a_prebuilt_wheel_download_in_the_build_never_reaches_its_host_and_the_w
     with pytest.raises(urllib.error.HTTPError):
         direct.open(url, timeout=30)
     assert requests == ["/prebuilt_ops.whl"]
-    monkeypatch.setenv("PREBUILT_OPS_WHEEL_URL", url)
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")  # even a machine exempting loopback from its proxy
     config = copy_project("prebuilt", tmp_path)
+    # the build is told the URL and exempts the host from the refusing proxy: only the sandbox stands between
+    env = f'build_env = {{ PREBUILT_OPS_WHEEL_URL = "{url}", no_proxy = "127.0.0.1" }}\n'
+    config.write_text(config.read_text().replace('backend = "cpu"\n', f'backend = "cpu"\n{env}'))
     out = tmp_path / "out"
     state = build_flow(str(config), str(out), version="1.0.1.dev20261206", return_state=True)
     assert state.is_completed(), state.message
@@ -100,19 +97,18 @@ def test_a_prebuilt_wheel_download_in_the_build_never_reaches_its_host_and_the_w
 
 
 def test_a_wheel_holding_a_library_the_build_did_not_compile_fails_its_unit_naming_it(
-        prefect_server, tmp_path, monkeypatch, serving_host):
-    """The network opened on purpose (the variant's build_env exempts the host from the refusing proxy): the
-    download arrives, and the unit still refuses to publish what it did not build."""
+        prefect_server, tmp_path, prebuilt_wheel):
+    """A prebuilt wheel that reaches the build anyway (here shipped in the sources, as a vendored cache would
+    be; builds have no network): the unit still refuses to publish what it did not build."""
     from kiln.flows.build import build_flow
 
-    url, requests = serving_host
-    monkeypatch.setenv("PREBUILT_OPS_WHEEL_URL", url)
     config = copy_project("prebuilt", tmp_path)
-    text = config.read_text().replace('backend = "cpu"\n', 'backend = "cpu"\nbuild_env = { no_proxy = "127.0.0.1" }\n')
-    config.write_text(text)
+    (config.parent / "prebuilt_cache.whl").write_bytes(prebuilt_wheel)
+    # a file: URL relative to setup.py's folder, the copy of the sources the build runs in
+    env = 'build_env = { PREBUILT_OPS_WHEEL_URL = "file:prebuilt_cache.whl" }\n'
+    config.write_text(config.read_text().replace('backend = "cpu"\n', f'backend = "cpu"\n{env}'))
     out = tmp_path / "out"
     state = build_flow(str(config), str(out), version="1.0.1.dev20261206", return_state=True)
-    assert requests == ["/prebuilt_ops.whl"]  # it did download
     assert state.is_failed()
     run = RunManifest.load(out / str(state.state_details.flow_run_id))
     [unit] = [u for u in run.units if u.id.endswith("/pep517")]

@@ -24,7 +24,10 @@ TARGETS = "tests.helpers.pool_targets"
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     triton_cache = tmp_path_factory.mktemp("triton-cache")
-    with WorkerPool(1, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": str(triton_cache)}) as pool:
+    # sandboxed workers: the tests' own directories are the project they read and the outputs they write
+    base = str(tmp_path_factory.getbasetemp())
+    with WorkerPool(1, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": str(triton_cache)}, read=(base,),
+                    write=(base,)) as pool:
         yield pool
 
 

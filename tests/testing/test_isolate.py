@@ -32,9 +32,11 @@ EXPECTED = {
 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, paths: list[str], **options) -> dict:
-    state = tmp_path / "state"
-    state.mkdir(exist_ok=True)
+    # The tests run sandboxed: they write only under the work directory, and see the variable by name.
+    state = tmp_path / "work" / "state"
+    state.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("KILN_FIXTURE_DIR", str(state))
+    options.setdefault("pass_env", ("KILN_FIXTURE_DIR",))
     options.setdefault("pytest_args", FIXTURE_ARGS)
     options.setdefault("preload", ())
     results = run_tests(paths, REPO, tmp_path / "work", RunOptions(**options))
@@ -56,7 +58,7 @@ def ladder(tmp_path_factory):
         # The real preload, as the test stage uses it.
         results = _run(tmp, mp, [LADDER], timeout_s=TIMEOUT_S, grace_s=GRACE_S, retries=1,
                        preload=RunOptions().preload)
-        return results, tmp / "state", time.monotonic() - start
+        return results, tmp / "work" / "state", time.monotonic() - start
 
 
 def test_every_fixture_test_gets_its_class(ladder):
@@ -111,7 +113,7 @@ def test_infrastructure_failure_without_retries_stays_infrastructure(tmp_path, m
 def test_file_isolation_runs_the_tests_after_a_crash_in_a_new_process(tmp_path, monkeypatch):
     results = _run(tmp_path, monkeypatch, [LADDER], isolate="file", timeout_s=TIMEOUT_S, grace_s=GRACE_S)
     assert {name: r.outcome for name, r in results.items()} == EXPECTED
-    _assert_no_survivors(tmp_path / "state")
+    _assert_no_survivors(tmp_path / "work" / "state")
 
 
 @pytest.mark.slow
@@ -121,7 +123,7 @@ def test_spawn_start_method_classifies_like_the_fork_server(tmp_path, monkeypatc
     results = _run(tmp_path, monkeypatch, paths, start="spawn", timeout_s=TIMEOUT_S, grace_s=GRACE_S)
     assert {name: r.outcome for name, r in results.items()} == {n: EXPECTED[n] for n in selection}
     assert results["test_segfaults"].signal == "SIGSEGV"
-    _assert_no_survivors(tmp_path / "state")
+    _assert_no_survivors(tmp_path / "work" / "state")
 
 
 def test_collection_error_is_reported_and_the_rest_still_runs(tmp_path, monkeypatch):
@@ -159,7 +161,7 @@ def gpu_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KILN_GPU_COUNT", "3")  # detection overridden: this machine has no GPU
         results = _run(tmp, mp, ["tests/fixtures/suites/gpus"], gpus=None, timeout_s=60)
-    records = [json.loads(p.read_text()) for p in sorted((tmp / "state").glob("*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted((tmp / "work" / "state").glob("*.json"))]
     return results, records
 
 
@@ -199,6 +201,6 @@ def test_devices_are_never_shared_or_oversubscribed_but_are_used_in_parallel(gpu
 def test_lost_fork_server_is_infrastructure_and_the_retry_still_runs(tmp_path, monkeypatch):
     results = _run(tmp_path, monkeypatch, ["tests/fixtures/suites/lost"], timeout_s=30, retries=1)
     lost = results["test_kills_its_fork_server_once"]
-    assert (tmp_path / "state" / "server-killed").exists()  # the first attempt really ran under the server
+    assert (tmp_path / "work" / "state" / "server-killed").exists()  # the first attempt really ran under the server
     assert (lost.outcome, lost.attempts) == ("flaky", 2)
     assert "worker lost" in lost.details

@@ -1,0 +1,262 @@
+"""Package code is a guest: the environment and the sandbox of every process that runs it.
+
+A build backend and its requirements, a compile worker importing a registry, an sdist hook, a test, a conftest
+or a benchmark runs with:
+
+- **an allow-listed environment** (:func:`guest_env`): the toolchain's, locale and Python variables, what Kiln
+  itself set for the step, the names the project lists in ``pass_env``; a private ``HOME`` and ``TMPDIR``.
+  Never a credential, a CI identity or a Prefect variable (:func:`credential_name`), whoever set it.
+- **a sandbox** (:func:`wrap`): the command starts under ``python -I -m kiln.core.sandbox POLICY -- CMD``, which
+  enters a user and network namespace of its own (no route out: builds get no network at all, tests and
+  benchmarks their own loopback), restricts itself with Landlock (:mod:`kiln.core.landlock`: read the system,
+  the interpreters and the trees the step names; write only the step's scratch and outputs; no ptrace of,
+  nor signal to, a process outside), then ``exec``\\ s the command. The user namespace also takes root's powers
+  over the machine away from a guest started by root (no reboot, no module load, no sysctl).
+
+Why Landlock and namespaces rather than bubblewrap: both are in the kernel and need no root and no setuid
+binary to install; Landlock binds root too and a process applies it to itself just before ``exec``, so any
+command line Kiln already runs is wrapped by a prefix. Where the kernel lacks one of them, :func:`support` says
+what is missing and Kiln warns once naming it; the command still runs with what the kernel allows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import json
+import logging
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from kiln.core import landlock
+
+log = logging.getLogger(__name__)
+
+Network = Literal["none", "loopback"]
+
+# What a guest needs of the caller's environment, by name: the toolchain, the locale, the interpreter's own
+# switches, the devices it may use. Anything else reaches it only because Kiln set it for the step or the
+# project named it in ``pass_env``.
+KEPT = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL",
+    "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER", "PYTHONWARNINGS",
+    "SOURCE_DATE_EPOCH", "MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL", "MAKEFLAGS",
+    "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+    "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST", "PYTORCH_ROCM_ARCH",
+    "ROCM_PATH", "ROCM_HOME", "HIP_PATH", "HIP_PLATFORM", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+})
+KEPT_PREFIXES = ("LC_", "CUDA", "NVCC_", "TRITON_", "NCCL_", "KILN_ARCH", "CCACHE_")
+# Never passed, whoever set it: cloud, registry, CI-identity and Prefect secrets by their conventional names.
+_CREDENTIAL = re.compile(
+    r"^(AWS_|PREFECT_|GOOGLE_|GCLOUD_|CLOUDSDK_|AZURE_|TWINE_|GITHUB_|ACTIONS_|GITLAB_|CI_JOB_|UV_PUBLISH_"
+    r"|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|NETRC|SSH_AUTH_SOCK|DOCKER_AUTH|KILN_PYPI|PYPI_)"
+    r"|(_API_KEY|_ACCESS_KEY|_CREDENTIALS|_AUTH|_AUTH_STRING)$"
+    r"|(^|_)(TOKEN|SECRET|PASSWORD|PASSWD)(_|$)")
+
+
+def credential_name(name: str) -> bool:
+    """Whether ``name`` is a variable no guest may see (a credential, an identity, a Prefect setting)."""
+    return bool(_CREDENTIAL.search(name.upper()))
+
+
+def guest_env(env: Mapping[str, str], home: Path, pass_env: Iterable[str] = (),
+              inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a guest process sees of ``env``: the :data:`KEPT` names, what differs from ``inherited`` (default:
+    this process's environment; what Kiln set for the step), the names in ``pass_env``; never a
+    :func:`credential_name`. ``HOME`` and ``TMPDIR`` are ``home`` and ``home/tmp`` (made here, owner-only)."""
+    inherited = os.environ if inherited is None else inherited
+    passed = set(pass_env)
+    kept = {key: value for key, value in env.items()
+            if not credential_name(key)
+            and (key in KEPT or key.startswith(KEPT_PREFIXES) or key in passed or inherited.get(key) != value)}
+    for key in [k for k in kept if k.startswith("XDG_")]:
+        del kept[key]
+    tmp = home / "tmp"
+    tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return kept | {"HOME": str(home), "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a guest may read and write, and its network."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    network: Network = "none"
+    # the system trees a program needs to start, read-only; /dev and /proc as below
+    system: tuple[str, ...] = field(default=("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin",
+                                             "/etc", "/opt", "/sys"))
+
+    def to_json(self) -> str:
+        return json.dumps({"read": list(self.read), "write": list(self.write), "network": self.network,
+                           "system": list(self.system)})
+
+    @classmethod
+    def from_json(cls, text: str) -> Policy:
+        data = json.loads(text)
+        return cls(tuple(data["read"]), tuple(data["write"]), data["network"], tuple(data["system"]))
+
+
+def interpreter_trees(python: str | os.PathLike[str]) -> set[str]:
+    """The directories an interpreter reads to start and import: its environment, its base installation, and
+    every directory a ``.pth`` of its site-packages adds (layered environments), followed once."""
+    exe = Path(python)
+    trees: set[str] = {str(exe.parent.parent), str(exe.resolve().parent.parent)}
+    cfg = exe.parent.parent / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                home = Path(value.strip())
+                trees |= {str(home.parent), str(home.resolve().parent)}
+    for site in (exe.parent.parent / "lib").glob("python3*/site-packages"):
+        trees |= _pth_dirs(site)
+    return trees
+
+
+def _pth_dirs(site: Path) -> set[str]:
+    found: set[str] = set()
+    for pth in site.glob("*.pth"):
+        for line in pth.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "import ")) and os.path.isabs(line) and os.path.isdir(line):
+                found.add(line)
+    return found
+
+
+def kiln_trees() -> set[str]:
+    """Where Kiln's own code is read from (a guest runs Kiln's test server and compile worker modules)."""
+    import kiln.core
+
+    trees = {str(Path(p)) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)}
+    trees |= {str(Path(kiln.core.__file__).resolve().parent.parent)} if _editable() else set()
+    return trees | interpreter_trees(sys.executable)
+
+
+def _editable() -> bool:
+    import kiln.core
+
+    return "site-packages" not in Path(kiln.core.__file__).resolve().parts
+
+
+@dataclass(frozen=True)
+class Support:
+    """What this kernel lets a guest be confined by."""
+
+    landlock_abi: int
+    namespaces: bool
+    why_not: str = ""
+
+    def missing(self, network: Network) -> list[str]:
+        gaps = []
+        if self.landlock_abi == 0:
+            gaps.append("Landlock (files: the guest can read the user's home and Kiln's state)")
+        if not self.namespaces:
+            net = ("TCP is refused by Landlock, UDP is not" if self.landlock_abi >= 4 and network == "none"
+                   else "the guest reaches the network")
+            gaps.append(f"network and user namespaces ({self.why_not}: {net})")
+        return gaps
+
+
+@functools.cache
+def support() -> Support:
+    """What the kernel allows, probed once per process by the launcher itself (so the probe is the real path)."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-m", "kiln.core.sandbox", "--probe"], capture_output=True,
+                              text=True, timeout=30)
+        data = json.loads(done.stdout)
+        return Support(int(data["landlock_abi"]), bool(data["namespaces"]), str(data.get("why_not", "")))
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        return Support(landlock.abi(), False, f"the sandbox probe failed: {exc}")
+
+
+_warned: set[str] = set()
+
+
+def wrap(cmd: Sequence[str], policy: Policy) -> list[str]:
+    """``cmd`` started inside the sandbox ``policy`` describes; warns once per missing mechanism."""
+    for gap in support().missing(policy.network):
+        if gap not in _warned:
+            _warned.add(gap)
+            log.warning("package code runs without %s: this kernel does not allow it", gap)
+    return [sys.executable, "-I", "-m", "kiln.core.sandbox", policy.to_json(), "--", *cmd]
+
+
+# --- inside the launcher: between fork and the guest's exec ---------------------------------------------------
+
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _namespaces() -> str:
+    """Enter a new user and network namespace (this process keeps its uid and gid); '' or why not."""
+    uid, gid = os.getuid(), os.getgid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return f"unshare: {os.strerror(ctypes.get_errno())}"
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as handle:
+            handle.write(text)
+    return ""
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        flags = struct.unpack("16sh", fcntl.ioctl(sock, _SIOCGIFFLAGS, struct.pack("16sh14x", b"lo", 0))[:18])[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | _IFF_UP))
+
+
+def _rules(policy: Policy) -> list[landlock.Rule]:
+    dev = landlock.READ | landlock.WRITE_FILE | landlock.TRUNCATE | landlock.IOCTL_DEV
+    rules = [landlock.Rule(Path(p), landlock.READ) for p in (*policy.system, *policy.read)]
+    rules += [landlock.Rule(Path("/proc"), landlock.READ), landlock.Rule(Path("/dev"), dev)]
+    everything = landlock.fs_rights(6)
+    rules += [landlock.Rule(Path(p), everything) for p in (*policy.write, "/dev/shm")]
+    return rules
+
+
+def confine(policy: Policy) -> Support:
+    """Confine this process as ``policy`` says, as far as the kernel allows; what it could apply."""
+    why = _namespaces()
+    if not why and policy.network == "loopback":
+        _loopback_up()
+    version = landlock.abi()
+    if version:
+        landlock.restrict(_rules(policy), deny_tcp=bool(why) and policy.network == "none", version=version)
+    return Support(version, not why, why)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--probe"]:
+        applied = confine(Policy())
+        print(json.dumps({"landlock_abi": applied.landlock_abi, "namespaces": applied.namespaces,
+                          "why_not": applied.why_not}))
+        return 0
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -I -m kiln.core.sandbox POLICY_JSON -- COMMAND...", file=sys.stderr)
+        return 2
+    confine(Policy.from_json(argv[0]))
+    try:
+        os.execvp(argv[2], argv[2:])
+    except OSError as exc:
+        print(f"kiln sandbox: cannot run {argv[2]}: {exc}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+__all__ = ["KEPT", "Policy", "Support", "confine", "credential_name", "guest_env", "interpreter_trees",
+           "kiln_trees", "support", "wrap"]
