@@ -92,7 +92,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def write_new_tree(root: str | os.PathLike[str], files: Mapping[str, bytes]) -> bool:
+def write_new_tree(root: str | os.PathLike[str], files: Mapping[str, bytes], *, private: bool = False) -> bool:
     """Create the directory ``root`` holding ``files`` ({relative POSIX path: bytes}) all at once.
 
     The tree is written into a temporary sibling and renamed into place, so
@@ -102,7 +102,7 @@ def write_new_tree(root: str | os.PathLike[str], files: Mapping[str, bytes]) -> 
     writer repairs (``kiln index`` rewrites every page whose bytes differ).
     Returns False, leaving nothing behind, when ``root`` exists and is not an
     empty directory, or is by the time of the rename: the caller then updates
-    it in place.
+    it in place. ``private``: the tree's top directory is ``0700`` (this user's alone), not a plain mkdir's.
     """
     root = Path(root)
     if not _absent_or_empty(root):
@@ -114,7 +114,8 @@ def write_new_tree(root: str | os.PathLike[str], files: Mapping[str, bytes]) -> 
     tmp = tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent)
     renamed = False
     try:
-        os.chmod(tmp, _DIR_MODE)  # mkdtemp makes 0700; the tree must be as readable as a plain mkdir's
+        if not private:
+            os.chmod(tmp, _DIR_MODE)  # mkdtemp makes 0700; the tree must be as readable as a plain mkdir's
         _spread_subdirectories(tmp)
         _write_files(tmp, files)
         try:

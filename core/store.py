@@ -42,7 +42,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,8 +51,10 @@ from kiln.core.errors import AlreadyPublishedError, ConflictError, IntegrityErro
 from kiln.core.fsutil import sha256_bytes, sha256_file
 from kiln.core.nofollow import Staged, open_directory, staged, staged_copy
 from kiln.core.objects import BotoSession, ObjectInfo, Store, check_key
+from kiln.core.owneronly import check_owner_only, owner_only_dir
 
 log = logging.getLogger(__name__)
+PUBLIC_REMEDY = "set `public = true` on its target in kiln.toml if it is shared on purpose"
 
 
 class LocalStore:
@@ -65,6 +66,8 @@ class LocalStore:
     Owner-only unless ``public``: the first write makes the root directory ``0700`` (run records,
     wheels and pages are nobody else's to read on a shared machine); a ``public`` store (an index
     another user's web server serves) keeps its root readable and searchable by all (``0755``).
+    A root another user owns, or that others may write into, is refused before the first read or
+    write (:mod:`kiln.core.owneronly`): what it holds would not be Kiln's word.
     """
 
     def __init__(self, root: Path, public: bool = False) -> None:
@@ -72,19 +75,23 @@ class LocalStore:
         self.url = self.root.as_uri()
         self.public = public
         self._prepared = False
+        self._checked = False
 
     def _prepare(self) -> None:
-        """Create the root with the store's mode, or set that mode on a root this user owns."""
+        """Create the root with the store's mode, or check it and set that mode on a root this user owns."""
         if self._prepared:
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        mode = stat.S_IMODE(self.root.stat().st_mode)
-        wanted = (mode | 0o755) if self.public else (mode & 0o700)
-        if wanted != mode and self.root.stat().st_uid == os.geteuid():
-            os.chmod(self.root, wanted)
-        self._prepared = True
+        owner_only_dir(self.root, "the store root", public=self.public, remedy=PUBLIC_REMEDY)
+        self._prepared = self._checked = True
+
+    def _check_root(self) -> None:
+        """Refuse a root another user owns or may write into: a read trusts it as much as a write does."""
+        if not (self._checked or self.public):
+            check_owner_only(self.root, "the store root", PUBLIC_REMEDY)
+            self._checked = self.root.exists()  # a root made later is checked by its first write
 
     def _path(self, key: str) -> Path:
+        self._check_root()
         return self.root.joinpath(*check_key(key).split("/"))
 
     def _inside(self, key: str) -> Path:
@@ -166,6 +173,7 @@ class LocalStore:
         """Remove ``key``; gone already is success. Only a prune deletes (:mod:`kiln.release.prune`); no
         link below the root is followed. Directories stay: a publisher may be writing into one."""
         parts = check_key(key).split("/")
+        self._check_root()
         try:
             with open_directory(self.root, parts[:-1]) as dir_fd:
                 os.unlink(parts[-1], dir_fd=dir_fd)
@@ -174,6 +182,7 @@ class LocalStore:
         log.debug("deleted %s/%s", self.url, key)
 
     def list(self, prefix: str = "") -> list[str]:
+        self._check_root()
         keys: list[str] = []
         # Only the directory the prefix names (or the one its last part is in): a run's record is
         # listed in the time its own files take, however many runs the store holds.

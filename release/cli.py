@@ -18,6 +18,7 @@ from kiln.core import nofollow
 from kiln.core.dists import Distribution, from_records
 from kiln.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, IntegrityError, InvalidInputError, KilnError
 from kiln.core.fsutil import write_new_tree
+from kiln.core.owneronly import owner_only_dir
 from kiln.release.index import generate
 
 if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln index` start
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln i
 log = logging.getLogger(__name__)
 
 WRITE_THREADS = 32
+INDEX_PUBLIC_REMEDY = "pass --public if another user's web server serves it on purpose"
 
 
 def read_list(path: Path) -> list[Distribution]:
@@ -90,7 +92,7 @@ def read_wheel_dir(directory: Path) -> tuple[list[Distribution], dict[str, tuple
     return dists, files
 
 
-def write_index(out: Path, pages: dict[str, bytes]) -> tuple[int, int]:
+def write_index(out: Path, pages: dict[str, bytes], *, private: bool = False) -> tuple[int, int]:
     """Write the pages whose bytes differ from what ``out`` holds; (written, unchanged).
 
     A new (absent or empty) ``out`` is written as one tree renamed into place,
@@ -98,9 +100,9 @@ def write_index(out: Path, pages: dict[str, bytes]) -> tuple[int, int]:
     written atomically (fsync, then rename); a thread pool overlaps the fsyncs.
     Below ``out`` no symbolic link is followed, for reading or writing: every
     page is read (compared) before any is written, so a link anywhere is
-    refused (UnsafePathError naming it) before anything changes.
+    refused (UnsafePathError naming it) before anything changes. ``private``: a new ``out`` is ``0700``.
     """
-    if write_new_tree(out, pages):
+    if write_new_tree(out, pages, private=private):
         return len(pages), 0
     from concurrent.futures import ThreadPoolExecutor  # threads only for an update in place
 
@@ -135,8 +137,12 @@ def _copy_files(out: Path, dists: list[Distribution], files: dict[str, tuple[Pat
             nofollow.write_file(out, sidecar, metadata)
 
 
-def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int:
-    """``kiln index WHEEL_DIR --out DIR`` or ``kiln index --from-list F.jsonl --out DIR``."""
+def index_command(wheel_dir: str | None, from_list: str | None, out: str, public: bool = False) -> int:
+    """``kiln index WHEEL_DIR --out DIR`` or ``kiln index --from-list F.jsonl --out DIR``.
+
+    ``DIR`` is this user's alone (``0700``) unless ``public`` (``--public``: ``0755``, for a web server of
+    another user's); an existing one another user owns or may write into is refused unless ``public``
+    (:mod:`kiln.core.owneronly`)."""
     if (wheel_dir is None) == (from_list is None):
         print("kiln index: give exactly one of WHEEL_DIR or --from-list FILE", file=sys.stderr)
         return EXIT_USAGE
@@ -147,11 +153,12 @@ def index_command(wheel_dir: str | None, from_list: str | None, out: str) -> int
             dists, files = read_wheel_dir(Path(wheel_dir))  # type: ignore[arg-type]
         pages = generate(dists)  # validates everything before anything is written
         out_dir = Path(out)
+        owner_only_dir(out_dir, "kiln index --out", public=public, remedy=INDEX_PUBLIC_REMEDY)
         if files:
             wheels = [f"{d.project}/{d.filename}{suffix}" for d in dists for suffix in ("", ".metadata")]
             nofollow.check_tree(out_dir, [*pages, *wheels])  # a link anywhere: refused before any write
             _copy_files(out_dir, dists, files)
-        written, unchanged = write_index(out_dir, pages)
+        written, unchanged = write_index(out_dir, pages, private=not public)
     except KilnError as exc:
         print(f"kiln index: {exc}", file=sys.stderr)
         return exc.exit_status

@@ -350,7 +350,8 @@ def open_source(url: str, timeout: float, settings: StoreSettings | None = None,
         directory, scope = local_path(root), commit_index_scope(root)
         if not directory.is_dir():
             raise InvalidInputError(f"{url}: {directory} is not a directory")
-        return StoreSource(LocalStore(local_path(scope)), root, limits, scope)
+        # An index under verification is never Kiln's word, whoever may write it: every hash it states is checked.
+        return StoreSource(LocalStore(local_path(scope), public=True), root, limits, scope)
     if scheme == "s3":
         settings = settings or StoreSettings()
         # Its own keys only (a per-commit index's: its variant's directory, where its links lead); the verifier

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -162,12 +163,46 @@ def test_a_local_store_is_owner_only_from_its_first_write(tmp_path: Path) -> Non
     assert _mode(tmp_path / "artifacts") == 0o700
 
 
-def test_an_existing_open_store_root_is_closed_by_its_owner(tmp_path: Path) -> None:
+def test_an_existing_store_root_others_may_read_is_closed_by_its_owner(tmp_path: Path) -> None:
     root = tmp_path / "index"
     root.mkdir(mode=0o755)
-    os.chmod(root, 0o775)
+    os.chmod(root, 0o755)
     LocalStore(root).put_page("simple/index.html", b"<html/>", "text/html", "no-cache", None)
     assert _mode(root) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o757, 0o777, 0o1777])
+def test_a_store_root_others_may_write_into_is_refused_naming_it_before_any_read_or_write(tmp_path: Path,
+                                                                                          mode: int) -> None:
+    from kiln.core.owneronly import NotOwnerOnlyError
+
+    root = tmp_path / "artifacts"
+    (root / "build-ledger").mkdir(parents=True)
+    (root / "build-ledger" / "forged.sha256").write_bytes(b"planted by another user")
+    os.chmod(root, mode)
+    store = open_store(f"file://{root}", root=tmp_path)
+    why = f"the store root {root} is refused: its group or every user may write into it (mode {mode:04o})"
+    for call in (lambda: store.get("build-ledger/forged.sha256"), lambda: store.list("build-ledger/"),
+                 lambda: store.put_immutable("runs/r1/run.json", b"{}", "application/json", "no-cache")):
+        with pytest.raises(NotOwnerOnlyError, match=re.escape(why)) as refused:
+            call()
+        assert "public = true" in str(refused.value)
+    assert sorted(p.name for p in root.iterdir()) == ["build-ledger"] and _mode(root) == mode & 0o777
+    public = open_store(f"file://{root}", root=tmp_path, public=True)  # shared on purpose: the target says so
+    assert public.get("build-ledger/forged.sha256") == b"planted by another user"
+
+
+def test_a_store_root_another_user_owns_is_refused(tmp_path: Path) -> None:
+    from kiln.core.owneronly import NotOwnerOnlyError
+
+    if os.geteuid() == 0:  # as root: a directory of its own given to nobody
+        root = tmp_path / "theirs"
+        root.mkdir(mode=0o700)
+        os.chown(root, 65534, 65534)
+    else:  # as anyone else: a directory root owns
+        root = Path("/usr/share")
+    with pytest.raises(NotOwnerOnlyError, match=re.escape(f"the store root {root} is refused: it is owned by uid")):
+        LocalStore(root).get("simple/index.html")
 
 
 def test_a_public_store_stays_readable_by_every_local_user(tmp_path: Path) -> None:

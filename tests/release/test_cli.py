@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,31 @@ def test_index_refuses_to_replace_a_wheel_with_other_bytes(tmp_path: Path) -> No
     make_wheel(tmp_path / "w2", "alpha", "1.0", payload="two")
     assert index_command(str(tmp_path / "w2"), None, str(tmp_path / "out")) != EXIT_OK
     assert sha256_file(tmp_path / "out" / "alpha" / "alpha-1.0-py3-none-any.whl") == original
+
+
+@pytest.mark.parametrize("source", ["wheels", "list"])
+def test_index_out_is_written_owner_only_unless_public(tmp_path: Path, source: str) -> None:
+    make_wheel(tmp_path / "wheels", "alpha", "1.0")
+    (tmp_path / "list.jsonl").write_text(_line())
+    args = (str(tmp_path / "wheels"), None) if source == "wheels" else (None, str(tmp_path / "list.jsonl"))
+    assert index_command(*args, str(tmp_path / "out")) == EXIT_OK
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o700
+    assert index_command(*args, str(tmp_path / "served"), public=True) == EXIT_OK
+    assert (tmp_path / "served").stat().st_mode & 0o755 == 0o755  # readable and searchable by all
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o777])
+def test_index_out_others_may_write_into_is_refused_naming_it_unless_public(tmp_path: Path, capsys,
+                                                                            mode: int) -> None:
+    make_wheel(tmp_path / "wheels", "alpha", "1.0")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, mode)
+    assert index_command(str(tmp_path / "wheels"), None, str(out)) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"kiln index --out {out} is refused: its group or every user may write into it (mode {mode:04o})" in err
+    assert "--public" in err and list(out.iterdir()) == []  # nothing written
+    assert index_command(str(tmp_path / "wheels"), None, str(out), public=True) == EXIT_OK
 
 
 def test_index_needs_exactly_one_source(tmp_path: Path) -> None:
