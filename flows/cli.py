@@ -170,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="generate a PEP 503/691 index (no Prefect needed)")
     p.add_argument("wheel_dir", nargs="?", help="directory of wheels to index")
     p.add_argument("--from-list", help="JSON lines: filename, sha256, size, upload_time, ...")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (this user's alone, 0700, unless --public)")
+    p.add_argument("--public", action="store_true",
+                   help="the output is served to others on purpose (another user's web server): readable by all,"
+                        " and an existing directory others own or may write into is accepted")
     _runs(p, _index_command)
 
     p = sub.add_parser("policies", help="write one least-privilege IAM policy per step")
@@ -429,7 +432,7 @@ def _index_command(ns: argparse.Namespace) -> int:
 
     if bool(ns.wheel_dir) == bool(ns.from_list):
         raise SystemExit("kiln index: give exactly one of WHEEL_DIR or --from-list FILE")
-    return index_command(ns.wheel_dir, ns.from_list, ns.out)
+    return index_command(ns.wheel_dir, ns.from_list, ns.out, ns.public)
 
 
 def _verify_command(ns: argparse.Namespace) -> int:

@@ -144,3 +144,16 @@ def test_every_error_carries_the_exit_status_both_command_lines_use() -> None:
         expected = errors.EXIT_USAGE if issubclass(cls, errors.InvalidInputError) else errors.EXIT_FAILED
         assert cls.exit_status == expected, cls
     assert errors.ConfigError.exit_status == errors.UnsafePathError.exit_status == EXIT_USAGE
+
+
+def test_kiln_index_public_accepts_a_shared_output_the_plain_command_refuses(tmp_path: Path, capsys) -> None:
+    from kiln.flows.cli import main
+
+    make_wheel(tmp_path / "wheels", "alpha", "1.0")
+    out = tmp_path / "served"
+    out.mkdir()
+    os.chmod(out, 0o775)  # a team's directory its web server reads
+    assert main(["index", str(tmp_path / "wheels"), "--out", str(out)]) == EXIT_USAGE
+    assert f"{out} is refused" in capsys.readouterr().err and list(out.iterdir()) == []
+    assert main(["index", str(tmp_path / "wheels"), "--out", str(out), "--public"]) == EXIT_OK
+    assert check_local_index(out).problems == []
