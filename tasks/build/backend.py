@@ -241,7 +241,8 @@ class ProjectBuilder:
             # (sources, environment, build tree, dist) and see the allow-listed environment; no network at all
             cmd = [str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir",
                    str(dist), *tree_args, str(source)]
-            result = run_tool(guest_command(cmd, read=[tmp], write=[tmp, *self.writable], network="none"),
+            result = run_tool(guest_command(cmd, read=[tmp, *self.toolchain.include_dirs, *self.toolchain.library_dirs],
+                                            write=[tmp, *self.writable], network="none"),
                               self.timeout_s, cwd=source,
                               env=guest_environ(tmp / "home", tree_env, self.pass_env, base=environ))
             shimmed = narrowed(tmp / "path" / NARROWED_HOME)

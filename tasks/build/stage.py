@@ -190,7 +190,8 @@ def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | 
     return ProjectBuilder(config.path(build.project_dir), config.project.distribution, toolchain_dirs,
                           build.backend_timeout_s, build.jobs, home, cuobjdump, kiln_state(config),
                           {v.name: dict(v.build_env) for v in config.variants if v.build_env},
-                          {v.name: v.torch_target for v in config.variants if v.abi == "stable"})
+                          {v.name: v.torch_target for v in config.variants if v.abi == "stable"},
+                          pass_env=build.pass_env)
 
 
 def variant_environments(setup: BuildSetup) -> VariantEnvironments:

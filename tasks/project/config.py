@@ -32,6 +32,7 @@ from kiln.tasks.project.config_fields import (
     BlockName,
     Endpoint,
     IndexUrl,
+    PassEnv,
     ProjectPath,
     Region,
     StorePrefix,
@@ -260,6 +261,9 @@ class Suite(_Model):
     # A required suite that could not run here (no GPU of its kind) holds its variant
     # back unless this says the variant may be published untested on its hardware.
     publish_untested: bool = False
+    # Variables of the step's environment its tests may see, each by name (they run as guests: an allow-list,
+    # never a credential, identity or Prefect variable).
+    pass_env: PassEnv = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -304,8 +308,9 @@ class Target(_Model):
     # Whether the S3 server checks the ChecksumSHA256 it is sent (then a write needs no
     # read-back). Unset: true on AWS, false with a custom endpoint (moto does not check).
     verifies_checksums: bool | None = None
-    # A file:// store is owner-only (its root 0700); public = true keeps it readable by every local
-    # user, for an index another user's web server serves.
+    # A file:// store is owner-only (its root 0700), and a root another user owns or may write into is
+    # refused; public = true keeps it readable by every local user and accepts such a root, for an index
+    # another user's web server serves.
     public: bool = False
     # The CDN or web server in front of this store (its root), where users download: after a publish, every new
     # file and changed page is downloaded through it and must have the index's sha256 (kiln.release.public).

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kiln.tasks.project.config_fields import LocalPath, ProjectPath, StorePrefix
+from kiln.tasks.project.config_fields import LocalPath, PassEnv, ProjectPath, StorePrefix
 from kiln.tasks.project.config_matrix import check_python_axis
 
 _log = logging.getLogger(__name__)
@@ -161,6 +161,9 @@ class Build(_Model):
     # is tagged for it, and one whose binaries need newer symbol versions fails its unit naming them
     # (kiln.tasks.build.manylinux). None: the tag is whatever the binaries allow on the build host.
     manylinux: str | None = None
+    # Variables of the step's environment the package's build may see, each by name (its backend runs as a
+    # guest: an allow-list, never a credential, identity or Prefect variable).
+    pass_env: PassEnv = ()
 
     @field_validator("manylinux")
     @classmethod

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.sandbox import credential_name
 from kiln.core.store import check_key
 from kiln.release.policies import prefix_problem
 
@@ -126,6 +127,15 @@ def _matching(pattern: str, problem: str) -> Callable[[str], str]:
     return check
 
 
+def _pass_env_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(f"pass_env: {value!r} is not an environment variable name")
+    if credential_name(value):
+        raise ValueError(f"pass_env: {value!r} names a credential, an identity or a Prefect setting, which package"
+                         " code never sees (its build and tests run as guests); pass what it needs otherwise")
+    return value
+
+
 def check_store_url(value: str) -> str:
     """A ``file://`` directory or an ``s3://bucket/prefix``, as :func:`kiln.core.store.open_store` takes."""
     if value.startswith("file://"):
@@ -135,6 +145,8 @@ def check_store_url(value: str) -> str:
     raise ValueError(f"{value!r} must start with file:// or s3://")
 
 
+# Variables of Kiln's environment that package code may see, by name (never a credential)
+PassEnv = tuple[Annotated[str, AfterValidator(_pass_env_name)], ...]
 LocalPath = Annotated[str, AfterValidator(_local_path)]
 ProjectPath = Annotated[str, AfterValidator(_project_path)]
 Prefix = Annotated[str, AfterValidator(_prefix)]

@@ -210,7 +210,7 @@ def suite_options(config: KilnConfig, suite: Suite, *, isolate: Isolation = "tes
     preload = (*PRELOAD, config.project.package)
     return RunOptions(isolate=isolate, timeout_s=suite.test_timeout_s if timeout is None else timeout, retries=retries,
                       markers=suite.markers, pytest_args=tuple(pytest_args), gpus=devices, env=dict(env or {}),
-                      preload=preload)
+                      preload=preload, pass_env=suite.pass_env)
 
 
 def suite_outcome(results: Sequence[TestResult]) -> tuple[str, str]:
