@@ -32,6 +32,7 @@ from kiln.tasks.project.config_fields import (
     BlockName,
     Endpoint,
     IndexUrl,
+    PassEnv,
     ProjectPath,
     Region,
     StorePrefix,
@@ -260,6 +261,9 @@ class Suite(_Model):
     # A required suite that could not run here (no GPU of its kind) holds its variant
     # back unless this says the variant may be published untested on its hardware.
     publish_untested: bool = False
+    # Variables of the step's environment its tests may see, each by name (they run as guests: an allow-list,
+    # never a credential, identity or Prefect variable).
+    pass_env: PassEnv = ()
 
     @model_validator(mode="before")
     @classmethod
