@@ -161,6 +161,8 @@ def manylinux_tag(tag: str, members: Sequence[tuple[str, bytes]], backend: Backe
     not (the symbols and versions newer than the target's, or auditwheel's reason)."""
     interpreter, abi, platforms = tag.split("-")
     if platforms != linux_platform():
+        if target is not None and platforms != "any":  # a tag the backend chose still meets the target
+            _refuse_newer(members, target)
         return tag
     verdict = platform_verdict(members, backend, cache)
     if target is not None:
@@ -194,15 +196,23 @@ def meet_target(verdict: PlatformVerdict, members: Sequence[tuple[str, bytes]], 
     policy = target_policy(target)
     if verdict.manylinux and _glibc(verdict.platform) <= _glibc(policy.name):
         return str(policy.name)
+    _refuse_newer(members, target)
+    raise _missed(target, verdict.reason or f"its binaries need {verdict.platform}")
+
+
+def _refuse_newer(members: Sequence[tuple[str, bytes]], target: str) -> None:
+    """Raise :class:`AbiAuditError` naming every symbol of ``members`` newer than the target's policy allows."""
+    policy = target_policy(target)
     too_new = newer_symbols(members, policy.symbol_versions)
     if too_new:
         named = "; ".join(f"{arcname}: {', '.join(symbols)}" for arcname, symbols in too_new.items())
-        why = f"needs symbol versions newer than {policy.name} allows: {named}"
-    else:
-        why = verdict.reason or f"its binaries need {verdict.platform}"
-    raise AbiAuditError(f"the wheel's binaries do not meet the manylinux target {target} (kiln.toml [build] "
-                        f"manylinux): {why}. Build on a worker whose glibc and libstdc++ are at most the target's "
-                        f"(e.g. the manylinux_{target} build image), or raise the target.")
+        raise _missed(target, f"needs symbol versions newer than {policy.name} allows: {named}")
+
+
+def _missed(target: str, why: str) -> AbiAuditError:
+    return AbiAuditError(f"the wheel's binaries do not meet the manylinux target {target} (kiln.toml [build] "
+                         f"manylinux): {why}. Build on a worker whose glibc and libstdc++ are at most the target's "
+                         f"(e.g. the manylinux_{target} build image), or raise the target.")
 
 
 def newer_symbols(members: Sequence[tuple[str, bytes]],

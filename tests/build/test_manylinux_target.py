@@ -122,6 +122,21 @@ def test_a_backend_built_wheel_is_refused_too(tmp_path, libs):
         rewrite_wheel(config, config.variant("cu130"), "0.2.0.dev1+cu130", built, [], [], tmp_path / "out", STAMP)
 
 
+def test_a_tag_the_backend_chose_is_checked_against_the_target_too(tmp_path, libs):
+    """A backend that tags its own wheel (say manylinux_2_34, after its own auditwheel run) keeps that tag, but
+    a target it does not meet still fails the unit, naming the symbols."""
+    toml = copy_project("ember", tmp_path / "project")
+    toml.write_text(toml.read_text().replace("[build]\n", '[build]\nmanylinux = "2_28"\n', 1))
+    config = load_config(toml)
+    tag = "cp311-cp311-manylinux_2_34_x86_64"
+    members = {"ember/_C.so": libs["dlopen"].read_bytes(), "ember/__init__.py": b"",
+               "ember_ops-0.2.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: ember-ops\nVersion: 0.2.0\n",
+               "ember_ops-0.2.0.dist-info/WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()}
+    built = write_wheel(tmp_path / "built", f"ember_ops-0.2.0-{tag}.whl", sorted(members.items()), STAMP)
+    with pytest.raises(AbiAuditError, match=r"ember/_C.so: dlopen@GLIBC_2.34"):
+        rewrite_wheel(config, config.variant("cu130"), "0.2.0.dev1+cu130", built, [], [], tmp_path / "out", STAMP)
+
+
 @pytest.mark.parametrize(("value", "says"), [
     ("2.28", "'2_NN' form"), ("manylinux_2_28", "'2_NN' form"), ("2_028", "'2_NN' form"), ("3_1", "'2_NN' form"),
     ("2_29", "no manylinux_2_29 policy"),
