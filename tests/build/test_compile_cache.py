@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kiln.core.manifest import RunManifest
 from kiln.tasks.build.compile_cache import CompileStats, compile_cache_dir, open_compile_cache, read_stats_log
 from kiln.tasks.build.nvcc import build_library_counted, find_nvcc
+from tests.helpers.projects import copy_project
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "multicu" / "csrc"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "multicu" / "multicu" / "csrc"
 SOURCES = ("scale.cu", "shift.cu", "square.cu", "api.cpp")
 ARCHS = ("9.0",)
 
@@ -64,3 +67,36 @@ def test_one_changed_file_compiles_alone_and_every_library_is_the_same_hit_or_no
     assert changed != cold
     uncached, stats = _build(second, None)
     assert uncached == changed and len(stats.compiled) == 4
+
+
+def _flow_build(config: Path, out: Path) -> tuple[Any, RunManifest]:
+    from kiln.flows.build import build_flow
+
+    state = build_flow(str(config), str(out), version="0.1.0.dev20261206", return_state=True)
+    return state, RunManifest.load(out / str(state.state_details.flow_run_id))
+
+
+@pytest.mark.slow
+@needs_toolchain
+def test_a_build_compiles_only_the_changed_translation_unit_and_nothing_for_a_python_change(prefect_server,
+                                                                                           tmp_path):
+    config = copy_project("multicu", tmp_path)
+    unit_id = "build/cu130/sm_90/multicu/multicu"
+    state, run = _flow_build(config, tmp_path / "cold")
+    unit = next(u for u in run.units if u.id == unit_id)
+    assert state.is_completed() and unit.cache == "miss"
+    assert "4 of 4 translation units compiled, 0 reused" in unit.message
+
+    shift = config.parent / "multicu" / "csrc" / "shift.cu"
+    shift.write_text(shift.read_text().replace("x[i] += b", "x[i] += 2.0f * b"))
+    state, run = _flow_build(config, tmp_path / "one-file")
+    unit = next(u for u in run.units if u.id == unit_id)
+    assert state.is_completed() and unit.cache == "miss"
+    assert "1 of 4 translation units compiled, 3 reused" in unit.message  # ccache's own statistics
+
+    init = config.parent / "multicu" / "__init__.py"
+    init.write_text(init.read_text() + "\nDOC = 'a Python change'\n")
+    state, run = _flow_build(config, tmp_path / "python")
+    unit = next(u for u in run.units if u.id == unit_id)
+    # The kernel's module is part of the unit's key, so the unit runs again; no compiler does.
+    assert state.is_completed() and "0 of 4 translation units compiled, 4 reused" in unit.message
