@@ -132,7 +132,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     with side_reports() as report:  # sent to the server while the record is written
         report(table_report, "kiln-build", build_stage.table_rows(units, outcomes, records),
                f"Build units — run {run.run_id}")
-        report(markdown_report, "kiln-build-cache", build_stage.cache_report(events), "Build cache events")
+        compiled = build_stage.compile_line(outcomes)  # translation units compiled and reused
+        report(markdown_report, "kiln-build-cache", build_stage.cache_report(events, compiled), "Build cache events")
         # One writer per key: builds of other variants of the run (other workers) keep their own.
         run.set_info("build_cache_events" + "".join(f"/{v}" for v in variants or ()), events)
         if setup.remote is not None:  # what the shared tier served, refused and took (and whether it answered)

@@ -308,16 +308,37 @@ def table_rows(units: list[CompileUnit], outcomes: dict[str, UnitResult | BaseEx
     for unit in units:
         outcome, record = outcomes.get(unit.id), records[unit.id]
         size = outcome.size if isinstance(outcome, UnitResult) else 0
+        cache = unit_cache_state(outcome) if isinstance(outcome, UnitResult) else record.cache
         rows.append({"unit": unit.id, "arch": unit.arch, "state": record.state, "time_s": round(record.duration_s, 2),
-                     "cache": record.cache, "size": size,
+                     "cache": cache, "size": size,
                      "device_code": outcome.device_code if isinstance(outcome, UnitResult) else ""})
     return rows
 
 
-def cache_report(events: list[str]) -> str:
-    """Markdown for the cache-events artifact: every drift found and healed."""
+def unit_cache_state(outcome: UnitResult) -> str:
+    """``hit`` (the unit cache served it), ``partial (k of n)`` (the compile cache served all but k of its n
+    translation units), or ``miss`` (every translation unit, or a unit without them, compiled)."""
+    stats = outcome.compile
+    if outcome.cache == "hit" or stats is None or not stats.reused:
+        return outcome.cache
+    return f"partial ({len(stats.compiled)} of {len(stats.compiled) + len(stats.reused)})"
+
+
+def compile_line(outcomes: dict[str, UnitResult | BaseException]) -> str:
+    """The build's translation units compiled and reused by the compile cache, over every native unit that ran."""
+    stats = [o.compile for o in outcomes.values() if isinstance(o, UnitResult) and o.compile is not None]
+    compiled, reused = sum(len(s.compiled) for s in stats), sum(len(s.reused) for s in stats)
+    if not stats:
+        return "Compile: no native unit compiled (every one served by the unit cache, or none planned)."
+    return (f"Compile: {compiled} of {compiled + reused} translation units compiled, {reused} reused from the "
+            f"compile cache, in {len(stats)} native units.")
+
+
+def cache_report(events: list[str], compiled: str = "") -> str:
+    """Markdown for the cache-events artifact: the compile line, then every drift found and healed."""
+    head = f"# Build cache\n\n{compiled}\n\n" if compiled else "# Build cache\n\n"
     if not events:
-        return "# Build cache\n\nNo drift: every cache entry used matched its recorded sha256.\n"
+        return f"{head}No drift: every cache entry used matched its recorded sha256.\n"
     lines = "\n".join(f"- {e}" for e in events)
-    return (f"# Build cache\n\n{len(events)} drift event(s); the affected batches were invalidated and rebuilt:"
+    return (f"{head}{len(events)} drift event(s); the affected batches were invalidated and rebuilt:"
             f"\n\n{lines}\n")

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from kiln.core.errors import CompileError
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build.compile_cache import CompileStats, compile_cache_dir, open_compile_cache, read_stats_log
 from kiln.tasks.build.nvcc import build_library_counted, find_nvcc
+from kiln.tasks.build.stage import cache_report, compile_line, unit_cache_state
+from kiln.tasks.build.units import UnitResult
 from tests.helpers.projects import copy_project
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "multicu" / "multicu" / "csrc"
@@ -100,3 +103,27 @@ def test_a_build_compiles_only_the_changed_translation_unit_and_nothing_for_a_py
     unit = next(u for u in run.units if u.id == unit_id)
     # The kernel's module is part of the unit's key, so the unit runs again; no compiler does.
     assert state.is_completed() and "0 of 4 translation units compiled, 4 reused" in unit.message
+
+
+def _result(cache: str, stats: CompileStats | None) -> UnitResult:
+    return UnitResult("build/cu130/sm_90/k/k", cache, 1.0, (), (), 10, compile=stats)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("cache", "stats", "shown"), [
+    ("hit", None, "hit"),
+    ("miss", None, "miss"),  # a unit without translation units (Triton)
+    ("miss", CompileStats(("a.cu", "b.cu"), ()), "miss"),
+    ("miss", CompileStats(("a.cu",), ("b.cu", "c.cu", "d.cpp")), "partial (1 of 4)"),
+    ("miss", CompileStats((), ("a.cu", "b.cu")), "partial (0 of 2)"),
+])
+def test_each_unit_shows_hit_partial_or_miss(cache, stats, shown):
+    assert unit_cache_state(_result(cache, stats)) == shown
+
+
+def test_the_build_summary_has_a_compile_line():
+    outcomes = {"a": _result("miss", CompileStats(("a.cu",), ("b.cu", "c.cu"))),
+                "b": _result("miss", CompileStats(("x.cu",), ())), "c": _result("hit", None),
+                "d": CompileError("nvcc failed")}
+    line = compile_line(outcomes)  # type: ignore[arg-type]
+    assert line == "Compile: 2 of 4 translation units compiled, 2 reused from the compile cache, in 2 native units."
+    assert line in cache_report([], line)
