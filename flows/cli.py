@@ -92,7 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("init", help="inspect a package's repository and write the kiln.toml that builds it")
+    p = sub.add_parser("init", help="inspect a package's repository and write the kiln.toml that builds it",
+                       description="Read the package's build files (never run them) and write its kiln.toml.",
+                       epilog="exit status: 0 written; 1 written, but its build names native sources the tree does"
+                       " not hold (every build would fail: the file's header and stderr name them); 2 nothing"
+                       " written (the message says why). Values it had to assume are said on stderr.")
     p.add_argument("directory", nargs="?", default=".", help="the package's repository (default: here)")
     _runs(p, lambda ns: _init_command(ns.directory))
 
@@ -414,8 +418,14 @@ def _init_command(directory: str) -> int:
         written = getattr(result.findings, field)
         print(f"kiln init: could not decide the {field}: wrote {written!r}, also {', '.join(map(repr, others))};"
               f" pick one in {result.path} (its [project] {field} line lists them)", file=sys.stderr)
+    for value in result.findings.assumed:  # never a silent guess: the header says it too
+        print(f"kiln init: assumed {value}", file=sys.stderr)
+    if result.findings.missing_sources:
+        print(f"kiln init: warning: its build names native sources {result.path.parent} does not hold:"
+              f" {', '.join(result.findings.missing_sources)}; every build of it fails until they are there"
+              " (an sdist whose MANIFEST.in left them out?)", file=sys.stderr)
     print(f"wrote {result.path}; next: git add kiln.toml, then kiln nightly")
-    return EXIT_OK
+    return EXIT_FAILED if result.findings.missing_sources else EXIT_OK
 
 
 def _audit_abi_command(wheels: list[str], stable: bool) -> int:

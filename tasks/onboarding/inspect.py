@@ -28,7 +28,8 @@ from kiln.tasks.onboarding.names import (
     package_bases,
     parse_setup_py,
 )
-from kiln.tasks.onboarding.switches import read_switches
+from kiln.tasks.onboarding.sources import missing_sources
+from kiln.tasks.onboarding.switches import Switches, read_switches
 
 # registry: Kiln compiles the Triton kernels a kiln.runtime registry names (Kiln's own wheel builder);
 # pep517: the package builds itself (setuptools, CMake, a torch C++/CUDA extension), one wheel per variant;
@@ -47,8 +48,11 @@ _NATIVE_BACKENDS = ("scikit_build_core", "mesonpy", "cmake_build_extension", "py
 _CPU_READY = re.compile(r"\bTRITON_INTERPRET\b")
 _GPU_USE = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.|device\s*=\s*["']cuda""")
 _CMAKE_TORCH = re.compile(r"find_package\s*\(\s*Torch\b")
+_CMAKE_CUDA = re.compile(r"LANGUAGES[^)]*\bCUDA\b|enable_language\s*\(\s*CUDA|find_package\s*\(\s*CUDAToolkit")
+_SETUP_CMAKE = re.compile(r"\bcmake\b|CMakeBuild|CMakeExtension", re.I)
 # A literal compute capability in a -gencode flag: the build picks its own archs, whatever Kiln exports.
 _OWN_ARCHS = re.compile(r"arch=compute_\d+|-arch=sm_\d+|CUDA_ARCHITECTURES\s+\"?\d")
+DEFAULT_REQUIRES_PYTHON = ">=3.10"  # where a package declares none: said, never silent
 _GPU_MARKERS = ("gpu", "cuda", "multi_gpu", "distributed")
 _CONFTEST_MARKER = re.compile(r"""addinivalue_line\(\s*["']markers["']\s*,\s*["']([A-Za-z_][A-Za-z0-9_]*)""")
 _DUNDER_VERSION = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.M)
@@ -93,6 +97,11 @@ class Findings:
     # What kiln init could not decide: (field, the other candidates) for "package" or "distribution"; the file
     # holds the first candidate, the others as a commented choice, and the command says so on stderr
     undecided: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cpu_env: tuple[tuple[str, str], ...] = ()  # the build_env its CPU variant needs (the switch opening its CPU path)
+    also_read: tuple[str, ...] = ()  # the other variables its build reads, "NAME (what it controls, where)"
+    # What kiln init had to assume where the package says nothing: said in the header and on stderr
+    assumed: tuple[str, ...] = ()
+    missing_sources: tuple[str, ...] = ()  # native sources its build names and the tree lacks: every build fails
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -192,12 +201,24 @@ def _registry(package_dir: Path, package: str) -> str | None:
     return None
 
 
+def _cmake_text(root: Path) -> str:
+    """Its CMake files (the top one, ``cmake/*.cmake`` and those two folders down), read as one text."""
+    files = [root / "CMakeLists.txt", *sorted(root.glob("cmake/*.cmake")), *sorted(root.glob("*/CMakeLists.txt")),
+             *sorted(root.glob("*/*/CMakeLists.txt"))]
+    return "\n".join(_text(f) for f in files if not any(part in _SKIP_DIRS - {"csrc", "src"} for part in
+                                                         f.relative_to(root).parts[:-1]))
+
+
 def _native(root: Path, pyproject: dict[str, Any], setup_py: str) -> tuple[bool, bool, str]:
     """(builds native code, is a torch extension, why)."""
     backend = str(pyproject.get("build-system", {}).get("build-backend", ""))
+    cmake = _text(root / "CMakeLists.txt")
+    if cmake and _SETUP_CMAKE.search(setup_py):  # its cpp_extension import is for CUDA_HOME, not the build
+        return True, bool(_CMAKE_TORCH.search(cmake) or _TORCH_EXT.search(setup_py)), (
+            "setup.py drives a CMake build (CMakeLists.txt)")
     if _TORCH_EXT.search(setup_py):
         return True, True, "setup.py builds a torch C++/CUDA extension (torch.utils.cpp_extension)"
-    if _CMAKE_TORCH.search(_text(root / "CMakeLists.txt")):
+    if _CMAKE_TORCH.search(cmake):
         return True, True, "CMakeLists.txt builds against torch (find_package(Torch))"
     if any(backend.startswith(b) for b in _NATIVE_BACKENDS):
         return True, False, f"its build backend {backend!r} compiles native code"
@@ -225,22 +246,63 @@ class _Build:
     cpu_build: bool = True
     gpu_env: tuple[tuple[str, str], ...] = ()
     switches_why: tuple[str, ...] = ()
+    cpu_env: tuple[tuple[str, str], ...] = ()
+    also_read: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()
+
+
+def _cuda_of(variant: str) -> str:
+    """``"cu130"`` -> ``"13.0"``, the CUDA version a default variant's name says."""
+    match = re.fullmatch(r"cu(\d+)(\d)", variant)
+    return f"{match.group(1)}.{match.group(2)}" if match else "13.0"
+
+
+def _variants(root: Path, switches: Switches, torch_ext: bool, cmake: str) -> tuple[bool, bool, list[str]]:
+    """(a GPU variant, a CPU variant, why) from what the build compiles and the switches it reads."""
+    toggle = switches.role("cuda_toggle")
+    ops = switches.role("build_ops")
+    notes: list[str] = []
+    opened = f"a CPU variant: {toggle[0].name}={dict(switches.cpu_env)[toggle[0].name]} opens its CPU path" if (
+        toggle) else ""
+    if switches.cuda_extension or switches.cpu_extension:
+        cuda = switches.cuda_extension or switches.cudart
+        cpu = (switches.cpu_extension and not (switches.cudart and not switches.cuda_extension)) or bool(toggle)
+        if not cuda:
+            notes.append("no GPU variant: setup.py builds a CppExtension and no CUDAExtension (no device code)")
+        elif not switches.cuda_extension:
+            notes.append("a GPU variant: its CppExtension links the CUDA runtime (cudart), with no .cu file")
+    else:
+        requires = bool(switches.cudart or [r for r in switches.role("cuda_version") if r.required])
+        cuda = (_cuda_sources(root) or torch_ext or requires or bool(_CMAKE_CUDA.search(cmake))
+                or bool(switches.role("force_cuda") or toggle or ops))
+        cpu = not requires or bool(toggle)
+        if requires and not cpu:
+            notes.append("a GPU variant only: its build links the CUDA runtime or requires a CUDA version, and no"
+                         " switch opens a CPU path")
+    if ops and not cpu:
+        cpu = True
+        notes.append(f"a CPU variant: the portable wheel, built without {ops[0].name} (its ops compile at run time)")
+    elif not cpu and cuda and switches.cuda_extension and not switches.cudart:
+        notes.append("no CPU variant: setup.py builds a CUDAExtension and no CppExtension (no CPU path)")
+    elif opened and cpu:
+        notes.append(opened)
+    return cuda, cpu, notes
 
 
 def _native_build(root: Path, pyproject: dict[str, Any], setup_py: str, why: str, torch_ext: bool) -> _Build:
     """A package that compiles: GPU and CPU variants as far as its build can make each, and its switches."""
-    switches = read_switches(setup_py, parse_setup_py(setup_py))
+    from kiln.tasks.onboarding.render import load_defaults  # render imports this module
+
+    defaults = load_defaults()
+    cmake = _cmake_text(root)
+    config = _text(root / "pyproject.toml") + "\n" + _text(root / "setup.cfg")
+    switches = read_switches(setup_py, parse_setup_py(setup_py), cmake, config, defaults.extension_archs,
+                             _cuda_of(defaults.cuda_variant))
     why = f"kind pep517: {why}; its own backend builds one wheel per variant"
-    if not (switches.cuda_extension or switches.cpu_extension):  # no cpp_extension class (CMake, nvcc): as before
-        return _Build("pep517", why, None, torch_ext, _cuda_sources(root) or torch_ext, True, switches.gpu_env,
-                      switches.reasons)
-    notes = list(switches.reasons)
-    if not switches.cuda_extension:
-        notes.append("no GPU variant: setup.py builds a CppExtension and no CUDAExtension (no device code)")
-    if not switches.cpu_extension:
-        notes.append("no CPU variant: setup.py builds a CUDAExtension and no CppExtension (no CPU path)")
-    return _Build("pep517", why, None, torch_ext, switches.cuda_extension, switches.cpu_extension,
-                  switches.gpu_env if switches.cuda_extension else (), tuple(notes))
+    cuda, cpu, notes = _variants(root, switches, torch_ext, cmake)
+    return _Build("pep517", why, None, torch_ext, cuda, cpu, switches.gpu_env if cuda else (),
+                  (*switches.reasons, *notes), switches.cpu_env if cpu else (), switches.also_read,
+                  switches.assumed if cuda else ())
 
 
 def _kind(root: Path, package_dir: Path, package: str, pyproject: dict[str, Any], setup_py: str) -> _Build:
@@ -371,11 +433,20 @@ def inspect_project(root: Path) -> Findings:
                        " variant's (each one is recorded)")
     reasons.append(suites_why)
     runtime = any("kiln.runtime" in _text(f) for f in _py_files(package_dir) if f.name != "registry.py")
-    requires_python = meta["requires-python"].value if "requires-python" in meta else ">=3.10"
+    assumed = list(build.assumed)
+    if "requires-python" in meta:
+        requires_python = meta["requires-python"].value
+    else:
+        requires_python = DEFAULT_REQUIRES_PYTHON
+        assumed.insert(0, f"requires_python {requires_python!r}: the package declares none (no [project]"
+                          " requires-python, python_requires or Requires-Python); set the Pythons it supports")
     return Findings(root, build.kind, package, distribution, version, package_dir.relative_to(root).as_posix(),
                     requires_python, build.registry, runtime, build.torch_extension, build.cuda_build, suites,
                     tuple(reasons), arch_policy=policy, cpu_build=build.cpu_build, gpu_env=build.gpu_env,
-                    setup_py_only=not (root / "pyproject.toml").is_file() and bool(setup_py), undecided=undecided)
+                    setup_py_only=not (root / "pyproject.toml").is_file() and bool(setup_py), undecided=undecided,
+                    cpu_env=build.cpu_env, also_read=build.also_read, assumed=tuple(assumed),
+                    missing_sources=missing_sources(root, parse_setup_py(setup_py), pyproject) if build.kind == "pep517"
+                    else ())
 
 
 def _version(declared: str | None) -> tuple[str, list[str]]:

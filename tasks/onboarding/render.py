@@ -64,6 +64,11 @@ def _choice(f: Findings, field: str) -> str:
 def _header(f: Findings) -> list[str]:
     lines = ["# Written by `kiln init`: what it inferred from this repository, and why:"]
     lines += [f"#   - {reason}" for reason in f.reasons]
+    lines += [f"# ASSUMED (the package does not say; check it): {value}" for value in f.assumed]
+    if f.missing_sources:
+        missing = ", ".join(f.missing_sources)
+        lines.append(f"# WARNING: its build names native sources this tree does not hold ({missing}); every build"
+                     " of it fails until they are there (an sdist's MANIFEST.in left them out?)")
     lines += ["# Edit freely: `kiln nightly` reads only this file. The README's `kiln.toml` section lists every key.",
               "", "[project]", f"package = {_q(f.package)}{_choice(f, 'package')}",
               f"distribution = {_q(f.distribution)}{_choice(f, 'distribution')}",
@@ -94,10 +99,15 @@ def _variants(f: Findings, d: Defaults) -> list[str]:
         elif f.arch_policy == "at_least":
             lines.append('arch_policy = "at_least"          # its build picks its own archs too: recorded, not refused')
         if f.gpu_env:
-            lines.append(f"build_env = {_table(f.gpu_env)}   # its build switches: build from source, with CUDA")
+            lines.append(f"build_env = {_table(f.gpu_env)}   # its build switches (the header says why each)")
     if f.cpu_build or not f.cuda_build:
         lines += ["", "[[variants]]", f"name = {_q(d.cpu_variant)}", 'backend = "cpu"                   # Kiln\'s'
                   " own (CPU) torch"]
+        if f.cpu_env:
+            lines.append(f"build_env = {_table(f.cpu_env)}   # the switch that opens its CPU path")
+    if f.also_read:
+        lines += ["# also read by its build, not set by kiln init (what each controls, where it is read):",
+                  *(f"#   {line}" for line in f.also_read)]
     return lines
 
 

@@ -1,0 +1,49 @@
+"""The native sources a package's build names and its tree lacks (pure: reads files, runs nothing).
+
+An sdist whose ``MANIFEST.in`` left its ``csrc/`` out still carries a ``setup.py`` that names those files: every
+build of it fails (or, where the build skips a missing extension, ships no library). ``kiln init`` says so
+before it promises a nightly. A path counts as shipped where some file of the tree ends with it (``setup.py``
+often joins a folder and a name: ``os.path.join(here, "csrc", "op.cu")`` names ``op.cu``); a glob pattern
+where it matches something.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any
+
+_NATIVE = re.compile(r"\.(c|cc|cpp|cxx|cu|cuh|hip|mm)$")
+_SKIP = {".git", "build", "dist", "__pycache__", ".venv", "node_modules"}
+
+
+def _named(setup_tree: ast.Module | None, pyproject: dict[str, Any]) -> list[str]:
+    """The native source paths ``setup.py`` (any string literal) and ``[tool.setuptools] ext-modules`` name."""
+    names = [n.value for n in ast.walk(setup_tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             ] if setup_tree is not None else []
+    for ext in pyproject.get("tool", {}).get("setuptools", {}).get("ext-modules", []) or []:
+        names += [s for s in ext.get("sources", []) if isinstance(s, str)] if isinstance(ext, dict) else []
+    return [n.strip().removeprefix("./") for n in names if _NATIVE.search(n.strip()) and "\n" not in n
+            and len(n) < 300 and not n.strip().startswith(("-", "/"))]
+
+
+def _tree(root: Path) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in root.rglob("*")
+            if p.is_file() and not _SKIP.intersection(p.relative_to(root).parts)]
+
+
+def missing_sources(root: Path, setup_tree: ast.Module | None, pyproject: dict[str, Any]) -> tuple[str, ...]:
+    """Each native source the build names that no file of ``root`` is (sorted, once each)."""
+    named = _named(setup_tree, pyproject)
+    if not named:
+        return ()
+    files = _tree(root)
+
+    def shipped(path: str) -> bool:
+        if any(c in path for c in "*?["):
+            return any(fnmatch.fnmatch(f, path) or fnmatch.fnmatch(f, f"*/{path}") for f in files)
+        return any(f == path or f.endswith(f"/{path}") for f in files)
+
+    return tuple(sorted({p for p in named if not shipped(p)}))
