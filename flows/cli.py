@@ -96,9 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Read the package's build files (never run them) and write its kiln.toml.",
                        epilog="exit status: 0 written; 1 written, but its build names native sources the tree does"
                        " not hold (every build would fail: the file's header and stderr name them); 2 nothing"
-                       " written (the message says why). Values it had to assume are said on stderr.")
+                       " written (the message says why). Values it had to assume are said on stderr. --check: 0 the"
+                       " kiln.toml agrees with the build, 1 it does not (each line says the key to change).")
     p.add_argument("directory", nargs="?", default=".", help="the package's repository (default: here)")
-    _runs(p, lambda ns: _init_command(ns.directory))
+    p.add_argument("--check", action="store_true", help="write nothing: say where the repository's kiln.toml"
+                   " disagrees with what its build reads (exit status 1 where it does)")
+    _runs(p, lambda ns: _init_check_command(ns.directory) if ns.check else _init_command(ns.directory))
 
     p = sub.add_parser("nightly", help="build, test, benchmark and publish the nightly")
     _add_config(p)
@@ -426,6 +429,17 @@ def _init_command(directory: str) -> int:
               " (an sdist whose MANIFEST.in left them out?)", file=sys.stderr)
     print(f"wrote {result.path}; next: git add kiln.toml, then kiln nightly")
     return EXIT_FAILED if result.findings.missing_sources else EXIT_OK
+
+
+def _init_check_command(directory: str) -> int:
+    from kiln.tasks.onboarding.check import check_project
+
+    lines = check_project(directory)
+    for line in lines:
+        print(f"kiln init --check: {line}")
+    if not lines:
+        print("kiln init --check: kiln.toml agrees with what the build reads")
+    return EXIT_FAILED if lines else EXIT_OK
 
 
 def _audit_abi_command(wheels: list[str], stable: bool) -> int:

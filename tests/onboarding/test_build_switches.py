@@ -119,3 +119,18 @@ def test_switches_are_read_through_constants_helpers_cmake_and_pyproject_without
     assert dict(found.gpu_env) == {"K_BUILD_OPS": "1", "K_ARCH_LIST": "8.0;9.0", "K_TARGET_ARCHS": "80-real;90-real"}
     assert found.also_read == ("K_USE_ROCM (the ROCm build, setup.py)",
                                "K_DEBUG_BUILD (other, pyproject.toml/setup.cfg)")
+
+
+def test_init_check_says_which_switch_a_kiln_toml_lacks_and_passes_the_file_init_wrote(tmp_path, capsys):
+    repo = _package("optops", tmp_path)
+    assert main(["init", "--check", str(repo)]) == 2  # nothing to check yet
+    assert "does not exist: kiln init --check compares" in capsys.readouterr().err
+    assert main(["init", str(repo)]) == 0
+    assert main(["init", "--check", str(repo)]) == 0
+    assert "kiln.toml agrees with what the build reads" in capsys.readouterr().out
+    text = (repo / "kiln.toml").read_text()
+    (repo / "kiln.toml").write_text(text.replace('build_env = { OPTOPS_BUILD_OPS = "1" }', ""))
+    assert main(["init", "--check", str(repo)]) == 1
+    out = capsys.readouterr().out
+    assert ("kiln init --check: [[variants]] cu130 build_env: OPTOPS_BUILD_OPS = '1' is what its build needs, it is"
+            " not set (setup.py compiles its ops only when it is set;") in out
