@@ -134,3 +134,23 @@ def test_init_check_says_which_switch_a_kiln_toml_lacks_and_passes_the_file_init
     out = capsys.readouterr().out
     assert ("kiln init --check: [[variants]] cu130 build_env: OPTOPS_BUILD_OPS = '1' is what its build needs, it is"
             " not set (setup.py compiles its ops only when it is set;") in out
+
+
+def test_a_failed_build_says_the_setting_to_change_from_what_it_printed_and_what_its_build_reads(tmp_path):
+    from kiln.tasks.onboarding.advice import what_to_set
+
+    cudart = _package("cudartops", tmp_path)
+    log = "Traceback (most recent call last):\n  ...\nKeyError: 'CUDART_OPS_CUDA_MAJOR'\n"
+    assert what_to_set(cudart, "cu130", "cuda", {}, log) == [
+        "its build printed \"KeyError: 'CUDART_OPS_CUDA_MAJOR'\": add CUDART_OPS_CUDA_MAJOR = \"13\" to"
+        " [[variants]] cu130 build_env"]
+    optops = _package("optops", tmp_path)
+    [line] = what_to_set(optops, "cu130", "cuda", {}, "variant cu130: optops-2.1.1-py3-none-any.whl holds no shared"
+                         " library, so no cuda device code at all")
+    assert line.startswith("the wheel holds no shared library and setup.py compiles its ops only when it is set")
+    assert line.endswith('add OPTOPS_BUILD_OPS = "1" to [[variants]] cu130 build_env')
+    assert what_to_set(optops, "cu130", "cuda", {"OPTOPS_BUILD_OPS": "1"}, "error: nvcc died") == []
+    switch = _package("cpuswitch", tmp_path)
+    assert what_to_set(switch, "cpu", "cpu", {}, "SWOPS_CUDA_EXT=1 needs a CUDA torch; set SWOPS_CUDA_EXT=0") == [
+        "its build printed 'SWOPS_CUDA_EXT=1 needs a CUDA torch; set SWOPS_CUDA_EXT=0': add SWOPS_CUDA_EXT = \"0\" to"
+        " [[variants]] cpu build_env"]
