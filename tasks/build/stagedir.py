@@ -5,13 +5,15 @@ its translation unit (``_GLOBAL__N__<hash of the path>_…``), and no flag maps
 that away. A checkout's path differs on every worker (scale-out workers clone
 into fresh temporary directories), so the same commit gave different cu130
 libraries (invariant 8). Kiln copies the sources into
-``/tmp/kiln-nvcc-<uid>/<sha256 of their content>/`` and compiles there, with
-``-ffile-prefix-map`` mapping that directory to ``.`` for ``__FILE__``.
+``/tmp/kiln-nvcc-<uid>/<digest of the library, its source names and archs>/`` and compiles there, with
+``-ffile-prefix-map`` mapping that directory to ``.`` for ``__FILE__`` (:func:`fixed_sources`). The name
+is not the sources' content: a one-file change keeps the path, so the compile cache still serves the
+other files' objects, which name their translation unit's path.
 
 ``/tmp`` and not ``$TMPDIR``: the path must be the same on every worker. The
 per-user directory is created 0700 and refused, naming it, when another user
-owns it or can write it; a lock per content digest keeps two builds of the
-same sources from sharing a half-written copy.
+owns it or can write it; a lock per name keeps two builds of the same library
+from sharing a half-written copy.
 
 A ``pep517`` project build works the same way (:func:`fixed_dir`): its copy of
 the project, its build directories and its throwaway environment live under
@@ -22,8 +24,6 @@ not let a prefix map reach are the same on every worker.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
 import os
 import shutil
@@ -52,33 +52,6 @@ def _private_base(base: Path, kind: str = "nvcc") -> Path:
         raise CompileError(f"{root} is not a private directory of this user (a link, another owner, or open to"
                            " others): Kiln compiles native sources there; remove it and run the build again")
     return root
-
-
-def content_digest(root: Path) -> str:
-    """sha256 over every file under ``root``: its path relative to ``root`` and its bytes, in sorted order."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-@contextmanager
-def staged(sources: list[Path], base: Path = BASE) -> Iterator[tuple[Path, list[Path]]]:
-    """Copy the directory holding ``sources`` to a content-named directory; yield it and the sources' new paths."""
-    origin = Path(os.path.commonpath([str(s.resolve().parent) for s in sources]))
-    digest = content_digest(origin)
-    root = _private_base(base)
-    target = root / digest[:16]
-    with open(root / f"{digest[:16]}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            shutil.rmtree(target, ignore_errors=True)  # a copy a killed build left half-written
-            shutil.copytree(origin, target, symlinks=False)
-            _log.info("compiling %s from %s (a path named by its content, the same on every worker)", origin, target)
-            yield target, [target / s.resolve().relative_to(origin) for s in sources]
-        finally:
-            shutil.rmtree(target, ignore_errors=True)
 
 
 @contextmanager

@@ -108,6 +108,6 @@ def test_the_staging_directory_refuses_one_another_user_could_write(tmp_path):
     shared = base / f"kiln-nvcc-{__import__('os').getuid()}"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    with pytest.raises(CompileError, match="not a private directory"), stagedir.staged([SOURCE], base=base):
+    with pytest.raises(CompileError, match="not a private directory"), stagedir.fixed_sources([SOURCE], "lib", 5, base=base):
         pass
     assert list(shared.iterdir()) == []
