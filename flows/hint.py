@@ -8,14 +8,13 @@ module only words them, so the terminal and the Prefect UI say the same.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.release.install import held_requirements, index_options, pip_steps
+from kiln.release.install import held_requirements, index_options, pip_steps, printed_pip, printed_uv
 
 
 def first_lines(info: Mapping[str, Any]) -> list[str]:
@@ -40,7 +39,7 @@ def _facts(index_url: str, install: Mapping[str, Any]) -> dict[str, Any] | None:
     return facts if isinstance(facts, dict) else None
 
 
-UV_VARIANTS = ("uv", "pip", "install", "--preview-features", "wheel-variants")
+UV_VARIANTS = ("--preview-features", "wheel-variants")
 
 
 def install_command(index_url: str, install: Mapping[str, Any]) -> str:
@@ -50,16 +49,17 @@ def install_command(index_url: str, install: Mapping[str, Any]) -> str:
     candidates, so the names the index holds go in from it alone first); for the combined index of variant
     wheels (PEP 825), uv with its ``wheel-variants`` preview and its first-index strategy, which chooses the
     variant wheel the machine supports (pip, which knows no variants, would take the default CPU wheel
-    there). A nightly's requirement is pinned to the exact version it published.
+    there). A nightly's requirement is pinned to the exact version it published. Each command is isolated from
+    the caller's pip or uv configuration (:func:`kiln.release.install.printed_pip`), which could otherwise add an
+    index or find-links behind Kiln's.
     """
     facts = _facts(index_url, install) or {}
     requirement = str(facts.get("requirement") or install.get("distribution", ""))
     extras = install.get("extra_index_urls") or []
     if facts.get("variants"):
-        return shlex.join([*UV_VARIANTS, *index_options("uv", index_url, extras), requirement])
+        return printed_uv([*UV_VARIANTS, *index_options("uv", index_url, extras), requirement])
     held = held_requirements([str(r) for r in facts.get("requires") or []], facts.get("holds") or [])
-    steps = pip_steps(index_url, requirement, held, extras)
-    return " && ".join(shlex.join(["pip", "install", *step]) for step in steps)
+    return printed_pip(pip_steps(index_url, requirement, held, extras))
 
 
 def _name(text: str) -> tuple[str, bool]:

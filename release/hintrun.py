@@ -13,18 +13,24 @@ under a timeout; :func:`check_hint` compares the installed version with the
 published one. Given what the index holds, each step is resolved first
 (``--dry-run --report``) and not run when it would take a name the index
 holds from another index: the attacker's ``.pth`` never gets to run inside
-the check.
+the check. Each step is resolved a second time under the caller's own pip
+configuration (:mod:`kiln.release.pipconfig`: its pip.conf, ``PIP_EXTRA_INDEX_URL``,
+``PIP_FIND_LINKS``), which pip merges into any command that is not isolated
+from it; a configured index or find-links that would win a held name is named.
 
 Only the commands and options Kiln prints are accepted (``pip install`` steps
-joined by ``&&``; ``--index-url``/``-i``, ``--extra-index-url``,
-``--no-deps``) and one requirement per step (several with ``--no-deps``):
-anything else is refused before anything runs, naming the hint.
+joined by ``&&``, each optionally isolated as Kiln prints it, ``env
+PIP_CONFIG_FILE=/dev/null pip install --isolated``; ``--index-url``/``-i``,
+``--extra-index-url``, ``--no-deps``) and one requirement per step (several
+with ``--no-deps``): anything else is refused before anything runs, naming
+the hint.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -40,22 +46,27 @@ from packaging.version import InvalidVersion, Version
 from kiln.core.errors import InvalidInputError
 from kiln.release.install import check_index_url, python_command
 from kiln.release.installenv import run_installer
-from kiln.release.provenance import foreign, pip_dry_run
+from kiln.release.pipconfig import PipConfig
+from kiln.release.provenance import Resolution, foreign, pip_dry_run
 
 log = logging.getLogger(__name__)
 
 _OPTIONS = {"--index-url", "-i", "--extra-index-url"}
-_FLAGS = {"--no-deps"}
+_FLAGS = {"--no-deps", "--isolated"}
+_ASSIGNMENT = re.compile(r"(PIP_[A-Z0-9_]+)=(.*)", re.DOTALL)
+NO_CONFIG = {"PIP_CONFIG_FILE": os.devnull}
 _AND = "&&"
 _TAIL = 1500  # characters of a failed command's output in the report
 
 
 @dataclass(frozen=True)
 class Step:
-    """One ``pip install`` of a hint: its options (as given) and its requirements."""
+    """One ``pip install`` of a hint: its options (as given), its requirements, and the ``PIP_*`` variables
+    it sets for itself (``env PIP_CONFIG_FILE=/dev/null pip install …``)."""
 
     options: tuple[str, ...]
     requirements: tuple[Requirement, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def index_url(self) -> str:
@@ -110,9 +121,26 @@ def parse_hint(text: str) -> Hint:
     return Hint(text, steps)
 
 
+def _assignments(text: str, argv: list[str]) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+    """The ``PIP_*`` variables a command sets for itself (``env NAME=VALUE …`` or the shell's ``NAME=VALUE …``)
+    and the command that follows."""
+    rest = argv[1:] if argv[:1] == ["env"] else argv
+    found = []
+    while rest and "=" in rest[0] and not rest[0].startswith("-"):
+        match = _ASSIGNMENT.fullmatch(rest[0])
+        if match is None:
+            raise InvalidInputError(f"install hint {text!r}: sets {rest[0].partition('=')[0]!r}; a hint Kiln prints "
+                                    "sets only PIP_* variables")
+        found.append((match.group(1), match.group(2)))
+        rest = rest[1:]
+    return tuple(found), rest
+
+
 def _parse_step(text: str, argv: list[str]) -> Step:
+    env, argv = _assignments(text, argv)
     if argv[:2] != ["pip", "install"]:
-        raise InvalidInputError(f"install hint {text!r}: each command must start with 'pip install'")
+        raise InvalidInputError(f"install hint {text!r}: each command must start with 'pip install' "
+                                "(or 'env PIP_CONFIG_FILE=/dev/null pip install')")
     options: list[str] = []
     requirements: list[str] = []
     rest = iter(argv[2:])
@@ -136,15 +164,17 @@ def _parse_step(text: str, argv: list[str]) -> Step:
                                 "(several only with --no-deps: the project and what the index holds of its "
                                 "dependencies)")
     try:
-        return Step(tuple(options), tuple(Requirement(r) for r in requirements))
+        return Step(tuple(options), tuple(Requirement(r) for r in requirements), env)
     except InvalidRequirement as exc:
         raise InvalidInputError(f"install hint {text!r}: {exc}") from exc
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float, what: str) -> tuple[bool, str]:
-    """(succeeded, stdout or what failed) of ``cmd`` in ``cwd``: scrubbed environment, no pip configuration file."""
+def _run(cmd: list[str], cwd: Path, timeout: float, what: str,
+         env: Mapping[str, str] = NO_CONFIG) -> tuple[bool, str]:
+    """(succeeded, stdout or what failed) of ``cmd`` in ``cwd``: scrubbed environment and ``env`` (by default
+    no pip configuration file)."""
     try:
-        done = run_installer(cmd, cwd, timeout, {"PIP_CONFIG_FILE": os.devnull})
+        done = run_installer(cmd, cwd, timeout, env)
     except subprocess.TimeoutExpired:
         return False, f"{what}: timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -154,11 +184,12 @@ def _run(cmd: list[str], cwd: Path, timeout: float, what: str) -> tuple[bool, st
     return True, done.stdout
 
 
-def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float) -> str:
-    """"ok" when ``step`` would take every held name from its own ``--index-url`` (by content), wheels only;
-    else what it would take from where, or the sdist-only dependency it would have to build."""
+def _resolve(python: Path, step: Step, cwd: Path, timeout: float, env: Mapping[str, str]) -> Resolution | str:
+    """The wheels-only resolution of ``step`` under ``env`` and the variables the step sets itself (as the shell
+    applies them after the caller's), or why there is none."""
     try:
-        done = pip_dry_run(python_command(python), step.options, [str(r) for r in step.requirements], cwd, timeout)
+        done = pip_dry_run(python_command(python), step.options, [str(r) for r in step.requirements], cwd, timeout,
+                           {**env, **dict(step.env)})
     except subprocess.TimeoutExpired:
         return f"resolving {shlex.join(step.argv())}: timed out after {timeout:.0f} s"
     except InvalidInputError as exc:
@@ -167,16 +198,47 @@ def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd:
         sdists = f" (only an sdist of {', '.join(done.sdists)}: not built, wheels only)" if done.sdists else ""
         errors = " ".join(line.strip() for line in done.output.splitlines() if line.startswith("ERROR:"))
         return f"resolving {shlex.join(step.argv())} failed{sdists}: {errors[-_TAIL:]}"
-    problems = foreign(done.chosen, step.index_url, held, step.indexes)
-    return "; ".join(problems) or "ok"
+    return done
 
 
-def run_hint(hint: Hint, workdir: Path, timeout: float,
-             held: Mapping[str, frozenset[str]] | None = None) -> tuple[str | None, str]:
+def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float) -> str:
+    """"ok" when ``step`` would take every held name from its own ``--index-url`` (by content), wheels only,
+    with no pip configuration; else what it would take from where, or the sdist-only dependency it would have
+    to build."""
+    done = _resolve(python, step, cwd, timeout, NO_CONFIG)
+    if isinstance(done, str):
+        return done
+    return "; ".join(foreign(done.chosen, step.index_url, held, step.indexes)) or "ok"
+
+
+def _precheck_caller(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float,
+                     caller: PipConfig) -> str:
+    """"ok" when, under the caller's pip configuration, ``step`` still takes every held name from its own
+    ``--index-url``; else each held name a configured source would win, naming the setting and its URL."""
+    done = _resolve(python, step, cwd, timeout, caller.env)
+    if isinstance(done, str):
+        return f"under your pip configuration, {done}"
+    problems = []
+    for item in done.chosen:
+        files = held.get(item.name)
+        if files is not None and item.sha256 not in files:
+            settings = "; ".join(map(str, caller.named(item.url)))
+            problems.append(f"{item.name} {item.version} would come from {item.url} (configured by {settings}), not "
+                            f"from the Kiln index {step.index_url}, which holds {item.name}")
+    if not problems:
+        return "ok"
+    return (f"under your pip configuration, {'; '.join(problems)}: pip adds a configured index or find-links to "
+            f"every install not isolated from its configuration; run the command as Kiln prints it "
+            f"(env PIP_CONFIG_FILE={os.devnull} pip install --isolated …)")
+
+
+def run_hint(hint: Hint, workdir: Path, timeout: float, held: Mapping[str, frozenset[str]] | None = None,
+             caller: PipConfig | None = None) -> tuple[str | None, str]:
     """Run ``hint`` in a fresh venv under ``workdir``: (the version of its project it installed, or None; why not).
 
     Wheels only. With ``held`` (each name the index holds -> the SHA-256 of its files there), every step is
-    first resolved without installing, and a step that would take a held name from another index is not run.
+    first resolved without installing, with no pip configuration and, given ``caller``'s sources, under the
+    caller's pip configuration too; a step that would take a held name from another index is not run.
     """
     venv, cwd = workdir / "venv", workdir / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
@@ -185,11 +247,13 @@ def run_hint(hint: Hint, workdir: Path, timeout: float,
     for step in hint.steps if ok else ():
         if held is not None:
             out = _precheck(python, step, held, cwd, timeout)
+            if out == "ok" and caller is not None and caller.sources:
+                out = _precheck_caller(python, step, held, cwd, timeout, caller)
             ok = out == "ok"
         if ok:
             install = [*python_command(python), "-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:",
                        *step.argv()]
-            ok, out = _run(install, cwd, timeout, f"run the hint {hint.text!r}")
+            ok, out = _run(install, cwd, timeout, f"run the hint {hint.text!r}", {**NO_CONFIG, **dict(step.env)})
         if not ok:
             break
     if ok:
@@ -199,10 +263,11 @@ def run_hint(hint: Hint, workdir: Path, timeout: float,
     return (out.strip(), "") if ok else (None, out)
 
 
-def check_hint(hint: Hint, published: str, timeout: float, held: Mapping[str, frozenset[str]] | None = None) -> str:
+def check_hint(hint: Hint, published: str, timeout: float, held: Mapping[str, frozenset[str]] | None = None,
+               caller: PipConfig | None = None) -> str:
     """"ok" when running ``hint`` installs exactly the ``published`` version of its project, else what it did."""
     with tempfile.TemporaryDirectory(prefix="kiln-verify-hint-") as tmp:
-        installed, why = run_hint(hint, Path(tmp), timeout, held)
+        installed, why = run_hint(hint, Path(tmp), timeout, held, caller)
     if installed is None:
         return why
     try:

@@ -21,6 +21,8 @@ triton, numpy…). Two ways to install from it:
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -90,6 +92,43 @@ def index_options(tool: Tool, index_url: str, extra_index_urls: Sequence[str] = 
             "--default-index", extras[-1]]
 
 
+# A printed command runs in the caller's shell, under the caller's installer configuration, and pip and uv
+# both let that configuration add a source behind the ones a command names: pip.conf's or ``PIP_*``'s
+# extra-index-url and find-links are merged with the command's indexes, so another index's same-version wheel
+# with a more specific tag wins a name the Kiln index holds. pip's ``--isolated`` ignores every ``PIP_*``
+# variable and the user's pip.conf, but still reads the global and the virtual environment's pip.conf and the
+# file ``PIP_CONFIG_FILE`` names, unless that is the null device, which skips every file: the two together
+# leave only the command line. uv's ``--no-config`` skips its uv.toml and pyproject.toml files, but not the
+# file ``UV_CONFIG_FILE`` names nor uv's variables; of those, the command's own flags override the
+# single-valued ones (``--index-strategy``, ``--default-index``) and ``--index`` replaces ``UV_INDEX``,
+# while ``UV_EXTRA_INDEX_URL`` (ranked above a lone ``--default-index``), ``UV_FIND_LINKS`` (merged like
+# pip's find-links) and ``UV_OVERRIDE`` (which can swap a name for a URL) add a source: ``env -u`` removes
+# them for that one command. ``env`` rather than a shell's ``NAME=value cmd`` form, so fish reads it too.
+# ``kiln verify --hint`` judges a command under the caller's own configuration as well.
+PIP_ISOLATED: tuple[str, ...] = ("env", f"PIP_CONFIG_FILE={os.devnull}", "pip", "install", "--isolated")
+UV_UNSET = ("UV_CONFIG_FILE", "UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS", "UV_OVERRIDE")
+UV_ISOLATED: tuple[str, ...] = ("env", *(flag for name in UV_UNSET for flag in ("-u", name)),
+                                "uv", "pip", "install", "--no-config")
+
+
+def printed_pip(steps: Sequence[Sequence[str]]) -> str:
+    """The shell command a user pastes for the ``pip install`` arguments of ``steps`` (:func:`pip_steps`), each
+    step isolated from the caller's pip configuration, joined by ``&&``."""
+    return " && ".join(shlex.join([*PIP_ISOLATED, *step]) for step in steps)
+
+
+def printed_uv(arguments: Sequence[str]) -> str:
+    """The shell command a user pastes for the ``uv pip install`` ``arguments``, isolated from uv's
+    configuration files and from the variables that add a source."""
+    return shlex.join([*UV_ISOLATED, *arguments])
+
+
+# The same, for the installs Kiln runs itself: :func:`~kiln.release.installenv.scrubbed_env` already drops the
+# variables that add an index and points ``HOME`` away from the user's files; these null the configuration
+# files a variable can still name (and an overrides file), so no file adds a source either.
+ISOLATED_ENV = {"PIP_CONFIG_FILE": os.devnull, "UV_CONFIG_FILE": os.devnull, "UV_OVERRIDE": os.devnull}
+
+
 def held_requirements(requires: Iterable[str], held: Iterable[str]) -> list[str]:
     """The ``Requires-Dist`` lines of ``requires`` naming a project of ``held`` (what the Kiln index holds:
     ``kiln-runtime``, pins), as the wheel states them; lines only an extra asks for, and unparsable ones
@@ -128,7 +167,7 @@ def _run(cmd: list[str], timeout: float, what: str, cwd: Path) -> str:
     """Run ``cmd`` in ``cwd`` (a directory of Kiln's own, never the caller's: see :func:`python_command`),
     in the scrubbed environment every installer gets (:mod:`kiln.release.installenv`)."""
     try:
-        done = run_installer(cmd, cwd, timeout)
+        done = run_installer(cmd, cwd, timeout, ISOLATED_ENV)
     except subprocess.TimeoutExpired:
         return f"{what}: timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -174,7 +213,7 @@ def install_commands(tool: Tool, python: Path, spec: InstallSpec) -> list[list[s
         return [[*pip, *step] for step in pip_steps(spec.index_url, spec.requirement, spec.held,
                                                     spec.extra_index_urls)]
     preview = ["--preview-features", "wheel-variants"] if spec.wheel_variants else []
-    uv = [*uv_command(), "pip", "install", *preview, "--no-cache", "--no-build", "--python", str(python),
+    uv = [*uv_command(), "pip", "install", "--no-config", *preview, "--no-cache", "--no-build", "--python", str(python),
           *index_options(tool, spec.index_url, spec.extra_index_urls)]
     if not spec.resolves_dependencies:
         return [[*uv, "--no-deps", spec.requirement, *spec.held]]

@@ -98,9 +98,9 @@ class Resolution:
 
 
 def pip_dry_run(python: Sequence[str], options: Sequence[str], requirements: Sequence[str], cwd: Path,
-                timeout: float) -> Resolution:
+                timeout: float, extra_env: Mapping[str, str] | None = None) -> Resolution:
     """Resolve ``requirements`` with pip in ``python`` and ``options``: wheels only, nothing installed, in the
-    scrubbed environment; :class:`subprocess.TimeoutExpired` past ``timeout``.
+    scrubbed environment (and ``extra_env``); :class:`subprocess.TimeoutExpired` past ``timeout``.
 
     When pip finds no distribution for a requirement, the one project it names is asked again alone
     (``--no-deps``, ``-vv``), to learn whether the indexes hold only an sdist of it: pip says so only in its
@@ -109,14 +109,14 @@ def pip_dry_run(python: Sequence[str], options: Sequence[str], requirements: Seq
     report = Path(cwd) / "pip-report.json"
     report.unlink(missing_ok=True)
     pip = [*python, "-m", "pip", "install", "--dry-run", "--only-binary", ":all:", "--progress-bar", "off"]
-    done = run_installer([*pip, "--report", str(report), *options, *requirements], Path(cwd), timeout)
+    done = run_installer([*pip, "--report", str(report), *options, *requirements], Path(cwd), timeout, extra_env)
     output = done.stdout + "\n" + done.stderr
     if done.returncode == 0:
         return Resolution(0, tuple(read_report(report)), output, ())
     missing = _MISSING.search(output)
     if missing is None:
         return Resolution(done.returncode, (), output, ())
-    probe = run_installer([*pip, "-vv", "--no-deps", *options, missing.group(1)], Path(cwd), timeout)
+    probe = run_installer([*pip, "-vv", "--no-deps", *options, missing.group(1)], Path(cwd), timeout, extra_env)
     return Resolution(done.returncode, (), output, tuple(sdist_only(probe.stdout + "\n" + probe.stderr)))
 
 

@@ -33,8 +33,9 @@ report says that the others were not resolved.
 Each install hint the caller passes (``kiln verify --hint "pip install …"``,
 the command a run printed) is then run as a user would
 (:mod:`kiln.release.hintrun`: a fresh venv, ``-I``, an empty working
-directory, timeouts, each step resolved first and not run when it would take a
-name this index holds from elsewhere), and must install exactly the version
+directory, timeouts, each step resolved first, with no pip configuration and
+under the caller's own, and not run when it would take a name this index holds
+from elsewhere, naming the configured index that would), and must install exactly the version
 the index publishes of its project; an unpinned hint that takes a higher release from
 an extra index fails the verification, naming both versions.
 """
@@ -66,6 +67,7 @@ from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, St
 from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, held_requirements, install_and_import
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
+from kiln.release.pipconfig import PipConfig, caller_pip_config
 from kiln.release.provenance import shadowed
 from kiln.release.publish import COMBINED
 from kiln.release.serve import IndexServer
@@ -396,7 +398,8 @@ def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyR
                 report.installs[f"{tool} {spec.requirement}"] = install_and_import(tool, spec, workdir, timeout)
 
 
-def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyReport, timeout: float) -> None:
+def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyReport, timeout: float,
+               caller: PipConfig) -> None:
     """Run each hint; it must install the newest version this index publishes of its project, every name this
     index holds from it (a step that would take one from another index is refused before it runs)."""
     for hint in hints:
@@ -405,19 +408,20 @@ def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyR
         if published is None:
             report.installs[key] = f"this index publishes no installable {hint.project}; the hint cannot install it"
             continue
-        report.installs[key] = check_hint(hint, published.version, timeout, held_files(newest))
+        report.installs[key] = check_hint(hint, published.version, timeout, held_files(newest), caller)
 
 
 def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
                  extra_index_urls: Sequence[str] = (), tools: Sequence[Tool] = TOOLS,
                  settings: StoreSettings | None = None, limits: FetchLimits | None = None,
-                 hints: Sequence[str] = ()) -> VerifyReport:
+                 hints: Sequence[str] = (), caller: PipConfig | None = None) -> VerifyReport:
     """Check every page, link, hash and sidecar at ``url``; then install and import (see module docs).
 
     What is imported is what each wheel says it holds (``top_level.txt`` or
     its ``RECORD``), never a guess from the project's name. ``settings`` opens
     an ``s3://`` URL; ``limits`` caps every download (see :class:`~kiln.release.fetch.FetchLimits`).
-    ``hints``: install commands to run as printed (see module docs), whatever ``install`` says.
+    ``hints``: install commands to run as printed (see module docs), whatever ``install`` says; ``caller``:
+    the pip configuration they are judged under besides none (default: this process's, as a shell here has it).
     """
     extras = tuple(check_index_url(extra) for extra in extra_index_urls)  # refused before anything is fetched
     parsed = [parse_hint(hint) for hint in hints]
@@ -426,7 +430,8 @@ def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOU
     if install and not report.problems:
         _install_all(source, newest, report, extras, tools, timeout)
     if not report.problems:
-        _run_hints(parsed, newest, report, timeout)
+        found = caller_pip_config(os.environ, Path.home()) if caller is None else caller
+        _run_hints(parsed, newest, report, timeout, found)
     return report
 
 

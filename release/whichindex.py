@@ -12,7 +12,6 @@ considered: there the plain default wheel is the one pip would install.
 from __future__ import annotations
 
 import logging
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from kiln.core.errors import FetchError, InvalidInputError
 from kiln.core.wheels import member_limit
 from kiln.release.fetch import IndexSource, Page, file_bytes, open_source
-from kiln.release.install import held_requirements, pip_steps
+from kiln.release.install import held_requirements, pip_steps, printed_pip
 from kiln.release.pageforms import anchors, filename_of, html_files, json_files
 from kiln.release.which import Candidate
 
@@ -160,4 +159,4 @@ def install_command(url: str, listing: Listing, candidate: Candidate, extra_inde
     held = held_requirements(listing.requires.get(candidate.filename, []), listing.holds)
     root = url if url.endswith("/") else url + "/"
     steps = pip_steps(root, requirement_for(listing, candidate), held, extra_index_urls)
-    return " && ".join(shlex.join(["pip", "install", *step]) for step in steps)
+    return printed_pip(steps)

@@ -97,8 +97,8 @@ def test_a_nightlys_hint_pins_the_exact_version_and_a_releases_does_not(tmp_path
     run, plan, _ = publish_run(tmp_path / "n")
     url = record(run, plan, install_facts("demo-kernels", ["https://pypi.example/simple"], plan, check=False))
     assert install_command(url, run.info["install"]) == (
-        f"pip install --index-url {url} --no-deps demo-kernels=={NIGHTLY}+cpu demo-runtime==1.0 && "
-        f"pip install --index-url {url} --extra-index-url https://pypi.example/simple demo-kernels=={NIGHTLY}+cpu")
+        f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} --no-deps demo-kernels=={NIGHTLY}+cpu demo-runtime==1.0 && "
+        f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} --extra-index-url https://pypi.example/simple demo-kernels=={NIGHTLY}+cpu")
     run, plan, _ = publish_run(tmp_path / "r", channel="release", version="0.9.0")
     url = record(run, plan, install_facts("demo-kernels", ["https://pypi.example/simple"], plan, check=False))
     assert install_command(url, run.info["install"]).endswith(" demo-kernels")
@@ -213,8 +213,8 @@ def _pip_install(python: Path, command: str, home: Path) -> str:
            "HOME": str(home)}
     for step in command.split(" && "):
         argv = shlex.split(step)
-        assert argv[:2] == ["pip", "install"], command
-        done = subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", *argv[2:]], env=env,
+        assert argv[:5] == ["env", "PIP_CONFIG_FILE=/dev/null", "pip", "install", "--isolated"], command
+        done = subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", *argv[4:]], env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     shown = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('demo-kernels'))"],

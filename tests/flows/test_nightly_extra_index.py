@@ -124,7 +124,7 @@ def test_project_dependencies_are_merged_into_the_wheel_and_the_summary_states_i
 
 
 def _hint(run: RunManifest) -> str:
-    lines = [line.strip() for line in render_text(run).splitlines() if line.strip().startswith("install: pip install")
+    lines = [line.strip() for line in render_text(run).splitlines() if line.strip().startswith("install: env PIP_CONFIG_FILE=/dev/null pip install --isolated")
              and "/commits/" not in line]  # the channel index's hint; the per-commit index has its own
     assert len(lines) == 1, render_text(run)
     return lines[0].removeprefix("install: ")

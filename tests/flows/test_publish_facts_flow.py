@@ -73,8 +73,8 @@ def test_the_publish_flow_holds_back_an_untested_variant_and_pins_the_hint_below
     text = render_text(manifest)
     assert text.splitlines()[1].startswith("VERSION BELOW AN EXTRA INDEX: demo 1.0 sorts below release 2.0")
     index = f"{(out / 'index').resolve().as_uri()}/nightly/cu130/simple/"
-    assert (f"install: pip install --index-url {index} --no-deps demo==1.0+cu130 && "
-            f"pip install --index-url {index} --extra-index-url {extra.as_uri()} demo==1.0+cu130") in text
+    assert (f"install: env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {index} --no-deps demo==1.0+cu130 && "
+            f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {index} --extra-index-url {extra.as_uri()} demo==1.0+cu130") in text
     assert "SKIPPED   1 unit skipped: not published: no suite covers cpu" in text
 
 

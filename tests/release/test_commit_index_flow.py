@@ -40,8 +40,8 @@ def test_a_nightly_publish_records_prints_and_links_its_commits_index(prefect_se
     manifest = RunManifest.load(run.view)
     assert manifest.info["commit_index_url"] == urls
     text = render_text(manifest)  # what `kiln nightly` prints at the end
-    install = (f"pip install --index-url {urls[0]} --no-deps demo==1.0.dev5+cpu && "
-               f"pip install --index-url {urls[0]} --extra-index-url https://pypi.org/simple "
+    install = (f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {urls[0]} --no-deps demo==1.0.dev5+cpu && "
+               f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {urls[0]} --extra-index-url https://pypi.org/simple "
                "demo==1.0.dev5+cpu")  # pinned, like the channel's
     assert f"this commit's index: {urls[0]}\n    install: {install}\n" in text
     markdown = render_markdown(manifest)

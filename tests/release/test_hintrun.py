@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
 from kiln.release.cli import EXIT_USAGE
 from kiln.release.hintrun import parse_hint
+from kiln.release.install import pip_steps, printed_pip
 
 
 def test_a_printed_hint_parses_into_its_options_and_one_requirement():
@@ -31,7 +33,22 @@ def test_a_two_step_hint_parses_into_its_steps_and_is_for_its_first_requirement(
         "demo", "file:///k/", ["file:///k/", "https://pypi.org/simple"])
 
 
+def test_the_printed_isolated_form_parses_with_the_variables_it_sets_itself():
+    printed = install_command_for("file:///k/")
+    hint = parse_hint(printed)
+    assert [step.env for step in hint.steps] == [(("PIP_CONFIG_FILE", os.devnull),)] * 2, printed
+    assert all("--isolated" in step.options for step in hint.steps)
+    assert parse_hint("PIP_CONFIG_FILE=/dev/null pip install --isolated demo").steps[0].env == (
+        ("PIP_CONFIG_FILE", "/dev/null"),)
+
+
+def install_command_for(url: str) -> str:
+    return printed_pip(pip_steps(url, "demo==1.0+cpu", ["rt==0.1"], ["https://pypi.org/simple"]))
+
+
 @pytest.mark.parametrize(("hint", "why"), [
+    ("env AWS_PROFILE=x pip install demo", "sets 'AWS_PROFILE'; a hint Kiln prints sets only PIP_* variables"),
+    ("env -u PIP_X pip install demo", "each command must start with 'pip install'"),
     ("uv pip install demo", "must start with 'pip install'"),
     ("pip install --target /tmp/x demo", "option '--target' is not one Kiln prints"),
     ("pip install --index-url file:///x/ demo other", "names 2 requirements, not exactly one"),

@@ -80,8 +80,8 @@ def test_publish_flow_local_target_publishes_passing_variants_and_records_units(
     assert units["publish/pages"].state == "completed"
     summary = render_text(RunManifest.load(run.view))  # what `kiln nightly` prints at the end
     index = f"{store.url}/nightly/cu130/simple/"
-    install = (f"pip install --index-url {index} --no-deps demo==1.0+cu130 && "  # pinned
-               f"pip install --index-url {index} --extra-index-url https://pypi.org/simple demo==1.0+cu130")
+    install = (f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {index} --no-deps demo==1.0+cu130 && "  # pinned
+               f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {index} --extra-index-url https://pypi.org/simple demo==1.0+cu130")
     assert f"index: {index}\n    install: {install}\n" in summary
 
 

@@ -239,9 +239,9 @@ def test_the_install_hint_of_the_combined_index_is_uvs_with_the_preview_and_pip_
     combined, cpu = f"{plan.target}/{INDEX}/", f"{plan.target}/nightly/cpu/simple/"
     assert install["indexes"][combined]["version"] == VERSION and install["indexes"][combined]["variants"]
     assert install_command(combined, install) == (
-        f"uv pip install --preview-features wheel-variants --index-strategy first-index --index {combined} "
+        f"env -u UV_CONFIG_FILE -u UV_INDEX -u UV_EXTRA_INDEX_URL -u UV_FIND_LINKS -u UV_OVERRIDE uv pip install --no-config --preview-features wheel-variants --index-strategy first-index --index {combined} "
         f"--default-index https://pypi.org/simple k=={VERSION}")
-    assert install_command(cpu, install).startswith(f"pip install --index-url {cpu} ")
+    assert install_command(cpu, install).startswith(f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {cpu} ")
     assert "uv's preview installs the one this machine supports" in install_reason(combined, install)
 
 

@@ -100,7 +100,7 @@ def run_printed(command: str, venv: Path, home: Path) -> None:
            "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_NO_CACHE": "1"}
     for step in command.split(" && "):
         argv = shlex.split(step)
-        assert argv[0] in ("pip", "uv"), command
+        assert argv[0] == "env" and argv[argv.index("install") - 1] in ("pip", "uv"), command
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=home)
         assert done.returncode == 0, f"{step}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
 
@@ -129,7 +129,7 @@ def test_every_printed_command_installs_kilns_files_only_and_no_attacker_code_ru
     extra, markers = attacker
     run, plan = kiln_publish(tmp_path / "kiln", channel)
     commands = printed_commands(run, plan, extra)
-    assert {c.split()[0] for c in commands} == {"pip", "uv"}, commands
+    assert {next(w for w in c.split() if w in ("pip", "uv")) for c in commands} == {"pip", "uv"}, commands
     for n, command in enumerate(commands):
         venv, home = tmp_path / f"venv{n}", tmp_path / f"home{n}"
         home.mkdir()
@@ -140,7 +140,7 @@ def test_every_printed_command_installs_kilns_files_only_and_no_attacker_code_ru
         assert got["kiln-runtime"] == RUNTIME, (command, got)
     assert not markers.exists(), sorted(p.read_text() for p in markers.iterdir())
     # the premise: one pip command naming both indexes takes the attacker's files and runs their code
-    one = commands[[c.split()[0] for c in commands].index("pip")].split(" && ")[1]
+    one = next(c for c in commands if c.startswith("env PIP_CONFIG_FILE")).split(" && ")[1]
     venv, home = tmp_path / "naive", tmp_path / "naive-home"
     home.mkdir()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=TIMEOUT_S)
@@ -173,7 +173,7 @@ def test_kiln_verify_and_its_hint_refuse_the_attackers_index_as_an_extra_index(t
     extra, markers = attacker
     run, plan = kiln_publish(tmp_path / "kiln", "nightly")
     url = _cpu_url(plan, "nightly")
-    printed = next(c for c in printed_commands(run, plan, extra) if c.startswith(f"pip install --index-url {url} "))
+    printed = next(c for c in printed_commands(run, plan, extra) if c.startswith(f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} "))
     naive = printed.split(" && ")[1]  # one pip command naming both indexes, as Kiln printed before
     attack = f"kiln-runtime 99.0 would come from {extra}kiln-runtime/kiln_runtime-99.0-py3-none-any.whl ({extra})"
 

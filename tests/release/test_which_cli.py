@@ -48,10 +48,10 @@ def _which(capsys: pytest.CaptureFixture[str], url: str, *axes: str) -> tuple[in
 def _dry_run(step: str, python: str, report: Path) -> list[str]:
     """Run one printed ``pip install …`` step as a dry run for ``python``'s platform; the files pip would install."""
     argv = shlex.split(step)
-    assert argv[:2] == ["pip", "install"], step
-    command = [sys.executable, "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--quiet",
+    assert argv[:5] == ["env", "PIP_CONFIG_FILE=/dev/null", "pip", "install", "--isolated"], step
+    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
                "--dry-run", "--ignore-installed", "--report", str(report), "--python-version", python,
-               "--platform", "linux_x86_64", "--only-binary=:all:", *argv[2:]]
+               "--platform", "linux_x86_64", "--only-binary=:all:", *argv[4:]]
     subprocess.run(command, check=True, timeout=120, capture_output=True)
     return sorted(item["download_info"]["url"].rsplit("/", 1)[-1].replace("%2B", "+")
                   for item in json.loads(report.read_text())["install"])
@@ -63,7 +63,7 @@ def test_which_prints_the_command_that_installs_the_cpu_wheel(indexes: tuple[str
     assert status == EXIT_OK, lines
     assert lines[0] == (f"kiln which: {CPU_WHEEL} fits Python 3.11, cp311-cp311-linux_x86_64, torch 2.13.0, "
                         "no GPU backend (cpu)")
-    assert lines[-1] == f"pip install --index-url {url} kiln-kernels==0.1.0+cpu"
+    assert lines[-1] == f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} kiln-kernels==0.1.0+cpu"
     # its dependencies are not all on this index: the install itself, without them
     assert _dry_run(lines[-1] + " --no-deps", "3.11", tmp_path / "report.json") == [CPU_WHEEL]
 
@@ -74,7 +74,7 @@ def test_which_with_an_extra_index_prints_two_steps_that_install(indexes: tuple[
                            "--extra-index-url", pypi)
     assert status == EXIT_OK, lines
     first, second = lines[-1].split(" && ")
-    assert first == f"pip install --index-url {url} --no-deps kiln-kernels==0.1.0+cu130 kiln-runtime==0.1.0"
+    assert first == f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} --no-deps kiln-kernels==0.1.0+cu130 kiln-runtime==0.1.0"
     assert _dry_run(first, "3.12", tmp_path / "first.json") == [CU130_WHEEL, "kiln_runtime-0.1.0-py3-none-any.whl"]
     assert _dry_run(second, "3.12", tmp_path / "second.json") == [
         CU130_WHEEL, "kiln_runtime-0.1.0-py3-none-any.whl", "torch-2.14.1-py3-none-any.whl"]
@@ -117,7 +117,7 @@ def test_which_reads_an_index_behind_a_static_http_server(indexes: tuple[str, st
         url = base.rstrip("/") + "/"
         status, lines = _which(capsys, url, "--python", "3.12", "--torch", "2.14.1", "--cuda", "13.0")
     assert status == EXIT_OK, lines
-    assert lines[-1] == f"pip install --index-url {url} kiln-kernels==0.1.0+cu130"
+    assert lines[-1] == f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} kiln-kernels==0.1.0+cu130"
 
 
 def test_a_plain_wheel_beside_labelled_ones_is_pinned_with_arbitrary_equality(tmp_path: Path, capsys) -> None:
@@ -128,5 +128,5 @@ def test_a_plain_wheel_beside_labelled_ones_is_pinned_with_arbitrary_equality(tm
     url = (tmp_path / "index").as_uri() + "/"
     status, lines = _which(capsys, url, "--python", "3.11", "--torch", "none", "--cuda", "none")
     assert status == EXIT_OK, lines
-    assert lines[-1] == f"pip install --index-url {url} kiln-kernels===0.1.0"
+    assert lines[-1] == f"env PIP_CONFIG_FILE=/dev/null pip install --isolated --index-url {url} kiln-kernels===0.1.0"
     assert _dry_run(lines[-1], "3.11", tmp_path / "report.json") == ["kiln_kernels-0.1.0-py3-none-any.whl"]
