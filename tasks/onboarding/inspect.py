@@ -28,8 +28,8 @@ from kiln.tasks.onboarding.names import (
     package_bases,
     parse_setup_py,
 )
+from kiln.tasks.onboarding.native import native_build, native_code
 from kiln.tasks.onboarding.sources import missing_sources
-from kiln.tasks.onboarding.switches import Switches, read_switches
 
 # registry: Kiln compiles the Triton kernels a kiln.runtime registry names (Kiln's own wheel builder);
 # pep517: the package builds itself (setuptools, CMake, a torch C++/CUDA extension), one wheel per variant;
@@ -41,15 +41,9 @@ _SKIP_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "benchmark"
               "scripts", "tools", "dev", "src", "csrc", "site-packages", "node_modules", "third_party", "include"}
 _TRITON_KERNEL = re.compile(r"^\s*@triton\.(jit|autotune)\b", re.M)
 _TRITON = re.compile(r"^\s*(import triton\b|from triton(\.| )\S*\s*import\b)", re.M)
-_TORCH_EXT = re.compile(r"\b(CUDAExtension|CppExtension|BuildExtension|torch\.utils\.cpp_extension)\b")
-_NATIVE_BUILD = re.compile(r"\b(nvcc|Extension\(|cmake|CMakeBuild|ext_modules)\b", re.I)
-_NATIVE_BACKENDS = ("scikit_build_core", "mesonpy", "cmake_build_extension", "py_build_cmake")
 # Tests written to run on the CPU too: they put Triton in interpreter mode where no GPU is.
 _CPU_READY = re.compile(r"\bTRITON_INTERPRET\b")
 _GPU_USE = re.compile(r"""["']cuda(:\d+)?["']|\.cuda\(|torch\.cuda\.|device\s*=\s*["']cuda""")
-_CMAKE_TORCH = re.compile(r"find_package\s*\(\s*Torch\b")
-_CMAKE_CUDA = re.compile(r"LANGUAGES[^)]*\bCUDA\b|enable_language\s*\(\s*CUDA|find_package\s*\(\s*CUDAToolkit")
-_SETUP_CMAKE = re.compile(r"\bcmake\b|CMakeBuild|CMakeExtension", re.I)
 # A literal compute capability in a -gencode flag: the build picks its own archs, whatever Kiln exports.
 _OWN_ARCHS = re.compile(r"arch=compute_\d+|-arch=sm_\d+|CUDA_ARCHITECTURES\s+\"?\d")
 DEFAULT_REQUIRES_PYTHON = ">=3.10"  # where a package declares none: said, never silent
@@ -201,41 +195,6 @@ def _registry(package_dir: Path, package: str) -> str | None:
     return None
 
 
-def _cmake_text(root: Path) -> str:
-    """Its CMake files (the top one, ``cmake/*.cmake`` and those two folders down), read as one text."""
-    files = [root / "CMakeLists.txt", *sorted(root.glob("cmake/*.cmake")), *sorted(root.glob("*/CMakeLists.txt")),
-             *sorted(root.glob("*/*/CMakeLists.txt"))]
-    return "\n".join(_text(f) for f in files if not any(part in _SKIP_DIRS - {"csrc", "src"} for part in
-                                                         f.relative_to(root).parts[:-1]))
-
-
-def _native(root: Path, pyproject: dict[str, Any], setup_py: str) -> tuple[bool, bool, str]:
-    """(builds native code, is a torch extension, why)."""
-    backend = str(pyproject.get("build-system", {}).get("build-backend", ""))
-    cmake = _text(root / "CMakeLists.txt")
-    if cmake and _SETUP_CMAKE.search(setup_py):  # its cpp_extension import is for CUDA_HOME, not the build
-        return True, bool(_CMAKE_TORCH.search(cmake) or _TORCH_EXT.search(setup_py)), (
-            "setup.py drives a CMake build (CMakeLists.txt)")
-    if _TORCH_EXT.search(setup_py):
-        return True, True, "setup.py builds a torch C++/CUDA extension (torch.utils.cpp_extension)"
-    if _CMAKE_TORCH.search(cmake):
-        return True, True, "CMakeLists.txt builds against torch (find_package(Torch))"
-    if any(backend.startswith(b) for b in _NATIVE_BACKENDS):
-        return True, False, f"its build backend {backend!r} compiles native code"
-    if (root / "CMakeLists.txt").is_file():
-        return True, False, "a CMakeLists.txt builds native code"
-    if pyproject.get("tool", {}).get("setuptools", {}).get("ext-modules"):
-        return True, False, "pyproject.toml declares C extensions ([tool.setuptools] ext-modules)"
-    if _NATIVE_BUILD.search(setup_py):
-        return True, False, "setup.py compiles native code (nvcc, Extension or CMake)"
-    return False, False, ""
-
-
-def _cuda_sources(root: Path) -> bool:
-    return any(p.suffix in (".cu", ".cuh") for p in root.rglob("*.cu*")
-               if not any(part.startswith(".") for part in p.relative_to(root).parts))
-
-
 @dataclass(frozen=True)
 class _Build:
     kind: Kind
@@ -251,58 +210,12 @@ class _Build:
     assumed: tuple[str, ...] = ()
 
 
-def _cuda_of(variant: str) -> str:
-    """``"cu130"`` -> ``"13.0"``, the CUDA version a default variant's name says."""
-    match = re.fullmatch(r"cu(\d+)(\d)", variant)
-    return f"{match.group(1)}.{match.group(2)}" if match else "13.0"
-
-
-def _variants(root: Path, switches: Switches, torch_ext: bool, cmake: str) -> tuple[bool, bool, list[str]]:
-    """(a GPU variant, a CPU variant, why) from what the build compiles and the switches it reads."""
-    toggle = switches.role("cuda_toggle")
-    ops = switches.role("build_ops")
-    notes: list[str] = []
-    opened = f"a CPU variant: {toggle[0].name}={dict(switches.cpu_env)[toggle[0].name]} opens its CPU path" if (
-        toggle) else ""
-    if switches.cuda_extension or switches.cpu_extension:
-        cuda = switches.cuda_extension or switches.cudart
-        cpu = (switches.cpu_extension and not (switches.cudart and not switches.cuda_extension)) or bool(toggle)
-        if not cuda:
-            notes.append("no GPU variant: setup.py builds a CppExtension and no CUDAExtension (no device code)")
-        elif not switches.cuda_extension:
-            notes.append("a GPU variant: its CppExtension links the CUDA runtime (cudart), with no .cu file")
-    else:
-        requires = bool(switches.cudart or [r for r in switches.role("cuda_version") if r.required])
-        cuda = (_cuda_sources(root) or torch_ext or requires or bool(_CMAKE_CUDA.search(cmake))
-                or bool(switches.role("force_cuda") or toggle or ops))
-        cpu = not requires or bool(toggle)
-        if requires and not cpu:
-            notes.append("a GPU variant only: its build links the CUDA runtime or requires a CUDA version, and no"
-                         " switch opens a CPU path")
-    if ops and not cpu:
-        cpu = True
-        notes.append(f"a CPU variant: the portable wheel, built without {ops[0].name} (its ops compile at run time)")
-    elif not cpu and cuda and switches.cuda_extension and not switches.cudart:
-        notes.append("no CPU variant: setup.py builds a CUDAExtension and no CppExtension (no CPU path)")
-    elif opened and cpu:
-        notes.append(opened)
-    return cuda, cpu, notes
-
 
 def _native_build(root: Path, pyproject: dict[str, Any], setup_py: str, why: str, torch_ext: bool) -> _Build:
-    """A package that compiles: GPU and CPU variants as far as its build can make each, and its switches."""
-    from kiln.tasks.onboarding.render import load_defaults  # render imports this module
-
-    defaults = load_defaults()
-    cmake = _cmake_text(root)
-    config = _text(root / "pyproject.toml") + "\n" + _text(root / "setup.cfg")
-    switches = read_switches(setup_py, parse_setup_py(setup_py), cmake, config, defaults.extension_archs,
-                             _cuda_of(defaults.cuda_variant))
-    why = f"kind pep517: {why}; its own backend builds one wheel per variant"
-    cuda, cpu, notes = _variants(root, switches, torch_ext, cmake)
-    return _Build("pep517", why, None, torch_ext, cuda, cpu, switches.gpu_env if cuda else (),
-                  (*switches.reasons, *notes), switches.cpu_env if cpu else (), switches.also_read,
-                  switches.assumed if cuda else ())
+    n = native_build(root, pyproject, setup_py, why, torch_ext)
+    return _Build("pep517", f"kind pep517: {n.why}; its own backend builds one wheel per variant", None,
+                  n.torch_extension, n.cuda_build, n.cpu_build, n.gpu_env, n.reasons, n.cpu_env, n.also_read,
+                  n.assumed)
 
 
 def _kind(root: Path, package_dir: Path, package: str, pyproject: dict[str, Any], setup_py: str) -> _Build:
@@ -310,7 +223,7 @@ def _kind(root: Path, package_dir: Path, package: str, pyproject: dict[str, Any]
     if registry is not None:
         return _Build("registry", f"kind registry: {registry} describes kernels with kiln.runtime; Kiln compiles"
                       " them ahead of time per arch", registry, cuda_build=True)
-    native, torch_ext, why = _native(root, pyproject, setup_py)
+    native, torch_ext, why = native_code(root, pyproject, setup_py)
     has_build = bool(pyproject) or bool(setup_py)
     if native:
         return _native_build(root, pyproject, setup_py, why, torch_ext)
