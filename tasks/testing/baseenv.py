@@ -23,7 +23,9 @@ or may write is refused, naming it (:func:`~kiln.tasks.build.buildenv.owner_only
 Suites share the base, so nothing of it may be writable from one suite to the
 next (a test that edits pytest in place must not reach another package's
 suite): before it is published a new base is byte-compiled, made read-only
-and its every file hashed into ``kiln-base-files.json`` (:func:`freeze`);
+and its every file hashed into an integrity record (:func:`freeze`) that lives outside the base, in
+Kiln's owner-only ``integrity/`` beside ``bases/`` (:func:`manifest_path`: a test that may write the base
+still cannot rewrite the record that judges it);
 every use checks it against that (:func:`changed_files`: a file whose size,
 times and inode are unchanged keeps its recorded hash, as git's index does; a
 write changes the ``ctime``, which no unprivileged process can set back). A
@@ -53,7 +55,7 @@ from importlib import metadata
 from pathlib import Path
 
 from kiln.core.errors import InfrastructureError, KilnError
-from kiln.core.fsutil import polled_lock
+from kiln.core.fsutil import atomic_write_text, polled_lock
 from kiln.core.venvs import tool_python
 from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir, pinned_version
 from kiln.tasks.build.nvcc import run_tool
@@ -66,8 +68,8 @@ CACHE_ENV = "KILN_TEST_ENV_CACHE"
 BASE_DISTRIBUTIONS = ("torch", "triton", "numpy", "pytest", "pydantic")
 CREATE_TIMEOUT_S = 1800.0  # a cold base: torch and Triton from pip's sources
 COMPILE_TIMEOUT_S = 600.0
-BASES = "bases"  # frozen bases (each with its MANIFEST) live here, apart from the unchecked ones of before
-MANIFEST = "kiln-base-files.json"
+BASES = "bases"  # frozen bases live here, apart from the unchecked ones of before
+INTEGRITY = "integrity"  # beside bases/: each frozen base's record of its files, out of the base's reach
 _SHOWN = 5  # changed files named in the log
 HASH_THREADS = 4
 
@@ -171,7 +173,7 @@ def _copy_host(host: HostDistributions, tmp: Path) -> None:
 
 
 def _files(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """(path relative to ``root``, lstat) of every file and symbolic link under ``root``, the manifest aside."""
+    """(path relative to ``root``, lstat) of every file and symbolic link under ``root``."""
     todo = [""]
     while todo:
         prefix = todo.pop()
@@ -180,7 +182,7 @@ def _files(root: Path) -> Iterator[tuple[str, os.stat_result]]:
                 rel = prefix + entry.name
                 if entry.is_dir(follow_symlinks=False):
                     todo.append(rel + os.sep)
-                elif rel != MANIFEST:
+                else:
                     yield rel, entry.stat(follow_symlinks=False)
 
 
@@ -218,17 +220,24 @@ def freeze(root: Path) -> None:
     except BaseException:
         _writable_dirs(root)  # so the creator can remove what it could not finish
         raise
-    (root / MANIFEST).write_text(json.dumps(files, sort_keys=True) + "\n")
-    os.chmod(root / MANIFEST, 0o444)
+    atomic_write_text(manifest_path(root), json.dumps(files, sort_keys=True) + "\n")
+
+
+def manifest_path(root: Path) -> Path:
+    """Where the integrity record of the base at ``root`` lives: outside it, named by the base directory's
+    identity (device and inode, kept when the finished base is renamed into place; a base made anew, or put
+    in its place by someone else, has no record and is made again)."""
+    found = os.stat(root)
+    return owner_only_dir(root.parent.parent / INTEGRITY) / f"{found.st_dev}-{found.st_ino}.json"
 
 
 def changed_files(root: Path) -> list[str]:
     """What differs in the base at ``root`` from what :func:`freeze` recorded: changed, added, removed files."""
     try:
-        recorded: dict[str, list[str | int]] = json.loads((root / MANIFEST).read_text())
+        recorded: dict[str, list[str | int]] = json.loads(manifest_path(root).read_text())
         found = dict(_files(root))
     except (OSError, ValueError) as exc:
-        return [f"{MANIFEST} ({exc.__class__.__name__}: {exc})"]
+        return [f"its integrity record ({exc.__class__.__name__}: {exc})"]
     changed = sorted(set(recorded) ^ set(found))
     for rel, now in found.items():
         entry = recorded.get(rel)
@@ -248,6 +257,7 @@ def _discard(root: Path, changed: Sequence[str]) -> None:
         if not root.exists() or not changed_files(root):  # another suite replaced it meanwhile
             return
         aside = root.parent / f".changed-{root.name[:16]}-{uuid.uuid4().hex[:8]}"
+        manifest_path(root).unlink(missing_ok=True)
         os.rename(root, aside)  # no suite finds it from now on; the ones running on it already ran changed code
     _writable_dirs(aside)
     shutil.rmtree(aside)

@@ -57,13 +57,16 @@ def process_env(work: Path, extra: Mapping[str, str], pass_env: Sequence[str] = 
     return guest_environ(work / "home", extra, pass_env)
 
 
-def sandboxed(cmd: Sequence[str], root: Path, work: Path) -> list[str]:
+def sandboxed(cmd: Sequence[str], root: Path, work: Path, paths: Sequence[str]) -> list[str]:
     """``cmd`` in the tests' sandbox: read the interpreter's environment (the layers under it read-only), Kiln's
-    runner code and the tests under ``root``; write only ``work`` (results, stacks, the private home) and the
-    suite's own environment, never Kiln's; loopback only."""
+    runner code and the tests under ``root``; write only ``work`` (results, stacks, the private home), the
+    suite's own environment (never Kiln's) and the test folders ``paths`` name (a suite writes beside its tests:
+    snapshots, markers), never the rest of the project, where a ``file://`` store may live; loopback only."""
     env_root = Path(cmd[0]).parent.parent
     own = [env_root] if (env_root / "pyvenv.cfg").is_file() and env_root.resolve() != Path(sys.prefix).resolve() else []
-    return guest_command(cmd, read=[root], write=[work, *own], network="loopback")
+    tops = {Path(p.split("::", 1)[0]).parts[0] for p in paths if p and not os.path.isabs(p)} - {".", ".."}
+    return guest_command(cmd, read=[root], write=[work, *own, *(root / top for top in sorted(tops))],
+                         network="loopback")
 
 
 class SpawnedChild(PopenChild):
@@ -106,7 +109,7 @@ class Worker:
         logger.info("starting the test worker: %s", " ".join(args))
         self.log = work / "worker.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(sandboxed(args, root, work), cwd=root,
+            self.proc = subprocess.Popen(sandboxed(args, root, work, paths), cwd=root,
                                          env=process_env(work, options.env, options.pass_env), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, pass_fds=(cmd_r, evt_w),
                                          start_new_session=True)
@@ -188,7 +191,7 @@ def spawn_job(job: Job, root: Path, env: Mapping[str, str], results: Path, stack
     logger.info("spawning %s", " ".join(args))
     log = open(results.with_suffix(".log"), "wb")
     try:
-        proc = subprocess.Popen(sandboxed(args, root, results.parent), cwd=root,
+        proc = subprocess.Popen(sandboxed(args, root, results.parent, [i.nodeid for i in job.items]), cwd=root,
                                 env=process_env(results.parent, {**options.env, **env}, options.pass_env),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:

@@ -5,6 +5,7 @@ Real environments (uv, pip) and real suites through Kiln's worker; no mocks.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from kiln.core.errors import UnsafePathError
 from kiln.tasks.build.buildenv import owner_only_dir
 from kiln.tasks.testing import envs
-from kiln.tasks.testing.baseenv import BASES, CACHE_ENV, MANIFEST, base_env, changed_files, site_packages
+from kiln.tasks.testing.baseenv import BASES, CACHE_ENV, base_env, changed_files, manifest_path, site_packages
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
 from tests.helpers.wheelkit import make_wheel
@@ -91,7 +92,11 @@ def test_a_base_changed_after_it_was_made_is_detected_named_and_made_again(tmp_p
     original = module.read_text()
     module.write_text(original.replace("pristine", "edited!!"))  # same size
     (base.site / "planted.pth").write_text("import os\n")
-    assert changed_files(base.root) == sorted([str(module.relative_to(base.root)),
+    # the list a test could rewrite used to live in the base: a forged one there vouches for nothing now
+    os.chmod(base.root, 0o755)
+    (base.root / "kiln-base-files.json").write_text(json.dumps({str(module.relative_to(base.root)): ["forged"]}))
+    assert manifest_path(base.root).parent != base.root and not manifest_path(base.root).is_relative_to(base.root)
+    assert changed_files(base.root) == sorted([str(module.relative_to(base.root)), "kiln-base-files.json",
                                                str((base.site / "planted.pth").relative_to(base.root))])
 
     with caplog.at_level(logging.WARNING, logger="kiln.tasks.testing.baseenv"):
@@ -102,7 +107,7 @@ def test_a_base_changed_after_it_was_made_is_detected_named_and_made_again(tmp_p
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert str(base.root) in warned and "kilntinydep/__init__.py" in warned and "planted.pth" in warned
     assert sorted(p.name for p in (tmp_path / "cache" / BASES).iterdir()) == [base.root.name, f"{base.root.name}.lock"]
-    assert site_packages(again.root) == again.site and (again.root / MANIFEST).is_file()
+    assert site_packages(again.root) == again.site and manifest_path(again.root).is_file()
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from kiln.tasks.testing import baseenv
-from kiln.tasks.testing.baseenv import BASES, CACHE_ENV, MANIFEST, base_env, base_pins, changed_files, prepare_bases
+from kiln.tasks.testing.baseenv import (
+    BASES,
+    CACHE_ENV,
+    base_env,
+    base_pins,
+    changed_files,
+    manifest_path,
+    prepare_bases,
+)
 from kiln.tasks.testing.hostbase import copy_into, host_distributions
 
 
@@ -101,7 +109,7 @@ def test_the_real_base_copied_from_kilns_interpreter_imports_its_distributions_a
     assert json.loads(done.stdout) == {"torch": True, "triton": True, "numpy": True, "pytest": True,
                                        "pydantic": True, "prefect": False, "kiln": False, "boto3": False, "uv": False}
     assert not (base.site / "kiln").exists() and not list(base.site.glob("__editable__*"))
-    assert (base.site / "torch" / "__init__.py").stat().st_mode & 0o222 == 0 and (base.root / MANIFEST).is_file()
+    assert (base.site / "torch" / "__init__.py").stat().st_mode & 0o222 == 0 and manifest_path(base.root).is_file()
     # copies: Kiln's own torch is left as it was (a hard link would have shared the read-only mode)
     assert (host.site / "torch" / "__init__.py").stat().st_mode & 0o200
 
