@@ -57,6 +57,13 @@ def user_cache(tool: str, variable: str) -> str:
     return os.environ.get(variable) or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / tool)
 
 
+def resolver_env(home: Path) -> dict[str, str]:
+    """What a ``uv pip compile`` that checks whether requirements can be had runs with: :func:`scrubbed_env`
+    (``HOME`` = ``home``), uv's cache of the user kept warm, and no interpreter downloaded. The machine's own
+    pip sources reach it as options (:func:`kiln.tasks.build.buildenv.uv_source_options`), not variables."""
+    return scrubbed_env(home, extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR"), "UV_PYTHON_DOWNLOADS": "never"})
+
+
 def run_installer(cmd: Sequence[str], cwd: Path, timeout: float,
                   extra_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one installer or resolver command in ``cwd`` with :func:`scrubbed_env` (``HOME`` = a fresh
@@ -69,4 +76,4 @@ def run_installer(cmd: Sequence[str], cwd: Path, timeout: float,
                           env=scrubbed_env(home, extra=extra_env))
 
 
-__all__ = ["KEPT", "KEPT_PREFIXES", "run_installer", "scrubbed_env", "user_cache"]
+__all__ = ["KEPT", "KEPT_PREFIXES", "resolver_env", "run_installer", "scrubbed_env", "user_cache"]

@@ -45,6 +45,7 @@ from packaging.requirements import Requirement
 
 from kiln.core.errors import ToolchainMissingError
 from kiln.core.fsutil import atomic_write_text
+from kiln.release.installenv import resolver_env
 from kiln.tasks.build.buildenv import CellInterpreter, _complete, env_key, uv_source_options
 from kiln.tasks.project.config import KilnConfig, Variant
 
@@ -364,8 +365,9 @@ def check_cells_resolve(config: KilnConfig, variants: Sequence[Variant], envs_ro
         with tempfile.TemporaryDirectory(prefix="kiln-cell-resolve-") as tmp:
             listing = Path(tmp) / "requirements.in"
             listing.write_text("".join(f"{r}\n" for r in reqs))
-            code, out = _run_long([uv, "pip", "compile", "--quiet", "--no-header", "--python-version", minor,
-                                   *sources, str(listing)])
+            # wheels only, scrubbed: an sdist's build hook is someone else's code and must not run here
+            code, out = _run_long([uv, "pip", "compile", "--no-build", "--quiet", "--no-header", "--python-version",
+                                   minor, *sources, str(listing)], resolver_env(Path(tmp)))
         if code == 0:
             return ""
         why = next((ln.strip() for ln in out.splitlines() if "cause:" in ln or "error" in ln.lower()), f"exit {code}")
@@ -380,12 +382,12 @@ def check_cells_resolve(config: KilnConfig, variants: Sequence[Variant], envs_ro
             " the cell from the variant's axes (or exclude it)")
 
 
-def _run_long(cmd: Sequence[str]) -> tuple[int, str]:
-    """A resolution that reads an index: its own deadline, longer than a probe's."""
+def _run_long(cmd: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
+    """A resolution that reads an index: its own deadline, longer than a probe's; ``env`` is its whole environment."""
     _log.info("running %s", " ".join(cmd))
     try:
         done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False, env=os.environ | {"UV_PYTHON_DOWNLOADS": "never"})
+                              stdin=subprocess.DEVNULL, check=False, env=dict(env))
     except subprocess.TimeoutExpired:
         return 124, f"the resolution did not finish within {RESOLVE_TIMEOUT_S:g} s"
     return done.returncode, done.stdout + done.stderr

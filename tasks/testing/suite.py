@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from kiln.core.errors import InfrastructureError, InvalidInputError, ToolchainMi
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.core.manifest import Unit
 from kiln.core.venvs import uv_command
+from kiln.release.installenv import resolver_env
 from kiln.tasks.build.buildenv import BuildEnvironmentError, _complete, ensure_env, env_key, uv_source_options
 from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.project.config import KilnConfig, Suite, Variant
@@ -145,16 +145,18 @@ def torch_base(config: KilnConfig, target: SuiteTarget) -> BaseEnv | None:
 
 def _cannot_resolve(torch: str) -> str:
     """Why ``torch==<torch>`` does not resolve for Kiln's Python from the machine's pip sources, or "" (``uv pip
-    compile``: metadata only, nothing downloaded; the check the build makes of a matrix cell's torch)."""
+    compile``: metadata only, nothing downloaded; the check the build makes of a matrix cell's torch). Wheels
+    only (``--no-build``: an sdist's build hook is someone else's code) and in the scrubbed environment."""
     with tempfile.TemporaryDirectory(prefix="kiln-torch-resolve-") as tmp:
         listing = Path(tmp) / "requirements.in"
         listing.write_text(f"torch=={torch}\n")
+        (Path(tmp) / "home").mkdir(mode=0o700)
         try:
-            done = subprocess.run([*uv_command(), "pip", "compile", "--quiet", "--no-header", "--python-version",
-                                   f"{sys.version_info[0]}.{sys.version_info[1]}", *uv_source_options(),
-                                   str(listing)], capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, check=False,
-                                  env=os.environ | {"UV_PYTHON_DOWNLOADS": "never"})
+            done = subprocess.run([*uv_command(), "pip", "compile", "--no-build", "--quiet", "--no-header",
+                                   "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}",
+                                   *uv_source_options(), str(listing)], capture_output=True, text=True,
+                                  timeout=RESOLVE_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False, cwd=tmp,
+                                  env=resolver_env(Path(tmp) / "home"))
         except subprocess.TimeoutExpired:
             return f"resolving it took over {RESOLVE_TIMEOUT_S:g} s"
     if done.returncode == 0:
