@@ -114,3 +114,36 @@ def test_damaged_and_forged_shared_objects_are_rebuilt_and_the_wheels_stay_right
     assert list(caches.values()).count("miss") == 2 and list(caches.values()).count("hit") == 2
     assert third.info["build_cache_shared"]["rejected"] == 2
     assert _wheels(third) == _wheels(run)
+
+
+def test_an_unreachable_shared_tier_is_a_warning_and_a_green_local_build(tmp_path, caplog):
+    """The build stage's own functions, with the shared tier's store on a port nothing listens on."""
+    import logging
+    import socket
+
+    from botocore.config import Config
+
+    from kiln.core.s3 import S3Store
+    from kiln.tasks.build.stage import assemble_variant, compile_context, prepare_build
+    from kiln.tasks.build.units import build_unit
+    from kiln.tasks.project.config import load_config
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # One attempt per call: botocore's own backoff on a refused port is not what this tests.
+    client = boto3.client("s3", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{port}",
+                          aws_access_key_id="testing", aws_secret_access_key="testing",
+                          config=Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2))
+    config = copy_project("tiny", tmp_path)
+    config.write_text(config.read_text() + '\n[build.cache]\nremote = "artifacts"\n')
+    setup = prepare_build(load_config(config), VERSION, ["cu130"], store=S3Store(client, "nowhere", "artifacts"))
+    with caplog.at_level(logging.WARNING, "kiln.tasks.build.cache_remote"):
+        with compile_context(setup, tmp_path / "out") as env:
+            outcomes = {u.id: build_unit(u, env) for u in setup.plan.units}
+        (variant,) = setup.plan.variants
+        output = assemble_variant(setup, variant, outcomes, tmp_path / "out")  # type: ignore[arg-type]
+    assert output.unit.state == "completed" and any(kind == "wheel" for _, kind in output.files)
+    assert {r.cache for r in outcomes.values()} == {"miss"} and len(outcomes) == 3
+    assert setup.remote is not None and setup.remote.stats.unreachable
+    assert caplog.text.count("did not answer") == 1
