@@ -158,3 +158,19 @@ def test_a_shared_directory_is_a_tier_too(tmp_path):
     obj.chmod(0o600)
     obj.write_bytes(b"torn")
     assert BuildCache(tmp_path / "w3", RemoteTier(shared)).get("batch", "k1") is None
+
+
+def test_a_store_that_refuses_writes_is_read_and_never_fails_the_build(tmp_path, caplog):
+    """A role without the prefix's write right (here a store open read-only): reads go on, writes stop."""
+    from kiln.release.readonly import ReadOnlyStore
+
+    shared = LocalStore(tmp_path / "shared")
+    BuildCache(tmp_path / "w1", RemoteTier(shared)).put("batch", "k1", FILES)
+    reader = BuildCache(tmp_path / "w2", RemoteTier(ReadOnlyStore(shared, "the test role reads only")))
+    with caplog.at_level(logging.WARNING, "kiln.tasks.build.cache_remote"):
+        reader.put("batch", "k2", {"other.so": b"built here"})
+        reader.put("batch", "k3", {"third.so": b"built here too"})
+    assert caplog.text.count("refused a write") == 1
+    assert reader.remote is not None and reader.remote.read_only and reader.remote.answering
+    assert reader.get("batch", "k1").files == FILES  # type: ignore[union-attr]
+    assert not any(k.startswith("build-cache/entries/batch/k2") for k in shared.list("build-cache/"))
