@@ -17,6 +17,8 @@ from kiln.tasks.onboarding.names import parse_setup_py
 from kiln.tasks.onboarding.switches import Switches, read_switches
 
 TORCH_EXT = re.compile(r"\b(CUDAExtension|CppExtension|BuildExtension|torch\.utils\.cpp_extension)\b")
+_CPP_EXTENSION = re.compile(r"\btorch\.utils\.cpp_extension\b")  # what BuildExtension alone may not be: torch's
+_IMPORTS_TORCH = re.compile(r"^\s*(import torch\b|from torch[.\s])", re.M)
 _NATIVE_BUILD = re.compile(r"\b(nvcc|Extension\(|cmake|CMakeBuild|ext_modules)\b", re.I)
 _NATIVE_BACKENDS = ("scikit_build_core", "mesonpy", "cmake_build_extension", "py_build_cmake")
 _CMAKE_TORCH = re.compile(r"find_package\s*\(\s*Torch\b")
@@ -57,9 +59,9 @@ def native_code(root: Path, pyproject: dict[str, Any], setup_py: str) -> tuple[b
     """(builds native code, is a torch extension, why)."""
     backend = str(pyproject.get("build-system", {}).get("build-backend", ""))
     cmake = _text(root / "CMakeLists.txt")
-    if cmake and _SETUP_CMAKE.search(setup_py):  # its cpp_extension import is for CUDA_HOME, not the build
-        return True, bool(_CMAKE_TORCH.search(cmake) or TORCH_EXT.search(setup_py)), (
-            "setup.py drives a CMake build (CMakeLists.txt)")
+    if _SETUP_CMAKE.search(setup_py) and _cmake_text(root).strip():  # a cpp_extension import is for CUDA_HOME
+        return True, bool(_CMAKE_TORCH.search(_cmake_text(root)) or _CPP_EXTENSION.search(setup_py)), (
+            "setup.py drives a CMake build (its CMakeLists.txt)")
     if TORCH_EXT.search(setup_py):
         return True, True, "setup.py builds a torch C++/CUDA extension (torch.utils.cpp_extension)"
     if _CMAKE_TORCH.search(cmake):
@@ -127,6 +129,8 @@ def native_build(root: Path, pyproject: dict[str, Any], setup_py: str, why: str,
     config = _text(root / "pyproject.toml") + "\n" + _text(root / "setup.cfg")
     switches = read_switches(setup_py, parse_setup_py(setup_py), cmake, config, defaults.extension_archs,
                              _cuda_of(defaults.cuda_variant))
+    if switches.role("build_ops") and _IMPORTS_TORCH.search(setup_py):  # its ops build against torch's headers
+        torch_ext = True
     cuda, cpu, notes = _variants(root, switches, torch_ext, cmake)
     return NativeBuild(why, torch_ext, cuda, cpu, switches.gpu_env if cuda else (), switches.cpu_env if cpu else (),
                        (*switches.reasons, *notes), switches.also_read, switches.assumed if cuda else ())

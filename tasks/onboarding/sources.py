@@ -25,8 +25,8 @@ def _named(setup_tree: ast.Module | None, pyproject: dict[str, Any]) -> list[str
              ] if setup_tree is not None else []
     for ext in pyproject.get("tool", {}).get("setuptools", {}).get("ext-modules", []) or []:
         names += [s for s in ext.get("sources", []) if isinstance(s, str)] if isinstance(ext, dict) else []
-    return [n.strip().removeprefix("./") for n in names if _NATIVE.search(n.strip()) and "\n" not in n
-            and len(n) < 300 and not n.strip().startswith(("-", "/"))]
+    paths = [n.strip().removeprefix("./") for n in names if "\n" not in n and len(n) < 300]
+    return [p for p in paths if _NATIVE.search(p) and not p.startswith(("-", "/", "."))]  # ".cu": a suffix test
 
 
 def _tree(root: Path) -> list[str]:

@@ -39,7 +39,7 @@ _ROLE_NAMES: tuple[tuple[Role, re.Pattern[str]], ...] = (
     ("cuda_toggle", re.compile(r"_CUDA_EXT(ENSION)?S?$|(^|_)(WITH|USE|ENABLE|BUILD)_CUDA$")),
     ("build_ops", re.compile(r"(^|_)BUILD_(OPS|EXTS?|EXTENSIONS|KERNELS|NATIVE|CUDA_OPS)$")),
     ("parallelism", re.compile(r"MAX_JOBS|_JOBS$|PARALLEL|THREADS$")),
-    ("version_suffix", re.compile(r"LOCAL_VERSION|VERSION_SUFFIX|(^|_)BUILD_VERSION$|VERSION_LOCAL")),
+    ("version_suffix", re.compile(r"LOCAL_VERSION|VERSION_SUFFIX|(^|_)BUILD_(VERSION|STRING)$|VERSION_LOCAL")),
 )
 # What Kiln's build sets itself for every variant (kiln.tasks.build.backend.build_environ): never written again.
 KILN_SETS = frozenset({"TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "PYTORCH_ROCM_ARCH",
@@ -48,6 +48,9 @@ _CMAKE_ENV = re.compile(r"\$?ENV\{(\w+)\}")
 _CMAKE_OPTION = re.compile(r"\boption\s*\(\s*(\w+)")
 _CMAKE_ARCH_VAR = re.compile(r"CUDA_ARCHITECTURES\s+\"?\$\{(\w+)\}")
 _CMAKE_SET_FROM_ENV = re.compile(r"\bset\s*\(\s*(\w+)\s+\"?\$ENV\{(\w+)\}")
+# A CMake variable of CUDA_ARCHITECTURES that no $ENV sets: it says how a variable setup.py reads under the same
+# name (and passes as -D) is spelled, and is no variable of its own.
+_SPELLING_ONLY = "CMake CUDA_ARCHITECTURES (spelling)"
 _CONFIG_ENV = re.compile(r"""\benv\s*=\s*["'](\w+)["']""")
 _SKIP_CUDA = re.compile(r"""["']([A-Z][A-Z0-9_]*_SKIP_CUDA_BUILD)["']""")
 _DOWNLOAD = re.compile(r"\b(CachedWheelsCommand|urlretrieve|urlopen|requests\.get)\b")
@@ -181,8 +184,9 @@ def _setup_py_reads(tree: ast.Module) -> list[EnvRead]:
 def _cmake_reads(cmake: str) -> list[EnvRead]:
     reads = [EnvRead(n, "CMake", role=classify(n)) for n in _CMAKE_ENV.findall(cmake)]
     from_env = dict(_CMAKE_SET_FROM_ENV.findall(cmake))
-    for var in _CMAKE_ARCH_VAR.findall(cmake):  # CUDA_ARCHITECTURES ${VAR}: VAR (or the variable it is set from)
-        reads.append(EnvRead(from_env.get(var, var), "CMake CUDA_ARCHITECTURES", "90-real", role="archs"))
+    for var in _CMAKE_ARCH_VAR.findall(cmake):  # CUDA_ARCHITECTURES ${VAR}: CMake's spelling is VAR's
+        where = "CMake CUDA_ARCHITECTURES" if var in from_env else _SPELLING_ONLY  # else a -D, no variable itself
+        reads.append(EnvRead(from_env.get(var, var), where, "90-real", role="archs"))
     return reads
 
 
@@ -196,12 +200,14 @@ def _cmake_options(cmake: str, setup_py: str) -> list[EnvRead]:
 def _merge(reads: list[EnvRead]) -> tuple[EnvRead, ...]:
     """One entry per variable: the first place it is read, with what any other read adds."""
     merged: dict[str, EnvRead] = {}
-    for read in reads:
+    for read in sorted(reads, key=lambda r: r.where == _SPELLING_ONLY):
         seen = merged.get(read.name)
-        if seen is None:
+        if seen is None and read.where != _SPELLING_ONLY:
             merged[read.name] = read
+        elif seen is None:
+            continue  # a CMake variable setup.py passes as -D from a variable of another name (or none)
         else:
-            cmake_arch = read.where == "CMake CUDA_ARCHITECTURES"  # CMake's spelling wins: CMake parses it
+            cmake_arch = read.where in ("CMake CUDA_ARCHITECTURES", _SPELLING_ONLY)  # CMake's spelling: it parses it
             merged[read.name] = EnvRead(seen.name, seen.where, read.default if cmake_arch else
                                         seen.default or read.default,
                                         seen.compared or read.compared, seen.required or read.required,

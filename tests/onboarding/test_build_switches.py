@@ -58,7 +58,7 @@ def test_a_cpu_build_behind_a_switch_gets_the_switch_in_each_variant(tmp_path):
 def test_a_setuptools_driven_cmake_build_gets_its_own_arch_variable_from_the_variants_archs(tmp_path):
     result = init_project(_package("cmakearch", tmp_path))
     assert _variants(result.path)["cu130"] == {"CMARCH_CUDA_ARCHS": "90-real"}  # CMake's spelling, SASS only
-    assert any("setup.py drives a CMake build (CMakeLists.txt)" in r for r in result.findings.reasons)
+    assert any("setup.py drives a CMake build (its CMakeLists.txt)" in r for r in result.findings.reasons)
     assert not any("torch.utils.cpp_extension" in r for r in result.findings.reasons)  # it only imports CUDA_HOME
     assert result.findings.also_read == ()  # CMAKE_BUILD_PARALLEL_LEVEL is Kiln's; an unrelated option() is no switch
 
