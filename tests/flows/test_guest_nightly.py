@@ -1,0 +1,96 @@
+"""A hostile package through a real nightly, with the step's secrets set: its build (setup.py), its conftest
+and its tests each try to read the credentials, the CI identity, the user's home, Kiln's Prefect home and
+store, to write Kiln's state and the shared test base, and to reach a listener outside their sandbox. Nothing
+succeeds, and what the suite legitimately needs (a pass_env variable, its own loopback) still works."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kiln.core.manifest import RunManifest
+from kiln.core.sandbox import support
+from tests.helpers.gitrepo import FIXTURES, init_repo
+
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "AWS_ACCESS_KEY_ID": "AKIAKILNTEST",
+           "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc-token", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:9/oidc",
+           "TWINE_PASSWORD": "pypi-token", "GITHUB_TOKEN": "ghp-token"}
+
+
+class _Listener:
+    """A TCP listener outside every sandbox, counting who reached it."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen()
+        self.server.settimeout(0.2)
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.getsockname()[1])
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
+                    reason="this kernel allows no Landlock or no user namespaces: package code is not confined")
+def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_base_or_listener(
+        prefect_server, tmp_path, monkeypatch):
+    from kiln.flows.nightly import nightly_flow
+
+    repo = tmp_path / "hostile"
+    shutil.copytree(FIXTURES / "hostile", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    init_repo(repo)
+    out = tmp_path / "out"
+    out.mkdir()
+    canary = tmp_path / "credentials"  # a credential file of the user's, outside every tree a guest is given
+    canary.write_text("[default]\naws_secret_access_key = canary\n")
+    listener = _Listener()
+    # the direct check: the listener answers a process outside the sandbox
+    socket.create_connection(("127.0.0.1", listener.port), timeout=5).close()
+    targets = {"read": [str(canary), str(Path.home()), str(out), os.environ.get("PREFECT_HOME", str(Path.home()))],
+               "write": [str(out), str(repo), str(repo / ".kiln"), str(tmp_path)], "listener": listener.port}
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HOSTILE_TARGETS", json.dumps(targets))
+    monkeypatch.setenv("HOSTILE_ALLOWED", "yes")
+    try:
+        state = nightly_flow(config_path=str(repo / "kiln.toml"), out=str(out), return_state=True)
+    finally:
+        listener.close()
+    run = RunManifest.load(out / str(state.state_details.flow_run_id))
+    units = {u.id: u for u in run.units}
+    assert units["test/unit/cpu"].state == "completed", units["test/unit/cpu"].message
+    assert units["test/unit/cpu"].message.startswith("3 passed"), units["test/unit/cpu"].message
+    [wheel] = [run.root / a.path for a in run.artifacts_of("wheel")]
+    with zipfile.ZipFile(wheel) as archive:
+        built = json.loads(archive.read("hostile/build_probe.json"))
+    assert len(built["tried"]) > 5 and built["done"] == [], built  # the build reached nothing either
+    assert listener.accepted == 1  # only the direct check above
+    assert not list(out.glob(".hostile-*")) and not list(repo.glob(".hostile-*"))
+    assert state.is_completed(), state.message
