@@ -325,10 +325,22 @@ def _run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = 
     link = url_for("flow-run", obj_id=state.state_details.flow_run_id)
     if link:
         print(f"\nRun in the Prefect UI: {link}")
+        _print_ui_login(link)
     if state.is_completed():
         return EXIT_OK
     print(f"\n{flow.name} ended {state.name}: {state.message}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _print_ui_login(link: str) -> None:
+    """Say how to log in when the link is on Kiln's local server: its UI opens on a password prompt."""
+    from prefect.settings import get_current_settings
+
+    from kiln.flows.local.server import ui_login_for
+
+    login = ui_login_for(Path(get_current_settings().home), link)
+    if login:
+        print(login)
 
 
 def _connect(meanwhile: Callable[[], object] = lambda: None) -> contextlib.AbstractContextManager[Any]:

@@ -204,6 +204,13 @@ def ui_login(home: Path) -> str:
             f"(owner-only){limits}")
 
 
+def ui_login_for(home: Path, link: str) -> str | None:
+    """:func:`ui_login` when ``link`` is on this home's local server (whose UI asks for the password), else None:
+    a team's server has its own way in."""
+    info = read_state(home)
+    return ui_login(home) if info is not None and link.startswith(f"{info.ui_url}/") else None
+
+
 def client_env(home: Path, info: ServerInfo) -> dict[str, str]:
     """What a Prefect client needs to use the local server: its URL and the home's auth string."""
     return {"PREFECT_API_URL": info.api_url, "PREFECT_API_AUTH_STRING": auth_string(home)}

@@ -86,3 +86,18 @@ def test_why_stop_names_a_deleted_home_and_an_idle_server(tmp_path):
                                            ("inf", 7.0), ("a day", 7.0)])
 def test_watchdog_seconds_settings_accept_only_positive_finite_numbers(raw, expected):
     assert server_watch.seconds_setting({"X": raw}, "X", 7.0) == expected
+
+
+def test_a_run_link_on_the_local_server_comes_with_where_its_password_is_and_never_the_password(tmp_path):
+    from kiln.flows.local import server
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    secret = server.auth_string(home)
+    info = server.ServerInfo(pid=os.getpid(), port=4321, api_url="http://127.0.0.1:4321/api", prefect_version="3",
+                             log=str(home / "log"), started_at=time.time())
+    server._write_state(home, info)
+    login = server.ui_login_for(home, "http://127.0.0.1:4321/runs/flow-run/abc")
+    assert login is not None and str(home / server.AUTH_FILE) in login and secret not in login
+    assert server.ui_login_for(home, "https://prefect.example.org/runs/flow-run/abc") is None  # a team's server
+    assert server.ui_login_for(tmp_path / "no-server-here", "http://127.0.0.1:4321/runs/flow-run/abc") is None
