@@ -3,14 +3,13 @@
 An sdist whose ``MANIFEST.in`` left its ``csrc/`` out still carries a ``setup.py`` that names those files: every
 build of it fails (or, where the build skips a missing extension, ships no library). ``kiln init`` says so
 before it promises a nightly. A path counts as shipped where some file of the tree ends with it (``setup.py``
-often joins a folder and a name: ``os.path.join(here, "csrc", "op.cu")`` names ``op.cu``); a glob pattern
-where it matches something.
+often joins a folder and a name: ``os.path.join(here, "csrc", "op.cu")`` names ``op.cu``); a glob pattern is
+skipped: a build globs each vendor's sources and takes what is there.
 """
 
 from __future__ import annotations
 
 import ast
-import fnmatch
 import re
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,9 @@ def missing_sources(root: Path, setup_tree: ast.Module | None, pyproject: dict[s
     files = _tree(root)
 
     def shipped(path: str) -> bool:
-        if any(c in path for c in "*?["):
-            return any(fnmatch.fnmatch(f, path) or fnmatch.fnmatch(f, f"*/{path}") for f in files)
+        if "/" not in path:  # a name, or a fragment the build joins to others ("_cuda.cu")
+            return any(f.endswith(path) for f in files)
         return any(f == path or f.endswith(f"/{path}") for f in files)
 
-    return tuple(sorted({p for p in named if not shipped(p)}))
+    # A glob that matches nothing is no named file: builds glob each vendor's sources and take what is there.
+    return tuple(sorted({p for p in named if not any(c in p for c in "*?[") and not shipped(p)}))

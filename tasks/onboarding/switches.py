@@ -37,7 +37,7 @@ _ROLE_NAMES: tuple[tuple[Role, re.Pattern[str]], ...] = (
     ("archs", re.compile(r"(^|_)(CUDA_?)?ARCH(S|ITECTURES|_LIST)?$|ARCHITECTURES|ARCH_LIST")),
     ("cuda_version", re.compile(r"CUDA_(MAJOR|MINOR|VERSION|VER)$|^CU_VERSION$")),
     ("cuda_toggle", re.compile(r"_CUDA_EXT(ENSION)?S?$|(^|_)(WITH|USE|ENABLE|BUILD)_CUDA$")),
-    ("build_ops", re.compile(r"(^|_)BUILD_(OPS|EXTS?|EXTENSIONS|KERNELS|NATIVE|CUDA_OPS)$")),
+    ("build_ops", re.compile(r"(^|_)(BUILD|WITH)_(OPS|EXTS?|EXTENSIONS|KERNELS|NATIVE|CUDA_OPS)$")),
     ("parallelism", re.compile(r"MAX_JOBS|_JOBS$|PARALLEL|THREADS$")),
     ("version_suffix", re.compile(r"LOCAL_VERSION|VERSION_SUFFIX|(^|_)BUILD_(VERSION|STRING)$|VERSION_LOCAL")),
 )
@@ -215,11 +215,14 @@ def _merge(reads: list[EnvRead]) -> tuple[EnvRead, ...]:
     return tuple(merged.values())
 
 
+def _is_on(value: str | None) -> bool:
+    return value is not None and (value.upper() in _TRUE or (value.isdigit() and int(value) > 0))
+
+
 def _on(read: EnvRead, fallback: str = "1") -> str:
-    """The value that switches it on: the one it is compared with where that is a 'true' word, else ``fallback``."""
-    if read.compared is not None and (read.compared.upper() in _TRUE or read.compared.isdigit()):
-        return read.compared
-    return fallback
+    """The value that switches it on: the one it is compared with where that is a 'true' word (``== "TRUE"``),
+    else ``fallback`` (``== "0"`` tests for off: on is the other value)."""
+    return read.compared if _is_on(read.compared) and read.compared is not None else fallback
 
 
 def _off(read: EnvRead) -> str:
@@ -270,7 +273,7 @@ def read_switches(setup_py: str, tree: ast.Module | None, cmake: str = "", confi
             gpu[read.name], cpu[read.name] = _on(read), _off(read)
             reasons.append(f"build_env {read.name}={gpu[read.name]} (GPU) / {cpu[read.name]} (CPU): {where} builds"
                            " its CUDA code or its CPU path by that switch")
-        elif read.role == "build_ops":
+        elif read.role == "build_ops" and not _is_on(read.default):  # on by default: nothing to set
             gpu[read.name] = _on(read)
             reasons.append(f"build_env {read.name}={gpu[read.name]}: {where} compiles its ops only when it is set;"
                            " without it the wheel holds no library (its ops compile at run time)")

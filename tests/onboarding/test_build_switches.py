@@ -154,3 +154,11 @@ def test_a_failed_build_says_the_setting_to_change_from_what_it_printed_and_what
     assert what_to_set(switch, "cpu", "cpu", {}, "SWOPS_CUDA_EXT=1 needs a CUDA torch; set SWOPS_CUDA_EXT=0") == [
         "its build printed 'SWOPS_CUDA_EXT=1 needs a CUDA torch; set SWOPS_CUDA_EXT=0': add SWOPS_CUDA_EXT = \"0\" to"
         " [[variants]] cpu build_env"]
+
+
+def test_a_switch_compared_with_its_off_value_or_on_by_default_is_never_written_off():
+    setup_py = ('import os\nif os.getenv("M_WITH_OPS", "1") == "0":\n    pass\n'
+                'if os.getenv("Q_FORCE_CUDA", "0") == "0":\n    pass\n')
+    found = read_switches(setup_py, parse_setup_py(setup_py))
+    assert dict(found.gpu_env) == {"Q_FORCE_CUDA": "1"}  # "== '0'" tests for off; on is the other value
+    assert found.also_read == ("M_WITH_OPS (builds the ops ahead of time, setup.py)",)  # built unless switched off
