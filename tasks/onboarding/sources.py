@@ -2,9 +2,9 @@
 
 An sdist whose ``MANIFEST.in`` left its ``csrc/`` out still carries a ``setup.py`` that names those files: every
 build of it fails (or, where the build skips a missing extension, ships no library). ``kiln init`` says so
-before it promises a nightly. A path counts as shipped where some file of the tree ends with it (``setup.py``
-often joins a folder and a name: ``os.path.join(here, "csrc", "op.cu")`` names ``op.cu``); a glob pattern is
-skipped: a build globs each vendor's sources and takes what is there.
+before it promises a nightly. Only ``folder/name`` paths count (a bare name may be one the build excludes), and
+one counts as shipped where some file of the tree ends with it; a glob pattern is skipped (a build globs each
+vendor's sources and takes what is there). Never a false alarm before a missed one: init exits 1 on it.
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ def missing_sources(root: Path, setup_tree: ast.Module | None, pyproject: dict[s
     files = _tree(root)
 
     def shipped(path: str) -> bool:
-        if "/" not in path:  # a name, or a fragment the build joins to others ("_cuda.cu")
-            return any(f.endswith(path) for f in files)
         return any(f == path or f.endswith(f"/{path}") for f in files)
 
-    # A glob that matches nothing is no named file: builds glob each vendor's sources and take what is there.
-    return tuple(sorted({p for p in named if not any(c in p for c in "*?[") and not shipped(p)}))
+    # Only a folder/name path is a named source: a bare name may be one the build excludes or removes (xformers'
+    # exclude_files), a fragment it joins ("_cuda.cu"); a glob that matches nothing is a vendor's absent sources.
+    return tuple(sorted({p for p in named if "/" in p and not any(c in p for c in "*?[") and not shipped(p)}))
