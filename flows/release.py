@@ -58,6 +58,7 @@ from kiln.release.publish import publish
 from kiln.release.verify import verify_published
 from kiln.tasks import releasing, uploading
 from kiln.tasks.project.config import Channel, KilnConfig, load_config
+from kiln.tasks.run.runs import artifact_store
 
 APPROVAL_TIMEOUT_S = 24 * 3600
 APPROVAL_POLL_S = 5  # how soon an approval in the UI resumes the run
@@ -113,7 +114,9 @@ def validate_release(config: KilnConfig, out: str, version: str, channel: str, d
         uploading.check_identities(config)  # Trusted Publishing: an OIDC identity, or refused before the build
     store, prefix = _store(config, out, channel)
     published = releasing.published_versions(store, prefix, config.project.distribution)
-    return releasing.check_release_version(version, channel, published)
+    return releasing.check_release_version(
+        version, channel, published, releasing.clean_commit(config.root),
+        lambda: releasing.release_commits(artifact_store(config, _session(config, channel)), version))
 
 
 @task(name="release-gate", cache_policy=NO_CACHE)

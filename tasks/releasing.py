@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +30,8 @@ from kiln.release.publish import COMBINED, PAGE_CACHE, Plan, untested
 from kiln.release.remote import newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.run.bisect import runs_by_commit
+from kiln.tasks.run.source import describe
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +160,34 @@ def published_versions(store: Store, prefix: str, distribution: str) -> list[Ver
     return sorted(versions)
 
 
-def check_release_version(version: str, channel: str, published: Iterable[Version]) -> str:
-    """The normalised version, or :class:`InvalidInputError` saying why it cannot be released."""
+def release_commits(store: Store, version: str) -> set[str]:
+    """The commits (clean trees) of the release runs of ``version`` the artifact store holds."""
+    wanted = Version(version)
+    return {commit for commit, headers in runs_by_commit(store).items()
+            if any(h.flow == "release" and _same_version(h.version, wanted) for h in headers)}
+
+
+def _same_version(text: str, wanted: Version) -> bool:
+    try:
+        return Version(text) == wanted
+    except InvalidVersion:
+        return False
+
+
+def clean_commit(root: Path) -> str:
+    """The commit checked out at ``root`` when its tracked files are unchanged, else ''."""
+    checkout = describe(root)
+    return checkout.commit if checkout.in_git and not checkout.modified else ""
+
+
+def check_release_version(version: str, channel: str, published: Iterable[Version], commit: str = "",
+                          released_from: Callable[[], Iterable[str]] = tuple) -> str:
+    """The normalised version, or :class:`InvalidInputError` saying why it cannot be released.
+
+    A version already published is resumed when ``commit`` (this checkout's clean commit) is among
+    ``released_from()`` (the commits of its stored release runs, read only then): the release completes what
+    is missing, and publishing keeps what is there with the same bytes (other bytes are refused there, by
+    name). Published from another commit, or with no release run to say which, it is refused."""
     try:
         wanted = Version(version)
     except InvalidVersion:
@@ -168,7 +196,17 @@ def check_release_version(version: str, channel: str, published: Iterable[Versio
         raise InvalidInputError(f"version {version!r} has a local part; each variant adds its own (+cu130)")
     published = sorted(published)
     if wanted in published:
-        raise InvalidInputError(f"version {wanted} is already published on the {channel} channel; "
+        origins = sorted(released_from()) if commit else []
+        if commit and commit in origins:
+            log.info("version %s is already published on the %s channel from commit %s: resuming its release "
+                     "(what is there with the same bytes is kept, what is missing is completed)", wanted, channel,
+                     commit[:12])
+            return str(wanted)
+        source = ("and this checkout has uncommitted changes (or is no git checkout), so nothing says it is the"
+                  " same release" if not commit else
+                  f"from commit {', '.join(c[:12] for c in origins)}, not this checkout's {commit[:12]}" if origins
+                  else "and no release run of it in the artifact store says from which commit")
+        raise InvalidInputError(f"version {wanted} is already published on the {channel} channel {source}; "
                                 f"published versions are immutable — choose a new version")
     if published and wanted < published[-1]:
         raise InvalidInputError(f"version {wanted} is lower than the last {channel} release {published[-1]}; "

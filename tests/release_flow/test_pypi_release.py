@@ -163,3 +163,35 @@ def test_a_dry_run_shows_the_upload_plan_and_a_refusal_stops_it_before_anything_
     assert "PyPI variant: `cpu`: `tiny_kernels-0.3.0+cpu-py3-none-any.whl` → `tiny_kernels-0.3.0-py3-none-any.whl`" in (
         printed)
     assert "| `tiny_kernels-0.3.0-py3-none-any.whl` |" in printed and "| refuse |" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # two whole releases and a refusal on a busy 2-core machine
+def test_a_release_whose_upload_failed_resumes_from_the_same_commit_and_another_commit_is_refused(
+        prefect_server, tmp_path):
+    from prefect.blocks.system import Secret
+
+    block = f"kiln-pypi-{uuid.uuid4().hex[:8]}"
+    Secret(value="a-wrong-token").save(block)  # injected fault: the index refuses the first upload
+    with pypi_server(tmp_path / "pypiserver", token=TOKEN) as server:
+        config = _project(tmp_path, server, block)
+        out = tmp_path / "out"
+        first = approved_release_flow(version="0.3.0", config_path=str(config), out=str(out), return_state=True)
+        assert first.is_failed() and "pypi" in (first.message or ""), first.message
+        channel = sorted(p for p in (out / "index").rglob("*.whl"))
+        assert channel and not list(server.packages.iterdir())  # Kiln's channel is published; PyPI has nothing
+        before = {p: p.stat().st_mtime_ns for p in channel}
+
+        Secret(value=TOKEN).save(block, overwrite=True)  # the fault is gone; the commit is the same
+        again = approved_release_flow(version="0.3.0", config_path=str(config), out=str(out), return_state=True)
+        assert again.is_completed(), again.message
+        assert sorted(p.name for p in server.packages.iterdir()) == ["tiny_kernels-0.3.0-py3-none-any.whl"]
+        assert {p: p.stat().st_mtime_ns for p in channel} == before  # the channel's files were kept, not rewritten
+        sent = server.uploads()
+
+        (config.parent / "CHANGES.txt").write_text("a later change\n")
+        commit_all(config.parent, "a change after the release")
+        other = approved_release_flow(version="0.3.0", config_path=str(config), out=str(out), return_state=True)
+        assert other.is_failed()
+        assert "0.3.0 is already published on the release channel from commit" in (other.message or ""), other.message
+        assert server.uploads() == sent  # nothing sent for the refused release

@@ -167,3 +167,22 @@ def test_the_state_names_the_gate_reads_are_prefects_own():
     from prefect.client.schemas.objects import StateType
 
     assert set(get_args(releasing.StateName)) == {s.value for s in StateType}
+
+
+def test_a_published_version_is_resumed_only_from_the_commit_its_release_run_built(store):
+    published = releasing.published_versions(store, "release", "kiln-kernels")
+    asked: list[str] = []
+
+    def origins() -> list[str]:
+        asked.append("asked")
+        return ["a" * 40]
+
+    assert releasing.check_release_version("0.2.0", "release", published, "a" * 40, origins) == "0.2.0"
+    with pytest.raises(InvalidInputError, match=f"from commit {'a' * 12}, not this checkout's {'b' * 12}"):
+        releasing.check_release_version("0.2.0", "release", published, "b" * 40, origins)
+    with pytest.raises(InvalidInputError, match="no release run of it in the artifact store"):
+        releasing.check_release_version("0.2.0", "release", published, "a" * 40, lambda: [])
+    with pytest.raises(InvalidInputError, match="uncommitted changes"):  # a dirty tree resumes nothing
+        releasing.check_release_version("0.2.0", "release", published, "", origins)
+    assert releasing.check_release_version("0.3.0", "release", published, "a" * 40, origins) == "0.3.0"
+    assert len(asked) == 2  # the store's runs are read only for a version already published from a clean tree
