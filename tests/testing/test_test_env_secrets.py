@@ -26,12 +26,17 @@ def test_a_test_process_sees_no_cloud_or_prefect_credentials(tmp_path: Path, mon
     project = tmp_path / "project"
     (project / "tests").mkdir(parents=True)
     (project / "tests" / "test_env.py").write_text(TEST_FILE)
-    seen = tmp_path / "seen.json"
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PREFECT_API_KEY"):
+    seen = tmp_path / "work" / "seen.json"  # the sandboxed test writes only under its work folder
+    secrets = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PREFECT_API_KEY", "GITHUB_TOKEN",
+               "TWINE_PASSWORD", "ACTIONS_ID_TOKEN_REQUEST_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_URL")
+    for name in secrets:
         monkeypatch.setenv(name, "the step's secret")
     monkeypatch.setenv("KILN_SEEN", str(seen))
-    (result,) = run_tests(["tests/test_env.py"], project, tmp_path / "work", RunOptions(preload=()))
+    monkeypatch.setenv("SOME_UNLISTED_SETTING", "not the tests' business")
+    (result,) = run_tests(["tests/test_env.py"], project, tmp_path / "work",
+                          RunOptions(preload=(), pass_env=("KILN_SEEN",)))
     assert result.outcome == "passed", result.message
     names = json.loads(seen.read_text())
-    assert "KILN_SEEN" in names  # the rest of the environment is passed on
-    assert not [n for n in names if n.startswith(("AWS_", "PREFECT_API_KEY"))]
+    assert "KILN_SEEN" in names and "PATH" in names  # what the suite names, and the allow-list, are passed on
+    assert "SOME_UNLISTED_SETTING" not in names  # an allow-list: the rest of the step's environment is not
+    assert not [n for n in names if n in secrets or n.startswith(("AWS_", "PREFECT_"))]
