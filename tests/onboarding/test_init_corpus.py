@@ -45,3 +45,33 @@ def test_kiln_init_infers_what_a_public_kernel_package_says_of_itself(name, tmp_
     assert [v["name"] for v in written["variants"]] == list(pin.variants), result.findings.reasons
     gpu = [v for v in written["variants"] if v["backend"] == "cuda"]
     assert (gpu[0].get("build_env", {}) if gpu else {}) == pin.build_env, result.findings.reasons
+    assert not [p for p in result.findings.missing_sources if (sdist / p).exists()]  # never a false alarm
+
+
+@pytest.mark.real_corpus
+@pytest.mark.real_package
+def test_an_sdist_that_ships_none_of_the_sources_its_setup_py_names_is_reported_with_exit_status_1(
+        tmp_path, capsys):
+    from kiln.flows.cli import main
+
+    sdist = download_sdist(load_pin("fast-hadamard-transform"), tmp_path)
+    named = ["csrc/fast_hadamard_transform.cpp", "csrc/fast_hadamard_transform_cuda.cu"]
+    assert all(f'"{p}"' in (sdist / "setup.py").read_text() for p in named) and not (sdist / "csrc").exists()
+    assert main(["init", str(sdist)]) == 1
+    assert f"its build names native sources {sdist} does not hold: {', '.join(named)}" in capsys.readouterr().err
+
+
+@pytest.mark.real_corpus
+@pytest.mark.real_package
+def test_a_real_build_that_requires_its_cuda_major_fails_with_the_setting_to_change(tmp_path):
+    """torch-memory-saver's setup.py raises "TMS_CUDA_MAJOR env var must be set ..." where the variable is unset:
+    its first nightly's failure names the setting, from the message its own setup.py would print."""
+    import re
+
+    from kiln.tasks.onboarding.advice import what_to_set
+
+    sdist = download_sdist(load_pin("torch-memory-saver"), tmp_path)
+    raised = re.search(r'"(TMS_CUDA_MAJOR env var must be set[^"]*)"', (sdist / "setup.py").read_text()).group(1).strip()
+    log = f"Traceback (most recent call last):\n  ...\nRuntimeError: {raised}\n"
+    assert what_to_set(sdist, "cu130", "cuda", {}, log) == [
+        f"its build printed {'RuntimeError: ' + raised!r}: add TMS_CUDA_MAJOR = \"13\" to [[variants]] cu130 build_env"]
