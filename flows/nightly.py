@@ -38,7 +38,7 @@ from kiln.flows.common import (
 from kiln.flows.dispatch import find_deployments
 from kiln.flows.params import RunParams
 from kiln.flows.publish import start_dependency_checks
-from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.runname import current_nightly_name, name_this_run, run_name
 from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
 from kiln.flows.summary import render_markdown
 from kiln.flows.test import quarantine_report, test_flow
@@ -49,7 +49,7 @@ from kiln.tasks.promotion import FINAL_STATE_INFO
 from kiln.tasks.testing.baseenv import prepare_bases
 
 
-@flow(name="nightly", log_prints=True)
+@flow(name="nightly", log_prints=True, flow_run_name=current_nightly_name)
 def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
                  commit: str = "") -> State:
     """Build → test (on each suite's pool) and bench → publish, all in one run record.

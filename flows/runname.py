@@ -14,12 +14,17 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
+from kiln.core.errors import KilnError
 from kiln.core.record import Checkout, RunRecord
+from kiln.tasks.project.config import load_config
+from kiln.tasks.run.source import describe
+from kiln.tasks.run.versioning import nightly_version
 
 logger = logging.getLogger(__name__)
 COMMIT_CHARS = 12
@@ -43,6 +48,25 @@ def release_name(parameters: Mapping[str, Any]) -> str:
     channel = parameters.get("channel", "release")
     return (f"release {parameters.get('version', '?')}" + (f" → {channel}" if channel != "release" else "")
             + (" (dry run)" if parameters.get("dry_run") else ""))
+
+
+def nightly_name(parameters: Mapping[str, Any]) -> str:
+    """``nightly <version> @ <commit>`` from the run's parameters and the checkout, as its record will say; just
+    ``nightly`` when the config or the checkout cannot be read (the flow names itself once its record exists)."""
+    try:
+        config = load_config(Path(parameters.get("config_path") or "kiln.toml"))
+        source = describe(config.root)
+        version = parameters.get("version") or nightly_version(
+            config.project.version, source.commit_time if source.in_git else None)
+    except (KilnError, OSError):
+        return "nightly"
+    return f"nightly {version}{at_commit(source)}"
+
+
+def current_nightly_name() -> str:
+    """The nightly's ``flow_run_name``: the name it would give itself, from the start (no random words in its
+    first log line)."""
+    return nightly_name(flow_run.parameters)
 
 
 def current_release_name() -> str:

@@ -51,3 +51,25 @@ def test_a_build_and_its_publish_are_named_by_variant_version_and_commit_in_the_
     run_id = str(built.state_details.flow_run_id)
     published = publish_flow(str(config), str(out), dry_run=True, run_id=run_id, return_state=True)
     assert _name_of(published) == f"publish nightly 0.1.0.dev20261130210703 (dry run) @ {sha12}"
+
+
+def test_a_nightly_is_named_by_version_and_commit_before_it_runs(prefect_server, tmp_path):
+    from prefect import flow
+
+    from kiln.flows.nightly import nightly_flow
+    from kiln.flows.runname import nightly_name
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.run.versioning import nightly_version
+
+    config = git_project("tiny", tmp_path)
+    sha12 = git(config.parent, "rev-parse", "HEAD")[:12]
+    when = int(git(config.parent, "log", "-1", "--format=%ct"))
+    expected = f"nightly {nightly_version(load_config(config).project.version, when)} @ {sha12}"
+    assert nightly_name({"config_path": str(config)}) == expected
+    assert nightly_name({"config_path": str(tmp_path / "missing.toml")}) == "nightly"  # never a failed start
+
+    @flow(name="nightly-name-probe", flow_run_name=nightly_flow.flow_run_name)
+    def probe(config_path: str = "kiln.toml") -> None:
+        """The nightly's naming on a flow that does nothing else: the name the API has from its first instant."""
+
+    assert _name_of(probe(str(config), return_state=True)) == expected
