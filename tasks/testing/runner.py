@@ -23,7 +23,15 @@ from kiln.tasks.process import LadderResult, check_cancelled, signal_name, termi
 from kiln.tasks.testing.classify import TestResult, classify_phases, classify_unfinished, merge_attempts, should_retry
 from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
 from kiln.tasks.testing.jobs import Isolation, Item, Job, RunOptions
-from kiln.tasks.testing.workers import ForkedChild, Progress, SpawnedChild, Worker, read_records, spawn_job
+from kiln.tasks.testing.workers import (
+    ForkedChild,
+    Progress,
+    SpawnedChild,
+    Worker,
+    read_records,
+    remove_scratch,
+    spawn_job,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +196,7 @@ def run_tests(
         return errors + [by_id[i.nodeid] for i in items]
     finally:
         worker.close()
+        remove_scratch(work)
 
 
 def _collection_failure(worker: Worker) -> TestResult:

@@ -11,12 +11,15 @@ when that test begins.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -51,10 +54,23 @@ def worker_args(python: str) -> tuple[str, ...]:
     return (safe_path_flag(python), *WORKER[1:])
 
 
+def scratch_home(work: Path) -> Path:
+    """The tests' private ``HOME`` and ``TMPDIR`` parent for the run in ``work``: a short path in the system's
+    temporary folder (a socket a test binds there must fit ``AF_UNIX``'s 108 bytes; ``work`` may be deep),
+    owner-only, removed with the run (:func:`remove_scratch`)."""
+    home = Path(tempfile.gettempdir()) / f"kiln-t-{hashlib.sha256(str(work).encode()).hexdigest()[:12]}"
+    home.mkdir(mode=0o700, exist_ok=True)
+    return home
+
+
+def remove_scratch(work: Path) -> None:
+    shutil.rmtree(scratch_home(work), ignore_errors=True)
+
+
 def process_env(work: Path, extra: Mapping[str, str], pass_env: Sequence[str] = ()) -> dict[str, str]:
     """The test processes' environment (they run the package's code): the allow-listed part of this one, plus
-    ``extra`` and the suite's ``pass_env`` names, a private home under ``work`` (Kiln adds no path of its own)."""
-    return guest_environ(work / "home", extra, pass_env)
+    ``extra`` and the suite's ``pass_env`` names, a private home (Kiln adds no path of its own)."""
+    return guest_environ(scratch_home(work), extra, pass_env)
 
 
 def sandboxed(cmd: Sequence[str], root: Path, work: Path, paths: Sequence[str]) -> list[str]:
@@ -65,7 +81,8 @@ def sandboxed(cmd: Sequence[str], root: Path, work: Path, paths: Sequence[str]) 
     env_root = Path(cmd[0]).parent.parent
     own = [env_root] if (env_root / "pyvenv.cfg").is_file() and env_root.resolve() != Path(sys.prefix).resolve() else []
     tops = {Path(p.split("::", 1)[0]).parts[0] for p in paths if p and not os.path.isabs(p)} - {".", ".."}
-    return guest_command(cmd, read=[root], write=[work, *own, *(root / top for top in sorted(tops))],
+    return guest_command(cmd, read=[root],
+                         write=[work, scratch_home(work), *own, *(root / top for top in sorted(tops))],
                          network="loopback")
 
 
