@@ -59,6 +59,7 @@ from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_e
 from kiln.tasks.build.sources import copy_project
 from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
 from kiln.tasks.guests import guest_command, guest_environ
+from kiln.tasks.onboarding.advice import what_to_set
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config_build import Toolchain
 
@@ -250,18 +251,31 @@ class ProjectBuilder:
             if result.returncode != 0 and refused:
                 raise CompileError(f"the build of {what} under arch_policy \"narrow\" failed: {refused}")
             if result.returncode != 0:
-                raise CompileError(f"the build backend failed for {what} (exit {result.returncode});"
-                                   f" its log ends:\n{_tail(result.stdout)}")
+                advice = self._what_to_set(unit, result.stdout)
+                tail = _tail(result.stdout)
+                raise CompileError(f"the build backend failed for {what} (exit {result.returncode})"
+                                   + (f"; {'; '.join(advice)}" if advice else "")
+                                   + (f"; its log ends:\n{tail}" if tail else "; it printed nothing"))
             wheel = self._one_wheel(dist, what)
             self._built_here(wheel, source, dist, what, tree)
             dropped = sorted({c for n in shimmed for c in n.get("dropped", ())})
             if dropped:
                 _log.info("%s: Kiln's nvcc dropped the targets %s that its build names (arch_policy narrow)", what,
                           dropped)
-            found = check_wheel(wheel, unit.backend, unit.archs, self.cuobjdump, policy=unit.arch_policy,
-                                variant=unit.variant)
+            try:
+                found = check_wheel(wheel, unit.backend, unit.archs, self.cuobjdump, policy=unit.arch_policy,
+                                    variant=unit.variant)
+            except CompileError as exc:  # a wheel without its library: often a switch its build did not get
+                advice = self._what_to_set(unit, str(exc))
+                if not advice:
+                    raise
+                raise CompileError(f"{exc}; {'; '.join(advice)}") from exc
             return {wheel.name: wheel.read_bytes(),
                     DEVICE_CODE: device_code_json(found, unit.arch_policy, dropped)}
+
+    def _what_to_set(self, unit: CompileUnit, log: str) -> list[str]:
+        """The settings the package's own build files say this failed unit lacks (read, never run)."""
+        return what_to_set(self.project_dir, unit.variant, unit.backend, self.variant_env.get(unit.variant, {}), log)
 
     def environ(self, unit: CompileUnit, made: BuildEnvironment | None, shadow: Path | None = None) -> dict[str, str]:
         """The build's variables: the variant's archs and toolchain, its ``build_env``, its environment's tools;
