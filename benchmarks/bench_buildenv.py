@@ -1,4 +1,4 @@
-"""The CUDA-torch build environment of a variant (issue 34): cold and warm, against a plain pip install.
+"""The CUDA-torch build environment of a variant: cold and warm, against a plain pip install.
 
 - **kiln cold**: :func:`kiln.tasks.build.buildenv.ensure_env` with ``torch==2.14.1`` (the CUDA 13 build and its
   ``nvidia-*`` wheels, from this machine's local package source) into an empty environments directory.

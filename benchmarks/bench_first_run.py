@@ -1,4 +1,4 @@
-"""Fresh clone → nightly done: the README's first command, verbatim, at two commits, A/B (issue 46, part 5).
+"""Fresh clone → nightly done: the README's first command, verbatim, at two commits, A/B.
 
 For each arm a fresh ``git clone`` of this repository at the arm's commit runs the first command of *that
 commit's* README (a ``python3 -m venv … kiln nightly`` line) the way CI's first-run check does

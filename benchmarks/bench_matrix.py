@@ -1,4 +1,4 @@
-"""The Python matrix's build (issue 45): one 4-Python matrix build of the C fixture vs four one-Python builds.
+"""The Python matrix's build: one 4-Python matrix build of the C fixture vs four one-Python builds.
 
 The fixture is ``tests/fixtures/projects/cmatrix`` (a CPython C-API extension, no torch), copied into a
 snapshot per configuration: the matrix (``python = ["3.10", "3.11", "3.12", "3.13"]``) and four single-Python

@@ -1,4 +1,4 @@
-"""A cold test base: copied from Kiln's interpreter (issue 46, part 5) vs installed by pip (before), A/B.
+"""A cold test base: copied from Kiln's interpreter vs installed by pip (before), A/B.
 
 What the first ``kiln nightly`` of a fresh clone pays before its first suite runs: in an empty
 ``$KILN_TEST_ENV_CACHE`` (a fresh folder per run, removed after), the cpu variant's base environment

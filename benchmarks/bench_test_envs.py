@@ -3,9 +3,9 @@
 - **isolated** (what suites and benches get now): :func:`kiln.tasks.testing.envs.make_env` — a uv venv, the
   base environment layered in (found in ``$KILN_TEST_ENV_CACHE``, made first if missing: that cold time is
   reported once, apart), the wheel and its declared dependencies installed by uv, the import guard configured.
-- **baseline** (measured in the same run, alternating): what ``make_env`` did before issue 32 — a uv venv that
-  sees Kiln's own site-packages (:func:`kiln.tasks.testing.envs.make_build_env`) and the wheel installed with
-  ``--no-deps``.
+- **baseline** (measured in the same run, alternating): what ``make_env`` did before suites had environments
+  of their own — a uv venv that sees Kiln's own site-packages (:func:`kiln.tasks.testing.envs.make_build_env`)
+  and the wheel installed with ``--no-deps``.
 
 The wheel requires torch and numpy (both in the base). Usage::
 

@@ -183,7 +183,7 @@ class BenchmarkError(PermanentError):
     """A benchmark case could not run (its kernel or reference raised)."""
 
 
-# --- hostile input: bombs, links, off-index URLs (issue 33) ---------------------
+# --- hostile input: bombs, links, off-index URLs ------------------------------
 
 
 class MemberTooLargeError(InvalidInputError):

@@ -1,4 +1,4 @@
-"""What a flow command does while Kiln's local Prefect server starts (issue 46, the first run).
+"""What a flow command does while Kiln's local Prefect server starts (a first run waits seconds for it).
 
 A command that finds no server waits for one: a first start creates Prefect's
 database, about 11 s on two cores, with one core mostly idle. The work here is

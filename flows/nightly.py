@@ -74,10 +74,10 @@ def _nightly(config_path: str, out: str, version: str | None, commit: str) -> St
     warn_below_extra_index(config, run.header.version)
     params = RunParams.of(config, run, out)
     remote = find_deployments(config)
-    # The suites' test bases Kiln's interpreter can give are copied while the build runs (issue 46, part 5).
+    # The suites' test bases Kiln's interpreter can give are copied while the build runs.
     prepare_test_bases(config)
     stages = {"build": build_stage(config, run, remote, params)}
-    if remote.publish is None:  # the checks publishing asks, answered while the tests run (issue 46, part 5)
+    if remote.publish is None:  # the checks publishing asks, answered while the tests run
         start_dependency_checks(run, config)
     suites = start_suites(config, run, remote, params)
     stages |= {

@@ -22,7 +22,7 @@ pip and uv would pick the highest local version (``rocm`` > ``cu130`` in PEP
 CUDA version. Everything a channel writes lives under its prefix, which is
 what the generated IAM policies grant.
 
-Matrix variants (issue 45). The cells of a variant with matrix axes
+Matrix variants. The cells of a variant with matrix axes
 (``cpupy312``, ``cu130py312torch2141``) publish to the index of the variant
 they came from (``indexes``: cell -> variant; ``<channel>/cpu/simple``), like
 PyTorch's and flash-attention's indexes: the cells' wheels never share a name

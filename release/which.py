@@ -1,4 +1,4 @@
-"""Which wheel of a project fits one environment (``kiln which``, issue 45 part 5): pure selection.
+"""Which wheel of a project fits one environment (``kiln which``): pure selection.
 
 An :class:`Environment` is what a user's machine offers on each axis — Python, the wheel tags it accepts
 (interpreter, abi, platform, in preference order, as :mod:`packaging.tags` computes them), torch, the GPU

@@ -85,7 +85,7 @@ MAX_MESSAGE = 1 << 20
 #: How long the client waits for the daemon to accept and fork (then it runs in-process).
 HANDSHAKE_TIMEOUT_S = 10.0
 #: How long a forwarded signal has to end the command before the client kills its process group;
-#: with KILL_WAIT_S it bounds a signalled client's exit (issue 27: within 30 s).
+#: with KILL_WAIT_S it bounds a signalled client's exit (within 30 s).
 SIGNAL_GRACE_S = 20.0
 KILL_WAIT_S = 5.0
 _POLL_S = 0.5

@@ -1,4 +1,4 @@
-"""What a wheel's shared libraries need of torch and of CPython, from the ecosystem's auditors (issue 45, part 2).
+"""What a wheel's shared libraries need of torch and of CPython, from the ecosystem's auditors.
 
 - ``torch-abi-audit`` (pinned) reads each library's undefined symbols: the unstable libtorch ones (``at::``,
   ``c10::``, ``torch::`` outside ``torch::stable``/``torch::headeronly``) and, from the stable C shims it calls,

@@ -1,4 +1,4 @@
-"""The manylinux platform tag a native wheel's binaries allow, from ``auditwheel``'s analysis (issue 45).
+"""The manylinux platform tag a native wheel's binaries allow, from ``auditwheel``'s analysis.
 
 Kiln writes every wheel itself (:func:`kiln.tasks.build.wheel.write_wheel`, byte-reproducible), so it never
 lets ``auditwheel repair`` rewrite the archive: it asks auditwheel's analysis (what ``auditwheel show``

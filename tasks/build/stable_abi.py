@@ -1,4 +1,4 @@
-"""The LibTorch stable-ABI mode of a variant (``abi = "stable"``, issue 45 part 2): what its build is told, and
+"""The LibTorch stable-ABI mode of a variant (``abi = "stable"``): what its build is told, and
 what its wheel asks of torch.
 
 A stable variant is built once per backend (not once per torch) against the torch of its build environment,

@@ -1,4 +1,4 @@
-"""``kiln init``'s Python axis (issue 45): the package's ``requires-python`` ∩ the CPythons found on this machine.
+"""``kiln init``'s Python axis: the package's ``requires-python`` ∩ the CPythons found on this machine.
 
 A package that builds its own CPython extension (``pep517``, no torch) gets ``python = [...]`` on each of its
 variants: every supported CPython that its ``requires-python`` admits and that

@@ -1,4 +1,4 @@
-"""A variant's matrix axes (issue 45, part 1): the Pythons and torches it is built for, less its exclusions.
+"""A variant's matrix axes: the Pythons and torches it is built for, less its exclusions.
 
 ``[[variants]]`` may list ``python = ["3.10", "3.11"]`` and ``torch = ["2.13.0", "2.14.1"]`` with
 ``exclude = [{python = "3.13", torch = "2.13.0"}]``. At load, :func:`expand` turns such a variant into one
@@ -83,7 +83,7 @@ class Cell(_Model):
     torch: str | None = None
     label: str
     # abi = "stable" with a torch axis: every torch of the axis, which its one wheel (built against the newest)
-    # claims; the test stage runs its suites under each (issue 45, part 3)
+    # claims; the test stage runs its suites under each
     claims: tuple[str, ...] = ()
 
 
@@ -210,7 +210,7 @@ def _pinned_torch(requirements: Sequence[str]) -> str | None:
 
 
 def claimed_torches(variant: Variant) -> tuple[str, ...]:
-    """The torches an ``abi = "stable"`` variant's one wheel claims, each run by its suites (issue 45, part 3): its
+    """The torches an ``abi = "stable"`` variant's one wheel claims, each run by its suites: its
     torch axis (:attr:`Cell.claims`), else the torch it builds against and its target torch (the host's when it
     is of that ``major.minor``, else ``<target>.0``), each at least its ``torch_target``; () for any other
     variant (one run, as before)."""

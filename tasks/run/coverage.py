@@ -1,4 +1,4 @@
-"""The run's coverage table (issue 45, part 5): one row per requested cell, its wheel, and what became of it.
+"""The run's coverage table: one row per requested cell, its wheel, and what became of it.
 
 A cell is what a user's environment must match to find a wheel: the Python, the torch, the backend and the
 archs. A ``[[variants]]`` entry without matrix axes is one cell (built by the build's interpreter against its

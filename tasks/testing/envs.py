@@ -128,9 +128,9 @@ def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (
     wheel and the requirements that failed.
 
     ``python``: a matrix cell's interpreter (default: this one). ``shared_base`` false: no base layer (a wheel
-    that requires neither torch nor Triton, issue 45): uv installs pytest and the rest into the environment.
+    that requires neither torch nor Triton): uv installs pytest and the rest into the environment.
     ``base``: a made environment to stand on instead (another torch's, for a stable-ABI wheel's run under each
-    torch it claims, issue 45): only what it holds is fixed, uv installs pytest and the rest.
+    torch it claims): only what it holds is fixed, uv installs pytest and the rest.
     """
     own_base = base is None
     if base is None and shared_base:

@@ -229,10 +229,10 @@ BASE_NEEDS = frozenset({"torch", "triton"})
 
 def cell_environment(config: KilnConfig, variant: Variant, wheels: Sequence[Path]) -> tuple[Path | None, bool]:
     """(interpreter, shared base) of a suite's environment: a matrix cell's environment is made by the cell's
-    Python, and stands on today's shared base only when its wheel requires torch or Triton (issue 45, part 3:
-    a package that does not depend on torch never waits on a torch for another Python). A variant that is no
-    cell: Kiln's interpreter and the base, as before. A cell whose wheel needs torch on a Python other than
-    Kiln's is refused, naming why: the shared base is made by Kiln's interpreter."""
+    Python, and stands on today's shared base only when its wheel requires torch or Triton (a package that does
+    not depend on torch never waits on a torch for another Python). A variant that is no cell: Kiln's
+    interpreter and the base, as before. A cell whose wheel needs torch on a Python other than Kiln's is refused,
+    naming why: the shared base is made by Kiln's interpreter."""
     if variant.cell is None or not variant.cell.python:
         return None, True
     needs = {canonicalize_name(Requirement(r).name) for w in wheels[:1] for r in wheel_requirements(w)}
