@@ -17,9 +17,15 @@ which covers every gfx target the toolchain knows, with the
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import re
 import struct
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,8 @@ _AMDGPU_MACH = {
     0x43: "gfx1150", 0x4A: "gfx1151", 0x55: "gfx1152", 0x58: "gfx1153", 0x48: "gfx1200", 0x4E: "gfx1201",
 }
 _SHT_NOTE = 7
+_ADDR_NO_RANDOMIZE = 0x0040000  # <linux/personality.h>
+_PERSONALITY_QUERY = 0xFFFFFFFF  # personality() with this argument only reads the current value
 # The msgpack key and the target triple after it: "amdgcn-amd-amdhsa--gfx942",
 # "amdgpu11.51-amd-amdhsa-unknown-gfx1151" (newer LLVM), with optional ":xnack-" features.
 _AMDGPU_TARGET = re.compile(rb"amdhsa\.target.{1,3}?[A-Za-z0-9._-]*?(gfx[0-9a-f]+)", re.S)
@@ -171,6 +179,55 @@ def _target(backend: str, arch: str) -> Any:
     return GPUTarget("hip", arch, 64)
 
 
+@contextmanager
+def fixed_address_layout() -> Iterator[None]:
+    """Within the block, the programs this process starts (Triton's ``ptxas``) run without address-space
+    randomisation; the previous personality is restored after it.
+
+    ``ptxas`` 13.1 orders some register-allocation choices by heap address, so the same PTX gives a different
+    sm_100 cubin (a few swapped registers) from one run to the next unless its address layout is fixed: which
+    worker compiled a unit, warmed ahead or fresh, decided the wheel's bytes. The flag is inherited across
+    fork and exec (what ``setarch -R`` does); this process's own layout, mapped already, is unchanged. Where
+    the call does not exist (not Linux) the block runs as it is.
+    """
+    personality = getattr(ctypes.CDLL(None, use_errno=True), "personality", None) if sys.platform == "linux" else None
+    if personality is None:
+        yield
+        return
+    personality.argtypes, personality.restype = [ctypes.c_ulong], ctypes.c_int
+    before = personality(_PERSONALITY_QUERY)
+    if before == -1 or personality(before | _ADDR_NO_RANDOMIZE) == -1:
+        raise CompileError(f"cannot turn off address-space randomisation for the compiler "
+                           f"(personality: {ctypes.get_errno()}); its output would depend on the run")
+    try:
+        yield
+    finally:
+        personality(before)
+
+
+@contextmanager
+def compiler_scratch() -> Iterator[None]:
+    """Within the block, Triton writes the PTX it hands ``ptxas`` (and ``ptxas`` its cubin) under
+    ``$TRITON_CACHE_DIR/tmp``, not the worker's ``TMPDIR``.
+
+    Even with a fixed address layout, ``ptxas``'s heap, and so its register allocation, follows the length of
+    the file names it is given: a worker's private ``TMPDIR`` (under the parent's, with the worker's number in
+    it) would make the bytes depend on where and how many workers ran. The compile pool's private directory
+    has one length everywhere (kiln.tasks.build.sparepool.new_pool), and the names ``tempfile`` adds do too.
+    """
+    cache = os.environ.get("TRITON_CACHE_DIR")
+    if not cache:
+        yield
+        return
+    scratch = Path(cache) / "tmp"
+    scratch.mkdir(exist_ok=True)
+    before, tempfile.tempdir = tempfile.tempdir, str(scratch)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
 def warm_worker(config_path: str) -> None:
     """What compiling a unit of ``config_path`` imports first (Triton's compiler, the project's registry),
     done ahead of the first unit (kiln.tasks.build.sparepool)."""
@@ -205,7 +262,8 @@ def compile_in_worker(request: dict[str, Any]) -> dict[str, Any]:
     options = dict(spec.options)
     target = _target(request["backend"], request["arch"])
     try:
-        compiled = triton.compile(source, target=target, options=options)
+        with fixed_address_layout(), compiler_scratch():
+            compiled = triton.compile(source, target=target, options=options)
     except (TritonError, RuntimeError) as exc:  # RuntimeError: an MLIR pass of Triton's pipeline failed
         what = f"kernel {request['kernel']!r} specialization {spec.name!r} for {request['backend']} {request['arch']}"
         raise CompileError(f"{what}: Triton failed to compile: {type(exc).__name__}: {exc}") from exc

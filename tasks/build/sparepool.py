@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -42,10 +43,21 @@ class CompilePool:
             self.triton_cache.cleanup()
 
 
+# Where a pool's private directory goes: one path length on every machine and for every command, because
+# ptxas's output follows the length of the file names it is given (kiln.tasks.build.aot.compiler_scratch).
+# A system without a writable /tmp falls back to the process's temporary directory.
+_SCRATCH_ROOT = "/tmp"
+
+
+def _scratch_root() -> str | None:
+    return _SCRATCH_ROOT if os.path.isdir(_SCRATCH_ROOT) and os.access(_SCRATCH_ROOT, os.W_OK | os.X_OK) else None
+
+
 def new_pool(size: int, project: Path) -> CompilePool:
     """Workers for one build of the project in ``project`` (which they read), with a Triton cache of their own:
-    Kiln's cache decides what is reused, and a cold build is really cold."""
-    cache = tempfile.TemporaryDirectory(prefix="kiln-triton-")
+    Kiln's cache decides what is reused, and a cold build is really cold. The cache directory also holds the
+    files Triton hands ``ptxas``, at a path of the same length wherever the pool starts."""
+    cache = tempfile.TemporaryDirectory(prefix="kiln-triton-", dir=_scratch_root())
     return CompilePool(WorkerPool(size, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": cache.name},
                                   read=(str(project),), write=(cache.name,)), cache)
 
