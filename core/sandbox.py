@@ -193,6 +193,29 @@ def wrap(cmd: Sequence[str], policy: Policy) -> list[str]:
     return [sys.executable, "-I", "-m", "kiln.core.sandbox", policy.to_json(), "--", *cmd]
 
 
+# --- how a step starts package code ---------------------------------------------------------------------------
+# Every process that runs the package's or a third party's code (a test worker, a benchmark's measuring process,
+# a build backend, a compile worker, an sdist hook) is started as guest_command(...) with guest_environ(...).
+
+
+def guest_command(cmd: Sequence[str], *, read: Iterable[str | os.PathLike[str]] = (),
+                  write: Iterable[str | os.PathLike[str]] = (), network: Network) -> list[str]:
+    """``cmd`` (its first word an interpreter or a program) inside the sandbox: read ``read``, the interpreter's
+    trees and Kiln's code; write ``write``."""
+    trees = kiln_trees() | {str(Path(p)) for p in read}
+    if cmd and Path(cmd[0]).is_absolute():
+        trees |= interpreter_trees(cmd[0]) if Path(cmd[0]).name.startswith("python") else {str(Path(cmd[0]).parent)}
+    policy = Policy(read=tuple(sorted(trees)), write=tuple(sorted({str(Path(p)) for p in write})), network=network)
+    return wrap(cmd, policy)
+
+
+def guest_environ(home: Path, extra: Mapping[str, str] | None = None, pass_env: Iterable[str] = (),
+                  base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed environment of a guest: of ``base`` (default: this process's) plus ``extra``, with a
+    private ``HOME``/``TMPDIR`` at ``home``."""
+    return guest_env({**(os.environ if base is None else base), **(extra or {})}, home, pass_env)
+
+
 # --- inside the launcher: between fork and the guest's exec ---------------------------------------------------
 
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
@@ -258,5 +281,5 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["KEPT", "Policy", "Support", "confine", "credential_name", "guest_env", "interpreter_trees",
-           "kiln_trees", "support", "wrap"]
+__all__ = ["KEPT", "Policy", "Support", "confine", "credential_name", "guest_command", "guest_env", "guest_environ",
+           "interpreter_trees", "kiln_trees", "support", "wrap"]

@@ -34,6 +34,7 @@ from kiln.tasks.build import units as build_units
 from kiln.tasks.build.plan import CompileUnit, VariantPlan
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import CompileContext, UnitResult
+from kiln.tasks.onboarding.advice import what_to_set
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run import ledger
 
@@ -99,6 +100,7 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     name_this_run(run_name("build", run, variants or [v.name for v in config.variants]))
     # The run's store, opened with the build step's credentials, also holds the unit cache's shared tier.
     setup = plan_build_task(config, run.header.version, variants, nvcc, run.header.source, unwalked(run.store))
+    setup = build_stage.advised(setup, what_to_set)  # a failed pep517 unit names the switch it lacks
     run.record_all(build_units.skip_record(skip) for skip in setup.plan.skips)  # before any unit runs
     verify_events = verify_cache_task(unwalked(setup))
     units = setup.plan.units

@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiln.tasks.guests import guest_command, guest_environ
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.process import (
     Mailboxes,
     PopenChild,

@@ -23,9 +23,9 @@ from typing import Any
 
 from kiln.core.errors import BenchmarkError, InfrastructureError, KilnError
 from kiln.core.fsutil import atomic_write_text
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.bench.forking import MeasureServer, serve
 from kiln.tasks.bench.harness import bench_kernel, bench_specs, kernel_cases, prepare
-from kiln.tasks.guests import guest_command, guest_environ
 from kiln.tasks.process import Child, PopenChild, run_with_deadline, single_threaded
 from kiln.tasks.project.config import load_config
 

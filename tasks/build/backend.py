@@ -39,7 +39,7 @@ import sys
 import tempfile
 import tomllib
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -49,6 +49,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pip_env
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
@@ -58,8 +59,6 @@ from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
 from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
-from kiln.tasks.guests import guest_command, guest_environ
-from kiln.tasks.onboarding.advice import what_to_set
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config_build import Toolchain
 
@@ -209,6 +208,9 @@ class ProjectBuilder:
     stable: Mapping[str, str | None] = field(default_factory=dict)
     pass_env: tuple[str, ...] = ()  # variables of Kiln's environment the build may see, by name
     writable: tuple[str, ...] = ()  # folders beyond the unit's own that the sandboxed build may write
+    # (project dir, variant, backend, its build_env, what the build printed) -> the settings to change; handed in
+    # by the flow (kiln init's switch reading lives above the build layer)
+    advise: Callable[[Path, str, str, Mapping[str, str], str], list[str]] | None = None
 
     # Any: a CompileContext: kiln.tasks.build.units imports this module, so naming it here is a cycle
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
@@ -275,7 +277,9 @@ class ProjectBuilder:
 
     def _what_to_set(self, unit: CompileUnit, log: str) -> list[str]:
         """The settings the package's own build files say this failed unit lacks (read, never run)."""
-        return what_to_set(self.project_dir, unit.variant, unit.backend, self.variant_env.get(unit.variant, {}), log)
+        if self.advise is None:
+            return []
+        return self.advise(self.project_dir, unit.variant, unit.backend, self.variant_env.get(unit.variant, {}), log)
 
     def environ(self, unit: CompileUnit, made: BuildEnvironment | None, shadow: Path | None = None) -> dict[str, str]:
         """The build's variables: the variant's archs and toolchain, its ``build_env``, its environment's tools;

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kiln.core.errors import BuildWorkerError, InfrastructureError, KilnError
-from kiln.tasks.guests import guest_command, guest_environ
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.process import (
     Escalation,
     LadderResult,

@@ -35,12 +35,12 @@ from packaging.version import InvalidVersion, Version
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError, InvalidInputError
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build.backend import without_network
 from kiln.tasks.build.buildenv import pip_env
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
-from kiln.tasks.guests import guest_command, guest_environ
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 4000

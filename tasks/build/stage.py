@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,6 +55,11 @@ class BuildSetup:
     stamp: WheelStamp = WheelStamp()
     project: ProjectBuilder | None = None  # [build] backend = "pep517"
     remote: RemoteTier | None = None  # [build.cache] remote: the unit cache's shared tier
+
+
+def advised(setup: BuildSetup, advise: Callable[[Path, str, str, Mapping[str, str], str], list[str]]) -> BuildSetup:
+    """``setup`` whose pep517 builder names, in a failed unit's message, the settings ``advise`` finds."""
+    return setup if setup.project is None else replace(setup, project=replace(setup.project, advise=advise))
 
 
 def unit_cache(setup: BuildSetup) -> BuildCache:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.tasks.onboarding.defaults import load_defaults
 from kiln.tasks.onboarding.names import parse_setup_py
 from kiln.tasks.onboarding.switches import Switches, read_switches
 
@@ -122,7 +123,6 @@ def _variants(root: Path, switches: Switches, torch_ext: bool, cmake: str) -> tu
 
 def native_build(root: Path, pyproject: dict[str, Any], setup_py: str, why: str, torch_ext: bool) -> NativeBuild:
     """A package that compiles: GPU and CPU variants as far as its build can make each, and its switches."""
-    from kiln.tasks.onboarding.render import load_defaults  # render imports inspect, which imports this module
 
     defaults = load_defaults()
     cmake = _cmake_text(root)

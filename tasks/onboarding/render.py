@@ -7,36 +7,9 @@ name, torch and archs) are data, in ``defaults.toml`` beside this module.
 from __future__ import annotations
 
 import json
-import tomllib
-from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
-from typing import Any
 
+from kiln.tasks.onboarding.defaults import Defaults, load_defaults
 from kiln.tasks.onboarding.inspect import Findings, SuitePlan
-
-_DEFAULTS = Path(__file__).with_name("defaults.toml")
-
-
-@dataclass(frozen=True)
-class Defaults:
-    cuda_variant: str
-    cuda_torch: str
-    extension_archs: tuple[str, ...]
-    registry_archs: tuple[str, ...]
-    cpu_variant: str
-    jit_variant: str
-    interpreter_requires: tuple[str, ...]
-    publish_url: str
-
-
-@cache
-def load_defaults(path: Path = _DEFAULTS) -> Defaults:
-    data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
-    cuda, jit = data["cuda"], data["triton_jit"]
-    return Defaults(cuda["variant"], cuda["torch"], tuple(cuda["extension_archs"]), tuple(cuda["registry_archs"]),
-                    data["cpu"]["variant"], jit["variant"], tuple(jit["interpreter_requires"]),
-                    data["publish"]["url"])
 
 
 def _q(value: str) -> str:

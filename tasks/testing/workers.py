@@ -27,8 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.core.venvs import safe_path_flag
-from kiln.tasks.guests import guest_command, guest_environ
 from kiln.tasks.process import (
     LadderResult,
     Mailboxes,

@@ -13,7 +13,7 @@ from kiln.core.errors import ConfigError
 from kiln.flows.cli import main
 from kiln.tasks.bench.harness import bench_skip
 from kiln.tasks.onboarding import OnboardingError, init_project
-from kiln.tasks.onboarding.render import load_defaults
+from kiln.tasks.onboarding.defaults import load_defaults
 from kiln.tasks.project.config import load_config, parse_config
 from tests.helpers.gitrepo import FIXTURES
 
