@@ -1,4 +1,4 @@
-"""The interpreter of each matrix cell (issue 45, part 1): found, checked, or the cell refused before any build.
+"""The interpreter of each matrix cell: found, checked, or the cell refused before any build.
 
 A cell's Python (``"3.12"``) is looked for in this order, the first that answers as that CPython wins:
 
