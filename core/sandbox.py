@@ -193,6 +193,18 @@ def wrap(cmd: Sequence[str], policy: Policy) -> list[str]:
     return [sys.executable, "-I", "-m", "kiln.core.sandbox", policy.to_json(), "--", *cmd]
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def seal_environ() -> None:
+    """Make this process non-dumpable: its ``/proc/<pid>/environ`` and memory are then unreadable to other
+    processes of the same (non-root) user, so code Kiln runs outside the sandbox (an installer building an
+    sdist) cannot read the step's credentials from its parent. Guests are kept out by Landlock anyway."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.debug("prctl(PR_SET_DUMPABLE, 0) failed: %s", os.strerror(ctypes.get_errno()))
+
+
 # --- how a step starts package code ---------------------------------------------------------------------------
 # Every process that runs the package's or a third party's code (a test worker, a benchmark's measuring process,
 # a build backend, a compile worker, an sdist hook) is started as guest_command(...) with guest_environ(...).
@@ -282,4 +294,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["KEPT", "Policy", "Support", "confine", "credential_name", "guest_command", "guest_env", "guest_environ",
-           "interpreter_trees", "kiln_trees", "support", "wrap"]
+           "interpreter_trees", "kiln_trees", "seal_environ", "support", "wrap"]

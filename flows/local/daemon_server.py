@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from kiln.core.sandbox import seal_environ
 from kiln.flows.local import daemon
 from kiln.flows.local.daemon_request import BadRequest, Request, parse_request
 from kiln.flows.local.environment import apply_defaults
@@ -174,6 +175,7 @@ def _become(request: Request, fds: Sequence[int]) -> None:
         os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
+    seal_environ()  # the client's environment (its credentials) arrives next: unreadable through /proc
     os.environ.clear()
     os.environ.update(request.env)
     sys.argv = list(request.argv)

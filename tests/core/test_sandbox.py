@@ -114,3 +114,31 @@ def test_the_launcher_refuses_a_malformed_command_line():
     done = subprocess.run([sys.executable, "-I", "-m", "kiln.core.sandbox", "{}"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+SEALED = textwrap.dedent("""
+    import ctypes, os, subprocess, sys
+    if sys.argv[1] == "seal":  # what kiln.core.sandbox.seal_environ does (this interpreter may not import Kiln)
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+    reader = "import os, sys\\ntry:\\n    open(f'/proc/{os.getppid()}/environ', 'rb').read()\\n    print('read')\\n" \\
+             "except OSError as exc:\\n    print(type(exc).__name__)"
+    print(subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, timeout=60).stdout.strip())
+""")
+
+
+def test_seal_environ_makes_kilns_process_non_dumpable():
+    code = ("import ctypes; from kiln.core.sandbox import seal_environ; libc = ctypes.CDLL(None)\n"
+            "before = libc.prctl(3, 0, 0, 0, 0); seal_environ(); print(before, libc.prctl(3, 0, 0, 0, 0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["1", "0"], done.stderr
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="the system's python3 runs the pair as nobody")
+@pytest.mark.parametrize(("mode", "expected"), [("seal", "PermissionError"), ("open", "read")])
+def test_a_sealed_process_environment_is_unreadable_to_another_process_of_its_user(mode, expected):
+    """What Kiln's command does first: code it runs outside the sandbox (an installer's sdist build) cannot
+    read the step's credentials from /proc. Root reads everything, so as root the pair runs as nobody."""
+    demote = (lambda: (os.setgid(65534), os.setuid(65534))) if os.geteuid() == 0 else None
+    done = subprocess.run(["/usr/bin/python3", "-I", "-c", SEALED, mode], capture_output=True, text=True,
+                          timeout=120, preexec_fn=demote, cwd="/")
+    assert done.stdout.strip() == expected, done.stderr
