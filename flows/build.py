@@ -9,6 +9,7 @@ and a Prefect cache hit would skip that check.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -16,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from kiln.core.manifest import Unit
 from kiln.core.record import Checkout
 from kiln.flows import progress
 from kiln.flows.common import (
@@ -31,6 +33,7 @@ from kiln.flows.common import (
 from kiln.flows.runname import name_this_run, run_name
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
+from kiln.tasks.build import witness as build_witness
 from kiln.tasks.build.plan import CompileUnit, VariantPlan
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import CompileContext, UnitResult
@@ -41,6 +44,7 @@ from kiln.tasks.run import ledger
 # Retries are for retryable errors only (cache drift, a lost worker); two are enough
 # for a drift found mid-run: the batch is invalidated before the error is raised.
 UNIT_RETRIES = 2
+WITNESS_UNIT = "build/witness"
 # Unit tasks wait on the compile pool's processes (one per core), so two threads a core keep every
 # worker busy; more (Prefect's default is one per submitted unit, and this was 16) only contend for
 # the GIL in a warm build, where every unit is Prefect's own work: 4 threads here, not 16, took a
@@ -76,6 +80,13 @@ def compile_task(unit: CompileUnit, env: CompileContext) -> UnitResult:
     return build_units.build_unit(unit, env)
 
 
+@task(name="witness", cache_policy=NO_CACHE)
+def witness_task(setup: BuildSetup, wheels: list[Path]) -> Unit:
+    """Every wheel built again with every cache bypassed, compared byte for byte: the witness's unit."""
+    found = build_witness.witness(setup, wheels)
+    return Unit(WITNESS_UNIT, "build", "completed" if found.ok else "failed", message=found.message())
+
+
 @task(name="assemble-variant", cache_policy=NO_CACHE)
 def assemble_task(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str, Any],
                   out: str) -> build_stage.VariantOutput:
@@ -86,7 +97,7 @@ def assemble_task(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str, A
 @flow(name="build", task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))  # type: ignore[arg-type]
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
                variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None,
-               commit: str = "") -> Any:
+               commit: str = "", witness: bool = False) -> Any:
     """Build every unit of the matrix, then one wheel per variant whose units all built.
 
     ``run_id`` continues a run (the nightly's); without it the build is a run
@@ -94,6 +105,8 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     ``nvcc``: path of the nvcc to use (default: the one on PATH); a missing
     one skips the CUDA C++ units with a message. ``commit``: the commit the run
     names, which this checkout must be at (a build dispatched to a worker).
+    ``witness``: build every wheel again with every cache bypassed and refuse the build unless each is
+    byte-identical (``kiln build --witness``; a release's build always is).
     """
     config = load_config(config_path)
     run = open_run(config, "build", out, run_id=run_id, version=version, commit=commit)
@@ -131,6 +144,9 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
     artifacts = run.add_artifacts((path, "build", kind, variant.name) for variant, output in outputs
                                   for path, kind in output.files)
     ledger.record_wheels(run.store, run.header, artifacts)  # what bisect may install: the build step's word alone
+    if witness and built:
+        wheels = [path for _, output in outputs for path, kind in output.files if kind == "wheel"]
+        run.record_all([witness_task(unwalked(setup), wheels)])
     with side_reports() as report:  # sent to the server while the record is written
         report(table_report, "kiln-build", build_stage.table_rows(units, outcomes, records),
                f"Build units — run {run.run_id}")
@@ -143,5 +159,6 @@ def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | 
                          setup.remote.stats.as_dict())
         if built:
             run.mark_latest()
-        return finish_stage(run, "build", "Build", mine=lambda u: not variants or u.variant in variants)
+        return finish_stage(run, "build", "Build",
+                            mine=lambda u: not variants or u.variant in variants or u.id == WITNESS_UNIT)
 

@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", help="version to build (default: the commit's nightly version, "
                                      "<base>.dev<commit time as YYYYMMDDHHMMSS>)")
     p.add_argument("--variant", action="append", dest="variants", help="only this variant (repeatable)")
+    p.add_argument("--witness", action="store_true",
+                   help="build every wheel again with every cache bypassed and fail unless each is byte-identical")
 
     p = sub.add_parser("test", help="run the test suites in isolated processes")
     _add_config(p)
@@ -533,7 +535,8 @@ def _release_command(ns: argparse.Namespace, config: KilnConfig) -> int:
 def _build_command(ns: argparse.Namespace, config: KilnConfig) -> int:
     from kiln.flows.build import build_flow
 
-    return _run_flow(build_flow, ns.out, config_path=ns.config, out=ns.out, version=ns.version, variants=ns.variants)
+    return _run_flow(build_flow, ns.out, config_path=ns.config, out=ns.out, version=ns.version, variants=ns.variants,
+                     witness=ns.witness)
 
 
 def _test_command(ns: argparse.Namespace, config: KilnConfig) -> int:
