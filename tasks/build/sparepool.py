@@ -1,4 +1,4 @@
-"""The build's compile pool, started ahead of the build by a command that waits meanwhile (issue 46).
+"""The build's compile pool, started ahead of the build by a command that waits meanwhile (for Kiln's server).
 
 A compile worker costs seconds before its first unit: an interpreter, then
 Triton's compiler and the project's kernel registry imported on its first call.

@@ -10,6 +10,7 @@ separate, dependency-free distribution) sees nothing of kiln but itself.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,16 @@ def test_no_test_imports_another_folders_conftest_and_helpers_have_one_home():
     assert not [p for p in ("release/wheelkit.py", "release/runkit.py", "build/cuda_torch.py", "bench/fakes.py")
                 if (tests / p).exists()]
     assert not (tests / "foundation").exists()
+
+
+_ISSUE_CITATION = re.compile(r"\b[Ii]ssue\s+#?\d+|\bpart\s+\d+\)")
+
+
+def test_no_code_cites_an_issue_number():
+    """Comments and docstrings say why, never which issue or part: history belongs in commit messages."""
+    folders = [ROOT / name for name in ("core", "tasks", "flows", "release", "benchmarks", ".ci")] + [RUNTIME, KERNELS]
+    cited = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for folder in folders for path in sorted(folder.rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if _ISSUE_CITATION.search(line)]
+    assert cited == []
