@@ -46,7 +46,7 @@ def parse_setup_py(text: str) -> ast.Module | None:
         return None  # the build reports it; kiln init falls back to the other sources
 
 
-def _constants(tree: ast.Module) -> dict[str, str]:
+def module_constants(tree: ast.Module) -> dict[str, str]:
     """Module-level ``NAME = "literal"`` assignments (the last one wins, as when the module runs)."""
     found: dict[str, str] = {}
     for node in tree.body:
@@ -74,7 +74,7 @@ def literal(tree: ast.Module | None, node: ast.expr | None) -> Any:
     if tree is None or node is None:
         return None
     if isinstance(node, ast.Name):
-        return _constants(tree).get(node.id)
+        return module_constants(tree).get(node.id)
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from kiln.tasks.onboarding.names import module_constants
+
 Role = Literal["download", "force_cuda", "cuda_toggle", "skip_cuda", "rocm", "build_ops", "archs", "cuda_version",
                "parallelism", "version_suffix", "other"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -100,14 +102,6 @@ def _str(node: ast.expr | None, constants: dict[str, str]) -> str | None:
     return None
 
 
-def _constants(tree: ast.Module) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            found |= {t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)}
-    return found
-
-
 def _is_environ(node: ast.expr) -> bool:
     return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
         isinstance(node, ast.Name) and node.id == "environ")
@@ -151,7 +145,7 @@ def _unwrap(node: ast.expr) -> ast.expr:
 
 
 def _setup_py_reads(tree: ast.Module) -> list[EnvRead]:
-    constants, helpers = _constants(tree), _helpers(tree)
+    constants, helpers = module_constants(tree), _helpers(tree)
     compared: dict[int, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and node.comparators:

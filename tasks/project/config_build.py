@@ -43,6 +43,15 @@ _ARCH_FLAGS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-c
                "--offload-arch", "--amdgpu-target", "-march")
 
 
+def one_of(value: object, choices: tuple[str, ...], what: str) -> object:
+    """``value`` when it is not a string or is one of ``choices``; else a did-you-mean error naming ``what``."""
+    if isinstance(value, str) and value not in choices:
+        hint = difflib.get_close_matches(value, choices, n=1)
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ValueError(f"{value!r} is not {what} (one of {', '.join(choices)}){suggestion}")
+    return value
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,11 +142,7 @@ class BuildCacheSettings(_Model):
     @field_validator("remote", mode="before")
     @classmethod
     def _known_tier(cls, value: object) -> object:
-        if isinstance(value, str) and value not in CACHE_TIERS:
-            hint = difflib.get_close_matches(value, CACHE_TIERS, n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(f"{value!r} is not a cache tier (one of {', '.join(CACHE_TIERS)}){suggestion}")
-        return value
+        return one_of(value, CACHE_TIERS, "a cache tier")
 
 
 class Build(_Model):
@@ -195,11 +200,7 @@ class Build(_Model):
     @field_validator("kind", mode="before")
     @classmethod
     def _known_kind(cls, value: object) -> object:
-        if isinstance(value, str) and value not in PACKAGE_KINDS:
-            hint = difflib.get_close_matches(value, PACKAGE_KINDS, n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(f"{value!r} is not a package kind (one of {', '.join(PACKAGE_KINDS)}){suggestion}")
-        return value
+        return one_of(value, PACKAGE_KINDS, "a package kind")
 
 
 # A change to any of these may change every test: --changed-since then selects every suite.
