@@ -14,6 +14,7 @@ still build.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -23,12 +24,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import CompileError, ToolchainMissingError
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache, CompileStats, read_stats_log
 from kiln.tasks.process import run_in_group
@@ -195,6 +197,23 @@ def settings_for(config: KilnConfig, python: str | None = None) -> NvccSettings:
     return torch_settings(python) + own if toolchain.torch else own
 
 
+def _include_dirs(args: Sequence[str]) -> list[str]:
+    """The folders ``-I``/``-isystem`` flags name (a compile reads them)."""
+    found, take = [], False
+    for arg in args:
+        if take:
+            found.append(arg)
+        elif arg.startswith("-I") and len(arg) > 2:
+            found.append(arg[2:])
+        take = arg in ("-I", "-isystem")
+    return found
+
+
+def _guest(cmd: list[str], read: Sequence[str | os.PathLike[str]],
+           write: Sequence[str | os.PathLike[str]]) -> list[str]:
+    return guest_command(cmd, read=[*read, str(Path(cmd[0]).resolve().parent.parent)], write=write, network="none")
+
+
 def build_library(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
                   settings: NvccSettings = NvccSettings(), cache: CompileCache | None = None) -> bytes:
     """Compile ``sources`` into one shared library for ``archs``; return its bytes after the arch check."""
@@ -223,8 +242,14 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
     with (tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp,
           stagedir.fixed_sources(sources, _stage_name(library, sources, archs), timeout) as (root, staged)):
         log = Path(tmp) / "compile-cache.log"
-        env = {**os.environ, **cache.environ(root, log)} if cache is not None else None
+        env = guest_environ(Path(tmp) / "home", cache.environ(root, log) if cache is not None else {})
         launcher = cache.prefix() if cache is not None else []
+        # the package's sources compile as guests: the staged sources, the toolchain and the include folders
+        # read; this compile's folder and the compile cache written; no network (a source cannot #include a
+        # credential file or the user's home into the library)
+        guest = functools.partial(_guest, read=[root, Path(nvcc.path).resolve().parent.parent,
+                                                *_include_dirs(settings.compile_args())],
+                                  write=[tmp, *([cache.directory] if cache is not None else [])])
         objects = []
         for number, source in enumerate(staged):
             obj = Path(tmp) / f"{number}-{source.name}.o"
@@ -232,7 +257,7 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
             cmd = [*launcher, nvcc.path, "-c", "-Xcompiler", "-fPIC", "-O3", "-Xcompiler",
                    f"-ffile-prefix-map={root}=.", *settings.compile_args(), *gencode_flags(archs),
                    "-o", str(obj), source.relative_to(root).as_posix()]
-            result = run_tool(cmd, max(deadline - time.monotonic(), 1.0), cwd=root, env=env)
+            result = run_tool(guest(cmd), max(deadline - time.monotonic(), 1.0), cwd=root, env=env)
             if result.returncode != 0:
                 raise CompileError(f"nvcc failed on {source.name} for {library} ({', '.join(archs)}):\n"
                                    f"{result.stdout[-4000:]}")
@@ -242,7 +267,7 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         # The archs again: without them nvcc's link adds its default arch's (sm_75) device code.
         cmd = [nvcc.path, "-shared", "-Xlinker", "-s", "-o", str(out), *objects, *gencode_flags(archs),
                *settings.link_args()]
-        result = run_tool(cmd, max(deadline - time.monotonic(), 1.0), cwd=root)
+        result = run_tool(guest(cmd), max(deadline - time.monotonic(), 1.0), cwd=root, env=env)
         if result.returncode != 0:
             raise CompileError(f"nvcc could not link {library} ({', '.join(archs)}):\n{result.stdout[-4000:]}")
         sass, ptx = embedded_archs(out, nvcc.cuobjdump)
