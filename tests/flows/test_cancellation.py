@@ -128,9 +128,15 @@ def test_holds_while_the_marker_exists():
 """
 
 
+def _with_holding_test(repo: Path) -> None:
+    (repo / "tests" / "test_hold.py").write_text(HOLDING_TEST)
+    config = repo / "kiln.toml"  # tests run as guests: the suite names the variable its holding test reads
+    config.write_text(config.read_text().replace('paths = ["tests"]\n', 'paths = ["tests"]\npass_env = ["KILN_TEST_HOLD"]\n', 1))
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    return git_project("tiny", tmp_path, edit=lambda repo: (repo / "tests" / "test_hold.py").write_text(HOLDING_TEST))
+    return git_project("tiny", tmp_path, edit=_with_holding_test)
 
 
 @pytest.fixture
