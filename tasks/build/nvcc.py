@@ -197,15 +197,15 @@ def settings_for(config: KilnConfig, python: str | None = None) -> NvccSettings:
     return torch_settings(python) + own if toolchain.torch else own
 
 
-def _include_dirs(args: Sequence[str]) -> list[str]:
-    """The folders ``-I``/``-isystem`` flags name (a compile reads them)."""
-    found, take = [], False
+def _named_paths(args: Sequence[str]) -> list[str]:
+    """The absolute paths compile and link flags name (``-I``, ``-isystem``, ``-L``, a library file, an rpath):
+    what the compiler and the linker read."""
+    found = []
     for arg in args:
-        if take:
-            found.append(arg)
-        elif arg.startswith("-I") and len(arg) > 2:
-            found.append(arg[2:])
-        take = arg in ("-I", "-isystem")
+        for part in arg.split(","):  # -Wl,-rpath,/a/b
+            path = part[2:] if part[:2] in ("-I", "-L") else part
+            if os.path.isabs(path) and os.path.exists(path):
+                found.append(path)
     return found
 
 
@@ -248,7 +248,7 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         # read; this compile's folder and the compile cache written; no network (a source cannot #include a
         # credential file or the user's home into the library)
         guest = functools.partial(_guest, read=[root, Path(nvcc.path).resolve().parent.parent,
-                                                *_include_dirs(settings.compile_args())],
+                                                *_named_paths([*settings.compile_args(), *settings.link_args()])],
                                   write=[tmp, *([cache.directory] if cache is not None else [])])
         objects = []
         for number, source in enumerate(staged):
