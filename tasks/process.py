@@ -37,19 +37,6 @@ from kiln.core.errors import PermanentError
 logger = logging.getLogger(__name__)
 
 # Children register faulthandler on this signal (see ``install_stack_dump``).
-# What a process running the package's code (a test, a benchmark) never inherits: the step's cloud and Prefect
-# credentials. With them that code could write the artifact store (test outcomes, the quarantine list,
-# benchmark history) that only Kiln's step process writes.
-SECRET_PREFIXES = ("AWS_", "PREFECT_API_KEY", "PREFECT_API_AUTH_STRING", "GOOGLE_APPLICATION_CREDENTIALS",
-                   "AZURE_CLIENT_SECRET", "AZURE_STORAGE_")
-
-
-def without_secrets(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) without the variables named by :data:`SECRET_PREFIXES`."""
-    return {key: value for key, value in (os.environ if env is None else env).items()
-            if not key.startswith(SECRET_PREFIXES)}
-
-
 DUMP_SIGNAL = signal.SIGUSR1
 DUMP_WINDOW_S = 1.0
 KILL_WAIT_S = 5.0
