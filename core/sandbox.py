@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -135,19 +136,18 @@ def _pth_dirs(site: Path) -> set[str]:
     return found
 
 
+_KILN_PACKAGES = ("kiln.core", "kiln.tasks", "kiln.flows", "kiln.release", "kiln.runtime")
+
+
 def kiln_trees() -> set[str]:
-    """Where Kiln's own code is read from (a guest runs Kiln's test server and compile worker modules)."""
-    import kiln.core
-
+    """Where Kiln's own code is read from (a guest runs Kiln's test server and compile worker modules): the
+    interpreter's path and each of Kiln's package folders, never the checkout around them (an editable
+    install's checkout may hold a ``file://`` store or the build cache)."""
     trees = {str(Path(p)) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)}
-    trees |= {str(Path(kiln.core.__file__).resolve().parent.parent)} if _editable() else set()
+    for name in _KILN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        trees |= {str(Path(folder).resolve()) for folder in (spec.submodule_search_locations or [])} if spec else set()
     return trees | interpreter_trees(sys.executable)
-
-
-def _editable() -> bool:
-    import kiln.core
-
-    return "site-packages" not in Path(kiln.core.__file__).resolve().parts
 
 
 @dataclass(frozen=True)
