@@ -8,11 +8,12 @@ runner imports the workers: shared types below both keep the import graph acycli
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from kiln.core.errors import InvalidInputError
+from kiln.tasks.testing.classify import TestResult
 
 Isolation = Literal["test", "file"]
 StartMethod = Literal["forkserver", "spawn"]
@@ -24,6 +25,21 @@ START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
 # imported lazily, by the first custom op / torch.compile call and the first
 # Triton launch: together seconds per process, i.e. per test.
 PRELOAD: tuple[str, ...] = ("torch", "triton", "torch._dynamo", "triton.experimental.gluon")
+
+
+@dataclass(frozen=True)
+class Picked:
+    """Which of a suite's collected tests this run runs, and the results it reports for others without running
+    them (a pass carried from an earlier run whose inputs are unchanged). A collected test in neither belongs to
+    another unit (another shard of the suite) and is not reported here."""
+
+    run: tuple[str, ...]
+    settled: tuple[TestResult, ...] = ()
+
+
+# Given the collected node ids in collection order, what to run of them: test selection and sharding decide
+# after collection, because only then are the suite's tests known.
+Picker = Callable[[Sequence[str]], Picked]
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,7 @@ class RunOptions:
     startup_timeout_s: float = 120.0  # a spawned job's interpreter start and collection
     python: str = sys.executable      # the interpreter of the environment under test
     pass_env: tuple[str, ...] = ()    # variables of Kiln's environment the suite's tests may see, by name
+    pick: Picker | None = None        # None: run every collected test
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATIONS:

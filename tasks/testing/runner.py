@@ -22,7 +22,7 @@ from pathlib import Path
 from kiln.tasks.process import LadderResult, check_cancelled, signal_name, terminate, watch
 from kiln.tasks.testing.classify import TestResult, classify_phases, classify_unfinished, merge_attempts, should_retry
 from kiln.tasks.testing.devices import DevicePool, detect_gpu_count, pin_env, skip_reason
-from kiln.tasks.testing.jobs import Isolation, Item, Job, RunOptions
+from kiln.tasks.testing.jobs import Isolation, Item, Job, Picker, RunOptions
 from kiln.tasks.testing.workers import (
     ForkedChild,
     Progress,
@@ -183,10 +183,15 @@ def run_tests(
         items = [Item(n, i["nodeid"], i["file"], int(i["gpus"])) for n, i in enumerate(collected["items"])]
         errors = [TestResult(e["nodeid"], "error", message="collection failed", details=e["longrepr"])
                   for e in collected["errors"]]
+        settled: dict[str, TestResult] = {}
+        if options.pick is not None:
+            items, settled = _picked(items, options.pick)
         runner = Runner(root, work, options, worker, devices)
-        by_id: dict[str, TestResult] = {}
+        by_id: dict[str, TestResult] = dict(settled)
         runnable = []
         for item in items:
+            if item.nodeid in settled:
+                continue
             reason = skip_reason(item.gpus, runner.devices.count)
             if reason:
                 by_id[item.nodeid] = TestResult(item.nodeid, "skipped", message=reason)
@@ -197,6 +202,15 @@ def run_tests(
     finally:
         worker.close()
         remove_scratch(work)
+
+
+def _picked(items: list[Item], pick: Picker) -> tuple[list[Item], dict[str, TestResult]]:
+    """The collected items this run reports, in collection order: those ``pick`` runs and those it settled
+    without running; the rest belong to another unit."""
+    picked = pick([item.nodeid for item in items])
+    settled = {r.nodeid: r for r in picked.settled}
+    keep = set(picked.run) | set(settled)
+    return [item for item in items if item.nodeid in keep], settled
 
 
 def _collection_failure(worker: Worker) -> TestResult:

@@ -204,3 +204,22 @@ def test_lost_fork_server_is_infrastructure_and_the_retry_still_runs(tmp_path, m
     assert (tmp_path / "work" / "state" / "server-killed").exists()  # the first attempt really ran under the server
     assert (lost.outcome, lost.attempts) == ("flaky", 2)
     assert "worker lost" in lost.details
+
+
+def test_a_picker_runs_its_tests_reports_its_settled_results_and_leaves_the_rest_out(tmp_path, monkeypatch):
+    from kiln.tasks.testing.classify import TestResult
+    from kiln.tasks.testing.jobs import Picked
+
+    seen: list[list[str]] = []
+
+    def pick(collected):
+        seen.append(list(collected))
+        passes = next(n for n in collected if n.endswith("::test_passes"))
+        fails = next(n for n in collected if n.endswith("::test_assertion_fails"))
+        return Picked(run=(passes,), settled=(TestResult(fails, "passed", message="carried"),))
+
+    results = _run(tmp_path, monkeypatch, [LADDER], timeout_s=TIMEOUT_S, grace_s=GRACE_S, pick=pick)
+    assert len(seen) == 1 and len(seen[0]) == len(EXPECTED)  # it saw every collected test, once
+    # the settled one was reported as given (its test would fail if it ran), the others not at all
+    assert {name: (r.outcome, r.message) for name, r in results.items()} == {
+        "test_passes": ("passed", ""), "test_assertion_fails": ("passed", "carried")}
