@@ -91,7 +91,9 @@ def test_a_nightly_publishes_the_combined_index_uv_installs_the_machines_variant
     # the summary's command for it is uv's, with the preview
     from kiln.flows.summary import render_text
 
-    (line,) = [line for line in render_text(run).splitlines() if "install: uv pip install" in line and url in line]
+    # (run under `env -u ...` with --no-config, so no uv configuration of the caller's adds a source)
+    (line,) = [line for line in render_text(run).splitlines()
+               if line.strip().startswith("install: env ") and " uv pip install --no-config " in line and url in line]
     assert "--preview-features wheel-variants" in line and f"tiny-kernels=={version}" in line
 
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
