@@ -27,7 +27,7 @@ from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.release.index import ProjectStatus, Status
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
 from kiln.tasks.project.archs import validate_arch
-from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env  # noqa: F401 - Toolchain: part of the config's API
+from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env, one_of  # noqa: F401 - Toolchain: part of the config's API
 from kiln.tasks.project.config_fields import (
     BlockName,
     Endpoint,
@@ -58,6 +58,10 @@ Metric = Literal["graph_replay", "eager", "cpu"]
 # A variant's torch ABI claim: "exact" pins the torch it was built against; "stable" promises the LibTorch
 # stable ABI only (no at::/c10:: symbols), which the build's audit checks (kiln.tasks.build.abi_audit).
 TorchAbi = Literal["exact", "stable"]
+# The CPUs a variant's wheels are built for: the builder's own (x86_64), and aarch64 (NVIDIA Grace), cross-built
+# on it (kiln.tasks.build.cross).
+Platform = Literal["x86_64", "aarch64"]
+PLATFORMS: tuple[Platform, ...] = get_args(Platform)
 CHANNELS: tuple[Channel, ...] = get_args(Channel)
 BENCH_SIZES: tuple[BenchSize, ...] = get_args(BenchSize)
 
@@ -163,6 +167,17 @@ class Project(_Model):
         return value
 
 
+def check_platforms(values: tuple[str, ...]) -> tuple[str, ...]:
+    """A variant's ``platform`` list: known CPUs, each once, at least one."""
+    if not values:
+        raise ValueError(f"platform is empty: name at least one of {list(PLATFORMS)}")
+    for value in values:
+        one_of(value, PLATFORMS, "a platform Kiln builds for")
+    if len(set(values)) != len(values):
+        raise ValueError(f"duplicate platforms in {list(values)}")
+    return values
+
+
 class Variant(_Model):
     name: str = Field(pattern=r"^[a-z][a-z0-9]*$")
     backend: Backend
@@ -183,6 +198,8 @@ class Variant(_Model):
     python: Annotated[tuple[str, ...], AfterValidator(check_python_axis)] = ()
     torch: Annotated[tuple[str, ...], AfterValidator(check_torch_axis)] = ()
     exclude: tuple[Exclusion, ...] = ()
+    # The CPUs its wheels are built for; aarch64 wheels are cross-built on this x86_64 builder
+    platform: Annotated[tuple[str, ...], AfterValidator(check_platforms)] = ("x86_64",)
     # Set by Kiln on each expanded cell (never in kiln.toml): the cell it stands for.
     cell: Cell | None = None
 
@@ -264,6 +281,12 @@ class Suite(_Model):
     # Variables of the step's environment its tests may see, each by name (they run as guests: an allow-list,
     # never a credential, identity or Prefect variable).
     pass_env: PassEnv = ()
+    # How many units the suite's tests are split into, each run like a suite of its own (kiln.tasks.testing.shards):
+    # balanced by the durations the test history holds, longest first, tests without history spread evenly.
+    # "auto": enough shards to keep each under shard_target_s of recorded duration, at most [build] jobs
+    # (the units one machine runs at once) and 1 while the suite has no recorded durations.
+    shards: Annotated[int, Field(ge=1, le=64, strict=True)] | Literal["auto"] = 1
+    shard_target_s: float = Field(default=600, gt=0)
 
     @model_validator(mode="before")
     @classmethod
