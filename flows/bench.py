@@ -54,7 +54,7 @@ from kiln.flows.common import (
     unit_from_state,
     unwalked,
 )
-from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.flows.summary import BENCH_TREND_INFO
 from kiln.flows.test import gpu_slots
 from kiln.tasks.bench import history as benchhistory
@@ -208,7 +208,7 @@ def _table(key: str, rows: list[dict[str, Any]], description: str) -> None:
         logger.warning("could not create the %s table artifact: %s", key, exc)
 
 
-@flow(name="bench")
+@flow(name="bench", flow_run_name=current_step_name("bench"))
 def bench_flow(
     config_path: str = "kiln.toml",
     out: str = "out",

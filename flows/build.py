@@ -30,7 +30,7 @@ from kiln.flows.common import (
     table_report,
     unwalked,
 )
-from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import witness as build_witness
@@ -94,7 +94,8 @@ def assemble_task(setup: BuildSetup, variant: VariantPlan, outcomes: dict[str, A
 
 
 # type-ignore: the runner's future type infers as Never, which Prefect's decorator does not accept.
-@flow(name="build", task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))  # type: ignore[arg-type]
+@flow(name="build", flow_run_name=current_step_name("build"),
+      task_runner=ThreadPoolTaskRunner(max_workers=UNIT_THREADS))  # type: ignore[arg-type]
 def build_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
                variants: list[str] | None = None, nvcc: str | None = None, run_id: str | None = None,
                commit: str = "", witness: bool = False) -> Any:

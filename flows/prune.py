@@ -32,7 +32,7 @@ def run_prune(config: KilnConfig, *, channel: str, target: str | None, dry_run: 
                  release_prefix=releasing.channel_prefix(config, "release"), retention=retention, dry_run=dry_run)
 
 
-@flow(name="prune")
+@flow(name="prune", flow_run_name="prune {channel}")
 def prune_flow(config_path: str = "kiln.toml", channel: str = "nightly", target: str | None = None,
                dry_run: bool = False, out: str = "out") -> str:
     """Yank the nightlies older than the newest ``keep``; remove those yanked ``grace_days`` ago."""

@@ -37,7 +37,7 @@ from kiln.flows.common import (
     store_session,
     unit_from_state,
 )
-from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.release.closure import ClosureQuery, ClosureResult, prefetch, resolve_shared, unique_queries
 from kiln.release.index import ProjectStatus
 from kiln.release.pins import fetch_pins, load_pins
@@ -339,7 +339,7 @@ def publish_commit(run: RunRecord, channel: str) -> str:
     return source.commit if channel != "release" and source.clean and source.commit else ""
 
 
-@flow(name="publish")
+@flow(name="publish", flow_run_name=current_step_name("publish"))
 def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str | None = None,
                  channel: str = "nightly", dry_run: bool = False, run_id: str = "latest", commit: str = "") -> Any:
     """Publish the wheels of run ``run_id`` (``latest``: the newest that built wheels) to ``target``'s ``channel``.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +50,52 @@ def release_name(parameters: Mapping[str, Any]) -> str:
             + (" (dry run)" if parameters.get("dry_run") else ""))
 
 
-def nightly_name(parameters: Mapping[str, Any]) -> str:
-    """``nightly <version> @ <commit>`` from the run's parameters and the checkout, as its record will say; just
-    ``nightly`` when the config or the checkout cannot be read (the flow names itself once its record exists)."""
+def _identity(parameters: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The version a run of ``parameters`` will have and its `` @ <commit>`` suffix, from the config and the
+    checkout; ``None`` when either cannot be read (the flow names itself once its record exists)."""
     try:
         config = load_config(Path(parameters.get("config_path") or "kiln.toml"))
         source = describe(config.root)
         version = parameters.get("version") or nightly_version(
             config.project.version, source.commit_time if source.in_git else None)
     except (KilnError, OSError):
-        return "nightly"
-    return f"nightly {version}{at_commit(source)}"
+        return None
+    return str(version), at_commit(source)
+
+
+def nightly_name(parameters: Mapping[str, Any]) -> str:
+    """``nightly <version> @ <commit>`` from the run's parameters and the checkout, as its record will say; just
+    ``nightly`` when the config or the checkout cannot be read (the flow names itself once its record exists)."""
+    identity = _identity(parameters)
+    return f"nightly {identity[0]}{identity[1]}" if identity else "nightly"
+
+
+def _listed(values: object, every: str) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, (list, tuple)) and values else every
+
+
+# What each step's name says before its record exists, from its parameters; the version when it names nothing.
+_SUBJECTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "build": lambda p: _listed(p.get("variants"), "every variant"),
+    "test": lambda p: _listed(p.get("paths"), "") or _listed(p.get("suites"), "every suite"),
+    "bench": lambda p: "",  # its variant is chosen once its record is open
+    "publish": lambda p: str(p.get("channel") or "nightly") + (" (dry run)" if p.get("dry_run") else ""),
+}
+
+
+def step_name(flow: str, parameters: Mapping[str, Any]) -> str:
+    """``build cpu, cu130 @ <commit>``: a step's name from its first instant, before its record refines it."""
+    identity = _identity(parameters)
+    subject = _SUBJECTS[flow](parameters) or (identity[0] if identity else "")
+    return f"{flow} {subject}".rstrip() + (identity[1] if identity else "")
+
+
+def current_step_name(flow: str) -> Callable[[], str]:
+    """A step flow's ``flow_run_name``: Prefect calls it with the run's parameters in context."""
+    def name() -> str:
+        return step_name(flow, flow_run.parameters)
+    name.__name__ = f"current_{flow}_name"
+    return name
 
 
 def current_nightly_name() -> str:

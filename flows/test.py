@@ -30,7 +30,7 @@ from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
 from kiln.flows.params import SuiteOptions
-from kiln.flows.runname import name_this_run, run_name
+from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.flows.summary import QUARANTINE_INFO, TEST_TABLE_INFO
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing import quarantine
@@ -122,7 +122,7 @@ def quarantine_report(config: KilnConfig, run: RunRecord) -> int:
     return len(listed)
 
 
-@flow(name="test")
+@flow(name="test", flow_run_name=current_step_name("test"))
 def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str] | None = None,
               options: SuiteOptions = DEFAULT_OPTIONS, changed_since: str | None = None,
               exclude: list[str] | None = None, run_id: str | None = None, paths: list[str] | None = None,

@@ -73,3 +73,34 @@ def test_a_nightly_is_named_by_version_and_commit_before_it_runs(prefect_server,
         """The nightly's naming on a flow that does nothing else: the name the API has from its first instant."""
 
     assert _name_of(probe(str(config), return_state=True)) == expected
+
+
+def test_every_step_is_named_by_its_parameters_and_commit_before_it_runs(prefect_server, tmp_path):
+    from prefect import flow
+
+    from kiln.flows.bench import bench_flow
+    from kiln.flows.build import build_flow
+    from kiln.flows.publish import publish_flow
+    from kiln.flows.runname import step_name
+    from kiln.flows.test import test_flow
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.run.versioning import nightly_version
+
+    config = git_project("tiny", tmp_path)
+    sha12 = git(config.parent, "rev-parse", "HEAD")[:12]
+    version = nightly_version(load_config(config).project.version, int(git(config.parent, "log", "-1", "--format=%ct")))
+    where = {"config_path": str(config)}
+    assert step_name("build", {**where, "variants": ["cpu", "cu130"]}) == f"build cpu, cu130 @ {sha12}"
+    assert step_name("build", where) == f"build every variant @ {sha12}"
+    assert step_name("test", {**where, "suites": ["unit"]}) == f"test unit @ {sha12}"
+    assert step_name("test", {**where, "paths": ["tests/a.py"]}) == f"test tests/a.py @ {sha12}"
+    assert step_name("bench", where) == f"bench {version} @ {sha12}"
+    assert step_name("publish", {**where, "dry_run": True}) == f"publish nightly (dry run) @ {sha12}"
+    assert step_name("build", {"config_path": str(tmp_path / "missing.toml")}) == "build every variant"  # never a failed start
+    for step in (build_flow, test_flow, bench_flow, publish_flow):
+        @flow(name=f"{step.name}-name-probe", flow_run_name=step.flow_run_name)
+        def probe(config_path: str = "kiln.toml", variants: list[str] | None = None) -> None:
+            """The step's naming on a flow that does nothing else: the name the API has from its first instant."""
+
+        named = _name_of(probe(str(config), ["cpu"], return_state=True))
+        assert named.startswith(f"{step.name} ") and named.endswith(f" @ {sha12}"), named
