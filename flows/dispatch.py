@@ -49,6 +49,7 @@ from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.process import check_cancelled
 from kiln.tasks.project.config import KilnConfig, Suite
 from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.shards import recorded_counts
 from kiln.tasks.testing.suite import not_run_reason, targets
 
 DEPLOYMENT = "{flow}/{pool}"
@@ -222,7 +223,7 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
                    name=run_name("test", run, suite.name))
     recorded = {u.id: u for u in run.units() if u.stage == "test" and u.suite == suite.name}
     units = []
-    for target in targets(config, [suite]):
+    for target in targets(config, [suite], recorded_counts(run.info())):  # the shards the dispatched run chose
         unit = recorded.get(target.unit_id)
         if unit is None or why:
             unit = target.unit("failed", why or f"{deployment} recorded no result for {target.unit_id}",

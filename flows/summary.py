@@ -20,6 +20,7 @@ from typing import Any, get_args
 from kiln.core.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.tasks.run.coverage import COVERAGE_INFO
+from kiln.tasks.testing.shards import balance_lines
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
 QUARANTINE_INFO = "quarantine:"  # run info key prefix (+ unit id): the quarantine lines of a suite's run
@@ -136,7 +137,8 @@ def trend_lines(run: RunManifest) -> list[str]:
 
 def _text_sections(run: RunManifest) -> list[str]:
     lines = []
-    for title, found in (("quarantine", quarantine_lines(run)), ("benchmark trend", trend_lines(run))):
+    for title, found in (("quarantine", quarantine_lines(run)), ("benchmark trend", trend_lines(run)),
+                         ("shards", balance_lines(run.units))):
         if found:
             lines += ["", f"  {title}:", *(f"    {line}" for line in found)]
     return lines
@@ -251,6 +253,9 @@ def _markdown_sections(run: RunManifest) -> list[str]:
     trend = trend_lines(run)
     if trend:
         lines += ["", "## Benchmark trend", "", "```text", *trend, "```"]
+    balance = balance_lines(run.units)
+    if balance:
+        lines += ["", "## Shards", "", *(f"- {_cell(line)}" for line in balance)]
     return lines
 
 

@@ -33,7 +33,7 @@ from kiln.flows.params import SuiteOptions
 from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.flows.summary import QUARANTINE_INFO, TEST_TABLE_INFO
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
-from kiln.tasks.testing import quarantine
+from kiln.tasks.testing import quarantine, shards
 from kiln.tasks.testing.changes import suites_to_run
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import Isolation, RunOptions
@@ -110,6 +110,22 @@ def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, 
     return suite_run
 
 
+@task(name="test-shards", cache_policy=NO_CACHE)
+def shard_plan_task(config: KilnConfig, selected: list[Suite], run: RunRecord) -> shards.ShardPlan:
+    """The durations each sharded suite is split by, read once for all its shards; each "auto" suite's count,
+    bounded by [build] jobs (the units this machine runs at once) and recorded in the run for its dispatcher."""
+    plan = shards.plan(run.store, config.testing.quarantine.history, targets(config, selected), config.build.jobs)
+    for unit_id, count in plan.counts.items():
+        run.set_info(f"{shards.SHARDS_INFO}{unit_id}", count)
+    return plan
+
+
+@task(name="test-durations", cache_policy=NO_CACHE)
+def durations_task(config: KilnConfig, run: RunRecord, ran: list[tuple[SuiteTarget, SuiteRun]]) -> None:
+    """Each test's duration in this run, for the next partition of its suite into shards."""
+    shards.record_runs(run.store, config.testing.quarantine.history, ran)
+
+
 @task(name="quarantine-report", cache_policy=NO_CACHE)
 def quarantine_report(config: KilnConfig, run: RunRecord) -> int:
     """The quarantine list as it stands after this run's suites, the entries its run records back: a table
@@ -141,7 +157,8 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     selected = select_suites_task(config, suites, changed_since, exclude, paths)
     run = open_run(config, "test", out, run_id=run_id, step="test", commit=commit)
     name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
-    chosen = targets(config, selected)
+    plan = shard_plan_task(config, selected, run)
+    chosen = targets(config, selected, plan.counts)
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
         if needed:
@@ -161,20 +178,23 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
         chosen_options = suite_options(config, target.suite, isolate=cast(Isolation, options.isolate),
                                        timeout=options.timeout, retries=options.retries,
                                        pytest_args=options.pytest_args or ())
+        chosen_options = replace(chosen_options, pick=shards.compose(chosen_options.pick, plan.picker(target)))
         futures[target.unit_id] = (target, suite_task.submit(config, target, wheels[target.variant.name],
                                                              str(run.view), chosen_options, run))
     progress.expect("test", len(futures))
-    runs = []
+    runs, ran = [], []
     for target, future in futures.values():
         future.wait()
         final = future.state
         value = final.result(raise_on_failure=False) if final.is_completed() or final.is_failed() else None
         if isinstance(value, SuiteRun):
             runs.append(value)
+            ran.append((target, value))
             for path in value.reports:
                 run.add_artifact(path, step="test", kind="report", variant=target.variant.name)
         record(run, value.unit if isinstance(value, SuiteRun) else unit_from_state(target.unit("failed", ""),
                                                                                      future.state))
+    durations_task(config, run, ran)
     for path in write_combined(runs, options.junit, options.json_path):
         logger.info("test report written to %s", path)
     names = {suite.name for suite in selected}

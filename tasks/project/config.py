@@ -286,6 +286,7 @@ class Suite(_Model):
     # "auto": enough shards to keep each under shard_target_s of recorded duration, at most [build] jobs
     # (the units one machine runs at once) and 1 while the suite has no recorded durations.
     shards: Annotated[int, Field(ge=1, le=64, strict=True)] | Literal["auto"] = 1
+    # The recorded duration, in seconds, each shard of an "auto" suite is kept under.
     shard_target_s: float = Field(default=600, gt=0)
 
     @model_validator(mode="before")

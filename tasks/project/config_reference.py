@@ -86,6 +86,8 @@ def _type(annotation: Any) -> str:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Literal:
         return "string"
+    if origin in (Union, types.UnionType):  # a count or "auto"
+        return " or ".join(_type(a) for a in args)
     if origin is tuple:
         return f"array of {_plural(_type(args[0]))}" if args else "array"
     if origin is dict:

@@ -55,14 +55,25 @@ class SuiteTarget:
     suite: Suite
     variant: Variant
     torch: str = ""
+    shard: int = 0   # which of ``shards`` units of the suite's tests this is (1-based); 0: the whole suite
+    shards: int = 1
 
     @property
-    def unit_id(self) -> str:
+    def suite_unit_id(self) -> str:
+        """The id of the suite on this variant, whichever shard this is: its durations and shard count go by it."""
         return f"test/{self.suite.name}/{self.variant.name}" + (f"{TORCH_ID}{self.torch}" if self.torch else "")
 
     @property
-    def name(self) -> str:
+    def suite_name(self) -> str:
         return f"{self.suite.name}.{self.variant.name}" + (f".torch{self.torch}" if self.torch else "")
+
+    @property
+    def unit_id(self) -> str:
+        return self.suite_unit_id + (f"/shard-{self.shard}-of-{self.shards}" if self.shard else "")
+
+    @property
+    def name(self) -> str:
+        return self.suite_name + (f".shard-{self.shard}-of-{self.shards}" if self.shard else "")
 
     def unit(self, state: str, message: str, duration_s: float = 0.0) -> Unit:
         return Unit(id=self.unit_id, stage="test", state=state, suite=self.suite.name,  # type: ignore[arg-type]
@@ -113,10 +124,20 @@ def adhoc_suite(config: KilnConfig, paths: Sequence[str]) -> Suite:
         raise InvalidInputError(f"test paths {list(paths)}: {exc.errors()[0]['msg']}") from None
 
 
-def targets(config: KilnConfig, suites: Sequence[Suite]) -> list[SuiteTarget]:
-    """Each suite against each variant's wheel; a stable-ABI variant's, once per torch it claims."""
-    return [SuiteTarget(suite, variant, torch) for suite in suites for variant in config.suite_variants(suite)
-            for torch in (claimed_torches(variant) or ("",))]
+def targets(config: KilnConfig, suites: Sequence[Suite], counts: Mapping[str, int] | None = None) -> list[SuiteTarget]:
+    """Each suite against each variant's wheel; a stable-ABI variant's, once per torch it claims; a sharded
+    suite's, once per shard. ``counts``: the shard count of each ``shards = "auto"`` suite unit, by its id, as
+    the run decided it (:mod:`kiln.tasks.testing.shards`); one without a count is one unit."""
+    whole = [SuiteTarget(suite, variant, torch) for suite in suites for variant in config.suite_variants(suite)
+             for torch in (claimed_torches(variant) or ("",))]
+    return [split for target in whole for split in _sharded(target, (counts or {}).get(target.suite_unit_id, 1))]
+
+
+def _sharded(target: SuiteTarget, auto: int) -> list[SuiteTarget]:
+    count = auto if target.suite.shards == "auto" else target.suite.shards
+    if count <= 1:
+        return [target]
+    return [replace(target, shard=n, shards=count) for n in range(1, count + 1)]
 
 
 class TorchUnavailableError(ToolchainMissingError):
