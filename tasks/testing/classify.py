@@ -56,6 +56,8 @@ class TestResult:
     attempts: int = 1
     stdout: str = ""
     stderr: str = ""
+    # What the test touched (kiln.tasks.testing.touch keys, sorted); () means no record, never "nothing".
+    touched: tuple[str, ...] = ()
 
 
 def qualified_names(exc: BaseException) -> list[str]:
@@ -87,12 +89,13 @@ def classify_phases(nodeid: str, phases: Sequence[Mapping[str, Any]]) -> TestRes
 
     A record has ``when``, ``outcome`` (pytest's passed/failed/skipped),
     ``kind`` ("assertion", "infrastructure", "exception" or ""), ``message``,
-    ``longrepr``, ``duration`` and optional ``stdout``/``stderr``.
+    ``longrepr``, ``duration`` and optional ``stdout``/``stderr``; the last may carry ``touched``.
     """
     duration = sum(float(p.get("duration", 0.0)) for p in phases)
     stdout = "".join(p.get("stdout", "") for p in phases)
     stderr = "".join(p.get("stderr", "") for p in phases)
-    base = TestResult(nodeid, "passed", duration, stdout=stdout, stderr=stderr)
+    touched = next((tuple(sorted(map(str, p["touched"]))) for p in reversed(phases) if p.get("touched")), ())
+    base = TestResult(nodeid, "passed", duration, stdout=stdout, stderr=stderr, touched=touched)
     failed = [p for p in phases if p.get("outcome") == "failed"]
     if any(p.get("kind") == "infrastructure" for p in failed):
         phase = next(p for p in failed if p.get("kind") == "infrastructure")

@@ -33,6 +33,7 @@ import pytest
 
 from kiln.tasks.process import die_with_parent, gpu_initialised, install_stack_dump, signal_group, single_threaded
 from kiln.tasks.testing.classify import is_assertion_exception, is_infrastructure_exception
+from kiln.tasks.testing.touch import Recorder, make_recorder
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +88,41 @@ def _write(handle: Any, record: dict[str, Any]) -> None:
     handle.flush()
 
 
-def run_items(items: list[pytest.Item], results_path: str) -> None:
-    """Run ``items`` in this process, one result line per test, a ``begin`` line before each."""
+def run_items(items: list[pytest.Item], results_path: str, recorder: Recorder | None = None) -> None:
+    """Run ``items`` in this process, one result line per test, a ``begin`` line before each.
+
+    With ``recorder``, the last phase record of each test carries ``touched``: what the test touched
+    (:mod:`kiln.tasks.testing.touch`; an empty list when nothing could be recorded).
+    """
     from _pytest.runner import runtestprotocol
 
+    if recorder is not None and not recorder.installed:
+        recorder.exclude(os.path.dirname(os.path.abspath(results_path)))  # Kiln's work directory: results, stacks
+        recorder.install()
     with open(results_path, "a", encoding="utf-8") as handle:
         for index, item in enumerate(items):
             _write(handle, {"begin": item.nodeid})
             nextitem = items[index + 1] if index + 1 < len(items) else None
-            reports = runtestprotocol(item, nextitem=nextitem, log=False)
-            _write(handle, {"result": item.nodeid, "phases": [_phase_record(r) for r in reports]})
+            if recorder is not None:
+                recorder.begin()
+            phases = [_phase_record(r) for r in runtestprotocol(item, nextitem=nextitem, log=False)]
+            if recorder is not None and phases:
+                phases[-1]["touched"] = list(recorder.finish(item.path))
+            _write(handle, {"result": item.nodeid, "phases": phases})
+
+
+def recorder_for(session: pytest.Session) -> Recorder | None:
+    """The recorder of what this session's tests touch, or None when recording is impossible here.
+
+    Built before any fork, so every child shares its index of the wheel's files.
+    """
+    try:
+        config = session.config
+        return make_recorder(config.invocation_params.dir, [item.path for item in session.items],
+                             inifile=config.inipath)
+    except Exception as exc:  # recording is an optimisation's input: its failure never stops the tests
+        logger.warning("what tests touch will not be recorded: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def _fresh_capture(config: pytest.Config) -> None:
@@ -132,6 +158,7 @@ class ServePlugin(KilnPlugin):
         self.events = os.fdopen(events_fd, "w", encoding="utf-8")
         self.collect_errors: list[dict[str, str]] = []
         self.children: dict[int, tuple[str, int]] = {}  # pidfd → (job, pid)
+        self.recorder: Recorder | None = None
 
     def send(self, record: dict[str, Any]) -> None:
         _write(self.events, record)
@@ -145,6 +172,7 @@ class ServePlugin(KilnPlugin):
         # Everything loaded so far is shared by every fork; frozen, the collector
         # never writes to those objects' headers, so their pages stay shared
         # instead of being copied into each child on its first collection.
+        self.recorder = recorder_for(session)
         gc.freeze()
         items = [{"nodeid": it.nodeid, "file": it.nodeid.split("::", 1)[0], "gpus": _gpus(it)} for it in session.items]
         self.send({"event": "collected", "items": items, "errors": self.collect_errors})
@@ -203,7 +231,7 @@ class ServePlugin(KilnPlugin):
                 sys.modules["torch"].set_num_threads(self.threads)
             install_stack_dump(command["stacks"])
             _fresh_capture(session.config)
-            run_items(items, command["results"])
+            run_items(items, command["results"], self.recorder)
         except BaseException:  # the child must never return into the server's loop
             import traceback
 
@@ -231,7 +259,7 @@ class RunPlugin(KilnPlugin):
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         # Installed here, after pytest's own faulthandler plugin pointed it at stderr.
         self.stacks = install_stack_dump(self.stacks_path)
-        run_items(list(session.items), self.results)
+        run_items(list(session.items), self.results, recorder_for(session))
         return True
 
 

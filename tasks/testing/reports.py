@@ -93,10 +93,16 @@ def summary(suite: str, results: Sequence[TestResult], elapsed_s: float = 0.0) -
         "elapsed_s": round(elapsed_s, 3),
         "tests": [
             {"nodeid": r.nodeid, "outcome": r.outcome, "duration_s": round(r.duration_s, 3), "message": r.message,
-             "signal": r.signal, "attempts": r.attempts, "details": r.details}
+             "signal": r.signal, "attempts": r.attempts, "details": r.details, "touched": list(r.touched)}
             for r in results
         ],
     }
+
+
+def touched_of(test: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``touched`` keys of one test of a JSON summary; () (no record) for a summary written before them."""
+    keys = test.get("touched") or ()
+    return tuple(str(k) for k in keys) if isinstance(keys, (list, tuple)) else ()
 
 
 def write_junit(path: str | Path, suite: str, results: Sequence[TestResult]) -> Path:
