@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("nightly", help="build, test, benchmark and publish the nightly")
     _add_config(p)
+    p.add_argument("--full", action="store_true", help="run every test: none is carried from an earlier run "
+                   "([testing.selection]); a full run also checks that selection missed no failure")
     _runs_with_config(p, _nightly_command, flow=True, head_start="nightly")
 
     p = sub.add_parser("release", help="the release flow: validate, build, test, bench, approve, publish, verify")
@@ -141,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--junit", help="also write JUnit XML here")
     p.add_argument("--json", dest="json_path", help="also write the JSON summary here")
     p.add_argument("--changed-since", help="run only suites whose dependencies changed since this git ref")
+    p.add_argument("--full", action="store_true", help="run every test: none is carried from an earlier run "
+                   "([testing.selection])")
+    p.add_argument("--explain", action="store_true", help="run nothing: print, per test of each suite's newest "
+                   "record, whether the next run runs or carries it and why (against the --run's wheels)")
+    p.add_argument("--selection-on", metavar="SUITE", help="run nothing: turn test selection back on for SUITE "
+                   "after a recall check turned it off")
     _add_run(p, "test the wheels")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER,
                    help="-- then test paths or node ids, run as one ad-hoc suite instead of the configured ones "
@@ -518,7 +526,7 @@ def _quarantine_command(ns: argparse.Namespace, config: KilnConfig) -> int:
 def _nightly_command(ns: argparse.Namespace, config: KilnConfig) -> int:
     from kiln.flows.nightly import nightly_flow
 
-    return _run_flow(nightly_flow, ns.out, config_path=ns.config, out=ns.out)
+    return _run_flow(nightly_flow, ns.out, config_path=ns.config, out=ns.out, full=ns.full)
 
 
 def _release_command(ns: argparse.Namespace, config: KilnConfig) -> int:
@@ -544,10 +552,16 @@ def _test_command(ns: argparse.Namespace, config: KilnConfig) -> int:
     from kiln.flows.test import test_flow
     from kiln.tasks.testing.suite import split_test_args
 
+    if ns.explain or ns.selection_on:
+        from kiln.flows.selection import explain_selection, selection_on
+
+        print(selection_on(config, ns.selection_on) if ns.selection_on
+              else explain_selection(config, ns.suites, ns.run_id, ns.out, full=ns.full), end="")
+        return EXIT_OK
     # `-- PATHS` run as one ad-hoc suite; options after `--` (-k, -x) go to pytest.
     paths, pytest_args = split_test_args(_pytest_args(ns.pytest_args), Path.cwd(), config.root)
     options = SuiteOptions(isolate=ns.isolate, timeout=ns.timeout, retries=ns.retries, pytest_args=pytest_args,
-                           junit=ns.junit, json_path=ns.json_path)
+                           junit=ns.junit, json_path=ns.json_path, full=ns.full)
     return _run_flow(test_flow, ns.out, config_path=ns.config, out=ns.out, suites=ns.suites, options=options,
                      changed_since=ns.changed_since, paths=paths or None, run_id=ns.run_id)
 

@@ -47,28 +47,32 @@ from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO
 from kiln.tasks.testing.baseenv import prepare_bases
+from kiln.tasks.testing.selection import FULL_INFO
 
 
 @flow(name="nightly", log_prints=True, flow_run_name=current_nightly_name)
 def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str | None = None,
-                 commit: str = "") -> State:
+                 commit: str = "", full: bool = False) -> State:
     """Build → test (on each suite's pool) and bench → publish, all in one run record.
 
     Each stage's units go to their work pool's deployment when the server has
     one (flows/dispatch.py), else run here. ``commit``: the commit this run must
     build (the checkout is refused if it is elsewhere); every dispatched unit
     runs exactly the run's commit. If the nightly stops (a failure, an
-    interrupt), the runs it dispatched are cancelled first.
+    interrupt), the runs it dispatched are cancelled first. ``full``: run every test, carry none from an
+    earlier run (its suites, dispatched ones too, read it from the run record).
     """
     with cancel_dispatched_on_exit("the nightly"):
-        return _nightly(config_path, out, version, commit)
+        return _nightly(config_path, out, version, commit, full)
 
 
-def _nightly(config_path: str, out: str, version: str | None, commit: str) -> State:
+def _nightly(config_path: str, out: str, version: str | None, commit: str, full: bool = False) -> State:
     logger = get_run_logger()
     config = load_config(config_path)
     run = open_run(config, "nightly", out, version=version, commit=commit)
     name_this_run(run_name("nightly", run))
+    if full:
+        run.set_info(FULL_INFO, True)
     logger.info("nightly %s of %s (commit %s) → run %s", run.header.version, config.project.distribution,
                 run.header.source.commit[:12] or "none", run.run_id)
     warn_below_extra_index(config, run.header.version)

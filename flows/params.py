@@ -52,3 +52,4 @@ class SuiteOptions(BaseModel):
     pytest_args: list[str] | None = None
     junit: str | None = None
     json_path: str | None = None
+    full: bool = False  # run every test: none is carried from an earlier run (kiln.tasks.testing.selection)

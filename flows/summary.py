@@ -24,6 +24,7 @@ from kiln.tasks.testing.shards import balance_lines
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
 QUARANTINE_INFO = "quarantine:"  # run info key prefix (+ unit id): the quarantine lines of a suite's run
+SELECTION_SUMMARY_INFO = "selection:"  # run info key prefix (+ unit id): what test selection ran and carried
 BENCH_TREND_INFO = "bench_trend"  # run info key: one line per benchmark case, its recent medians and the policy
 # What a release engineer must read first; every UnitState, in that order (tests/flows/test_summary.py).
 STATE_ORDER: tuple[UnitState, ...] = ("failed", "not_run", "flaky", "skipped", "completed")
@@ -32,7 +33,8 @@ TAIL_LINES = 6  # of a failure's log, under its line
 MAX_LISTED = 40
 _QUOTED = re.compile(r"'[^']*'")
 
-__all__ = ["BENCH_TREND_INFO", "COVERAGE_INFO", "QUARANTINE_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
+__all__ = ["BENCH_TREND_INFO", "COVERAGE_INFO", "QUARANTINE_INFO",
+           "SELECTION_SUMMARY_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
            "coverage_markdown", "install_command", "install_reason", "print_summary",
            "render_markdown", "render_text", "skip_reasons"]
 
@@ -129,6 +131,13 @@ def quarantine_lines(run: RunManifest) -> list[str]:
     return sorted(lines, key=lambda line: not line.startswith("quarantined: "))
 
 
+def selection_lines(run: RunManifest) -> list[str]:
+    """Per suite unit: tests run, carried (from which run) and the device-seconds not spent; recall misses first."""
+    lines = [str(line) for key, value in sorted(run.info.items()) if key.startswith(SELECTION_SUMMARY_INFO)
+             and isinstance(value, list) for line in value]
+    return sorted(lines, key=lambda line: not line.startswith("SELECTION RECALL MISS"))
+
+
 def trend_lines(run: RunManifest) -> list[str]:
     """Each benchmark case's medians over the last runs and the regression policy's decision."""
     recorded = run.info.get(BENCH_TREND_INFO)
@@ -137,7 +146,8 @@ def trend_lines(run: RunManifest) -> list[str]:
 
 def _text_sections(run: RunManifest) -> list[str]:
     lines = []
-    for title, found in (("quarantine", quarantine_lines(run)), ("benchmark trend", trend_lines(run)),
+    for title, found in (("quarantine", quarantine_lines(run)),
+                         ("test selection", selection_lines(run)), ("benchmark trend", trend_lines(run)),
                          ("shards", balance_lines(run.units))):
         if found:
             lines += ["", f"  {title}:", *(f"    {line}" for line in found)]
@@ -250,6 +260,9 @@ def _markdown_sections(run: RunManifest) -> list[str]:
     quarantined = quarantine_lines(run)
     if quarantined:
         lines += ["", "## Quarantined tests", "", *(f"- {_cell(line)}" for line in quarantined)]
+    selected = selection_lines(run)
+    if selected:
+        lines += ["", "## Test selection", "", *(f"- {_cell(line)}" for line in selected)]
     trend = trend_lines(run)
     if trend:
         lines += ["", "## Benchmark trend", "", "```text", *trend, "```"]

@@ -31,7 +31,7 @@ from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
 from kiln.flows.params import SuiteOptions
 from kiln.flows.runname import current_step_name, name_this_run, run_name
-from kiln.flows.summary import QUARANTINE_INFO, TEST_TABLE_INFO
+from kiln.flows.summary import QUARANTINE_INFO, SELECTION_SUMMARY_INFO, TEST_TABLE_INFO
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing import quarantine, shards
 from kiln.tasks.testing.changes import suites_to_run
@@ -39,7 +39,9 @@ from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.jobs import Isolation, RunOptions
 from kiln.tasks.testing.provenance import RunRecords, check_list
 from kiln.tasks.testing.reports import problem_rows
+from kiln.tasks.testing.selection import FULL_INFO, selector_for
 from kiln.tasks.testing.suite import (
+    ADHOC,
     SuiteRun,
     SuiteTarget,
     adhoc_suite,
@@ -83,15 +85,23 @@ def wheels_task(run: RunRecord) -> dict[str, Path]:
 @task(name="test-suite", task_run_name="{target.unit_id}", cache_policy=NO_CACHE,
       on_completion=[progress.task_hook("test")], on_failure=[progress.task_hook("test")])
 def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, options: RunOptions,
-               run: RunRecord) -> SuiteRun | State:
+               run: RunRecord, full: bool = False) -> SuiteRun | State:
     """Run one suite; its table of problem tests is this task run's artifact.
 
     Its tests' outcomes go into the history, and a failure of a quarantined test does not fail it
     (:mod:`kiln.tasks.testing.quarantine`). A failed suite ends the task run Failed (red in the UI)
     with the suite run as its data, so the flow still records its reports and the unit it stands for.
     """
+    selector = None if target.suite.name == ADHOC else selector_for(
+        config, run.store, suite=target.suite.name, gpus=target.suite.gpus, unit_id=target.unit_id,
+        unit_name=target.name, run_id=run.run_id, created=run.header.created, flow=run.header.flow,
+        full=full or bool(run.info().get(FULL_INFO)))
     with gpu_slots(options.gpus or 0):
-        suite_run = run_suite(config, target, [wheel], view, options)
+        suite_run = run_suite(config, target, [wheel], view, options, selector)
+    if suite_run.selection is not None:
+        run.set_info(f"{SELECTION_SUMMARY_INFO}{target.unit_id}", suite_run.selection.summary(target.unit_id))
+        if suite_run.selection.misses:  # a recall miss is a failed unit of its own, loud in the summary
+            record(run, replace(target.unit("failed", suite_run.selection.lines[0]), id=f"{target.unit_id}/recall"))
     source = run.header.source
     judged = quarantine.judge_suite(run.store, config.testing.quarantine, run_id=run.run_id,
                          commit=source.commit if source.clean else "", created=run.header.created,
@@ -180,7 +190,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
                                        pytest_args=options.pytest_args or ())
         chosen_options = replace(chosen_options, pick=shards.compose(chosen_options.pick, plan.picker(target)))
         futures[target.unit_id] = (target, suite_task.submit(config, target, wheels[target.variant.name],
-                                                             str(run.view), chosen_options, run))
+                                                             str(run.view), chosen_options, run, options.full))
     progress.expect("test", len(futures))
     runs, ran = [], []
     for target, future in futures.values():

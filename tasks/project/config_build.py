@@ -244,7 +244,27 @@ class Quarantine(_Model):
         return self
 
 
+class Selection(_Model):
+    """``[testing.selection]``: which tests a run carries instead of running (kiln.tasks.testing.selection).
+
+    A test is carried — reported passed, naming the run it ran in — when its last outcome was a pass, it is not
+    quarantined, and every input its last run recorded (the wheel members it touched by sha256, its test file and
+    conftests, its environment's lock) is unchanged; otherwise it runs. ``kiln nightly --full``, ``kiln test
+    --full`` and a release run every test. A full run is also a recall check: a test selection would have
+    carried that fails turns selection off for its suite until ``kiln test --selection-on SUITE``.
+    Records live under ``[testing.quarantine] history``/selection/ in the artifact store.
+    """
+
+    enabled: bool = Field(default=True, description="carry tests whose recorded inputs are unchanged; false: every "
+                                                    "run runs every test")
+    max_age_days: float = Field(default=7, gt=0, description="a test runs at least once in this many days, "
+                                                             "whatever it touched")
+    max_carries: int = Field(default=10, ge=1, le=1000, description="a test runs at least once in this many runs "
+                                                                    "(it is carried at most this many times in a row)")
+
+
 class Testing(_Model):
     # Files or directories (relative to kiln.toml) whose change selects every suite; kiln.toml itself always does.
     select_all: tuple[ProjectPath, ...] = DEFAULT_SELECT_ALL
     quarantine: Quarantine = Quarantine()
+    selection: Selection = Selection()

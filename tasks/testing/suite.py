@@ -44,6 +44,7 @@ from kiln.tasks.testing.envs import make_env, wheel_requirements
 from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
 from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
 from kiln.tasks.testing.runner import run_tests
+from kiln.tasks.testing.selection import Outcome, Selector
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,7 @@ class SuiteRun:
     unit: Unit
     reports: tuple[Path, ...]
     elapsed_s: float
+    selection: Outcome | None = None  # what test selection ran and carried, when it was on for the run
 
 
 def check_overrides(isolate: str, timeout: float | None, retries: int) -> None:
@@ -268,8 +270,9 @@ def cell_environment(config: KilnConfig, variant: Variant, wheels: Sequence[Path
 
 
 def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], view: str | Path,
-              options: RunOptions) -> SuiteRun:
-    """Run ``target`` against ``wheels`` installed in a fresh environment; reports under ``<view>/tests``."""
+              options: RunOptions, selector: Selector | None = None) -> SuiteRun:
+    """Run ``target`` against ``wheels`` installed in a fresh environment; reports under ``<view>/tests``.
+    ``selector``: which tests run and which are carried from an earlier run (:mod:`.selection`)."""
     suite = target.suite
     reports_dir = Path(view).resolve() / "tests"
     start = time.monotonic()
@@ -289,15 +292,21 @@ def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], v
                    shared_base=shared_base, base=base)
     logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
                 list(suite.paths), options.isolate, options.timeout_s)
+    if selector is not None and wheels:
+        options = replace(options, pick=selector.picker(env.python, wheels[0], config.root,
+                                                        config.project.distribution, within=options.pick))
     results = run_tests(suite.paths, config.root, reports_dir / ".work" / target.name,
                         replace(options, python=str(env.python)))
+    chosen = selector.finish(results) if selector is not None and wheels else None
     elapsed = time.monotonic() - start
     junit = write_junit(reports_dir / f"{target.name}.junit.xml", target.name, results)
     report = write_json(reports_dir / f"{target.name}.json", target.name, results, elapsed)
     state, message = suite_outcome(results)
+    if chosen is not None:
+        message = "\n".join([f"{message}; {chosen.message()}", *chosen.lines])
     unit = target.unit(state, message, elapsed)
     logger.info("suite %s: %s", target.name, unit.message)
-    return SuiteRun(target.name, tuple(results), unit, (junit, report), elapsed)
+    return SuiteRun(target.name, tuple(results), unit, (junit, report), elapsed, chosen)
 
 
 def write_combined(runs: Sequence[SuiteRun], junit: str | Path | None, json_path: str | Path | None) -> list[Path]:
