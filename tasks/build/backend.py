@@ -52,7 +52,9 @@ from kiln.core.errors import CompileError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pip_env
+from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
+from kiln.tasks.build.compiler_shims import cached_compilers, unit_stats
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
@@ -211,6 +213,8 @@ class ProjectBuilder:
     # (project dir, variant, backend, its build_env, what the build printed) -> the settings to change; handed in
     # by the flow (kiln init's switch reading lives above the build layer)
     advise: Callable[[Path, str, str, Mapping[str, str], str], list[str]] | None = None
+    # the per-translation-unit compile cache every compiler of the build goes through (compiler_shims)
+    compile_cache: CompileCache | None = None
 
     # Any: a CompileContext: kiln.tasks.build.units imports this module, so naming it here is a cycle
     def build_unit(self, unit: CompileUnit, env: Any) -> dict[str, bytes]:
@@ -236,6 +240,12 @@ class ProjectBuilder:
                 _log.info("%s targets the torch %s stable ABI (TORCH_TARGET_VERSION=%s)", what, target,
                           target_hex(target))
                 environ = stable_environ(environ, target)
+            stats_log = tmp / "compile-cache.log"
+            if self.compile_cache is not None:
+                # base directory: the unit's folder, whose path changes with its key (a Python-only change, a
+                # one-file change) and holds the sources, the environment and the build tree
+                environ = cached_compilers(self.compile_cache, environ, tmp, tmp / "path" / "ccache", stats_log,
+                                           nvcc=unit.arch_policy != "narrow")
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
@@ -244,8 +254,9 @@ class ProjectBuilder:
             # (sources, environment, build tree, dist) and see the allow-listed environment; no network at all
             cmd = [str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir",
                    str(dist), *tree_args, str(source)]
-            result = run_tool(guest_command(cmd, read=[tmp, *self.toolchain.include_dirs, *self.toolchain.library_dirs],
-                                            write=[tmp, *self.writable], network="none"),
+            result = run_tool(guest_command(cmd, read=[tmp, *self.toolchain.include_dirs, *self.toolchain.library_dirs,
+                                                      *self._launcher_dir()],
+                                            write=[tmp, *self.writable, *self._cache_dirs()], network="none"),
                               self.timeout_s, cwd=source,
                               env=guest_environ(tmp / "home", tree_env, self.pass_env, base=environ))
             shimmed = narrowed(tmp / "path" / NARROWED_HOME)
@@ -272,8 +283,17 @@ class ProjectBuilder:
                 if not advice:
                     raise
                 raise CompileError(f"{exc}; {'; '.join(advice)}") from exc
-            return {wheel.name: wheel.read_bytes(),
-                    DEVICE_CODE: device_code_json(found, unit.arch_policy, dropped)}
+            built = {wheel.name: wheel.read_bytes(), DEVICE_CODE: device_code_json(found, unit.arch_policy, dropped)}
+            if self.compile_cache is not None:
+                built[COMPILE_STATS] = json.dumps(unit_stats(stats_log, source).as_dict()).encode()
+            return built
+
+    def _launcher_dir(self) -> list[Path]:
+        return [Path(self.compile_cache.launcher).parent] if self.compile_cache is not None else []
+
+    def _cache_dirs(self) -> list[Path]:
+        """The compile cache's folder: the one place outside its unit's folder a build writes."""
+        return [self.compile_cache.directory] if self.compile_cache is not None else []
 
     def _what_to_set(self, unit: CompileUnit, log: str) -> list[str]:
         """The settings the package's own build files say this failed unit lacks (read, never run)."""

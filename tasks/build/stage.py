@@ -125,9 +125,11 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
-    nvcc = replace(tools.nvcc, cache=open_compile_cache(cache_root)) if tools.nvcc is not None else None
+    compile_cache = open_compile_cache(cache_root) if tools.nvcc is not None or tools.project is not None else None
+    nvcc = replace(tools.nvcc, cache=compile_cache) if tools.nvcc is not None else None
+    project = replace(tools.project, compile_cache=compile_cache) if tools.project is not None else None
     return BuildSetup(config, chosen, stored.plan, nvcc, cache_root, stamp,
-                      tools.project, remote_tier(config, store))
+                      project, remote_tier(config, store))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""The compile cache for a package's own build: every compiler its pep517 backend runs goes through ccache.
+
+A package's build picks its compilers itself: setuptools takes ``CC``/``CXX`` or the interpreter's
+``gcc``/``g++`` by name from ``PATH``; torch's ``cpp_extension`` takes ``CXX`` or ``c++`` from ``PATH`` and
+``PYTORCH_NVCC`` (else ``$CUDA_HOME/bin/nvcc``) for nvcc; CMake finds ``cc``/``c++``/``nvcc`` on ``PATH`` unless the
+project names a compiler, and runs ``CMAKE_<LANG>_COMPILER_LAUNCHER`` before it; meson puts a ``ccache`` it finds
+on ``PATH`` before the compilers it finds there.
+
+Why a directory of shims first on ``PATH`` and not ``CC="ccache gcc"``: a two-word ``CC`` breaks torch's compiler
+check (``shutil.which(CXX)``), CMake's compiler detection and ``-ccbin $CC``; each shim is one executable named
+after its compiler, so every lookup by name (``which``, ``os.path.realpath`` then the name, ``-v``) finds a real
+compiler behind it. The launcher variables cover a CMake project that names its compiler by absolute path.
+
+Each shim execs ``ccache <the real compiler>``, naming that compiler by its absolute path (the one ``PATH`` had
+before the shims), so nothing searches ``PATH`` again and finds the shim. Nested compiles are not cached twice:
+the shims export :data:`ACTIVE`, and a shim that finds it set execs the real compiler directly. That is what
+nvcc's own host compiles (``gcc`` from ``PATH``), a CMake launcher before a shim found as the compiler, and
+meson's ``ccache <shim>`` reach; the ``ccache`` shim (the launcher CMake and meson run) sets it too.
+
+nvcc reads flags from ``NVCC_APPEND_FLAGS``/``NVCC_PREPEND_FLAGS``, which ccache does not see: their text, with
+the unit's directory spelled as a fixed name, is hashed with every compile (``CCACHE_EXTRAFILES``), so a flag
+change there is a miss, never another build's object. Under ``arch_policy = "narrow"`` nvcc is not cached: the
+narrowing nvcc records what it dropped on each run, and a hit would skip that record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import posixpath
+import shlex
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from kiln.tasks.build.compile_cache import CompileCache, CompileStats, read_stats_log
+
+ACTIVE = "KILN_CCACHE_ACTIVE"  # set below a shim: a nested compiler call runs the real compiler
+HOST_COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
+_NVCC_FLAG_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+_LANGS = ("C", "CXX", "CUDA")
+_UNIT_DIR = "/kiln/unit"  # how the hashed nvcc flags spell the unit's directory
+_CHUNK = 1 << 20
+
+
+def _digest(path: str) -> str:
+    """The compiler's bytes: the shim's own content, which ccache hashes when a launcher runs the shim itself."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_shim(path: Path, body: str) -> None:
+    path.write_text(f"#!/bin/sh\n{body}")
+    path.chmod(0o755)
+
+
+def _compiler_shim(path: Path, launcher: str, real: str) -> None:
+    _write_shim(path, f"# {real}: sha256 {_digest(real)}\n"
+                      f"if [ -n \"${ACTIVE}\" ]; then exec {shlex.quote(real)} \"$@\"; fi\n"
+                      f"export {ACTIVE}=1\nexec {shlex.quote(launcher)} {shlex.quote(real)} \"$@\"\n")
+
+
+def _real_nvcc(environ: Mapping[str, str], path: str) -> str | None:
+    """The nvcc torch's cpp_extension would run (``PYTORCH_NVCC``, else ``$CUDA_HOME/bin/nvcc``), else ``PATH``'s."""
+    named = environ.get("PYTORCH_NVCC", "")
+    if named and os.path.isabs(named) and os.access(named, os.X_OK):
+        return named
+    home = environ.get("CUDA_HOME")
+    if home and os.access(Path(home) / "bin" / "nvcc", os.X_OK):
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc", path=path)
+
+
+def _nvcc_flags_file(environ: Mapping[str, str], unit_dir: Path, where: Path) -> Path:
+    text = "\n".join(f"{name}={environ.get(name, '')}" for name in _NVCC_FLAG_VARS)
+    for spelling in sorted({os.path.abspath(unit_dir), os.path.realpath(unit_dir)}, key=len, reverse=True):
+        text = text.replace(spelling, _UNIT_DIR)
+    flags = where / "nvcc-flags.txt"
+    flags.write_text(text + "\n")
+    return flags
+
+
+def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: Path, where: Path,
+                     stats_log: Path, *, nvcc: bool = True) -> dict[str, str]:
+    """``environ`` whose compilers go through ``cache``: shims in ``where`` first on ``PATH``, the CMake launchers,
+    ``PYTORCH_NVCC`` (when ``nvcc``) and ccache's settings, its base directory ``unit_dir`` (the unit's folder:
+    its sources, its environment and its build tree, whose path differs with the unit's key and clone)."""
+    where.mkdir(parents=True, exist_ok=True)
+    path = environ.get("PATH", "")
+    env = dict(environ)
+    for name in HOST_COMPILERS:
+        real = shutil.which(name, path=path)
+        if real is not None:
+            _compiler_shim(where / name, cache.launcher, real)
+    real_nvcc = _real_nvcc(environ, path) if nvcc else None
+    if real_nvcc is not None:
+        _compiler_shim(where / "nvcc", cache.launcher, real_nvcc)
+        env["PYTORCH_NVCC"] = str(where / "nvcc")
+    launcher = where / "ccache"
+    _write_shim(launcher, f"export {ACTIVE}=1\nexec {shlex.quote(cache.launcher)} \"$@\"\n")
+    env |= {f"CMAKE_{lang}_COMPILER_LAUNCHER": str(launcher) for lang in _LANGS}
+    env |= cache.environ(unit_dir, stats_log)
+    env["CCACHE_EXTRAFILES"] = str(_nvcc_flags_file(environ, unit_dir, where))
+    env["PATH"] = os.pathsep.join(filter(None, [str(where), path]))
+    env.pop(ACTIVE, None)
+    return env
+
+
+def unit_stats(stats_log: Path, source: Path) -> CompileStats:
+    """The translation units ``stats_log`` records, named relative to the project's ``source``: ccache names a
+    source as its command line did once ``base_dir`` made it relative to the compile's working directory (a
+    ninja build under ``build/temp.*`` gives ``../../csrc/ops.cpp``)."""
+    stats = read_stats_log(stats_log)
+
+    def name(path: str) -> str:
+        if Path(path).is_relative_to(source):
+            return Path(path).relative_to(source).as_posix()
+        parts = Path(posixpath.normpath(path)).parts
+        return Path(*itertools.dropwhile(lambda part: part == "..", parts)).as_posix() if parts else path
+
+    return CompileStats(tuple(map(name, stats.compiled)), tuple(map(name, stats.reused)))
