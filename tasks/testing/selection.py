@@ -1,69 +1,41 @@
 """Tests carried by content: a test whose recorded inputs are unchanged and whose last run passed is not run again.
 
-After each suite unit Kiln's step process stores, per test, its outcome, duration, the keys of what it touched
+After each suite unit, Kiln's step process stores per test its outcome, duration, the keys of what it touched
 (wheel members, its test file and conftests: :mod:`kiln.tasks.testing.touch`), their sha256 and the test
-environment's lock, create-only under ``<history>/selection/<unit>/<stamp>-<run id>.json`` and a second time in
-the run's own record (info ``test-selection:<unit id>``): a stored record counts only when the run it names
-recorded the same document. The next run of the unit reads the newest record and decides, per collected test
-(:func:`decide`, pure): it is **carried** — reported ``passed``, naming the run it ran in — when it has a record,
-its last outcome was a pass, it is not quarantined, its environment's lock and every touched key's fingerprint
-are unchanged, and its bounds hold (it ran at most ``max_age_days`` ago and was carried at most ``max_carries``
-times in a row); otherwise it **runs**, with the reason.
+environment's lock (:mod:`kiln.tasks.testing.selection_store`). The next run of the unit decides per collected
+test (:func:`decide`, pure): it is **carried** — reported ``passed``, naming the run it ran in — when it has a
+record, its last outcome was a pass, it is not quarantined, its environment's lock and every touched key's
+fingerprint are unchanged, and its bounds hold (it ran at most ``max_age_days`` ago and was carried at most
+``max_carries`` times in a row); otherwise it **runs**, with the reason.
 
-A full run (``--full``, a release, selection switched off) runs everything and is a recall check: a test that
-selection alone would have carried and that fails is a miss (:func:`recall_misses`); it is reported loudly and
-turns selection off for the suite (``<history>/selection/off/<suite>.json``) until a person turns it back on.
+A full run (``--full``, a release) runs everything and is a recall check: a test that selection alone would
+have carried and that fails is a miss (:func:`recall_misses`); it is reported loudly and turns selection off for
+the suite until a person turns it back on (``kiln test --selection-on SUITE``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
 import logging
-import subprocess
 import time
-import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from kiln.core.errors import InvalidInputError, KilnError
-from kiln.core.record import info_json, info_key, load_info
+from kiln.core.errors import KilnError
 from kiln.core.store import Store
-from kiln.core.swap import until_swapped
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.config_build import Quarantine, Selection
 from kiln.tasks.testing.classify import FAILING, TestResult
-from kiln.tasks.testing.jobs import Picked
+from kiln.tasks.testing.jobs import Picked, Picker
 from kiln.tasks.testing.quarantine import read_quarantine
+from kiln.tasks.testing.selection_store import Record, read_records, store_records, switch, switched_off
+from kiln.tasks.testing.touch import ABSENT, environment_lock, fingerprint
 
 _log = logging.getLogger(__name__)
 
 Mode = Literal["select", "full", "release"]
-MODES: tuple[Mode, ...] = ("select", "full", "release")
-CONTENT_TYPE = "application/json"
-IMMUTABLE = "public, max-age=31536000, immutable"
-SELECTION_INFO = "test-selection:"  # run info key prefix (+ unit id): the unit's records as the step stored them
-ABSENT = "absent"
-LOCK_TIMEOUT_S = 60.0
 _DAY_S = 86400.0
-
-
-@dataclass(frozen=True)
-class Record:
-    """One test's last word in one unit's history: what it did and what it depended on."""
-
-    nodeid: str
-    outcome: str
-    duration_s: float
-    touched: tuple[str, ...]
-    fingerprint: Mapping[str, str]  # touched key -> sha256 when it last ran, or "absent"
-    env_lock: str
-    ran_run: str        # the run the test last actually ran in: the run a carried result names
-    ran_created: float  # that run's start, Unix seconds
-    carries: int = 0    # runs in a row it was carried since it ran
 
 
 @dataclass(frozen=True)
@@ -91,22 +63,10 @@ class Plan:
                       settled=tuple(carried_result(c.record) for c in self.choices if c.carried and c.record))
 
 
-def with_touched(result: TestResult, touched: Sequence[str]) -> TestResult:
-    """``result`` holding ``touched`` (the keys a carried test keeps, so the next run can carry it again)."""
-    if any(f.name == "touched" for f in fields(TestResult)):
-        extra: dict[str, Any] = {"touched": tuple(touched)}
-        return replace(result, **extra)
-    return result
-
-
-def touched_of(result: TestResult) -> tuple[str, ...]:
-    return tuple(getattr(result, "touched", ()) or ())
-
-
 def carried_result(record: Record) -> TestResult:
-    return with_touched(TestResult(record.nodeid, "passed",
-                                   message=f"carried from run {record.ran_run}: its inputs are unchanged"),
-                        record.touched)
+    """A carried test's result: passed, naming the run it ran in, and keeping the keys it touched then."""
+    return TestResult(record.nodeid, "passed", message=f"carried from run {record.ran_run}: its inputs are unchanged",
+                      touched=record.touched)
 
 
 def _some(keys: Sequence[str], shown: int = 3) -> str:
@@ -182,7 +142,7 @@ def new_records(plan: Plan, results: Sequence[TestResult], fingerprint: Callable
         if before is not None and result.outcome == "passed":
             out.append(replace(before, carries=before.carries + 1))
             continue
-        touched = touched_of(result)
+        touched = result.touched
         out.append(Record(result.nodeid, result.outcome, result.duration_s, touched,
                           dict(fingerprint(touched)) if touched else {}, env_lock, run_id, run_created))
     return out
@@ -190,162 +150,6 @@ def new_records(plan: Plan, results: Sequence[TestResult], fingerprint: Callable
 
 def _collection_failed(results: Sequence[TestResult]) -> bool:
     return any(r.nodeid == "<collection>" or r.message == "collection failed" for r in results)
-
-
-# ---- the stored history ------------------------------------------------------------------------------------
-
-def _prefix(history: Quarantine) -> str:
-    return f"{history.history.strip('/')}/selection"
-
-
-def records_key(history: Quarantine, unit_name: str, run_id: str, created: float) -> str:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(created))
-    return f"{_prefix(history)}/runs/{unit_name}/{stamp}-{run_id}.json"
-
-
-def _doc(unit_id: str, run_id: str, created: float, complete: bool, records: Sequence[Record]) -> dict[str, Any]:
-    return {"version": 1, "unit": unit_id, "run_id": run_id, "created": created, "complete": complete,
-            "tests": [{"nodeid": r.nodeid, "outcome": r.outcome, "duration_s": r.duration_s,
-                       "touched": list(r.touched), "fingerprint": dict(sorted(r.fingerprint.items())),
-                       "env_lock": r.env_lock, "ran_run": r.ran_run, "ran_created": r.ran_created,
-                       "carries": r.carries} for r in records]}
-
-
-def _parse(doc: Any) -> dict[str, Record]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("tests"), list):
-        raise ValueError("not a selection record (no 'tests' list)")
-    if not doc.get("complete"):
-        return {}  # its suite failed to collect: nothing it stored may be carried
-    found = {}
-    for t in doc["tests"]:
-        fingerprint = t["fingerprint"]
-        if not isinstance(fingerprint, dict):
-            raise ValueError("'fingerprint' must be an object")
-        record = Record(str(t["nodeid"]), str(t["outcome"]), float(t["duration_s"]), tuple(map(str, t["touched"])),
-                        {str(k): str(v) for k, v in fingerprint.items()}, str(t["env_lock"]), str(t["ran_run"]),
-                        float(t["ran_created"]), int(t["carries"]))
-        found[record.nodeid] = record
-    return found
-
-
-def store_records(store: Store, history: Quarantine, unit_id: str, unit_name: str, run_id: str, created: float,
-                  records: Sequence[Record], complete: bool) -> str:
-    """Store this run's records create-only, in the history and in the run's own record."""
-    doc = _doc(unit_id, run_id, created, complete, records)
-    info = f"{SELECTION_INFO}{unit_id}"
-    store.put_immutable(info_key(run_id, info), info_json(info, doc), CONTENT_TYPE, "no-cache")
-    key = records_key(history, unit_name, run_id, created)
-    store.put_immutable(key, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), CONTENT_TYPE, IMMUTABLE)
-    _log.info("stored the selection records of %d tests as %s/%s", len(records), store.url, key)
-    return key
-
-
-def read_records(store: Store, history: Quarantine, unit_id: str, unit_name: str,
-                 tries: int = 3) -> tuple[dict[str, Record], str]:
-    """The newest stored records of the unit that its run's own record backs, and a line for each one ignored."""
-    ignored = []
-    for key in reversed(store.list(f"{_prefix(history)}/runs/{unit_name}/")[-tries:]):
-        try:
-            data = store.get(key)
-            doc = json.loads(data or b"null")
-            run_id = str(doc["run_id"]) if isinstance(doc, dict) else ""
-            backed = load_info(store, run_id, f"{SELECTION_INFO}{unit_id}") if run_id else None
-            if backed != doc:
-                ignored.append(f"ignored selection record {key}: run {run_id or '?'} did not record it")
-                continue
-            return _parse(doc), "; ".join(ignored)
-        except (ValueError, KeyError, TypeError, KilnError) as exc:
-            ignored.append(f"ignored selection record {key}: {exc}")
-    return {}, "; ".join(ignored)
-
-
-def off_key(history: Quarantine, suite: str) -> str:
-    return f"{_prefix(history)}/off/{suite}.json"
-
-
-def switched_off(store: Store, history: Quarantine, suite: str) -> str:
-    """Why a recall miss switched selection off for ``suite``, or "" when it is on."""
-    page = store.get_page(off_key(history, suite))
-    if page is None:
-        return ""
-    try:
-        doc = json.loads(page[0])
-    except ValueError:
-        return f"selection is off for suite {suite} (its switch {off_key(history, suite)} is unreadable)"
-    return str(doc.get("why") or "") if isinstance(doc, dict) and doc.get("off") else ""
-
-
-def switch(store: Store, history: Quarantine, suite: str, why: str) -> None:
-    """Turn selection off for ``suite`` (``why`` says which miss), or back on (``why`` empty)."""
-    key = off_key(history, suite)
-    data = (json.dumps({"off": bool(why), "why": why, "at": time.time()}, indent=1) + "\n").encode()
-
-    def attempt() -> None:
-        page = store.get_page(key)
-        store.put_page(key, data, CONTENT_TYPE, "no-cache", None if page is None else page[1])
-
-    until_swapped(f"{store.url}/{key}", attempt)
-
-
-# ---- fingerprints and the environment's lock ---------------------------------------------------------------
-
-def _touch() -> Any:
-    try:
-        return importlib.import_module("kiln.tasks.testing.touch")
-    except ImportError:
-        return None
-
-
-def fingerprint(keys: Iterable[str], wheel: Path, root: Path) -> dict[str, str]:
-    """Each key's sha256 now (``wheel:<member>``, ``test:<path under root>``), or "absent"."""
-    touch = _touch()
-    if touch is not None:
-        return dict(touch.fingerprint(keys, wheel, root))
-    return _fingerprint_fallback(keys, wheel, root)
-
-
-def _fingerprint_fallback(keys: Iterable[str], wheel: Path, root: Path) -> dict[str, str]:
-    """The recording module's contract, for a checkout without it: METADATA without its Version line (the run
-    stamps its version there), ``{dist-info}`` standing for the wheel's dist-info folder."""
-    out: dict[str, str] = {}
-    with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-        dist_info = next((n.split("/", 1)[0] for n in sorted(names) if n.split("/", 1)[0].endswith(".dist-info")), "")
-        for key in keys:
-            kind, _, name = key.partition(":")
-            if kind == "wheel":
-                member = name.replace("{dist-info}", dist_info, 1)
-                if member not in names:
-                    out[key] = ABSENT
-                    continue
-                data = archive.read(member)
-                if member == f"{dist_info}/METADATA":
-                    data = b"".join(ln for ln in data.splitlines(keepends=True) if not ln.startswith(b"Version:"))
-                out[key] = hashlib.sha256(data).hexdigest()
-            elif kind == "test":
-                path = (root / name).resolve()
-                inside = path.is_relative_to(root.resolve()) and path.is_file()
-                out[key] = hashlib.sha256(path.read_bytes()).hexdigest() if inside else ABSENT
-            else:
-                raise InvalidInputError(f"touched key {key!r}: expected wheel:<member> or test:<path>")
-    return out
-
-
-def environment_lock(python: str | Path, tested: str) -> str:
-    """sha256 of the environment's ``name==version`` list without the tested distribution."""
-    touch = _touch()
-    if touch is not None:
-        return str(touch.environment_lock(python, tested))
-    script = ("import importlib.metadata as m\n"
-              "print('\\n'.join(sorted(f\"{d.metadata['Name']}=={d.version}\" for d in m.distributions())))")
-    try:
-        done = subprocess.run([str(python), "-I", "-c", script], capture_output=True, text=True, check=True,
-                              timeout=LOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise InvalidInputError(f"cannot list the test environment of {python}: {exc}") from exc
-    skip = tested.lower().replace("_", "-")
-    kept = [ln for ln in done.stdout.splitlines() if ln.partition("==")[0].lower().replace("_", "-") != skip]
-    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
 # ---- one suite unit's selection, from its records to its report ---------------------------------------------
@@ -388,7 +192,9 @@ class Outcome:
 
 @dataclass
 class Selector:
-    """Selection for one suite unit: :meth:`picker` before its tests run, :meth:`finish` after."""
+    """Selection for one suite unit (one shard of a sharded suite): :meth:`picker` before its tests run,
+    :meth:`finish` after. ``folder``: the suite unit's history (every shard's); ``settles``: this unit reports
+    the carried results (a sharded suite's first shard)."""
 
     store: Store
     history: Quarantine
@@ -396,82 +202,86 @@ class Selector:
     suite: str
     unit_id: str
     unit_name: str
+    folder: str
     run_id: str
     created: float
     mode: Mode
     gpus: int
     quarantined: frozenset[str] = frozenset()
+    settles: bool = True
     clock: Callable[[], float] = time.time
     plan: Plan | None = None
     env_lock: str = ""
     notes: tuple[str, ...] = ()
-    _wheel: Path | None = None
-    _root: Path | None = None
+    _inputs: tuple[Path, Path] | None = None
 
     def off_reason(self) -> str:
         if not self.policy.enabled:
             return "selection is off ([testing.selection] enabled = false)"
         return _OFF_REASON[self.mode] or switched_off(self.store, self.history, self.suite)
 
-    def picker(self, python: str | Path, wheel: Path, root: Path, tested: str,
-               within: Callable[[Sequence[str]], Picked] | None = None) -> Callable[[Sequence[str]], Picked]:
+    def records(self) -> dict[str, Record]:
+        found, ignored = read_records(self.store, self.history, self.folder, self.run_id)
+        self.notes += tuple(ignored)
+        return found
+
+    def picker(self, python: str | Path, wheel: Path, root: Path, tested: str, then: Picker | None = None) -> Picker:
         """The runner's picker for this unit, its records read now; a bookkeeping fault runs every test.
-        ``within``: a picker that first takes this unit's share of the collected tests (a shard's)."""
-        self._wheel, self._root = wheel, root
+        ``then``: a shard's picker, which splits what selection runs."""
+        self._inputs = (wheel, root)
         try:
             self.env_lock = environment_lock(python, tested)
-            records, ignored = read_records(self.store, self.history, self.unit_id, self.unit_name)
-            off = self.off_reason()
-        except (KilnError, OSError) as exc:
+            records, off = self.records(), self.off_reason()
+        except KilnError as exc:
             _log.warning("test selection not applied to %s: %s", self.unit_id, exc)
-            self.notes = (f"selection not applied: {exc}",)
-            records, ignored, off = {}, "", f"selection not applied: {exc}"
-        self.notes += (ignored,) if ignored else ()
+            self.notes += (f"selection not applied: {exc}",)
+            records, off = {}, f"selection not applied: {exc}"
 
-        def pick(everything: Sequence[str]) -> Picked:
-            share = within(everything) if within is not None else Picked(tuple(everything))
-            collected = share.run
+        def pick(collected: Sequence[str]) -> Picked:
             keys = sorted({k for nodeid in collected if nodeid in records for k in records[nodeid].touched})
             try:
                 current = fingerprint(keys, wheel, root) if keys else {}  # a full run too: its recall check
-            except (KilnError, OSError, zipfile.BadZipFile) as exc:
+            except (KilnError, OSError) as exc:
                 self.notes += (f"selection not applied: {exc}",)
                 current = {}
             self.plan = decide(collected, records, current, self.env_lock, self.policy, self.clock(),
                                quarantined=self.quarantined, off=off)
             mine = self.plan.picked()
-            return Picked(mine.run, (*share.settled, *mine.settled))
+            shard = then(mine.run) if then is not None else Picked(mine.run)
+            return Picked(shard.run, (mine.settled if self.settles else ()) + shard.settled)
 
         return pick
 
     def finish(self, results: Sequence[TestResult]) -> Outcome:
-        """Store this run's records, check recall on a run that ran what selection would carry, and say what
+        """Store this unit's records, check recall where a test ran that selection would carry, and say what
         selection did."""
         plan = self.plan or Plan(())
-        complete = not _collection_failed(results)
+        complete = self.plan is not None and not any(r.nodeid == "<collection>" or r.message == "collection failed"
+                                                     for r in results)
         lines = list(self.notes)
-        if self._wheel is not None and self._root is not None:
-            wheel, root = self._wheel, self._root
+        if self._inputs is not None:
+            wheel, root = self._inputs
             made = new_records(plan, results, lambda keys: fingerprint(keys, wheel, root), self.env_lock,
                                self.created, self.run_id)
             try:
-                store_records(self.store, self.history, self.unit_id, self.unit_name, self.run_id, self.created,
-                              made, complete)
+                store_records(self.store, self.history, folder=self.folder, unit_id=self.unit_id,
+                              unit_name=self.unit_name, run_id=self.run_id, created=self.created, records=made,
+                              complete=complete)
             except (KilnError, OSError) as exc:
                 lines.append(f"selection records not stored: {exc}")
         if not complete:
             lines.append("collection failed: the next run carries nothing of this suite")
         misses = tuple(recall_misses(plan, results)) if self.policy.enabled else ()
         if misses:
-            why = recall_line(self.unit_id, misses)
-            lines.insert(0, why)
+            lines.insert(0, recall_line(self.unit_id, misses))
             try:
-                switch(self.store, self.history, self.suite, why)
+                switch(self.store, self.history, self.suite, lines[0])
             except KilnError as exc:
                 lines.append(f"selection could not be switched off for suite {self.suite}: {exc}")
-        carried = plan.carried
-        ran = sum(1 for r in results if r.nodeid not in {c.nodeid for c in carried})
-        return Outcome(ran, len(carried), tuple(sorted({c.record.ran_run for c in carried if c.record})),
+        reported = {r.nodeid for r in results}
+        carried = [c for c in plan.carried if c.nodeid in reported and c.record is not None]
+        return Outcome(len(reported) - len(carried), len(carried),
+                       tuple(sorted({c.record.ran_run for c in carried if c.record})),
                        sum(c.record.duration_s for c in carried if c.record), "GPU" if self.gpus > 0 else "CPU",
                        misses, tuple(lines))
 
@@ -482,26 +292,27 @@ def explain(plan: Plan) -> list[str]:
 
 
 def selector_for(config: KilnConfig, store: Store, *, suite: str, gpus: int, unit_id: str, unit_name: str,
-                 run_id: str, created: float, flow: str, full: bool) -> Selector:
+                 folder: str, run_id: str, created: float, flow: str, full: bool, settles: bool = True) -> Selector:
     """The selector of one suite unit of run ``run_id``; the unit's quarantined tests are never carried (an
-    unreadable quarantine list carries nothing)."""
+    unreadable quarantine list carries nothing). ``folder``, ``settles``: see :class:`Selector`."""
     history = config.testing.quarantine
     mode = run_mode(flow, full)
     try:
-        held = frozenset(e.nodeid for e in read_quarantine(store, history).entries if e.unit == unit_id)
+        base = unit_id.split("/shard-", 1)[0]  # a shard's tests are quarantined under any shard of its suite
+        held = frozenset(e.nodeid for e in read_quarantine(store, history).entries
+                         if e.unit == base or e.unit.startswith(f"{base}/"))
     except KilnError as exc:
         _log.warning("test selection off for %s: the quarantine list cannot be read (%s)", unit_id, exc)
         mode, held = "full", frozenset()
-    return Selector(store, history, config.testing.selection, suite, unit_id, unit_name, run_id, created, mode, gpus,
-                    held)
+    return Selector(store, history, config.testing.selection, suite, unit_id, unit_name, folder, run_id, created,
+                    mode, gpus, held, settles)
 
 
 def explain_unit(selector: Selector, wheel: Path, root: Path) -> list[str]:
     """``kiln test --explain`` for one unit, without running anything: each test its newest record names, run
     or carried and why. The environment's lock is taken as recorded (it is checked when the suite runs: making
     the environment is not free), and a test added since has no record and runs."""
-    records, ignored = read_records(selector.store, selector.history, selector.unit_id, selector.unit_name)
-    off = selector.off_reason()
+    records, off = selector.records(), selector.off_reason()
     keys = sorted({k for r in records.values() for k in r.touched})
     current = fingerprint(keys, wheel, root) if keys else {}
     locks = {r.env_lock for r in records.values()}
@@ -509,4 +320,4 @@ def explain_unit(selector: Selector, wheel: Path, root: Path) -> list[str]:
     plan = decide(sorted(records), records, current, lock, selector.policy, selector.clock(),
                   quarantined=selector.quarantined, off=off)
     head = f"{selector.unit_id}: " + (f"{len(records)} tests recorded" if records else "no record: every test runs")
-    return [head, *(f"  {line}" for line in explain(plan)), *([f"  {ignored}"] if ignored else [])]
+    return [head, *(f"  {line}" for line in explain(plan)), *(f"  {note}" for note in selector.notes)]

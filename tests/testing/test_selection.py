@@ -16,19 +16,12 @@ from kiln.core.store import LocalStore
 from kiln.flows.summary import SELECTION_SUMMARY_INFO, render_markdown, render_text
 from kiln.tasks.project.config_build import Quarantine, Selection
 from kiln.tasks.testing.classify import TestResult
-from kiln.tasks.testing.selection import (
+from kiln.tasks.testing.jobs import Picked
+from kiln.tasks.testing.selection import Choice, Plan, Selector, decide, explain, new_records, recall_misses, run_mode
+from kiln.tasks.testing.selection_store import (
     SELECTION_INFO,
-    Choice,
-    Plan,
     Record,
-    Selector,
-    _fingerprint_fallback,
-    decide,
-    explain,
-    new_records,
     read_records,
-    recall_misses,
-    run_mode,
     store_records,
     switch,
     switched_off,
@@ -43,6 +36,7 @@ PRINTS = {"wheel:pkg/ops.py": "1" * 64, "test:tests/test_a.py": "2" * 64}
 LOCK = "e" * 64
 HISTORY = Quarantine()
 UNIT = "test/unit/cpu"
+AT = {"folder": "unit.cpu", "unit_id": UNIT, "unit_name": "unit.cpu", "run_id": "run-1", "created": NOW}
 
 
 def record(**changes: object) -> Record:
@@ -130,7 +124,7 @@ def test_a_test_carried_max_carries_runs_in_a_row_runs():
                                          ("release", "a release runs every test")])
 def test_a_full_run_or_a_release_runs_everything_and_knows_what_selection_would_carry(mode, reason):
     selector = Selector(LocalStore(Path("/nonexistent-never-read")), HISTORY, POLICY, "unit", UNIT, "unit.cpu",
-                        "run-2", NOW, mode, 0)
+                        "unit.cpu", "run-2", NOW, mode, 0)
     off = selector.off_reason()
     assert off == reason
     choice = one(record(), off=off)
@@ -165,32 +159,32 @@ def test_a_carried_test_keeps_its_record_and_counts_one_more_carry_a_run_test_ge
 
 def test_records_round_trip_through_the_store_and_its_run_record(tmp_path):
     store = LocalStore(tmp_path)
-    store_records(store, HISTORY, UNIT, "unit.cpu", "run-1", NOW, [record()], complete=True)
-    found, ignored = read_records(store, HISTORY, UNIT, "unit.cpu")
-    assert found == {NODE: record()} and ignored == ""
+    store_records(store, HISTORY, **AT, records=[record()], complete=True)
+    found, ignored = read_records(store, HISTORY, "unit.cpu", "run-9")
+    assert found == {NODE: record()} and ignored == []
     assert load_info(store, "run-1", f"{SELECTION_INFO}{UNIT}")["tests"][0]["nodeid"] == NODE  # the run's own copy
     # create-only: a retried task cannot rewrite what a run stored
     with pytest.raises(Exception, match="already|differ|exists"):
-        store_records(store, HISTORY, UNIT, "unit.cpu", "run-1", NOW, [record(outcome="failed")], complete=True)
+        store_records(store, HISTORY, **AT, records=[record(outcome="failed")], complete=True)
 
 
 def test_a_record_its_run_did_not_record_is_ignored_and_named(tmp_path):
     store = LocalStore(tmp_path)
-    store_records(store, HISTORY, UNIT, "unit.cpu", "run-1", NOW, [record(outcome="failed")], complete=True)
-    key = "test-history/selection/runs/unit.cpu/19700112T134641Z-run-2.json"  # forged: newer, claims a pass
+    store_records(store, HISTORY, **AT, records=[record(outcome="failed")], complete=True)
+    key = "test-history/selection/runs/unit.cpu/19700112T134641Z-run-2/unit.cpu.json"  # forged: newer, a pass
     doc = {"version": 1, "unit": UNIT, "run_id": "run-2", "created": NOW + 1, "complete": True, "tests": [
         {"nodeid": NODE, "outcome": "passed", "duration_s": 1.0, "touched": [], "fingerprint": {}, "env_lock": LOCK,
          "ran_run": "run-2", "ran_created": NOW, "carries": 0}]}
     store.put_immutable(key, json.dumps(doc).encode(), "application/json", "no-cache")
-    found, ignored = read_records(store, HISTORY, UNIT, "unit.cpu")
+    found, ignored = read_records(store, HISTORY, "unit.cpu", "run-9")
     assert found[NODE].outcome == "failed"  # the run-1 record, the forged one left out
-    assert "run-2 did not record it" in ignored
+    assert any("run-2 did not record it" in line for line in ignored)
 
 
 def test_a_suite_that_failed_to_collect_leaves_nothing_to_carry(tmp_path):
     store = LocalStore(tmp_path)
-    store_records(store, HISTORY, UNIT, "unit.cpu", "run-1", NOW, [record()], complete=False)
-    assert read_records(store, HISTORY, UNIT, "unit.cpu")[0] == {}
+    store_records(store, HISTORY, **AT, records=[record()], complete=False)
+    assert read_records(store, HISTORY, "unit.cpu", "run-9")[0] == {}
 
 
 def test_selection_switched_off_stays_off_until_turned_back_on(tmp_path):
@@ -198,15 +192,15 @@ def test_selection_switched_off_stays_off_until_turned_back_on(tmp_path):
     assert switched_off(store, HISTORY, "unit") == ""
     switch(store, HISTORY, "unit", "SELECTION RECALL MISS in test/unit/cpu")
     assert switched_off(store, HISTORY, "unit") == "SELECTION RECALL MISS in test/unit/cpu"
-    selector = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "run-2", NOW, "select", 0)
+    selector = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", "run-2", NOW, "select", 0)
     assert selector.off_reason() == "SELECTION RECALL MISS in test/unit/cpu"
     switch(store, HISTORY, "unit", "")
     assert switched_off(store, HISTORY, "unit") == "" and selector.off_reason() == ""
 
 
 def test_selection_disabled_in_kiln_toml_carries_nothing(tmp_path):
-    selector = Selector(LocalStore(tmp_path), HISTORY, Selection(enabled=False), "unit", UNIT, "unit.cpu", "r", NOW,
-                        "select", 0)
+    selector = Selector(LocalStore(tmp_path), HISTORY, Selection(enabled=False), "unit", UNIT, "unit.cpu", "unit.cpu",
+                        "r", NOW, "select", 0)
     assert selector.off_reason() == "selection is off ([testing.selection] enabled = false)"
 
 
@@ -217,43 +211,27 @@ def _wheel(path: Path, ops: bytes, version: str = "1.0") -> Path:
     return path
 
 
-def test_the_fallback_fingerprint_ignores_the_version_stamp_and_names_what_is_absent(tmp_path):
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_a.py").write_text("def test_one(): pass\n")
-    keys = ["wheel:pkg/ops.py", "wheel:{dist-info}/METADATA", "wheel:pkg/gone.py", "test:tests/test_a.py",
-            "test:../outside.py"]
-    one_ = _fingerprint_fallback(keys, _wheel(tmp_path / "a.whl", b"x = 1\n", "1.0.dev1"), tmp_path)
-    two = _fingerprint_fallback(keys, _wheel(tmp_path / "b.whl", b"x = 1\n", "1.0.dev2"), tmp_path)
-    assert one_ == two and one_["wheel:pkg/gone.py"] == "absent" and one_["test:../outside.py"] == "absent"
-    three = _fingerprint_fallback(keys, _wheel(tmp_path / "c.whl", b"x = 2\n"), tmp_path)
-    assert [k for k in keys if three[k] != one_[k]] == ["wheel:pkg/ops.py"]
-
-
 def test_a_selector_carries_through_the_picker_and_a_full_run_that_finds_a_miss_turns_it_off(tmp_path):
     """Three runs of one unit through the selector: a recorded run, a carrying run, then a --full run in which
     the carried test fails (its recorded inputs were incomplete, planted here by hand-made results)."""
-    from kiln.tasks.testing.selection import with_touched
-
     store = LocalStore(tmp_path / "store")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text("def test_one(): pass\n")
     wheel = _wheel(tmp_path / "pkg.whl", b"x = 1\n")
 
     def selector(run_id: str, created: float, mode: str) -> Selector:
-        return Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", run_id, created, mode, 1,  # type: ignore[arg-type]
-                        clock=lambda: created)
+        return Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", run_id, created,
+                        mode, 1, clock=lambda: created)  # type: ignore[arg-type]
 
     first = selector("run-1", NOW, "select")
     picked = first.picker(sys.executable, wheel, tmp_path, "pkg")([NODE, "t::other"])
     assert picked.run == (NODE, "t::other") and picked.settled == ()
     touched = ("wheel:pkg/ops.py", "test:tests/test_a.py")
-    done = first.finish([with_touched(TestResult(NODE, "passed", 4.0), touched), TestResult("t::other", "passed")])
+    done = first.finish([TestResult(NODE, "passed", 4.0, touched=touched), TestResult("t::other", "passed")])
     assert (done.ran, done.carried) == (2, 0)
 
     second = selector("run-2", NOW + DAY, "select")
     picked = second.picker(sys.executable, wheel, tmp_path, "pkg")([NODE, "t::other"])
-    if not picked.settled:  # the recording module is not in this checkout: results hold no touched keys
-        pytest.skip("TestResult has no touched field yet")
     assert picked.run == ("t::other",) and [r.message for r in picked.settled] == [
         "carried from run run-1: its inputs are unchanged"]
     done = second.finish([*picked.settled, TestResult("t::other", "passed")])
@@ -286,3 +264,43 @@ def test_the_summary_shows_what_selection_ran_and_carried_with_a_recall_miss_fir
     block = text.split("test selection:")[1]
     assert block.index("SELECTION RECALL MISS") < block.index("test/a/cpu: selection: 0 run, 3 carried")
     assert "## Test selection" in render_markdown(run)
+
+
+def test_a_shard_splits_what_selection_runs_and_only_the_first_shard_reports_the_carried(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_one(): pass\n")
+    wheel = _wheel(tmp_path / "pkg.whl", b"x = 1\n")
+    touched = ("wheel:pkg/ops.py", "test:tests/test_a.py")
+    for shard in (1, 2):  # run 1: each shard stored what it ran, in run 1's folder of the suite unit
+        first = Selector(store, HISTORY, POLICY, "unit", f"{UNIT}/shard-{shard}-of-2", f"unit.cpu.shard-{shard}-of-2",
+                         "unit.cpu", "run-1", NOW, "select", 0, clock=lambda: NOW)
+        first.picker(sys.executable, wheel, tmp_path, "pkg")([NODE, "t::b", "t::c"])
+        first.finish([TestResult(NODE, "passed", 1.0, touched=touched)] if shard == 1 else
+                     [TestResult("t::b", "passed"), TestResult("t::c", "passed")])
+    halves = {1: lambda ids: Picked(tuple(ids[:1])), 2: lambda ids: Picked(tuple(ids[1:]))}
+    picked = {}
+    for shard in (1, 2):
+        again = Selector(store, HISTORY, POLICY, "unit", f"{UNIT}/shard-{shard}-of-2", f"unit.cpu.shard-{shard}-of-2",
+                         "unit.cpu", "run-2", NOW + 10, "select", 0, settles=shard == 1, clock=lambda: NOW + 10)
+        picked[shard] = again.picker(sys.executable, wheel, tmp_path, "pkg", then=halves[shard])([NODE, "t::b", "t::c"])
+    # both shards read run 1's records of every shard; only the first reports the carried pass
+    assert [r.nodeid for r in picked[1].settled] == [NODE] and picked[2].settled == ()
+    assert (picked[1].run, picked[2].run) == (("t::b",), ("t::c",))
+
+
+def test_a_run_whose_collection_failed_leaves_nothing_to_carry(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_one(): pass\n")
+    wheel = _wheel(tmp_path / "pkg.whl", b"x = 1\n")
+    touched = ("wheel:pkg/ops.py",)
+    for n, results in enumerate([[TestResult(NODE, "passed", touched=touched)],
+                                 [TestResult("tests/test_b.py", "error", message="collection failed")]], 1):
+        selector = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", f"run-{n}", NOW + n, "select",
+                            0, clock=lambda: NOW + 3)
+        selector.picker(sys.executable, wheel, tmp_path, "pkg")([NODE])
+        outcome = selector.finish(results)
+    assert "collection failed: the next run carries nothing of this suite" in outcome.lines
+    third = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", "run-3", NOW + 3, "select", 0)
+    assert third.picker(sys.executable, wheel, tmp_path, "pkg")([NODE]).run == (NODE,)
