@@ -174,7 +174,8 @@ def bench_s3_requests(work: Path, existing: int) -> dict:
     from kiln.core.manifest import RunManifest
     from kiln.core.s3 import S3Store, make_client
     from kiln.release.index import HTML_TYPE, JSON_TYPE, generate
-    from kiln.release.publish import PAGE_CACHE, publish
+    from kiln.release.pages import PAGE_CACHE
+    from kiln.release.publish import publish
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

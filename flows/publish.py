@@ -40,26 +40,11 @@ from kiln.flows.common import (
 from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.release.closure import ClosureQuery, ClosureResult, prefetch, resolve_shared, unique_queries
 from kiln.release.index import ProjectStatus
+from kiln.release.pages import PAGE_CACHE, page_cache, page_max_age, publish_pages
 from kiln.release.pins import fetch_pins, load_pins
+from kiln.release.plan import COMBINED, ClosureStep, Plan, Upload, UploadResult, closure_queries, collect, index_prefix
 from kiln.release.public import PublicReport, check_public, published_expectations
-from kiln.release.publish import (
-    COMBINED,
-    PAGE_CACHE,
-    ClosureStep,
-    PagesStep,
-    Plan,
-    Upload,
-    UploadResult,
-    UploadStep,
-    closure_queries,
-    collect,
-    index_prefix,
-    page_cache,
-    page_max_age,
-    publish,
-    publish_pages,
-    upload_file,
-)
+from kiln.release.publish import PagesStep, UploadStep, publish, upload_file
 from kiln.release.staging import StagingStore
 from kiln.tasks import releasing
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
@@ -259,7 +244,7 @@ def start_dependency_checks(run: RunRecord, config: KilnConfig, channel: str = "
 
 
 def pages_task(run: RunRecord, channel: str) -> PagesStep:
-    """The pages step as its task run (pages cached as ``channel``'s, :func:`~kiln.release.publish.page_cache`);
+    """The pages step as its task run (pages cached as ``channel``'s, :func:`~kiln.release.pages.page_cache`);
     a failure is the publish/pages unit's, and no page changed."""
     def pages(store: Store, results: list[UploadResult]) -> list[str]:
         future = publish_index_pages.submit(store, results, page_cache(channel))

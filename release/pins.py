@@ -112,7 +112,7 @@ def fetch_pin(pin: Pin, directory: Path, timeout: float = DOWNLOAD_TIMEOUT_S) ->
 def fetch_pins(pins: list[Pin], directory: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> list[tuple[str | None, Path]]:
     """Every pin downloaded and verified, as (variant or None for all, path).
 
-    The pairs are what :func:`kiln.release.publish.collect` takes.
+    The pairs are what :func:`kiln.release.plan.collect` takes.
     """
     fetched: list[tuple[str | None, Path]] = []
     for pin in pins:

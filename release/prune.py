@@ -23,7 +23,7 @@ root page first, and every step is idempotent and driven by what the store
 holds (the ledger keeps a removal pending until its objects are gone), so a
 prune killed anywhere and run again completes. Pages change only by
 compare-and-swap, re-read and re-merged on a lost race: a publish racing a
-prune loses no entry (:func:`kiln.release.publish.cas_pages`).
+prune loses no entry (:func:`kiln.release.pages.cas_pages`).
 
 Deletion is not part of the :class:`~kiln.core.objects.Store` protocol
 (nothing that publishes can delete); a prune needs a store that also has
@@ -60,7 +60,7 @@ from kiln.release.index import (
     project_pages,
     variants_file_path,
 )
-from kiln.release.publish import cas_pages
+from kiln.release.pages import cas_pages
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from kiln.core.objects import Store
 from kiln.release.fetch import FetchLimits, HttpSource, IndexSource, StoreSettings, file_bytes, join, open_source
 from kiln.release.index import HTML_PAGE, JSON_PAGE
 from kiln.release.pageforms import FileRef, anchors, filename_of, html_files, json_files
-from kiln.release.publish import Plan
+from kiln.release.plan import Plan
 
 log = logging.getLogger(__name__)
 

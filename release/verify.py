@@ -68,8 +68,8 @@ from kiln.release.hintrun import Hint, check_hint, parse_hint
 from kiln.release.install import TOOLS, InstallSpec, Tool, check_index_url, held_requirements, install_and_import
 from kiln.release.pageforms import FileRef, anchors, compare_forms, filename_of, html_files, json_files
 from kiln.release.pipconfig import PipConfig, caller_pip_config
+from kiln.release.plan import COMBINED
 from kiln.release.provenance import shadowed
-from kiln.release.publish import COMBINED
 from kiln.release.serve import IndexServer
 from kiln.release.variants import VARIANT_JSON_LIMIT, merge_variants, read_wheel_variant, wheel_variant_label
 

@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from kiln.core.wheels import core_metadata
-from kiln.release.publish import COMBINED, Plan, Upload
+from kiln.release.plan import COMBINED, Plan, Upload
 from kiln.release.remote import Lookup, newest_release
 from kiln.release.variants import wheel_variant_label
 

@@ -26,7 +26,8 @@ from kiln.core.store import Store, open_store
 from kiln.core.swap import put_until_swapped
 from kiln.release.fetch import StoreSettings
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
-from kiln.release.publish import COMBINED, PAGE_CACHE, Plan, untested
+from kiln.release.pages import PAGE_CACHE
+from kiln.release.plan import COMBINED, Plan, untested
 from kiln.release.remote import newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig
@@ -92,7 +93,7 @@ def without_suite(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
     """Variants no test suite ran on (none covers them, or every one that does was not run), with the reason.
 
     A test unit without a variant tested every variant. Required suites that were
-    not run are :func:`kiln.release.publish.untested`'s; they are named there.
+    not run are :func:`kiln.release.plan.untested`'s; they are named there.
     """
     tests = [u for u in run.units if u.stage == "test"]
     found: dict[str, str] = {}

@@ -22,7 +22,8 @@ from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.flows.summary import render_markdown, render_text
-from kiln.release.publish import Plan, publish
+from kiln.release.plan import Plan
+from kiln.release.publish import publish
 from kiln.release.remote import Lookup, newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.install_hint import CHECK_ENV, extra_index_check, install_facts, requires_dist

@@ -15,7 +15,9 @@ from kiln.core.fsutil import sha256_bytes
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.core.swap import CAS_ATTEMPTS
-from kiln.release.publish import gate, publish, update_pages
+from kiln.release.pages import update_pages
+from kiln.release.plan import gate
+from kiln.release.publish import publish
 from kiln.release.staging import StagingStore
 from tests.helpers.faults import CorruptingStore
 from tests.helpers.pageparse import parse_html, parse_json
@@ -158,13 +160,13 @@ def test_wheels_of_a_variant_kiln_toml_does_not_name_are_not_published_and_are_n
 ) -> None:
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "rocm": [("k", "1.0+rocm")]})
     store = LocalStore(tmp_path / "target")
-    with caplog.at_level(logging.WARNING, logger="kiln.release.publish"):
+    with caplog.at_level(logging.WARNING, logger="kiln.release.plan"):
         plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=CLOCK)
     assert plan.keys("added") == ["nightly/cu130/simple/k/k-1.0+cu130-py3-none-any.whl"]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "wheels of variants ['rocm'] are not in kiln.toml's variants ['cu130']; not published"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="kiln.release.publish"):
+    with caplog.at_level(logging.WARNING, logger="kiln.release.plan"):
         publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "rocm"], clock=CLOCK)
     assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 

@@ -17,7 +17,8 @@ from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore, Store
 from kiln.flows.hint import install_command, install_reason
 from kiln.release.index import group, parse_project_json, project_pages, variants_file_path
-from kiln.release.publish import COMBINED, publish
+from kiln.release.plan import COMBINED
+from kiln.release.publish import publish
 from kiln.release.variants import dumps
 from kiln.release.verify import verify_index
 from kiln.tasks.install_hint import install_facts

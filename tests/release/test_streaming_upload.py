@@ -26,7 +26,8 @@ from kiln.core.manifest import RunManifest
 from kiln.core.objects import ObjectInfo, Store
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
-from kiln.release.publish import Plan, Upload, UploadResult, publish, upload_each
+from kiln.release.plan import Plan, Upload, UploadResult
+from kiln.release.publish import publish, upload_each
 from kiln.release.staging import StagingStore
 from tests.helpers.faults import ForwardingStore
 from tests.helpers.s3 import S3_ENV

@@ -29,7 +29,8 @@ from kiln.flows.summary import render_text
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, resolve
 from kiln.release.installenv import run_installer, scrubbed_env
-from kiln.release.publish import Plan, publish
+from kiln.release.plan import Plan
+from kiln.release.publish import publish
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.runkit import variant_document
 from tests.helpers.sdists import evil_sdist_index

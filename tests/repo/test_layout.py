@@ -298,3 +298,21 @@ def test_no_code_cites_an_issue_number():
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if _ISSUE_CITATION.search(line)]
     assert cited == []
+
+
+MAX_MODULE_LINES = 500
+# Known debt, split by the engineers who own them: the command line's parser and the config model.
+# Each entry must still be over the limit, so the list shrinks as they are split.
+OVERSIZED_ALLOWED = {"flows/cli.py", "tasks/project/config.py"}
+
+
+def test_no_module_of_the_pipeline_is_over_500_lines():
+    """A module past 500 lines holds two responsibilities: split it by what it holds (STYLE.md, Shape 5)."""
+    folders = [ROOT / name for name in ("core", "tasks", "flows", "release", "runtime")]
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+             for folder in folders for path in sorted(folder.rglob("*.py"))}
+    over = sorted(f"{name}: {n} lines" for name, n in sizes.items()
+                  if n > MAX_MODULE_LINES and name not in OVERSIZED_ALLOWED)
+    assert over == []
+    no_longer = sorted(name for name in OVERSIZED_ALLOWED if sizes.get(name, 0) <= MAX_MODULE_LINES)
+    assert no_longer == [], "split already: take them off OVERSIZED_ALLOWED"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.release.publish import COMBINED
+from kiln.release.plan import COMBINED
 from kiln.release.verify import verify_index
 from tests.helpers.gitrepo import git, git_project
 from tests.helpers.indexcheck import check_local_index
