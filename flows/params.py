@@ -53,4 +53,3 @@ class SuiteOptions(BaseModel):
     junit: str | None = None
     json_path: str | None = None
     full: bool = False  # run every test: none is carried from an earlier run (kiln.tasks.testing.selection)
-    full: bool = False  # run every test: none is carried from an earlier run (kiln.tasks.testing.selection)
