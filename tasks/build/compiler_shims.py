@@ -111,15 +111,27 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
 
 
 def unit_stats(stats_log: Path, source: Path) -> CompileStats:
-    """The translation units ``stats_log`` records, named relative to the project's ``source``: ccache names a
-    source as its command line did once ``base_dir`` made it relative to the compile's working directory (a
-    ninja build under ``build/temp.*`` gives ``../../csrc/ops.cpp``)."""
+    """The project's translation units ``stats_log`` records, named relative to its root.
+
+    ccache names a source as its command line did once ``base_dir`` made every path below the unit's folder
+    relative to the compile's working directory (a ninja build under ``build/temp.*`` gives
+    ``../../csrc/ops.cpp``; CMake's tree beside the sources ``../src/ops.c``). A path that stayed absolute lies
+    outside the unit's folder: a toolchain's own probe (CMake compiles ``CMakeCCompilerABI.c`` from its
+    modules), not the project's, so it is not counted.
+    """
     stats = read_stats_log(stats_log)
+
+    def ours(path: str) -> bool:
+        return not os.path.isabs(path) or Path(path).is_relative_to(source)
 
     def name(path: str) -> str:
         if Path(path).is_relative_to(source):
             return Path(path).relative_to(source).as_posix()
-        parts = Path(posixpath.normpath(path)).parts
-        return Path(*itertools.dropwhile(lambda part: part == "..", parts)).as_posix() if parts else path
+        below = Path(*itertools.dropwhile(lambda part: part == "..", Path(posixpath.normpath(path)).parts))
+        # an out-of-tree build (CMake, meson) compiles from the unit's build tree: ../src/ops.c
+        beside = source.parent / below
+        return beside.relative_to(source).as_posix() if beside.is_relative_to(source) and beside.is_file() \
+            else below.as_posix()
 
-    return CompileStats(tuple(map(name, stats.compiled)), tuple(map(name, stats.reused)))
+    return CompileStats(tuple(name(p) for p in stats.compiled if ours(p)),
+                        tuple(name(p) for p in stats.reused if ours(p)))

@@ -78,6 +78,26 @@ def test_a_setuptools_build_compiles_each_translation_unit_once_across_clones_an
     assert plain_wheel.read_bytes() == changed_wheel.read_bytes()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_toolchain
+@pytest.mark.parametrize("fixture", ["cmakeops", "mesonops"])
+def test_a_cmake_or_meson_build_compiles_through_the_compile_cache_and_a_second_clone_compiles_nothing(
+        tmp_path, fixture):
+    """scikit-build-core (CMake: the launcher variables, compilers found on PATH) and meson-python (meson puts
+    the ccache it finds first on PATH before its compiler), each fetched as the fixture's build requirement."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    cold, cold_wheel = _build(_clone(tmp_path / "w1", fixture), tmp_path / "cache-1", tmp_path / "out-1")
+    # CMake's own compiler probe compiles too; it is not the project's and is not counted
+    assert cold.compile == CompileStats(("ops.c",), ()), cold.compile
+    shutil.copytree(tmp_path / "cache-1" / "ccache", tmp_path / "cache-2" / "ccache")
+    warm, warm_wheel = _build(_clone(tmp_path / "a-second-clone" / "w2", fixture), tmp_path / "cache-2",
+                              tmp_path / "out-2")
+    assert warm.compile == CompileStats((), ("ops.c",)), warm.compile
+    assert warm_wheel.read_bytes() == cold_wheel.read_bytes()
+
+
 def _unit():  # type: ignore[no-untyped-def]
     from kiln.tasks.build.plan import CompileUnit
 
@@ -163,12 +183,14 @@ def test_a_narrowing_builds_nvcc_is_not_cached_and_a_cpu_builds_hidden_nvcc_gets
     assert "PYTORCH_NVCC" not in env and (tmp_path / "c" / "gcc").is_file()
 
 
-def test_translation_units_are_named_from_the_project_root_however_ccache_spelled_them(tmp_path):
+def test_translation_units_are_the_projects_named_from_its_root_however_ccache_spelled_them(tmp_path):
     log = tmp_path / "stats.log"
-    log.write_text(f"# csrc/a.c\ncache_miss\n# ../../csrc/ops.cpp\ndirect_cache_hit\n# {tmp_path}/src/k/b.cu\n"
-                   "preprocessed_cache_hit\n# /elsewhere/c.c\ncache_miss\n")
-    assert unit_stats(log, tmp_path / "src") == CompileStats(("csrc/a.c", "/elsewhere/c.c"),
-                                                             ("csrc/ops.cpp", "k/b.cu"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "ops.c").write_text("")
+    log.write_text(f"# ../src/ops.c\ncache_miss\n# csrc/a.c\ncache_miss\n# ../../csrc/ops.cpp\ndirect_cache_hit\n"
+                   f"# {tmp_path}/src/k/b.cu\npreprocessed_cache_hit\n# /elsewhere/c.c\ncache_miss\n")
+    # /elsewhere/c.c: outside the unit's folder (ccache left it absolute), a toolchain's probe
+    assert unit_stats(log, tmp_path / "src") == CompileStats(("ops.c", "csrc/a.c"), ("csrc/ops.cpp", "k/b.cu"))
 
 
 @pytest.mark.skipif(os.environ.get("KILN_TEST_HEAVY_BUILDS") != "1",
