@@ -130,6 +130,11 @@ def mapped_files(maps: str) -> set[str]:
     return found
 
 
+def _maps() -> set[str]:
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        return mapped_files(maps.read())
+
+
 class Recorder:
     """Records what each test of this process touched; see the module's docstring."""
 
@@ -145,6 +150,22 @@ class Recorder:
         self.always = tuple(always)
         self.events: list[tuple[str, tuple[Any, ...]]] = []
         self.installed = False
+        # What the process held when the recorder was made (the fork server after collection): every test
+        # counts it, and each test walks only what came after.
+        self.base_keys: frozenset[str] = frozenset()
+        self.base_modules: frozenset[str] = frozenset()
+        self.base_maps: frozenset[str] = frozenset()
+
+    def snapshot(self) -> None:
+        """Record what this process holds now as every later test's input (the fork server calls it once)."""
+        keys: set[str] = set()
+        self.base_maps = frozenset(_maps())
+        self.base_modules = frozenset(sys.modules)
+        for path in self.base_maps:
+            self._add(keys, path, module=True)
+        for name in self.base_modules:
+            self._add_module(keys, name)
+        self.base_keys = frozenset(keys)
 
     def install(self) -> None:
         """Add the audit hook (for the life of this process: PEP 578 hooks cannot be removed)."""
@@ -179,7 +200,7 @@ class Recorder:
             return ()
 
     def _keys(self, test_file: str) -> set[str]:
-        keys = {*self.always, *self._own(test_file)}
+        keys = {*self.always, *self._own(test_file), *self.base_keys}
         tried: set[str] = set()
         for event, args in list(self.events):
             if event == "import":
@@ -188,18 +209,20 @@ class Recorder:
                 self._add(keys, os.fsdecode(args[0]), writes=_writes(args))
             elif event == "ctypes.dlopen" and isinstance(args[0], (str, bytes)) and "/" in os.fsdecode(args[0]):
                 self._add(keys, os.fsdecode(args[0]))
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for path in mapped_files(maps.read()):
-                self._add(keys, path, module=True)
-        for module in list(sys.modules.values()):
-            file = getattr(module, "__dict__", {}).get("__file__")
-            if isinstance(file, str):
-                self._add(keys, file, module=True)
+        for path in _maps() - self.base_maps:
+            self._add(keys, path, module=True)
+        for name in sys.modules.keys() - self.base_modules:
+            self._add_module(keys, name)
         for name in tried:
             if name.partition(".")[0] in self.packages and name not in sys.modules:
                 stem = name.replace(".", "/")
                 keys.update({f"{WHEEL}{stem}.py", f"{WHEEL}{stem}/__init__.py"})
         return keys
+
+    def _add_module(self, keys: set[str], name: str) -> None:
+        file = getattr(sys.modules.get(name), "__dict__", {}).get("__file__")
+        if isinstance(file, str):
+            self._add(keys, file, module=True)
 
     def _own(self, test_file: str) -> list[str]:
         """The test's file and the ``conftest.py`` of each folder from its own up to the root."""
@@ -251,8 +274,10 @@ def make_recorder(root: Path, test_files: Iterable[str | os.PathLike[str]], excl
     always = []
     if inifile is not None and _under(os.path.abspath(inifile), os.path.abspath(root)):
         always.append(TEST + Path(os.path.relpath(inifile, root)).as_posix())
-    return Recorder(root, members, excluded=[*excluded, *prefixes, *sites], others=[str(f) for f in test_files],
-                    always=always)
+    recorder = Recorder(root, members, excluded=[*excluded, *prefixes, *sites], others=[str(f) for f in test_files],
+                        always=always)
+    recorder.snapshot()
+    return recorder
 
 
 # --- fingerprints: what the selection compares between runs ------------------------------------------------

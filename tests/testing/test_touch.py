@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import _bisect
+import _csv
 import json
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.venvs import uv_command
-from kiln.tasks.testing import touch
+from kiln.tasks.testing import envs, touch
 from kiln.tasks.testing.classify import TestResult, classify_phases
 from kiln.tasks.testing.reports import summary, touched_of
 from kiln.tasks.testing.runner import RunOptions, run_tests
@@ -52,13 +55,26 @@ def test_plain(marker):
 def test_tries_a_missing_module():
     with pytest.raises(ImportError):
         import touchpkg.missing  # noqa: F401
+
+
+def test_native():
+    import ctypes
+
+    from touchpkg import _bisect
+
+    assert _bisect.bisect_right([1, 2, 3], 2) == 2
+    ctypes.CDLL(str(pathlib.Path(touchpkg.__file__).parent / "libnative.so"))
 """
+# Real shared objects for the wheel: a stdlib extension module (imported as the package's own) and a library
+# loaded with ctypes; copies of the interpreter's, so the test needs no compiler.
+EXTENSION = f"touchpkg/_bisect{sysconfig.get_config_var('EXT_SUFFIX')}"
+NATIVE = {EXTENSION: Path(_bisect.__file__).read_bytes(), "touchpkg/libnative.so": Path(_csv.__file__).read_bytes()}
 OWN = {"test:conftest.py", "test:pytest.ini", "test:tests_t/conftest.py", "test:tests_t/test_fixture.py"}
 
 
 def _wheel(directory: Path, version: str = "1.0", lazy: str = LAZY) -> Path:
     return make_wheel(directory, "touchpkg", version,
-                      files={"touchpkg/lazy.py": lazy.encode(), "touchpkg/table.json": b'{"a": 1}'})
+                      files={"touchpkg/lazy.py": lazy.encode(), "touchpkg/table.json": b'{"a": 1}', **NATIVE})
 
 
 def _project(tmp: Path) -> tuple[Path, Path]:
@@ -92,7 +108,8 @@ def forked(tmp_path_factory) -> dict[str, TestResult]:
 
 def test_every_fixture_test_passes_with_recording_on(forked):
     assert {name: r.outcome for name, r in forked.items()} == {
-        "test_lazy_and_data": "passed", "test_plain": "passed", "test_tries_a_missing_module": "passed"}
+        "test_lazy_and_data": "passed", "test_plain": "passed", "test_tries_a_missing_module": "passed",
+        "test_native": "passed"}
 
 
 def test_a_lazily_imported_module_and_opened_files_are_the_importing_tests_only(forked):
@@ -100,6 +117,13 @@ def test_a_lazily_imported_module_and_opened_files_are_the_importing_tests_only(
     mine = {"wheel:touchpkg/lazy.py", "wheel:touchpkg/table.json", "test:data/table.txt"}
     assert mine <= lazy
     assert not mine & plain
+
+
+def test_an_extension_module_and_a_dlopened_library_are_the_loading_tests_only(forked):
+    native = {f"wheel:{EXTENSION}", "wheel:touchpkg/libnative.so"}
+    assert native <= set(forked["test_native"].touched)
+    assert not native & set(forked["test_lazy_and_data"].touched)
+    assert not native & set(forked["test_plain"].touched)
 
 
 def test_modules_imported_at_collection_count_for_every_test(forked):
@@ -138,10 +162,22 @@ def test_spawned_jobs_record_like_forked_ones(tmp_path):
     assert "wheel:touchpkg/lazy.py" not in results["test_plain"].touched
 
 
+@pytest.mark.slow
+def test_a_suite_environment_names_its_tested_distribution_through_the_import_guard(tmp_path):
+    # The path a suite takes: make_env installs the wheel and its import guard; the worker is told nothing.
+    root, _ = _project(tmp_path)
+    env = envs.make_env(tmp_path / "env", [_wheel(tmp_path / "dist")], tests_root=root, test_paths=["tests_t"])
+    results = run_tests(["tests_t"], root, tmp_path / "work", RunOptions(python=str(env.python), preload=(), gpus=0))
+    by_name = {r.nodeid.rsplit("::", 1)[-1]: r for r in results}
+    assert by_name["test_lazy_and_data"].outcome == "passed"
+    assert {"wheel:touchpkg/lazy.py", "test:data/table.txt"} <= set(by_name["test_lazy_and_data"].touched)
+    assert "wheel:touchpkg/lazy.py" not in by_name["test_plain"].touched
+
+
 def test_without_a_tested_distribution_nothing_is_recorded(tmp_path):
     root, site = _project(tmp_path)
     results = run_tests(["tests_t"], root, tmp_path / "work", RunOptions(preload=(), env={"PYTHONPATH": str(site)}))
-    assert [r.outcome for r in results] == ["passed"] * 3
+    assert [r.outcome for r in results] == ["passed"] * 4
     assert all(r.touched == () for r in results)
 
 
