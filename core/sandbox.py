@@ -42,7 +42,9 @@ from kiln.core import landlock
 
 log = logging.getLogger(__name__)
 
-Network = Literal["none", "loopback"]
+# "host": the machine's network, for an installer that fetches from an index (its sdist builds still get no
+# file of the user's and no credential); "loopback": a network of its own; "none": no interface at all.
+Network = Literal["none", "loopback", "host"]
 
 # What a guest needs of the caller's environment, by name: the toolchain, the locale, the interpreter's own
 # switches, the devices it may use. Anything else reaches it only because Kiln set it for the step or the
@@ -162,7 +164,7 @@ class Support:
         gaps = []
         if self.landlock_abi == 0:
             gaps.append("Landlock (files: the guest can read the user's home and Kiln's state)")
-        if not self.namespaces:
+        if not self.namespaces and network != "host":
             net = ("TCP is refused by Landlock, UDP is not" if self.landlock_abi >= 4 and network == "none"
                    else "the guest reaches the network")
             gaps.append(f"network and user namespaces ({self.why_not}: {net})")
@@ -234,11 +236,12 @@ _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 
-def _namespaces() -> str:
-    """Enter a new user and network namespace (this process keeps its uid and gid); '' or why not."""
+def _namespaces(network: Network) -> str:
+    """Enter a new user namespace and, unless ``network`` is the host's, a network namespace (this process keeps
+    its uid and gid); '' or why not."""
     uid, gid = os.getuid(), os.getgid()
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+    if libc.unshare(_CLONE_NEWUSER | (0 if network == "host" else _CLONE_NEWNET)) != 0:
         return f"unshare: {os.strerror(ctypes.get_errno())}"
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as handle:
@@ -263,7 +266,7 @@ def _rules(policy: Policy) -> list[landlock.Rule]:
 
 def confine(policy: Policy) -> Support:
     """Confine this process as ``policy`` says, as far as the kernel allows; what it could apply."""
-    why = _namespaces()
+    why = _namespaces(policy.network)
     if not why and policy.network == "loopback":
         _loopback_up()
     version = landlock.abi()

@@ -14,6 +14,34 @@ def evil_sdist_index(root: Path, markers: Path, name: str = "evil-sdist", versio
     imported."""
     backend = (f"import json, os, pathlib\npathlib.Path({str(markers)!r}).mkdir(exist_ok=True)\n"
                f"pathlib.Path({str(markers)!r}, str(os.getpid())).write_text(json.dumps(dict(os.environ)))\n")
+    return _sdist_index(root, backend, name, version)
+
+
+# A build backend that tries, when imported, to read ``secret`` and to write beside ``outside`` (what a hostile
+# hook would do to the user's files), and reports what it managed and the environment it saw under the one place
+# it may write that the test can find: the installer's uv cache ($UV_CACHE_DIR).
+_PROBE = """import json, os, pathlib
+report = {"environ": dict(os.environ)}
+try:
+    report["secret"] = pathlib.Path(%(secret)r).read_text()
+except OSError as exc:
+    report["secret_error"] = type(exc).__name__
+try:
+    pathlib.Path(%(outside)r).write_text("written by a build hook")
+    report["wrote_outside"] = True
+except OSError as exc:
+    report["wrote_outside"] = False
+pathlib.Path(os.environ["UV_CACHE_DIR"], "probe-%%d.json" %% os.getpid()).write_text(json.dumps(report))
+"""
+
+
+def probing_sdist_index(root: Path, secret: Path, outside: Path, name: str = "probe-sdist") -> str:
+    """A file:// index of one sdist whose build hook probes ``secret`` (read) and ``outside`` (write) and leaves
+    its report as ``probe-<pid>.json`` in the installer's uv cache."""
+    return _sdist_index(root, _PROBE % {"secret": str(secret), "outside": str(outside)}, name, "1.0")
+
+
+def _sdist_index(root: Path, backend: str, name: str, version: str) -> str:
     stem = f"{name.replace('-', '_')}-{version}"
     members = {"pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
                "backend.py": backend, "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"}

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.sandbox import support
 from kiln.tasks.testing import envs
 from kiln.tasks.testing.baseenv import BASES, CACHE_ENV
 from kiln.tasks.testing.classify import suite_state
 from kiln.tasks.testing.jobs import RunOptions
 from kiln.tasks.testing.runner import run_tests
-from tests.helpers.sdists import evil_sdist_index
+from tests.helpers.sdists import evil_sdist_index, probing_sdist_index
 from tests.helpers.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow
@@ -141,11 +142,44 @@ def test_a_suites_sdist_dependency_builds_without_the_steps_secrets(tmp_path, mo
     wheel = make_wheel(tmp_path / "wheels", "sdist-user", "1.0", module="sdist_user")
     with pytest.raises(envs.DependencyResolutionError, match="evil-sdist"):
         envs.make_env(tmp_path / "env", [wheel], ["evil-sdist"], indexes=[evil])  # its backend builds nothing
-    seen = [json.loads(p.read_text()) for p in markers.iterdir()]
-    assert seen, "the premise: uv ran the sdist's build hook"
+    seen = [json.loads(p.read_text()) for p in markers.iterdir()] if markers.exists() else []
+    if support().landlock_abi and support().namespaces:
+        # sandboxed, the hook (which ran: the test below) cannot even write its marker outside
+        assert not seen, seen
+    else:
+        assert seen, "the premise: uv ran the sdist's build hook"
     for environ in seen:
         assert "AWS_SECRET_ACCESS_KEY" not in environ and "PREFECT_API_KEY" not in environ, sorted(environ)
         assert environ.get("HOME") != str(Path.home())
+
+
+@pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
+                    reason="needs Landlock and user namespaces (the sandbox the installer runs in)")
+def test_a_suites_sdist_dependency_builds_in_the_sandbox_away_from_the_users_files(tmp_path, monkeypatch):
+    """uv installs a suite's requirements as a guest with the machine's network: an sdist's build hook it runs
+    reads no file of the user's and writes nothing outside the environment, the installer's home and its cache."""
+    secret, outside = tmp_path / "home" / ".netrc", tmp_path / "home" / "planted.txt"
+    secret.parent.mkdir()
+    secret.write_text("machine pypi.org password hunter2")
+    cache = tmp_path / "uv-cache"
+    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+    index = probing_sdist_index(tmp_path / "probe", secret, outside)
+    wheel = make_wheel(tmp_path / "wheels", "probe-user", "1.0", module="probe_user")
+    with pytest.raises(envs.DependencyResolutionError, match="probe-sdist"):
+        envs.make_env(tmp_path / "env", [wheel], ["probe-sdist"], indexes=[index])  # its backend builds nothing
+    reports = [json.loads(p.read_text()) for p in cache.glob("probe-*.json")]
+    assert reports, "the premise: uv ran the sdist's build hook and it could write its report to uv's cache"
+    for report in reports:
+        assert report.get("secret_error") == "PermissionError" and "secret" not in report, report
+        assert report["wrote_outside"] is False
+        assert not credential_names(report["environ"])
+    assert not outside.exists()
+
+
+def credential_names(environ: dict[str, str]) -> list[str]:
+    from kiln.core.sandbox import credential_name
+
+    return [name for name in environ if credential_name(name)]
 
 
 def _base_of(env: envs.TestEnv) -> Path:
