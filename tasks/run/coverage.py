@@ -1,11 +1,12 @@
 """The run's coverage table: one row per requested cell, its wheel, and what became of it.
 
-A cell is what a user's environment must match to find a wheel: the Python, the torch, the backend and the
-archs. A ``[[variants]]`` entry without matrix axes is one cell (built by the build's interpreter against its
-variant's torch); one with ``python``/``torch`` axes is one cell per combination left after its exclusions
-(:mod:`kiln.tasks.project.config_matrix`), each a row of its own. A row says which wheel it got (its Python
-tag, and the torch its ``Requires-Dist`` asks for; a cell without a wheel shows what it asked for) and its
-state, read from the run's units alone:
+A cell is what a user's environment must match to find a wheel: the Python, the torch, the backend, the archs
+and the CPU (``platform``: the wheel's platform tags' CPU, ``any`` for a pure wheel; what the variant asks for
+while it has no wheel). A ``[[variants]]`` entry without matrix axes is one cell (built by the build's
+interpreter against its variant's torch); one with ``python``/``torch`` axes is one cell per combination left
+after its exclusions (:mod:`kiln.tasks.project.config_matrix`), each a row of its own. A row says which wheel
+it got (its Python tag, and the torch its ``Requires-Dist`` asks for; a cell without a wheel shows what it
+asked for) and its state, read from the run's units alone:
 
 - ``not built``: the variant's wheel unit did not complete (its message says why);
 - ``failed``: a suite failed against the wheel (which ones);
@@ -27,7 +28,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from kiln.core.errors import KilnError
 from kiln.core.manifest import Artifact, RunManifest, Unit
 from kiln.tasks.install_hint import requires_dist
-from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.project.config import PLATFORMS, KilnConfig, Variant
 from kiln.tasks.project.config_matrix import TORCH_ID, claimed_torches
 
 CoverageState = Literal["tested", "untested", "failed", "not built"]
@@ -44,6 +45,7 @@ class CoverageRow:
     wheel: str
     state: CoverageState
     why: str
+    platform: str = "-"
 
     def as_dict(self) -> dict[str, str]:
         return dict(asdict(self))
@@ -63,6 +65,14 @@ def _torch(requires: list[str]) -> str:
         if canonicalize_name(requirement.name) == "torch" and not requirement.marker:
             return str(requirement.specifier) or "any"
     return "-"
+
+
+def wheel_platform(filename: str) -> str:
+    """The CPUs a wheel's platform tags name (``x86_64``, ``aarch64``; ``any`` for a pure wheel), by name."""
+    cpus = set()
+    for tag in parse_wheel_filename(filename)[3]:
+        cpus.add(next((cpu for cpu in PLATFORMS if tag.platform.endswith(f"_{cpu}")), tag.platform))
+    return " ".join(sorted(cpus))
 
 
 def wheel_facts(manifest: RunManifest, artifact: Artifact) -> tuple[str, str]:
@@ -111,8 +121,10 @@ def _row(manifest: RunManifest, variant: Variant, torch: str = "") -> CoverageRo
         requested = f"{torch} ({requested_torch})" if requested_torch not in ("-", "?") else torch
     else:
         requested = requested_torch
+    filename = wheel.path.rsplit("/", 1)[-1] if wheel is not None else "-"
+    platform = wheel_platform(filename) if wheel is not None else " ".join(variant.platform)
     return CoverageRow(variant.name, python, requested, variant.backend, " ".join(variant.archs) or "-",
-                       wheel.path.rsplit("/", 1)[-1] if wheel is not None else "-", state, why)
+                       filename, state, why, platform)
 
 
 def coverage_rows(config: KilnConfig, manifest: RunManifest) -> list[CoverageRow]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
@@ -21,7 +22,7 @@ from kiln.flows.common import coverage_report
 from kiln.flows.summary import render_markdown, render_text
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config import load_config
-from kiln.tasks.run.coverage import COVERAGE_INFO
+from kiln.tasks.run.coverage import COVERAGE_INFO, wheel_platform
 from tests.helpers.projects import copy_project
 
 VERSION = "0.1.0.dev1"
@@ -63,10 +64,12 @@ def test_every_requested_cell_has_a_row_with_its_wheel_and_what_became_of_it(pre
     assert list(rows) == ["cu130", "rocm", "cpu"]  # kiln.toml's order: every requested cell, built or not
     assert rows["cu130"] | {"why": ""} == {
         "variant": "cu130", "python": "py3", "torch": "==2.14.1", "backend": "cuda", "archs": "8.0 9.0",
-        "wheel": f"tiny_kernels-{VERSION}+cu130-py3-none-manylinux_2_34_x86_64.whl", "state": "untested", "why": ""}
+        "wheel": f"tiny_kernels-{VERSION}+cu130-py3-none-manylinux_2_34_x86_64.whl", "state": "untested", "why": "",
+        "platform": "x86_64"}
     assert rows["cu130"]["why"] == "kernels-gpu not run: no GPU on this machine"
     assert (rows["rocm"]["state"], rows["rocm"]["why"]) == ("not built", "not built: 1 units of rocm failed")
     assert (rows["rocm"]["wheel"], rows["rocm"]["torch"]) == ("-", "-")
+    assert rows["rocm"]["platform"] == "x86_64"  # no wheel: what the variant asks for
     assert (rows["cpu"]["state"], rows["cpu"]["torch"]) == ("failed", ">=2.6")
     assert rows["cpu"]["why"] == "kernels: 1 failed, 3 passed"
     assert run.info()[COVERAGE_INFO] == list(rows.values())  # recorded with the run, for every later reader
@@ -87,3 +90,12 @@ def test_the_summary_shows_the_coverage_table_the_run_recorded(prefect_server, t
     assert f"| cpu | py3 | >=2.6 | cpu | - | tiny_kernels-{VERSION}+cpu-py3-none-any.whl | failed |" in markdown
     text = render_text(manifest)
     assert "coverage:" in text and "cu130  untested" in text and "torch ==2.14.1, cuda [8.0 9.0]" in text
+
+
+@pytest.mark.parametrize(("filename", "cpu"), [
+    ("crossdot-0.1.0-cp311-cp311-manylinux_2_28_aarch64.whl", "aarch64"),
+    ("crossdot-0.1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "x86_64"),
+    ("tiny_kernels-0.1.0-py3-none-any.whl", "any"),
+])
+def test_a_rows_platform_is_the_cpu_its_wheels_tags_name(filename: str, cpu: str) -> None:
+    assert wheel_platform(filename) == cpu
