@@ -59,6 +59,8 @@ def _file_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Longest files first (each stays whole): the README runs the suite on two pytest-xdist
     # workers, one file at a time each, and a long file handed out last is the run's tail.
+    # Its --no-loadscope-reorder keeps this order: by default xdist re-sorts the files by their
+    # number of tests, which hands the long one- and two-test files out last.
     rank = _module_rank(items)
     items.sort(key=lambda item: rank[_file_of(item)])
     gpu_items = [item for item in items if "gpu" in item.keywords]
