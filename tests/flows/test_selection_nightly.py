@@ -1,0 +1,118 @@
+"""Test selection through four real nightlies of the tiny CPU project, each test's outcome read from its report.
+
+The fixture gains a module only one test imports (lazily, in its body), a test that always fails, and a test
+whose outcome hangs on a flag file outside the project: an input the recording cannot see, planted here so a
+full run can catch what selection would have missed.
+
+1. The first nightly runs every test (no records).
+2. A documentation-only commit: no test runs but the failing one; every passing test is carried, naming run 1.
+3. A commit changing the lazily imported module and one test file: exactly the test that imported the module,
+   that file's tests and the failing test run; the rest are carried (still naming run 1).
+4. ``--full`` with the flag set: every test runs; the planted test fails where selection would have carried it,
+   so the suite's recall unit fails, the summary says so, and selection is off for the suite.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kiln.core.manifest import RunManifest
+from kiln.flows.summary import render_text
+from kiln.tasks.project.config import load_config
+from kiln.tasks.run.runs import artifact_store
+from kiln.tasks.testing.selection_store import switched_off
+from tests.helpers.gitrepo import commit_all, git_project
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+LAZY = "tests/test_lazy.py::test_uses_extra"
+BESIDE = "tests/test_lazy.py::test_needs_nothing_of_extra"
+FAILS = "tests/test_bad.py::test_always_fails"
+PLANTED = "tests/test_outside.py::test_reads_a_flag_outside_the_project"
+TINY = ("tests/test_tiny.py::test_tiny_imports", "tests/test_tiny.py::test_every_module_imports")
+ALL = {LAZY, BESIDE, FAILS, PLANTED, *TINY}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny CPU project with the tests above; (kiln.toml, the planted test's flag)."""
+    flag = tmp_path / "outside-flag"
+
+    def edit(repo: Path) -> None:
+        text = (repo / "kiln.toml").read_text()
+        head, _, rest = text.partition("[[variants]]")
+        (repo / "kiln.toml").write_text(head + '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
+                                        + rest[rest.index("[build]"):])
+        (repo / "tinyk" / "extra.py").write_text("def value():\n    return 1\n")
+        tests = repo / "tests"
+        (tests / "test_lazy.py").write_text(
+            "def test_uses_extra():\n    from tinyk import extra\n\n    assert extra.value() == 1\n\n\n"
+            "def test_needs_nothing_of_extra():\n    assert True\n")
+        (tests / "test_bad.py").write_text("def test_always_fails():\n    assert False, 'always'\n")
+        (tests / "test_outside.py").write_text(
+            "from pathlib import Path\n\n\n"
+            f"def test_reads_a_flag_outside_the_project():\n    assert not Path({str(flag)!r}).exists()\n")
+        (repo / "README.md").write_text("# tiny\n")
+
+    return git_project("tiny", tmp_path, edit=edit), flag
+
+
+def _nightly(config: Path, out: Path, **kwargs: object) -> RunManifest:
+    from kiln.flows.nightly import nightly_flow
+
+    state = nightly_flow(config_path=str(config), out=str(out), return_state=True, **kwargs)
+    return RunManifest.load(out / str(state.state_details.flow_run_id))
+
+
+def _tests(run: RunManifest) -> dict[str, dict]:
+    report = json.loads((run.root / "tests" / "tiny.cpu.json").read_text())
+    return {t["nodeid"]: t for t in report["tests"]}
+
+
+def _ran(tests: dict[str, dict]) -> set[str]:
+    return {n for n, t in tests.items() if not t["message"].startswith("carried from run ")}
+
+
+def test_selection_carries_unchanged_tests_runs_changed_ones_and_a_full_run_catches_a_miss(prefect_server, project,
+                                                                                             tmp_path):
+    config, flag = project
+    repo, out = config.parent, tmp_path / "out"
+
+    first = _nightly(config, out)
+    tests = _tests(first)
+    assert set(tests) == ALL and _ran(tests) == ALL and tests[FAILS]["outcome"] == "failed"
+    assert all(tests[n]["touched"] for n in ALL - {FAILS}), "the recording left a test without its inputs"
+
+    (repo / "README.md").write_text("# tiny\n\nDocumentation only.\n")
+    commit_all(repo, "docs only", when="2026-12-01T08:00:00+00:00")
+    second = _nightly(config, out)
+    tests = _tests(second)
+    assert _ran(tests) == {FAILS}  # a failed test is never carried
+    carried = f"carried from run {first.run_id}: its inputs are unchanged"
+    assert {n: (tests[n]["outcome"], tests[n]["message"]) for n in ALL - {FAILS}} == {
+        n: ("passed", carried) for n in ALL - {FAILS}}
+    unit = {u.id: u for u in second.units}["test/tiny/cpu"]
+    assert f"selection: 1 run, 5 carried from run {first.run_id[:8]}; CPU-seconds not spent:" in unit.message
+    assert "test selection:" in render_text(second)
+
+    (repo / "tinyk" / "extra.py").write_text("def value():\n    return 1  # changed bytes, same behaviour\n")
+    (repo / "tests" / "test_tiny.py").write_text((repo / "tests" / "test_tiny.py").read_text() + "# changed\n")
+    commit_all(repo, "one module and one test file", when="2026-12-02T08:00:00+00:00")
+    third = _nightly(config, out)
+    tests = _tests(third)
+    assert _ran(tests) == {LAZY, FAILS, *TINY}
+    assert {tests[n]["message"] for n in (BESIDE, PLANTED)} == {carried}  # still the run they ran in
+
+    flag.write_text("")  # the planted input changes; selection cannot see it
+    fourth = _nightly(config, out, full=True)
+    tests = _tests(fourth)
+    assert _ran(tests) == ALL and tests[PLANTED]["outcome"] == "failed"
+    units = {u.id: u for u in fourth.units}
+    recall = units["test/tiny/cpu/recall"]
+    assert recall.state == "failed" and PLANTED in recall.message and "SELECTION RECALL MISS" in recall.message
+    assert "SELECTION RECALL MISS in test/tiny/cpu" in render_text(fourth)
+    loaded = load_config(config)
+    assert PLANTED in switched_off(artifact_store(loaded), loaded.testing.quarantine, "tiny")
