@@ -98,6 +98,40 @@ def test_a_cmake_or_meson_build_compiles_through_the_compile_cache_and_a_second_
     assert warm_wheel.read_bytes() == cold_wheel.read_bytes()
 
 
+def _separate_compile(project: Path) -> None:
+    """plaincuda's setup.py compiles and links in one nvcc call, which no compile cache serves: compile, then
+    link; one CUDA variant of one arch (seconds)."""
+    setup_py = project / "setup.py"
+    old = ('subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-o", str(out), "csrc/fill.cu", '
+           '*gencode(archs)],\n                           check=True, timeout=600)')
+    new = ('obj = Path(self.build_lib).parent / "fill.o"\n            subprocess.run(["nvcc", "-c", "-Xcompiler", '
+           '"-fPIC", "-o", str(obj), "csrc/fill.cu", *gencode(archs)], check=True, timeout=600)\n            '
+           'subprocess.run(["nvcc", "-shared", "-o", str(out), str(obj), *gencode(archs)], check=True, timeout=600)')
+    assert old in setup_py.read_text(), "plaincuda's setup.py changed: update this test"
+    setup_py.write_text(setup_py.read_text().replace(old, new))
+    config = project / "kiln.toml"
+    config.write_text(config.read_text().replace('archs = ["8.0", "9.0"]', 'archs = ["9.0"]')
+                      .replace('[[variants]]\nname = "cpu"\nbackend = "cpu"\n', ""))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_toolchain
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_an_nvcc_compile_a_setup_py_runs_by_name_goes_through_the_compile_cache_once(tmp_path):
+    """nvcc's own host compiles run the real gcc (no second ccache): one translation unit, counted once."""
+    first = _clone(tmp_path / "w1", "plaincuda")
+    _separate_compile(first)
+    cold, cold_wheel = _build(first, tmp_path / "cache-1", tmp_path / "out-1")
+    assert cold.compile == CompileStats(("csrc/fill.cu",), ()), cold.compile
+    second = _clone(tmp_path / "a-second-clone" / "w2", "plaincuda")
+    _separate_compile(second)
+    shutil.copytree(tmp_path / "cache-1" / "ccache", tmp_path / "cache-2" / "ccache")
+    warm, warm_wheel = _build(second, tmp_path / "cache-2", tmp_path / "out-2")
+    assert warm.compile == CompileStats((), ("csrc/fill.cu",)), warm.compile
+    assert warm_wheel.read_bytes() == cold_wheel.read_bytes()
+
+
 def _unit():  # type: ignore[no-untyped-def]
     from kiln.tasks.build.plan import CompileUnit
 
