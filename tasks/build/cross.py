@@ -169,6 +169,7 @@ def staged_include(cross: CrossTarget, cache_dir: Path, fetch: Callable[[str], b
         staged = Path(tmp) / host.name
         shutil.copytree(host, staged)
         (staged / "pyconfig.h").write_bytes(pyconfig)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide it from a build run as another user
         try:
             os.replace(tmp, final.parent)
             os.mkdir(tmp)  # for TemporaryDirectory's cleanup
