@@ -24,7 +24,9 @@ The copy, its build directories and the unit's environment live in a
 directory named by the unit's cache key (:func:`kiln.tasks.build.stagedir.fixed_dir`),
 and the build gets path maps, ``SOURCE_DATE_EPOCH`` (the commit time) and
 ``PYTHONHASHSEED`` (:mod:`kiln.tasks.build.reproducible`): the same commit
-gives the same wheel in any clone, on any worker (invariant 8).
+gives the same wheel in any clone, on any worker (invariant 8). Every compiler the build runs goes
+through the build's compile cache (:mod:`kiln.tasks.build.compiler_shims`), whose statistics (translation
+units compiled and reused) become the unit's.
 """
 
 from __future__ import annotations

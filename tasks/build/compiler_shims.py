@@ -17,6 +17,12 @@ the shims export :data:`ACTIVE`, and a shim that finds it set execs the real com
 nvcc's own host compiles (``gcc`` from ``PATH``), a CMake launcher before a shim found as the compiler, and
 meson's ``ccache <shim>`` reach; the ``ccache`` shim (the launcher CMake and meson run) sets it too.
 
+A hit is portable and its object the compile's own: ccache's base directory is the unit's folder
+(``/tmp/kiln-pep517-<uid>/<key>/``: the copy of the project, its environment, its build tree), so every path
+below it on a command line (sources, ``-I``, the ``-ffile-prefix-map`` Kiln adds) is hashed relative to the
+compile's working directory, the same for another key (a Python change, one changed file) and another clone;
+the path maps make the object name no such path, so a wheel is the same bytes whether the cache hit or not.
+
 nvcc reads flags from ``NVCC_APPEND_FLAGS``/``NVCC_PREPEND_FLAGS``, which ccache does not see: their text, with
 the unit's directory spelled as a fixed name, is hashed with every compile (``CCACHE_EXTRAFILES``), so a flag
 change there is a miss, never another build's object. Under ``arch_policy = "narrow"`` nvcc is not cached: the
@@ -25,6 +31,7 @@ narrowing nvcc records what it dropped on each run, and a hit would skip that re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -45,7 +52,14 @@ _CHUNK = 1 << 20
 
 
 def _digest(path: str) -> str:
-    """The compiler's bytes: the shim's own content, which ccache hashes when a launcher runs the shim itself."""
+    """The compiler's bytes, named in the shim's own content, which ccache hashes when a launcher runs the shim
+    itself: a new compiler at the same path is a miss."""
+    info = os.stat(path)
+    return _digest_of(os.path.realpath(path), info.st_size, info.st_mtime_ns)
+
+
+@functools.cache
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:  # size, mtime: a replaced file is read again
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
