@@ -23,10 +23,12 @@ prune calls (:mod:`kiln.release.prune`, its own credentials).
 
 The protocol itself (:class:`Store`, :class:`ObjectInfo`, :func:`check_key`) is
 :mod:`kiln.core.objects`, re-exported here. Backends register themselves
-by URL scheme in :data:`BACKENDS`; the S3 one
+by URL scheme in :data:`BACKENDS` (a :class:`StoreBackend` each); the S3 one
 lives in :mod:`kiln.core.s3` and is imported only when an ``s3://`` URL is
-opened. ``file://`` URLs are resolved against ``root`` unless absolute
-(``file:///abs/dir``).
+opened. Code outside the store layer asks the table about a URL
+(:func:`backend_for`, :func:`is_remote`) rather than testing its scheme, so a
+new kind of store is its module and one entry in the table. ``file://`` URLs
+are resolved against ``root`` unless absolute (``file:///abs/dir``).
 
 The local store keeps no content type, no ``Cache-Control`` and no metadata: a
 file has no headers, so the ``content_type`` and ``cache_control`` its writes
@@ -44,6 +46,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +229,40 @@ def _open_s3(url: str, *, public: bool = False, **kwargs: Any) -> Store:
     return open_s3_store(url, **kwargs)
 
 
-BACKENDS: dict[str, Callable[..., Store]] = {"file": _open_local, "s3": _open_s3}
+@dataclass(frozen=True)
+class StoreBackend:
+    """One kind of store, by the scheme of its URLs."""
+
+    scheme: str
+    open: Callable[..., Store]  # (url, *, root, public, and the remote options of open_store) -> the store
+    # A service each step reaches with credentials of its own, its rights granted by generated access policies
+    # (S3 and IAM); a local directory is reached with the process's file permissions and needs neither.
+    remote: bool
+
+
+BACKENDS: dict[str, StoreBackend] = {
+    backend.scheme: backend for backend in (StoreBackend("file", _open_local, remote=False),
+                                            StoreBackend("s3", _open_s3, remote=True))}
+
+
+def scheme_of(url: str) -> str:
+    """The scheme of a store URL (``s3`` of ``s3://bucket/prefix``); "" when it has none."""
+    return url.split("://", 1)[0] if "://" in url else ""
+
+
+def backend_for(url: str) -> StoreBackend:
+    """The backend of a store URL; InvalidInputError naming the URL and the schemes there are otherwise."""
+    backend = BACKENDS.get(scheme_of(url))
+    if backend is None:
+        raise InvalidInputError(f"store URL {url!r}: scheme must be one of {sorted(s + '://' for s in BACKENDS)}")
+    return backend
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names a remote store (a step reaches it with its own credentials); False for any URL
+    that is not a store's (an http(s) index, a plain path)."""
+    backend = BACKENDS.get(scheme_of(url))
+    return backend is not None and backend.remote
 
 
 def open_store(
@@ -249,14 +285,13 @@ def open_store(
     it is sent (None: true on AWS, false on a custom ``endpoint``), see
     :mod:`kiln.core.s3`. ``public``: a ``file://`` store readable by every local user (else owner-only).
     """
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    backend = BACKENDS.get(scheme)
-    if backend is None:
-        raise InvalidInputError(f"store URL {url!r}: scheme must be one of {sorted(s + '://' for s in BACKENDS)}")
-    return backend(
+    return backend_for(url).open(
         url, root=Path(root), region=region, endpoint=endpoint, expected_owner=expected_owner, session=session,
         verifies_checksums=verifies_checksums, public=public,
     )
 
 
-__all__ = ["BACKENDS", "LocalStore", "ObjectInfo", "Store", "check_key", "open_store"]
+__all__ = [
+    "BACKENDS", "LocalStore", "ObjectInfo", "Store", "StoreBackend", "backend_for", "check_key", "is_remote",
+    "open_store", "scheme_of",
+]

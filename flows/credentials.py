@@ -22,6 +22,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from kiln.core.errors import AccessDeniedError, ConfigError, TransientStoreError
+from kiln.core.store import is_remote
 from kiln.release.policies import policies_from_config, s3_target, session_policy
 from kiln.release.policies import read_only as read_only_policy
 from kiln.tasks.project.config import KilnConfig
@@ -36,8 +37,8 @@ def _target_settings(config: KilnConfig) -> tuple[str | None, str | None]:
     """Region and endpoint of the S3 publish target (None, None without one)."""
     targets = config.publish.targets
     default = targets.get(config.publish.default_target)
-    s3 = [t for _, t in sorted(targets.items()) if t.url.startswith("s3://")]
-    chosen = default if default is not None and default.url.startswith("s3://") else (s3[0] if s3 else None)
+    s3 = [t for _, t in sorted(targets.items()) if is_remote(t.url)]
+    chosen = default if default is not None and is_remote(default.url) else (s3[0] if s3 else None)
     return (chosen.region, chosen.endpoint) if chosen else (None, None)
 
 

@@ -58,7 +58,7 @@ from kiln.core.errors import (
     UnsafePathError,
 )
 from kiln.core.objects import BotoSession
-from kiln.core.store import LocalStore, Store, open_store
+from kiln.core.store import LocalStore, Store, is_remote, open_store
 from kiln.release.index import HTML_PAGE, JSON_PAGE, JSON_TYPE
 
 log = logging.getLogger(__name__)
@@ -352,7 +352,7 @@ def open_source(url: str, timeout: float, settings: StoreSettings | None = None,
             raise InvalidInputError(f"{url}: {directory} is not a directory")
         # An index under verification is never Kiln's word, whoever may write it: every hash it states is checked.
         return StoreSource(LocalStore(local_path(scope), public=True), root, limits, scope)
-    if scheme == "s3":
+    if is_remote(root):
         settings = settings or StoreSettings()
         # Its own keys only (a per-commit index's: its variant's directory, where its links lead); the verifier
         # serves this store to pip from the scope, and pip reads the index at its path below it.

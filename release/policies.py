@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from kiln.core.errors import ConfigError
+from kiln.core.store import is_remote
 
 # The steps that get their own credentials and policy; kiln.toml [permissions.<step>] keys.
 Step = Literal["build", "test", "bench", "publish-nightly", "publish-release", "prune-nightly"]
@@ -219,8 +220,8 @@ def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
     """
     targets = config.publish.targets
     if target is None:
-        s3 = sorted(n for n, t in targets.items() if t.url.startswith("s3://"))
-        if targets[config.publish.default_target].url.startswith("s3://"):
+        s3 = sorted(n for n, t in targets.items() if is_remote(t.url))
+        if is_remote(targets[config.publish.default_target].url):
             target = config.publish.default_target
         elif len(s3) == 1:
             target = s3[0]
@@ -231,7 +232,7 @@ def s3_target(config: Any, target: str | None = None) -> tuple[str, str]:
     if target not in targets:
         raise ConfigError(f"unknown publish target {target!r}; kiln.toml defines {sorted(targets)}")
     url = targets[target].url
-    if not url.startswith("s3://"):
+    if not is_remote(url):
         raise ConfigError(f"publish target {target!r} is {url!r}; IAM policies apply to s3:// targets only")
     bucket, _, base = url[len("s3://"):].partition("/")
     return bucket, base

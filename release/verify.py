@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from packaging.metadata import parse_email
 from packaging.utils import canonicalize_name
@@ -62,6 +62,7 @@ from kiln.core.dists import VARIANTS_JSON_SUFFIX, parse_filename
 from kiln.core.errors import FetchError, IntegrityError, InvalidInputError, LinkRefusedError, TooLargeError
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.objects import Store
+from kiln.core.store import is_remote
 from kiln.core.wheels import core_metadata, import_names, member_limit, record_problems
 from kiln.release.fetch import FetchLimits, IndexSource, Page, StoreSettings, StoreSource, file_bytes, join, open_source
 from kiln.release.hintrun import Hint, check_hint, parse_hint
@@ -358,7 +359,7 @@ def check_links(url: str, timeout: float = DEFAULT_TIMEOUT_S, settings: StoreSet
 @contextmanager
 def _install_url(source: IndexSource, report: VerifyReport) -> Iterator[str]:
     """The URL pip and uv install from: the index itself, or Kiln's loopback server over an S3 store."""
-    if isinstance(source, StoreSource) and urlsplit(source.root).scheme == "s3":
+    if isinstance(source, StoreSource) and is_remote(source.root):
         with IndexServer(source.store) as server:
             report.notes.append(f"pip and uv installed through Kiln's server on loopback over {source.store.url}")
             yield server.url + source.root[len(source.scope):]  # a per-commit index: its path below the scope

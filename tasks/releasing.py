@@ -22,7 +22,7 @@ from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
 from kiln.core.manifest import RunManifest
 from kiln.core.objects import BotoSession
-from kiln.core.store import Store, open_store
+from kiln.core.store import Store, is_remote, open_store
 from kiln.core.swap import put_until_swapped
 from kiln.release.fetch import StoreSettings
 from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
@@ -72,7 +72,7 @@ def store_settings_for(config: KilnConfig, url: str, session: BotoSession | None
     bucket = urlsplit(url).netloc
     targets = sorted(config.publish.targets.items(), key=lambda item: item[0] != config.publish.default_target)
     for _, spec in targets:
-        if spec.kind == "s3" and urlsplit(spec.url).netloc == bucket:
+        if is_remote(spec.url) and urlsplit(spec.url).netloc == bucket:
             return StoreSettings(spec.region, spec.endpoint, spec.expected_owner, session)
     log.info("no publish target in kiln.toml names bucket %r; opening %s with boto3's defaults", bucket, url)
     return StoreSettings(session=session)

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from kiln.core.errors import AlreadyPublishedError, InvalidInputError, KilnError
 from kiln.core.record import RunHeader
-from kiln.core.store import Store
+from kiln.core.store import Store, is_remote
 from kiln.tasks.bench.results import BenchResults, load_results, parse_results
 from kiln.tasks.bench.trust import RELEASE_FLOW, HistoryReader, key_name, written_by
 from kiln.tasks.project.config import KilnConfig
@@ -219,7 +219,7 @@ def open_history(config: KilnConfig, session_factory: Callable[[], Any] | None =
     is a warning, not a failed benchmark; ``--compare last`` then fails clearly.
     """
     try:
-        session = session_factory() if config.artifacts.kind == "s3" and session_factory else None
+        session = session_factory() if is_remote(config.artifacts.url) and session_factory else None
         return artifact_store(config, session)  # history lives in the artifact store
     except KilnError as exc:
         _log.warning("benchmark history unavailable: %s", exc)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from kiln.core.store import is_remote
 from kiln.release.policies import CHANNEL_OF_STEP, STEPS, Step
 from kiln.tasks.project.config_fields import BlockName, Prefix, RoleArn
 
@@ -55,7 +56,7 @@ def s3_locations(step: Step, artifacts_url: str, publish_urls: Iterable[str]) ->
     """The ``s3://`` locations ``step`` talks to: the artifact store (every step keeps its run record
     there), and for a publishing step every publish target (``--to`` may pick any of them)."""
     urls = [artifacts_url, *(publish_urls if step in CHANNEL_OF_STEP else ())]
-    return [url for url in urls if url.startswith("s3://")]
+    return [url for url in urls if is_remote(url)]
 
 
 def unchosen_credentials(permissions: Mapping[Step, Permission], artifacts_url: str,
