@@ -155,6 +155,14 @@ def test_the_suite_json_carries_each_tests_keys(forked):
     assert touched_of(tests["test_plain"]) == forked["test_plain"].touched
 
 
+def test_tests_sharing_a_process_count_what_earlier_ones_loaded(tmp_path):
+    # isolate="file": one process runs the file's tests in order; a module stays loaded, so the later tests'
+    # records include it (conservative: a record may hold too much, never too little).
+    results = _run(tmp_path, isolate="file")
+    assert "wheel:touchpkg/lazy.py" in results["test_plain"].touched  # test_lazy_and_data ran first
+    assert "test:data/table.txt" not in results["test_plain"].touched  # an open is the opening test's alone
+
+
 @pytest.mark.slow
 def test_spawned_jobs_record_like_forked_ones(tmp_path):
     results = _run(tmp_path, start="spawn")
