@@ -26,8 +26,8 @@ from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord
 from kiln.flows.common import markdown_report, record, retry_on_retryable, unit_from_state
 from kiln.flows.publish import RETRY_DELAY_S, RETRY_JITTER, UPLOAD_RETRIES
-from kiln.release.pypi_release import PreparedUpload, prepare_upload
-from kiln.release.upload import Credentials, Endpoint, Outcome, upload_file
+from kiln.release.pypi_release import PreparedUpload
+from kiln.release.upload import Endpoint, IndexCredentials, Outcome
 from kiln.tasks import uploading
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.promotion import PROMOTED_INFO
@@ -39,7 +39,7 @@ PLAN_KEY = "upload_plan"
 
 def _prepare(config: KilnConfig, run: RunRecord, name: str, version: str) -> PreparedUpload:
     request = uploading.upload_request(config, run.manifest(), name, version)
-    return prepare_upload(request, run.view / UPLOAD_DIR / name, datetime.now(UTC))
+    return uploading.uploader(config, name).plan(request, run.view / UPLOAD_DIR / name, datetime.now(UTC))
 
 
 @task(name="plan-upload", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,
@@ -55,10 +55,10 @@ def plan_upload_task(config: KilnConfig, run: RunRecord, name: str, version: str
 @task(name="build-sdist", cache_policy=NO_CACHE, task_run_name="build the sdist of {version}")
 def build_sdist_task(config: KilnConfig, run: RunRecord, version: str) -> Path:
     """The project's sdist at the release's public version (kiln.tasks.build.sdist), under the run's view."""
-    return uploading.release_sdist(config, version, run.view / SDIST_DIR)
+    return uploading.build_release_sdist(config, version, run.view / SDIST_DIR)
 
 
-def release_sdist(config: KilnConfig, run: RunRecord, version: str) -> str:
+def record_release_sdist(config: KilnConfig, run: RunRecord, version: str) -> str:
     """Build and record the sdist an upload target ships (the ``build/sdist`` unit and ``sdist`` artifact);
     why the release cannot have it, or "". A promotion builds none: its bytes are the nightly's, which had none."""
     wanted = uploading.sdist_wanted(config, run.manifest())
@@ -83,7 +83,7 @@ def plan_uploads(config: KilnConfig, run: RunRecord, version: str) -> tuple[str,
     """(every upload target's plan as markdown, every refusal); the plan is also in the run's record. The sdist
     an upload target ships is built first, so the plan judges it like any file."""
     plans, refusals = [], []
-    sdist = release_sdist(config, run, version)
+    sdist = record_release_sdist(config, run, version)
     if sdist:
         refusals.append(sdist)
     for name in sorted(config.publish.upload_targets):
@@ -121,7 +121,7 @@ def _secret(name: str) -> Callable[[str], str]:
     return read
 
 
-def _credentials(config: KilnConfig, name: str) -> Credentials:
+def _credentials(config: KilnConfig, name: str) -> IndexCredentials:
     """Read (a Secret block) or minted (Trusted Publishing) inside the upload task run, for that upload only."""
     return uploading.credentials(uploading.upload_target(config, name), name, _secret(name))
 
@@ -131,7 +131,7 @@ def _credentials(config: KilnConfig, name: str) -> Credentials:
       task_run_name="upload {path.name} to {target.name}")
 def upload_to_index(config: KilnConfig, target: Endpoint, path: Path) -> Outcome:
     """Check the index, send the file if it is not there, check the index lists it (idempotent on retry)."""
-    return upload_file(path, target, _credentials(config, target.name))
+    return uploading.uploader(config, target.name).send(path, target, _credentials(config, target.name))
 
 
 def _record_plan(run: RunRecord, name: str, prepared: PreparedUpload) -> None:
@@ -143,7 +143,7 @@ def _record_plan(run: RunRecord, name: str, prepared: PreparedUpload) -> None:
             record(run, Unit(unit, "publish", "failed", message=planned.reason))
 
 
-def upload_target(config: KilnConfig, run: RunRecord, name: str, version: str) -> State:
+def upload_to_target(config: KilnConfig, run: RunRecord, name: str, version: str) -> State:
     """Plan again, then one task run per file to send; a plan that cannot be made fails this target's unit."""
     state = prepare_upload_task(config, run, name, version, return_state=True)
     if not state.is_completed():
@@ -189,4 +189,4 @@ def _send(config: KilnConfig, run: RunRecord, target: Endpoint, paths: list[Path
 
 def upload_release(config: KilnConfig, run: RunRecord, version: str) -> list[State]:
     """Every upload target of the release, one after the other (each isolated from the others)."""
-    return [upload_target(config, run, name, version) for name in sorted(config.publish.upload_targets)]
+    return [upload_to_target(config, run, name, version) for name in sorted(config.publish.upload_targets)]

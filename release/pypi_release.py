@@ -6,7 +6,7 @@ the project ships any, writes each wheel under the release's public version
 (:func:`kiln.release.reversion.public_wheel`), reads what the index already
 holds and judges every file by PyPI's rules (:func:`kiln.release.pypi_plan.plan_upload`).
 The flow shows the plan to the approver and, on a real release, sends the
-files the plan says to send, one task run each (:func:`kiln.release.upload.upload_file`).
+files the plan says to send, one task run each (:func:`kiln.release.upload.send_file`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the identities PyPI trusts; ``id`` reads their environments itself); the
 identity token is POSTed as ``{"token": ...}`` to ``<index>/_/oidc/mint-token``,
 which answers ``{"token": ...}``: an API token valid for minutes.
 
-The minted token is returned as :class:`~kiln.release.upload.Credentials` to
+The minted token is returned as :class:`~kiln.release.upload.IndexCredentials` to
 the one upload that asked for it and is never logged, stored or recorded; the
 identity token is dropped after the exchange. Faults are typed here, once: an
 endpoint that does not answer, 5xx and 429 are retryable; a refusal (4xx, with
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import id as oidc
 
 from kiln.core.errors import ConfigError, PermanentError, ThrottledError, TransientStoreError
-from kiln.release.upload import Credentials
+from kiln.release.upload import IndexCredentials
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def check_identity(base: str, timeout: float = TIMEOUT_S) -> None:
     identity_token(audience(base, timeout))
 
 
-def mint_credentials(base: str, timeout: float = TIMEOUT_S) -> Credentials:
+def mint_credentials(base: str, timeout: float = TIMEOUT_S) -> IndexCredentials:
     """A short-lived upload token for one upload, from the worker's identity; never logged or stored."""
     token = identity_token(audience(base, timeout))
     answer = _call(f"{base}/_/oidc/mint-token", json.dumps({"token": token}).encode(), timeout)
@@ -128,4 +128,4 @@ def mint_credentials(base: str, timeout: float = TIMEOUT_S) -> Credentials:
     if not isinstance(minted, str) or not minted:
         raise MintRefusedError(f"{base}/_/oidc/mint-token: the answer holds no token")
     log.info("minted a short-lived upload token at %s (not shown)", base)
-    return Credentials(TOKEN_USERNAME, minted)
+    return IndexCredentials(TOKEN_USERNAME, minted)

@@ -6,7 +6,7 @@ environment holding only what it needs: the credentials travel as
 logged), an empty ``.pypirc`` stands in for the user's, and keyring is off.
 
 An upload is made idempotent by checking the index first, every time
-(:func:`upload_file`): a retry after a lost answer finds its file there with
+(:func:`send_file`): a retry after a lost answer finds its file there with
 the same sha256 and sends nothing. Twine's failures are translated here, once:
 no answer, a timeout, 5xx and 429 are retryable
 (:class:`~kiln.core.errors.TransientStoreError`, ``ThrottledError``);
@@ -58,7 +58,7 @@ class UploadRefusedError(PermanentError):
 
 
 @dataclass(frozen=True)
-class Credentials:
+class IndexCredentials:
     """What the upload API is told; the password (an API token) never appears in a repr or a log."""
 
     username: str
@@ -94,7 +94,7 @@ def twine_argv(path: Path, endpoint: Endpoint, config_file: Path) -> list[str]:
 _IDENTITY_VARS = ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_URL")
 
 
-def twine_env(credentials: Credentials, base: Mapping[str, str]) -> dict[str, str]:
+def twine_env(credentials: IndexCredentials, base: Mapping[str, str]) -> dict[str, str]:
     """The environment twine runs in: the parent's less every TWINE_* setting and the worker's OIDC identity
     (GitHub's token request, GitLab's ``*_ID_TOKEN``: twine is given a token, it mints none), plus the
     credentials."""
@@ -127,7 +127,7 @@ def classify(filename: str, endpoint: Endpoint, output: str) -> Exception:
     return UploadRefusedError(f"{where}: twine failed: {tail}")
 
 
-def twine_upload(path: Path, endpoint: Endpoint, credentials: Credentials, runner: Runner = subprocess.run,
+def twine_upload(path: Path, endpoint: Endpoint, credentials: IndexCredentials, runner: Runner = subprocess.run,
                  environ: Mapping[str, str] = os.environ) -> None:
     """Run ``twine upload`` for one file under the endpoint's deadline; a typed error if it fails."""
     with tempfile.TemporaryDirectory(prefix="kiln-twine-") as home:
@@ -149,7 +149,7 @@ def _held(files: Sequence[IndexFile], filename: str) -> IndexFile | None:
     return next((f for f in files if f.filename == filename), None)
 
 
-def upload_file(path: Path, endpoint: Endpoint, credentials: Credentials, runner: Runner = subprocess.run,
+def send_file(path: Path, endpoint: Endpoint, credentials: IndexCredentials, runner: Runner = subprocess.run,
                 read: Callable[[str, str], list[IndexFile]] = read_index) -> Outcome:
     """Send ``path`` unless the index holds it; then check the index lists it with its sha256.
 

@@ -13,7 +13,8 @@ from kiln.core.manifest import RunManifest
 from kiln.release import trusted_publishing
 from kiln.release.pypi_plan import GIB, MIB, Limits
 from kiln.release.pypi_release import UploadRequest
-from kiln.release.upload import Credentials, Endpoint
+from kiln.release.upload import Endpoint, IndexCredentials
+from kiln.release.uploaders import Uploader, uploader_for
 from kiln.tasks.build.plan import kiln_state
 from kiln.tasks.build.sdist import build_sdist
 from kiln.tasks.project.config import KilnConfig, UploadTarget
@@ -25,6 +26,11 @@ def upload_target(config: KilnConfig, name: str) -> UploadTarget:
         raise ConfigError(f"unknown upload target {name!r}; kiln.toml defines {sorted(targets) or 'none'}"
                           " ([publish.targets.<name>] with kind = \"upload\")")
     return targets[name]
+
+
+def uploader(config: KilnConfig, name: str) -> Uploader:
+    """The implementation of target ``name``'s kind (:data:`kiln.release.uploaders.UPLOADERS`)."""
+    return uploader_for(upload_target(config, name).kind)
 
 
 def endpoint(config: KilnConfig, name: str) -> Endpoint:
@@ -53,7 +59,7 @@ def sdist_wanted(config: KilnConfig, manifest: RunManifest) -> str:
     return f"publish.targets.{wanting[0]}.sdist = true"
 
 
-def release_sdist(config: KilnConfig, version: str, out_dir: Path) -> Path:
+def build_release_sdist(config: KilnConfig, version: str, out_dir: Path) -> Path:
     """The project's sdist at the public version of ``version``, built in ``out_dir`` (kiln.tasks.build.sdist)."""
     return build_sdist(config.path(config.build.project_dir), config.project.distribution, version, out_dir,
                        config.build.backend_timeout_s, kiln_state(config))
@@ -84,11 +90,11 @@ def check_identities(config: KilnConfig) -> None:
                 raise trusted_publishing.NoIdentityError(f"publish.targets.{name}.trusted_publishing: {exc}") from exc
 
 
-def credentials(target: UploadTarget, name: str, secret: Callable[[str], str]) -> Credentials:
+def credentials(target: UploadTarget, name: str, secret: Callable[[str], str]) -> IndexCredentials:
     """The upload's credentials: a token minted from the worker's identity, or the API token ``secret`` reads
     from the target's Secret block. Called inside the upload task only: the token is held for that upload."""
     if target.trusted_publishing:
         return trusted_publishing.mint_credentials(oidc_base(target))
     if target.token_block is None:
         raise ConfigError(f"publish.targets.{name}: no token_block and trusted_publishing is off")
-    return Credentials(target.username, secret(target.token_block))
+    return IndexCredentials(target.username, secret(target.token_block))

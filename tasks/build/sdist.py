@@ -31,11 +31,12 @@ from pathlib import Path
 
 import build
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from kiln.core import venvs
-from kiln.core.errors import CompileError, InvalidInputError
+from kiln.core.errors import CompileError
 from kiln.core.sandbox import guest_command, guest_environ
+from kiln.release.pypi_release import public_version
 from kiln.tasks.build.backend import without_network
 from kiln.tasks.build.buildenv import pip_env
 from kiln.tasks.build.nvcc import run_tool
@@ -44,14 +45,6 @@ from kiln.tasks.build.sources import copy_project
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 4000
-
-
-def public_version(version: str) -> str:
-    """``version`` without its local label; InvalidInputError naming it when it is not PEP 440."""
-    try:
-        return Version(version).public
-    except InvalidVersion as exc:
-        raise InvalidInputError(f"version {version!r} is not a PEP 440 version") from exc
 
 
 def sdist_environ(base: Mapping[str, str], distribution: str, version: str) -> dict[str, str]:
@@ -140,4 +133,4 @@ def build_sdist(project_dir: Path, distribution: str, version: str, out_dir: Pat
     return final
 
 
-__all__ = ["build_sdist", "check_sdist", "public_version", "sdist_environ"]
+__all__ = ["build_sdist", "check_sdist", "sdist_environ"]

@@ -16,7 +16,7 @@ from kiln.release.trusted_publishing import (
     mint_credentials,
     oidc_base,
 )
-from kiln.release.upload import Credentials, twine_env
+from kiln.release.upload import IndexCredentials, twine_env
 from tests.helpers.loopback_oidc import (
     AUDIENCE,
     jwt,
@@ -95,7 +95,7 @@ def test_the_oidc_endpoints_are_on_the_upload_host_unless_named(upload_url, oidc
 
 
 def test_twine_gets_the_minted_token_and_none_of_the_workers_identity():
-    env = twine_env(Credentials("__token__", MINTED), {
+    env = twine_env(IndexCredentials("__token__", MINTED), {
         "PATH": "/usr/bin", "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "bearer", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://x/",
         "PYPI_ID_TOKEN": "gitlab-identity", "TWINE_PASSWORD": "ambient"})
     assert env["TWINE_PASSWORD"] == MINTED and env["TWINE_USERNAME"] == "__token__" and env["PATH"] == "/usr/bin"

@@ -26,13 +26,13 @@ from kiln.core.errors import (
 )
 from kiln.release.pypi_index import JSON_TYPE, read_index
 from kiln.release.pypi_release import UploadRequest, prepare_upload
-from kiln.release.upload import Credentials, Endpoint, UploadRefusedError, classify, twine_upload, upload_file
+from kiln.release.upload import Endpoint, IndexCredentials, UploadRefusedError, classify, send_file, twine_upload
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
 from tests.helpers.processes import free_port
 from tests.helpers.wheelkit import make_wheel
 
 NOW = datetime.now(UTC)
-CREDENTIALS = Credentials("kiln", "pypi-loopback-token")  # pypiserver here accepts any
+CREDENTIALS = IndexCredentials("kiln", "pypi-loopback-token")  # pypiserver here accepts any
 PIP_TIMEOUT_S = 300
 
 
@@ -64,7 +64,7 @@ def test_the_pypi_variant_goes_up_under_its_public_version_pip_installs_it_and_a
     assert [c.filename for c in prepared.plan.uploads] == ["tiny_kernels-0.3.0-py3-none-any.whl"]
     assert "`tiny_kernels-0.3.0+cpu-py3-none-any.whl` → `tiny_kernels-0.3.0-py3-none-any.whl`" in (
         prepared.plan.to_markdown())
-    assert [upload_file(path, _endpoint(server), CREDENTIALS) for path in prepared.to_send()] == ["added"]
+    assert [send_file(path, _endpoint(server), CREDENTIALS) for path in prepared.to_send()] == ["added"]
     assert server.uploads() == 1
 
     installed = _pip_install(server, tmp_path / "site")
@@ -76,20 +76,20 @@ def test_the_pypi_variant_goes_up_under_its_public_version_pip_installs_it_and_a
     assert [(f.action, f.reason) for f in again.plan.files] == [
         ("skip", "already on the index with the same sha256; nothing sent")]
     assert again.to_send() == []
-    assert upload_file(again.paths["tiny_kernels-0.3.0-py3-none-any.whl"], _endpoint(server), CREDENTIALS) == "present"
+    assert send_file(again.paths["tiny_kernels-0.3.0-py3-none-any.whl"], _endpoint(server), CREDENTIALS) == "present"
     assert server.uploads() == 1  # nothing was sent the second time
 
 
 def test_other_bytes_under_a_published_name_are_refused_by_name_and_never_sent(server, tmp_path):
     first = make_wheel(tmp_path / "first", "tiny-kernels", "0.3.0+cpu", payload="first build")
     [path] = prepare_upload(_request(server, first), tmp_path / "public-first", NOW).to_send()
-    upload_file(path, _endpoint(server), CREDENTIALS)
+    send_file(path, _endpoint(server), CREDENTIALS)
     other = make_wheel(tmp_path / "other", "tiny-kernels", "0.3.0+cpu", payload="other bytes")
     prepared = prepare_upload(_request(server, other), tmp_path / "public-other", NOW)
     [refused] = prepared.plan.refusals
     assert refused.reason.startswith("tiny_kernels-0.3.0-py3-none-any.whl is already on the index with sha256")
     with pytest.raises(AlreadyPublishedError, match="loopback: tiny_kernels-0.3.0-py3-none-any.whl already holds"):
-        upload_file(prepared.paths[refused.candidate.filename], _endpoint(server), CREDENTIALS)
+        send_file(prepared.paths[refused.candidate.filename], _endpoint(server), CREDENTIALS)
     assert server.uploads() == 1
 
 
@@ -98,7 +98,7 @@ def test_an_index_that_does_not_answer_is_a_retryable_error(tmp_path):
     port = free_port()  # nothing listens there: the connection is refused
     closed = Endpoint("closed", f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{port}/simple/", timeout_s=60)
     with pytest.raises(TransientStoreError, match="did not answer") as info:
-        upload_file(wheel, closed, CREDENTIALS)
+        send_file(wheel, closed, CREDENTIALS)
     assert is_retryable(info.value)
 
 
@@ -137,7 +137,7 @@ def fault_injecting_pypi_with_old_upload_times(server: PypiServer, uploaded_at: 
 
 def test_a_new_file_on_a_release_whose_first_file_is_15_days_old_is_refused_with_the_date(server, tmp_path):
     first = make_wheel(tmp_path / "first", "tiny-kernels", "0.3.0", tag="py3-none-any")
-    upload_file(first, _endpoint(server), CREDENTIALS)
+    send_file(first, _endpoint(server), CREDENTIALS)
     late = make_wheel(tmp_path / "late", "tiny-kernels", "0.3.0+cpu", tag="py3-none-manylinux_2_28_x86_64")
     now = datetime.now(UTC)
     with fault_injecting_pypi_with_old_upload_times(server, now - timedelta(days=15)) as dated:

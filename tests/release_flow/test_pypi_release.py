@@ -23,7 +23,7 @@ from kiln.core.record import RunRecord
 from kiln.flows.common import open_run
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.release import approved_release_flow
-from kiln.release.upload import Credentials, Endpoint, upload_file
+from kiln.release.upload import Endpoint, IndexCredentials, send_file
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
@@ -125,7 +125,7 @@ def test_a_refused_file_fails_its_own_unit_and_the_other_files_still_go_up(prefe
     tags = {"py3-none-any": "this build", "py3-none-manylinux_2_28_x86_64": "this build too"}
     run = _run_with_cpu_wheels(config, tmp_path / "out", tags)
     taken = make_wheel(tmp_path / "elsewhere", "tiny-kernels", "0.3.0", payload="someone else's bytes")
-    upload_file(taken, Endpoint("pypi", server.url, server.index_url), Credentials("kiln", TOKEN))
+    send_file(taken, Endpoint("pypi", server.url, server.index_url), IndexCredentials("kiln", TOKEN))
 
     refusals, states = plan_then_upload(str(config), run)
     assert len(refusals) == 1 and "tiny_kernels-0.3.0-py3-none-any.whl is already on the index with sha256" in (
@@ -149,7 +149,7 @@ def test_a_dry_run_shows_the_upload_plan_and_a_refusal_stops_it_before_anything_
 
     config = _project(tmp_path, server, None)  # a dry run needs no token: it sends nothing
     taken = make_wheel(tmp_path / "elsewhere", "tiny-kernels", "0.3.0", payload="someone else's bytes")
-    upload_file(taken, Endpoint("pypi", server.url, server.index_url), Credentials("kiln", TOKEN))
+    send_file(taken, Endpoint("pypi", server.url, server.index_url), IndexCredentials("kiln", TOKEN))
     out = tmp_path / "out"
     state = approved_release_flow(version="0.3.0", config_path=str(config), out=str(out), dry_run=True,
                                   return_state=True)

@@ -1,0 +1,131 @@
+"""The upload seam: a new upload kind is one implementation of the Uploader protocol and one table entry.
+
+The kind here is a fake written for the test (``test-directory``: its "index"
+is a folder under tmp_path), registered in ``UPLOADERS`` by the test alone.
+The release's upload path (:func:`kiln.flows.pypi.plan_uploads` then
+:func:`~kiln.flows.pypi.upload_release`, as the release flow calls them)
+reaches it through the table with no other edit.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from prefect import flow
+
+from kiln.core.errors import ConfigError
+from kiln.core.fsutil import sha256_file
+from kiln.core.record import RunRecord
+from kiln.flows.pypi import plan_uploads, upload_release
+from kiln.release import uploaders
+from kiln.release.pypi_plan import IndexFile, PlannedFile, UploadPlan
+from kiln.release.pypi_release import PreparedUpload, UploadRequest
+from kiln.release.upload import Endpoint, IndexCredentials, Outcome, candidate
+from kiln.release.uploaders import PyPIUploader, Uploader, uploader_for
+from kiln.tasks import uploading
+from kiln.tasks.project.config import KilnConfig, load_config
+from tests.helpers.gitrepo import commit_all, init_repo
+from tests.helpers.runkit import make_record
+from tests.helpers.wheelkit import make_wheel
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "fixtures" / "projects" / "tiny"
+FAKE_KIND = "test-directory"
+
+
+class DirectoryUploader:
+    """The test's fake kind: the index is a local folder (``index_url`` is its path); every file is sent as is."""
+
+    def __init__(self) -> None:
+        self.credentials: list[IndexCredentials] = []
+
+    def holds(self, index_url: str, project: str) -> list[IndexFile]:
+        return [IndexFile(p.name, sha256_file(p), p.stat().st_size) for p in sorted(Path(index_url).glob("*"))]
+
+    def plan(self, request: UploadRequest, out_dir: Path, now: datetime) -> PreparedUpload:
+        held = {f.filename for f in self.holds(request.endpoint.index_url, request.project)}
+        files = [PlannedFile(candidate(p), "skip" if p.name in held else "upload") for p in request.wheels]
+        return PreparedUpload(UploadPlan(request.endpoint.name, request.version, files),
+                              {p.name: p for p in request.wheels})
+
+    def send(self, path: Path, endpoint: Endpoint, credentials: IndexCredentials) -> Outcome:
+        self.credentials.append(credentials)
+        shutil.copyfile(path, Path(endpoint.upload_url) / path.name)
+        return "added"
+
+
+@pytest.fixture
+def fake_kind() -> Iterator[DirectoryUploader]:
+    fake = DirectoryUploader()
+    uploaders.UPLOADERS[FAKE_KIND] = fake  # the one table entry a new kind adds
+    try:
+        yield fake
+    finally:
+        del uploaders.UPLOADERS[FAKE_KIND]
+
+
+def _config(tmp_path: Path, folder: Path, block: str) -> tuple[Path, KilnConfig]:
+    """tiny's kiln.toml with one upload target, its kind then set to the fake one.
+
+    The kind is set after loading because kiln.toml's loader (tasks/project/config.py) accepts only the
+    kind ``upload`` so far; routing its check through :data:`~kiln.release.uploaders.UPLOADERS` is left to
+    that module's owners.
+    """
+    root = tmp_path / "tiny"
+    shutil.copytree(TINY, root, ignore=shutil.ignore_patterns(".kiln", "__pycache__"))
+    init_repo(root)
+    path = root / "kiln.toml"
+    text = path.read_text()
+    cpu_only = text[:text.index("[[variants]]")] + text[text.index('[[variants]]\nname = "cpu"'):]
+    path.write_text(cpu_only + "\n".join([
+        "", "[publish.targets.folder]", 'kind = "upload"', f'url = "file://{folder}"',
+        f'index_url = "file://{folder}"', 'pypi_variant = "cpu"', f'token_block = "{block}"', ""]))
+    commit_all(root, "upload the cpu variant to a folder")
+    config = load_config(path)
+    target = config.publish.upload_targets["folder"]
+    fake = target.model_copy(update={"kind": FAKE_KIND, "url": str(folder), "index_url": str(folder)})
+    publish = config.publish.model_copy(update={"upload_targets": {"folder": fake}})
+    return path, config.model_copy(update={"publish": publish})
+
+
+@flow
+def plan_then_upload(config: KilnConfig, run: RunRecord) -> tuple[list[str], list[str]]:
+    _, refusals = plan_uploads(config, run, "0.3.0")
+    return refusals, [state.message or "" for state in upload_release(config, run, "0.3.0")]
+
+
+def test_the_pypi_kind_is_the_table_entry_upload_and_an_unknown_kind_is_named():
+    uploader: Uploader = uploader_for("upload")
+    assert isinstance(uploader, PyPIUploader)
+    with pytest.raises(ConfigError, match=r"upload kind 'gs-bucket' has no uploader; the kinds are \['upload'\]"):
+        uploader_for("gs-bucket")
+
+
+def test_a_kind_registered_in_the_table_is_reached_by_the_release_upload_path(prefect_server, fake_kind, tmp_path):
+    from prefect.blocks.system import Secret
+
+    block = f"kiln-fake-{uuid.uuid4().hex[:8]}"
+    Secret(value="fake-kind-token").save(block)
+    folder = tmp_path / "index"
+    folder.mkdir()
+    path, config = _config(tmp_path, folder, block)
+    assert uploading.uploader(config, "folder") is fake_kind
+    run = make_record(path, tmp_path / "out", {})
+    wheel = make_wheel(run.view / "wheels" / "cpu", "tiny-kernels", "0.3.0+cpu", payload="this build")
+    run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
+
+    refusals, messages = plan_then_upload(config, run)
+    assert refusals == []
+    assert messages == ["upload to folder: 1 files sent, 0 skipped"]
+    assert [p.name for p in folder.iterdir()] == [wheel.name]
+    assert sha256_file(folder / wheel.name) == sha256_file(wheel)
+    assert [c.password for c in fake_kind.credentials] == ["fake-kind-token"]  # read inside the send, as PyPI's
+    assert {u.id: u.state for u in run.units() if u.id.startswith("publish/folder/")} == {
+        f"publish/folder/{wheel.name}": "completed"}
+
+    assert plan_then_upload(config, run)[1] == ["upload to folder: 0 files sent, 1 skipped"]  # the fake's holds
