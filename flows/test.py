@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.states import Failed
 
-from kiln.core.record import RunRecord
+from kiln.core.record import RunRecord, load_info
 from kiln.flows import progress
 from kiln.flows.build import build_flow
 from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
@@ -95,7 +95,7 @@ def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, 
     selector = None if target.suite.name == ADHOC else selector_for(
         config, run.store, suite=target.suite.name, gpus=target.suite.gpus, unit_id=target.unit_id,
         unit_name=target.name, folder=target.suite_name, run_id=run.run_id, created=run.header.created,
-        flow=run.header.flow, full=full or bool(run.info().get(FULL_INFO)), settles=target.shard <= 1)
+        flow=run.header.flow, full=full or bool(load_info(run.store, run.run_id, FULL_INFO)), settles=target.shard <= 1)
     with gpu_slots(options.gpus or 0):
         suite_run = run_suite(config, target, [wheel], view, options, selector)
     if suite_run.selection is not None:

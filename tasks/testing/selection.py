@@ -261,9 +261,9 @@ class Selector:
         lines = list(self.notes)
         if self._inputs is not None:
             wheel, root = self._inputs
-            made = new_records(plan, results, lambda keys: fingerprint(keys, wheel, root), self.env_lock,
-                               self.created, self.run_id)
             try:
+                made = new_records(plan, results, lambda keys: fingerprint(keys, wheel, root), self.env_lock,
+                                   self.created, self.run_id)
                 store_records(self.store, self.history, folder=self.folder, unit_id=self.unit_id,
                               unit_name=self.unit_name, run_id=self.run_id, created=self.created, records=made,
                               complete=complete)

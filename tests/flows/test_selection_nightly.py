@@ -116,3 +116,13 @@ def test_selection_carries_unchanged_tests_runs_changed_ones_and_a_full_run_catc
     assert "SELECTION RECALL MISS in test/tiny/cpu" in render_text(fourth)
     loaded = load_config(config)
     assert PLANTED in switched_off(artifact_store(loaded), loaded.testing.quarantine, "tiny")
+
+    # kiln test --explain runs nothing: it says why against the newest records (run 4's) and the wheels
+    from kiln.flows.selection import explain_selection, selection_on
+
+    text = explain_selection(loaded, None, fourth.run_id, str(tmp_path / "explain"))
+    assert f"run    {BESIDE}  — SELECTION RECALL MISS in test/tiny/cpu" in text  # off until a person says
+    assert selection_on(loaded, "tiny").startswith("selection is on again for suite tiny (it was off: SELECTION")
+    text = explain_selection(loaded, None, fourth.run_id, str(tmp_path / "explain"))
+    assert f"carry  {BESIDE}  — carried from run {fourth.run_id}: its inputs are unchanged" in text
+    assert f"run    {PLANTED}  — its last outcome was failed (only a pass is carried)" in text
