@@ -120,6 +120,12 @@ def _writes(args: tuple[Any, ...]) -> bool:
     return isinstance(flags, int) and bool(flags & _WRITES)
 
 
+def _directory(args: tuple[Any, ...]) -> bool:
+    """Whether an ``open`` event opened a directory (``os.open(..., O_DIRECTORY)``): a walk, not an input."""
+    flags = args[2] if len(args) > 2 else 0
+    return isinstance(flags, int) and bool(flags & getattr(os, "O_DIRECTORY", 0))
+
+
 def mapped_files(maps: str) -> set[str]:
     """The files named in a ``/proc/<pid>/maps`` text (shared libraries, mapped data)."""
     found = set()
@@ -148,7 +154,8 @@ class Recorder:
         self.excluded = tuple(os.path.normpath(os.path.abspath(p)) for p in excluded)
         self.others = frozenset(os.path.normpath(os.path.abspath(p)) for p in others)  # the suite's other tests
         self.always = tuple(always)
-        self.events: list[tuple[str, tuple[Any, ...]]] = []
+        # (event, its arguments, the working directory of a relative open: "" when absolute, None if unknown)
+        self.events: list[tuple[str, tuple[Any, ...], str | None]] = []
         self.installed = False
         # What the process held when the recorder was made (the fork server after collection): every test
         # counts it, and each test walks only what came after.
@@ -169,11 +176,19 @@ class Recorder:
 
     def install(self) -> None:
         """Add the audit hook (for the life of this process: PEP 578 hooks cannot be removed)."""
-        append, watched = self.events.append, EVENTS
+        append, watched, fspath, getcwd = self.events.append, EVENTS, os.fspath, os.getcwd
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
-            if event in watched:
-                append((event, args))
+            if event not in watched:
+                return
+            cwd: str | None = ""
+            if event == "open" and not isinstance(args[0], int):
+                # A relative path is resolved against the directory it was opened in (a test may chdir).
+                try:
+                    cwd = "" if fspath(args[0])[:1] in ("/", b"/") else getcwd()
+                except Exception:  # the hook must never fail the open it watches; the record is dropped
+                    cwd = None
+            append((event, args, cwd))
 
         try:
             sys.addaudithook(hook)
@@ -202,11 +217,13 @@ class Recorder:
     def _keys(self, test_file: str) -> set[str]:
         keys = {*self.always, *self._own(test_file), *self.base_keys}
         tried: set[str] = set()
-        for event, args in list(self.events):
+        for event, args, cwd in list(self.events):
             if event == "import":
                 tried.add(str(args[0]))
-            elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-                self._add(keys, os.fsdecode(args[0]), writes=_writes(args))
+            elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and not _directory(args):
+                if cwd is None:
+                    raise RuntimeError(f"{args[0]!r} was opened from a working directory that cannot be known")
+                self._add(keys, os.path.join(cwd, os.fsdecode(args[0])), writes=_writes(args))
             elif event == "ctypes.dlopen" and isinstance(args[0], (str, bytes)) and "/" in os.fsdecode(args[0]):
                 self._add(keys, os.fsdecode(args[0]))
         for path in _maps() - self.base_maps:

@@ -40,11 +40,12 @@ import touchpkg
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_lazy_and_data(marker):
+def test_lazy_and_data(marker, monkeypatch):
     from touchpkg import lazy
 
     assert lazy.VALUE == 1
-    assert (ROOT / "data" / "table.txt").read_text() == "x\\n"
+    monkeypatch.chdir(ROOT / "data")  # a relative open counts from where it was made, not where the test ends
+    assert pathlib.Path("table.txt").read_text() == "x\\n"
     assert json.loads((pathlib.Path(touchpkg.__file__).parent / "table.json").read_text()) == {"a": 1}
 
 
@@ -55,6 +56,7 @@ def test_plain(marker):
 def test_tries_a_missing_module():
     with pytest.raises(ImportError):
         import touchpkg.missing  # noqa: F401
+    (ROOT / "tests_t" / "written.txt").write_text("an output, not an input")
 
 
 def test_native():
@@ -142,6 +144,10 @@ def test_keys_are_sorted_and_only_wheel_or_project_files(forked):
         assert list(result.touched) == sorted(result.touched)
         assert all(k.startswith(("wheel:", "test:")) for k in result.touched), result.touched
         assert not [k for k in result.touched if "site" in k or "work" in k or "dist-info" in k]
+
+
+def test_a_file_the_test_only_wrote_is_no_input(forked):
+    assert "test:tests_t/written.txt" not in forked["test_tries_a_missing_module"].touched
 
 
 def test_a_missing_module_of_the_wheel_the_test_tried_is_an_input(forked):
