@@ -53,6 +53,14 @@ def vendor_acme_library(repo: Path) -> None:
                     str(vendor / "checksum.c")], check=True, timeout=120)
 
 
+def tiny_cpu_only(repo: Path) -> None:
+    """Edit the tiny fixture's kiln.toml: its CPU variant only."""
+    text = (repo / "kiln.toml").read_text()
+    head, _, rest = text.partition("[[variants]]")
+    cpu = '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
+    (repo / "kiln.toml").write_text(head + cpu + rest[rest.index("[build]"):])
+
+
 def tiny_cpu_with_numpy(repo: Path) -> None:
     """Edit the tiny fixture's kiln.toml: the CPU variant only, and numpy declared beside what tinyk imports."""
     text = (repo / "kiln.toml").read_text()

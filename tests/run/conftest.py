@@ -6,16 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.gitrepo import git_project
+from tests.helpers.gitrepo import git_project, tiny_cpu_only
 
 
 @pytest.fixture
 def tinycpu(tmp_path: Path) -> Path:
     """The tiny project with only its CPU variant, committed: kiln.toml."""
-    def cpu_only(repo: Path) -> None:
-        text = (repo / "kiln.toml").read_text()
-        head, _, rest = text.partition("[[variants]]")
-        cpu = '[[variants]]\nname = "cpu"\nbackend = "cpu"\narchs = []\n\n'
-        (repo / "kiln.toml").write_text(head + cpu + rest[rest.index("[build]"):])
-
-    return git_project("tiny", tmp_path, edit=cpu_only)
+    return git_project("tiny", tmp_path, edit=tiny_cpu_only)

@@ -2,7 +2,10 @@
 
 Each test commits a small fixture project in its own git repository and runs
 the real flows under the session's Prefect server; the index is a local
-directory shared by the runs of a test, as an S3 channel would be.
+directory shared by the runs of a test, as an S3 channel would be. The first
+nightly of the unchanged project is made once for the tests that only read it
+or add a run after it (``first_nightly``); a test that changes the project or
+needs an empty output runs its own.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kiln.core.manifest import RunManifest
-from tests.helpers.gitrepo import commit_all, git, git_project, tiny_cpu_with_numpy
+from tests.helpers.gitrepo import commit_all, git, git_project, tiny_cpu_only, tiny_cpu_with_numpy
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.waiting import until
 
@@ -43,25 +48,45 @@ def _project_page(out: Path, project: str = "tiny-kernels") -> dict:
     return json.loads((out / "index" / "nightly" / "cpu" / "simple" / project / "index.json").read_text())
 
 
-def test_nightly_version_names_the_commit_and_the_wheel_records_it(prefect_server, tinycpu, tmp_path):
-    out = tmp_path / "out"
-    state = _nightly(tinycpu, out)
+@dataclass(frozen=True)
+class FirstNightly:
+    config: Path
+    out: Path
+    state: Any  # the flow's final Prefect state
+    latest: Path  # what out/latest named right after it, before any later run of the module moved it
+
+
+@pytest.fixture(scope="module")
+def first_nightly(prefect_server, tmp_path_factory) -> FirstNightly:
+    """One nightly of the committed tiny CPU project, into an empty output (most of a minute on a loaded machine).
+
+    The checkout also holds an untracked file: untracked files do not make a tree dirty.
+    """
+    base = tmp_path_factory.mktemp("first-nightly")
+    config = git_project("tiny", base, edit=tiny_cpu_only)
+    (config.parent / "notes.txt").write_text("untracked files do not make a tree dirty\n")
+    out = base / "out"
+    state = _nightly(config, out)
+    return FirstNightly(config, out, state, (out / "latest").resolve())
+
+
+def test_nightly_version_names_the_commit_and_the_wheel_records_it(first_nightly):
+    out, state = first_nightly.out, first_nightly.state
     assert state.is_completed(), state.message
     run = _view(state, out)
     assert run.version == VERSION
-    commit = git(tinycpu.parent, "rev-parse", "HEAD")
+    commit = git(first_nightly.config.parent, "rev-parse", "HEAD")
     assert run.info["commit"] == commit
     (wheel,) = run.artifacts_of("wheel")
     with zipfile.ZipFile(run.root / wheel.path) as archive:
         info = json.loads(archive.read(f"tiny_kernels-{VERSION}+cpu.dist-info/kiln_build.json"))
     assert info["commit"] == commit
-    assert (out / "latest").resolve() == run.root
+    assert first_nightly.latest == run.root
 
 
-def test_a_second_nightly_of_the_same_commit_publishes_nothing_and_succeeds(prefect_server, tinycpu, tmp_path):
-    out = tmp_path / "out"
-    (tinycpu.parent / "notes.txt").write_text("untracked files do not make a tree dirty\n")
-    first, second = _nightly(tinycpu, out), _nightly(tinycpu, out)
+def test_a_second_nightly_of_the_same_commit_publishes_nothing_and_succeeds(first_nightly):
+    out, first = first_nightly.out, first_nightly.state
+    second = _nightly(first_nightly.config, out)
     assert first.is_completed(), first.message
     assert second.is_completed(), second.message
     one, two = _view(first, out), _view(second, out)
