@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from urllib.parse import unquote, urlparse
 
 from kiln.core import landlock
 
@@ -230,6 +231,44 @@ def guest_environ(home: Path, extra: Mapping[str, str] | None = None, pass_env: 
     return guest_env({**(os.environ if base is None else base), **(extra or {})}, home, pass_env)
 
 
+def local_sources(sources: Iterable[str]) -> list[Path]:
+    """The folders and files of installer sources (index and find-links URLs, constraint files) that are on this
+    machine: ``file://`` URLs and absolute paths that exist."""
+    found = []
+    for source in sources:
+        path = Path(unquote(urlparse(source).path)) if source.startswith("file:") else Path(source)
+        if source.startswith(("file:", "/")) and path.exists():
+            found.append(path)
+    return found
+
+
+_INSTALLER_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_CONFIG_FILE",
+                      "PIP_CERT", "SSL_CERT_FILE", "SSL_CERT_DIR", "UV_CONSTRAINT")
+_INSTALLER_CACHES = ("UV_CACHE_DIR", "PIP_CACHE_DIR")
+
+
+def installer_command(cmd: Sequence[str], python: str | os.PathLike[str], env: Mapping[str, str], *,
+                      read: Iterable[str | os.PathLike[str]] = (),
+                      write: Iterable[str | os.PathLike[str]] = ()) -> tuple[list[str], dict[str, str]]:
+    """``cmd``, an installer (pip or uv) filling ``python``'s environment with ``env`` (already scrubbed of
+    credentials), as a guest on the machine's network, and the environment to run it with (its temporary files
+    under ``env``'s ``HOME``). A requirement it resolves may be an sdist, whose PEP 517 hook is someone else's
+    code: it then reads only the system, the interpreters, the installer's sources (those ``env`` names, the
+    local files ``cmd`` names, and ``read``) and its cache, and writes only ``write``, the cache and ``HOME``. The
+    cache is the user's, so a warm install stays warm: the one thing of the user's such a hook can write."""
+    caches = [Path(env[name]) for name in _INSTALLER_CACHES if env.get(name)]
+    for cache in caches:
+        cache.mkdir(parents=True, exist_ok=True)
+    home = Path(env["HOME"])
+    tmp = home / "tmp"
+    tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    named = [word.rpartition("@ ")[2].strip() for word in cmd]  # a path, a file:// URL, "name @ file://..."
+    sources = local_sources([*named, *(word for name in _INSTALLER_SOURCES for word in env.get(name, "").split())])
+    command = guest_command(cmd, read=[*interpreter_trees(python), *sources, *read], write=[*write, *caches, home],
+                            network="host")
+    return command, {**env, "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
+
+
 # --- inside the launcher: between fork and the guest's exec ---------------------------------------------------
 
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
@@ -297,4 +336,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["KEPT", "Policy", "Support", "confine", "credential_name", "guest_command", "guest_env", "guest_environ",
-           "interpreter_trees", "kiln_trees", "seal_environ", "support", "wrap"]
+           "installer_command", "interpreter_trees", "kiln_trees", "local_sources", "seal_environ", "support",
+           "wrap"]

@@ -46,6 +46,7 @@ from packaging.utils import canonicalize_name
 from kiln.core import venvs
 from kiln.core.errors import KilnError, PermanentError, UnsafePathError
 from kiln.core.fsutil import polled_lock
+from kiln.core.sandbox import installer_command, local_sources
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
@@ -190,9 +191,12 @@ def _fill_with_pip(tmp: Path, base: CellInterpreter | None, requirements: Sequen
     python = tmp / "bin" / "python"
     # -I: the caller's PYTHONPATH and cwd never leak in; pip still reads the machine's pip.conf (its index).
     with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
-        done = run_tool([str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                         "--upgrade", *(CELL_SEED if base else SEED), *requirements], timeout_s,
-                        env=pip_env(Path(home)))
+        env = pip_env(Path(home))
+        links, indexes = pip_sources()
+        cmd = [str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+               "--upgrade", *(CELL_SEED if base else SEED), *requirements]
+        guest, guest_env = installer_command(cmd, python, env, read=local_sources([*links, *indexes]), write=[tmp])
+        done = run_tool(guest, timeout_s, env=guest_env)
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: pip could not install {list(requirements)} (exit {done.returncode}); check"
@@ -249,8 +253,11 @@ def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Seque
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create {what}: uv venv failed (exit {made.returncode}):\n"
                                     f"{_tail(made.stdout)}")
-    done = run_tool([uv, "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(tmp / "bin" / "python"),
-                     *uv_source_options(), *CELL_SEED, *requirements], timeout_s, env=uv_env())
+    env, options = uv_env(), uv_source_options()
+    cmd = [uv, "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(tmp / "bin" / "python"),
+           *options, *CELL_SEED, *requirements]
+    guest, guest_env = installer_command(cmd, tmp / "bin" / "python", env, read=local_sources(options), write=[tmp])
+    done = run_tool(guest, timeout_s, env=guest_env)
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: uv could not install {[*CELL_SEED, *requirements]} (exit {done.returncode});"

@@ -50,10 +50,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from kiln.core.errors import InfrastructureError, PermanentError
-from kiln.core.sandbox import guest_command, interpreter_trees
+from kiln.core.sandbox import installer_command, local_sources
 from kiln.core.venvs import make_build_env as make_build_env  # a pep517 build's environment, kept here by name
 from kiln.core.venvs import run as _run
 from kiln.core.venvs import site_packages as _site_packages
@@ -102,29 +101,6 @@ def installer_env() -> dict[str, str]:
     cache stays the user's, named explicitly (``HOME`` is not), so a warm install stays warm.
     """
     return scrubbed_env(_installer_home(), extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR")})
-
-
-def local_sources(sources: Sequence[str]) -> list[Path]:
-    """The folders of the index and find-links sources that are on this machine (``file://`` URLs and paths)."""
-    found = []
-    for source in sources:
-        path = Path(unquote(urlparse(source).path)) if source.startswith("file:") else Path(source)
-        if source.startswith(("file:", "/")) and path.exists():
-            found.append(path)
-    return found
-
-
-def installer_command(cmd: Sequence[str], python: Path, env: dict[str, str], *, reads: Sequence[Path],
-                      write: Sequence[Path]) -> list[str]:
-    """``cmd`` (uv installing into ``python``'s environment) as a guest on the machine's network: an sdist it
-    builds on the way runs someone else's PEP 517 hooks, which then read only the system, the interpreter, the
-    installer's own sources and cache, and write only the environment, the cache and the installer's home;
-    the environment is already :func:`installer_env`'s. The cache is the user's uv cache, so a warm install
-    stays warm: the one thing of the user's such a hook can write."""
-    cache, home = Path(env["UV_CACHE_DIR"]), Path(env["HOME"])
-    cache.mkdir(parents=True, exist_ok=True)
-    return guest_command(cmd, read=[*interpreter_trees(python), *reads], write=[*write, cache, home],
-                         network="host")
 
 
 def wheel_requirements(wheel: Path) -> list[str]:
@@ -199,8 +175,9 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
                "--find-links", str(runtime.parent), *index_options, *map(str, wheels), str(runtime), *requirements]
         sources = local_sources([*indexes, *pip_indexes, *links])
         reads = [*(w.parent for w in wheels), runtime.parent, constraints, *sources]
-        _run(installer_command(cmd, python, env, reads=[*reads, *((base_site,) if base_site else ())], write=[root]),
-             what, timeout=INSTALL_TIMEOUT_S, env=env)
+        guest, guest_env = installer_command(cmd, python, env, read=[*reads, *((base_site,) if base_site else ())],
+                                             write=[root])
+        _run(guest, what, timeout=INSTALL_TIMEOUT_S, env=guest_env)
     except InfrastructureError as exc:
         raise DependencyResolutionError(
             f"the test environment for {names} cannot be made: {exc}. Requires-Dist of {names}: "

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
+from kiln.core.sandbox import support
 from kiln.tasks.build.buildenv import (
     BuildEnvironmentError,
     VariantEnvironments,
@@ -23,7 +24,7 @@ from kiln.tasks.build.buildenv import (
 )
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from tests.helpers.projects import copy_project
-from tests.helpers.sdists import evil_sdist_index
+from tests.helpers.sdists import evil_sdist_index, probing_sdist_index
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,11 +109,36 @@ def test_a_build_requirements_sdist_hook_runs_without_the_steps_secrets(tmp_path
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", evil)  # a machine source: kept for a build environment
     with pytest.raises(BuildEnvironmentError):
         ensure_env(tmp_path / "envs", ["evil-sdist"], "cu130", 600)  # its backend builds nothing
-    seen = [json.loads(p.read_text()) for p in markers.iterdir()]
+    seen = [json.loads(p.read_text()) for p in markers.iterdir()] if markers.exists() else []
+    if support().landlock_abi and support().namespaces:
+        assert not seen, seen  # sandboxed, the hook (which ran: the test below) cannot write its marker outside
+        return
     assert seen, "the premise: pip found the sdist through the machine's source and ran its build hook"
     for environ in seen:
         assert "AWS_SECRET_ACCESS_KEY" not in environ and "PREFECT_API_KEY" not in environ, sorted(environ)
         assert environ.get("HOME") != str(Path.home())
+
+
+@pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
+                    reason="needs Landlock and user namespaces (the sandbox the installer runs in)")
+def test_a_build_requirements_sdist_hook_runs_in_the_sandbox_away_from_the_users_files(tmp_path, monkeypatch):
+    """pip fills a build environment as a guest with the machine's network: a build requirement's sdist hook
+    reads no file of the user's, writes nothing beside it and sees no credential."""
+    secret, outside = tmp_path / "home" / ".netrc", tmp_path / "home" / "planted.txt"
+    secret.parent.mkdir()
+    secret.write_text("machine pypi.org password hunter2")
+    cache = tmp_path / "pip-cache"
+    monkeypatch.setenv("PIP_CACHE_DIR", str(cache))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "step-secret")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", probing_sdist_index(tmp_path / "probe", secret, outside))
+    with pytest.raises(BuildEnvironmentError):
+        ensure_env(tmp_path / "envs", ["probe-sdist"], "cu130", 600)  # its backend builds nothing
+    reports = [json.loads(p.read_text()) for p in cache.glob("probe-*.json")]
+    assert reports, "the premise: pip ran the sdist's build hook and it could write its report to pip's cache"
+    for report in reports:
+        assert report.get("secret_error") == "PermissionError" and "secret" not in report, report
+        assert report["wrote_outside"] is False and "AWS_SECRET_ACCESS_KEY" not in report["environ"]
+    assert not outside.exists()
 
 
 def fake_cpu_torch(directory: Path) -> str:

@@ -19,7 +19,7 @@ def evil_sdist_index(root: Path, markers: Path, name: str = "evil-sdist", versio
 
 # A build backend that tries, when imported, to read ``secret`` and to write beside ``outside`` (what a hostile
 # hook would do to the user's files), and reports what it managed and the environment it saw under the one place
-# it may write that the test can find: the installer's uv cache ($UV_CACHE_DIR).
+# it may write that the test can find: the installer's cache ($UV_CACHE_DIR, else $PIP_CACHE_DIR).
 _PROBE = """import json, os, pathlib
 report = {"environ": dict(os.environ)}
 try:
@@ -31,13 +31,14 @@ try:
     report["wrote_outside"] = True
 except OSError as exc:
     report["wrote_outside"] = False
-pathlib.Path(os.environ["UV_CACHE_DIR"], "probe-%%d.json" %% os.getpid()).write_text(json.dumps(report))
+cache = os.environ.get("UV_CACHE_DIR") or os.environ["PIP_CACHE_DIR"]
+pathlib.Path(cache, "probe-%%d.json" %% os.getpid()).write_text(json.dumps(report))
 """
 
 
 def probing_sdist_index(root: Path, secret: Path, outside: Path, name: str = "probe-sdist") -> str:
     """A file:// index of one sdist whose build hook probes ``secret`` (read) and ``outside`` (write) and leaves
-    its report as ``probe-<pid>.json`` in the installer's uv cache."""
+    its report as ``probe-<pid>.json`` in the installer's cache."""
     return _sdist_index(root, _PROBE % {"secret": str(secret), "outside": str(outside)}, name, "1.0")
 
 
