@@ -35,7 +35,7 @@ from packaging.version import Version
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
-from kiln.core.sandbox import guest_command, guest_environ
+from kiln.core.sandbox import guest_command, guest_environ, installer_command
 from kiln.release.pypi_release import public_version
 from kiln.tasks.build.backend import without_network
 from kiln.tasks.build.buildenv import pip_env
@@ -75,8 +75,9 @@ def _install_missing(python: Path, requirements: Sequence[str], what: str, timeo
     wanted = [m.rsplit(" (", 1)[0] for m in missing]
     _log.info("installing the build requirements %s for %s", wanted, what)
     with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:  # a requirement's sdist hook sees no secret
-        done = run_tool([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], timeout_s,
-                        env=pip_env(Path(home)))
+        cmd, env = installer_command([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], python,
+                                     pip_env(Path(home)), write=[python.parent.parent])
+        done = run_tool(cmd, timeout_s, env=env)
     if done.returncode != 0:
         raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n"
                            f"{done.stdout[-_TAIL_CHARS:].strip()}")
