@@ -39,6 +39,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.states import Completed, Failed
 
+from kiln.core import identity
 from kiln.core.errors import ConfigError
 from kiln.core.objects import BotoSession
 from kiln.core.record import RunRecord
@@ -265,6 +266,13 @@ def _publish_and_verify(release: Release, run: RunRecord) -> State:
 
 
 def _release(release: Release, approved_on_cli: bool) -> State:
+    # A deployment's worker starts no kiln command: the flow holds the CI's identity itself, out of the
+    # environment of everything the release starts, exposed only to the upload's exchange.
+    with identity.kept():
+        return _held_release(release, approved_on_cli)
+
+
+def _held_release(release: Release, approved_on_cli: bool) -> State:
     release.version = validate_release(release.config, release.out, release.version, release.channel,
                                        release.dry_run)
     run = open_run(release.config, "release", release.out, version=release.version, ref=release.ref)

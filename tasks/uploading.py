@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from kiln.core import identity
 from kiln.core.errors import ConfigError
 from kiln.core.manifest import RunManifest
 from kiln.release import trusted_publishing
@@ -85,7 +86,8 @@ def check_identities(config: KilnConfig) -> None:
     for name, target in sorted(config.publish.upload_targets.items()):
         if target.trusted_publishing:
             try:
-                trusted_publishing.check_identity(oidc_base(target))
+                with identity.exposed():
+                    trusted_publishing.check_identity(oidc_base(target))
             except trusted_publishing.NoIdentityError as exc:
                 raise trusted_publishing.NoIdentityError(f"publish.targets.{name}.trusted_publishing: {exc}") from exc
 
@@ -94,7 +96,8 @@ def credentials(target: UploadTarget, name: str, secret: Callable[[str], str]) -
     """The upload's credentials: a token minted from the worker's identity, or the API token ``secret`` reads
     from the target's Secret block. Called inside the upload task only: the token is held for that upload."""
     if target.trusted_publishing:
-        return trusted_publishing.mint_credentials(oidc_base(target))
+        with identity.exposed():  # the CI's identity is in the environment for this exchange alone
+            return trusted_publishing.mint_credentials(oidc_base(target))
     if target.token_block is None:
         raise ConfigError(f"publish.targets.{name}: no token_block and trusted_publishing is off")
     return IndexCredentials(target.username, secret(target.token_block))

@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from kiln.core import identity
 from kiln.core.sandbox import seal_environ
 from kiln.flows.local import daemon
 from kiln.flows.local.daemon_request import BadRequest, Request, parse_request
@@ -178,6 +179,7 @@ def _become(request: Request, fds: Sequence[int]) -> None:
     seal_environ()  # the client's environment (its credentials) arrives next: unreadable through /proc
     os.environ.clear()
     os.environ.update(request.env)
+    identity.hold()  # the client's CI identity, as the kiln command itself would hold it
     sys.argv = list(request.argv)
     encoding = sys.stdout.encoding
     sys.stdin = open(0, encoding=encoding, closefd=False)

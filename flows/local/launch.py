@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
+from kiln.core import identity
 from kiln.core.sandbox import seal_environ
 from kiln.flows.local import daemon
 from kiln.flows.local.environment import apply_defaults
@@ -20,6 +21,7 @@ def _command(argv: list[str]) -> str | None:
 
 def main() -> NoReturn:
     seal_environ()  # the step's credentials in this environment: not readable through /proc by other processes
+    identity.hold()  # the CI's OIDC identity: out of the environment every child inherits, until an upload needs it
     apply_defaults()  # before the daemon's key: the daemon imported Prefect under these defaults
     argv = sys.argv[1:]
     if daemon.enabled() and _command(argv) in daemon.FLOW_COMMANDS:
