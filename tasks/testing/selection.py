@@ -179,10 +179,13 @@ class Outcome:
     device: Literal["CPU", "GPU"]
     misses: tuple[Choice, ...] = ()
     lines: tuple[str, ...] = ()
+    unrecorded: bool = False  # no test that ran recorded what it touched: nothing of the suite can be carried
 
     def summary(self, unit_id: str) -> list[str]:
         """The summary's lines for the unit: its counts, then what went wrong (a recall miss first)."""
-        return [f"{unit_id}: {self.message()}", *self.lines]
+        fallback = [f"{unit_id}: no test recorded what it touched (recording is not possible for this package or "
+                    "suite): every test runs, none is carried"] if self.unrecorded else []
+        return [f"{unit_id}: {self.message()}", *fallback, *self.lines]
 
     def message(self) -> str:
         runs = ", ".join(r[:8] for r in self.carried_from)
@@ -280,10 +283,11 @@ class Selector:
                 lines.append(f"selection could not be switched off for suite {self.suite}: {exc}")
         reported = {r.nodeid for r in results}
         carried = [c for c in plan.carried if c.nodeid in reported and c.record is not None]
+        ran = [r for r in results if r.nodeid not in {c.nodeid for c in carried} and r.outcome != "skipped"]
         return Outcome(len(reported) - len(carried), len(carried),
                        tuple(sorted({c.record.ran_run for c in carried if c.record})),
                        sum(c.record.duration_s for c in carried if c.record), "GPU" if self.gpus > 0 else "CPU",
-                       misses, tuple(lines))
+                       misses, tuple(lines), unrecorded=bool(ran) and not any(r.touched for r in ran))
 
 
 def explain(plan: Plan) -> list[str]:

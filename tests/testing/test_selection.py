@@ -304,3 +304,14 @@ def test_a_run_whose_collection_failed_leaves_nothing_to_carry(tmp_path):
     assert "collection failed: the next run carries nothing of this suite" in outcome.lines
     third = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", "run-3", NOW + 3, "select", 0)
     assert third.picker(sys.executable, wheel, tmp_path, "pkg")([NODE]).run == (NODE,)
+
+
+def test_a_suite_whose_tests_recorded_nothing_says_in_the_summary_that_every_test_runs(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    wheel = _wheel(tmp_path / "pkg.whl", b"x = 1\n")
+    selector = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", "run-1", NOW, "select", 0)
+    selector.picker(sys.executable, wheel, tmp_path, "pkg")([NODE])
+    outcome = selector.finish([TestResult(NODE, "passed")])
+    assert outcome.unrecorded and outcome.lines == ()  # the unit's message is left alone
+    assert outcome.summary(UNIT)[1] == (f"{UNIT}: no test recorded what it touched (recording is not possible for "
+                                        "this package or suite): every test runs, none is carried")
