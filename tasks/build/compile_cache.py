@@ -8,8 +8,8 @@ ccache and not sccache: ccache is one short-lived process per compile, with no s
 daemon that outlives the compile unless it is started and stopped around every build on a private socket,
 and its client reaches that daemon over a socket, which a sandbox without network must then let through.
 ccache needs only its directory, :func:`compile_cache_dir`, which a sandboxed compile must be granted write
-access to. (sccache's per-arch split of an nvcc call is what ccache lacks: adding an arch recompiles the
-translation units that build it.)
+access to. (sccache's per-arch split of an nvcc call is what ccache lacks: Kiln's own nvcc units compile
+each arch in its own call instead, :mod:`kiln.tasks.build.nvcc_arch`, so an added arch compiles alone.)
 
 What makes a hit portable and byte-for-byte the same as a compile:
 
@@ -108,7 +108,10 @@ class CompileStats:
 
     def describe(self) -> str:
         total = len(self.compiled) + len(self.reused)
-        return f"{len(self.compiled)} of {total} translation units compiled, {len(self.reused)} reused"
+        # Kiln's nvcc units compile a .cu once per arch and label each compilation "<name> [sm_XX]"
+        per_arch = any(" [sm_" in name for name in (*self.compiled, *self.reused))
+        what = "compilations (translation unit × arch)" if per_arch else "translation units"
+        return f"{len(self.compiled)} of {total} {what} compiled, {len(self.reused)} reused"
 
 
 def read_stats_log(path: Path) -> CompileStats:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.core.sandbox import guest_command, guest_environ
-from kiln.tasks.build import stagedir
+from kiln.tasks.build import nvcc_arch, stagedir
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache, CompileStats, read_stats_log
 from kiln.tasks.process import run_in_group
 from kiln.tasks.project.archs import parse_cuda_arch
@@ -220,12 +220,13 @@ def build_library(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[st
     return build_library_counted(nvcc, sources, library, archs, timeout, settings, cache)[0]
 
 
-def _stage_name(library: str, sources: list[Path], archs: tuple[str, ...]) -> str:
-    """What the staging directory is named by: the library, its sources' names and its archs, never their
-    content (a one-file change keeps the path, so the other files' cached objects still apply)."""
+def _stage_name(library: str, sources: list[Path]) -> str:
+    """What the staging directory is named by: the library and its sources' names, never their content nor
+    the archs (a one-file change or an added arch keeps the path, so the cached objects of the other files
+    and of the other archs still apply: the path is part of every compile's command line)."""
     origin = Path(os.path.commonpath([str(s.resolve().parent) for s in sources]))
     names = sorted(s.resolve().relative_to(origin).as_posix() for s in sources)
-    return hashlib.sha256("\0".join([library, *names, *archs]).encode()).hexdigest()[:16]
+    return hashlib.sha256("\0".join([library, *names]).encode()).hexdigest()[:16]
 
 
 def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
@@ -233,14 +234,15 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
                           cache: CompileCache | None = None) -> tuple[bytes, CompileStats]:
     """:func:`build_library`, and which translation units were compiled and which the compile ``cache`` served.
 
-    Each source is compiled to its own object (through ``cache``'s launcher when there is one), then the
-    objects are linked. The sources are compiled from a directory whose path depends only on what is built
+    Each source is compiled to its own object (through ``cache``'s launcher when there is one), a ``.cu``
+    once per arch and combined (:mod:`kiln.tasks.build.nvcc_arch`), then the objects are linked. The
+    sources are compiled from a directory whose path depends only on what is built
     (:func:`kiln.tasks.build.stagedir.fixed_sources`), so the library's bytes do not depend on where the
     checkout lives (invariant 8) nor on whether an object came from the cache.
     """
     deadline = time.monotonic() + timeout
     with (tempfile.TemporaryDirectory(prefix="kiln-nvcc-") as tmp,
-          stagedir.fixed_sources(sources, _stage_name(library, sources, archs), timeout) as (root, staged)):
+          stagedir.fixed_sources(sources, _stage_name(library, sources), timeout) as (root, staged)):
         log = Path(tmp) / "compile-cache.log"
         env = guest_environ(Path(tmp) / "home", cache.environ(root, log) if cache is not None else {})
         launcher = cache.prefix() if cache is not None else []
@@ -250,17 +252,33 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         guest = functools.partial(_guest, read=[root, Path(nvcc.path).resolve().parent.parent,
                                                 *_named_paths([*settings.compile_args(), *settings.link_args()])],
                                   write=[tmp, *([cache.directory] if cache is not None else [])])
-        objects = []
+        tools = nvcc_arch.find_combine_tools(nvcc.path, nvcc.cuobjdump)
+        per_arch = [(parse_cuda_arch(name).sm, gencode_flags((name,))) for name in archs]
+        objects: list[str] = []
+        compiled: list[str] = []
+        reused: list[str] = []
+        served: dict[Path, bool] = {}  # object -> whether the compile cache served it
         for number, source in enumerate(staged):
             obj = Path(tmp) / f"{number}-{source.name}.o"
             # -ffile-prefix-map: __FILE__ and debug paths name the staged directory as '.'.
-            cmd = [*launcher, nvcc.path, "-c", "-Xcompiler", "-fPIC", "-O3", "-Xcompiler",
-                   f"-ffile-prefix-map={root}=.", *settings.compile_args(), *gencode_flags(archs),
-                   "-o", str(obj), source.relative_to(root).as_posix()]
-            result = run_tool(guest(cmd), max(deadline - time.monotonic(), 1.0), cwd=root, env=env)
-            if result.returncode != 0:
-                raise CompileError(f"nvcc failed on {source.name} for {library} ({', '.join(archs)}):\n"
-                                   f"{result.stdout[-4000:]}")
+            base = [*launcher, nvcc.path, "-c", "-Xcompiler", "-fPIC", "-O3", "-Xcompiler",
+                    f"-ffile-prefix-map={root}=.", *settings.compile_args()]
+
+            def compile_one(flags: list[str], out: Path, base: list[str] = base, source: Path = source) -> None:
+                # each compile logs to its own statistics file: which arch of which source the cache served
+                call_log = Path(tmp) / f"{out.name}.ccache.log"
+                call_env = {**env, "CCACHE_STATSLOG": str(call_log)} if cache is not None else env
+                cmd = [*base, *flags, "-o", str(out), source.relative_to(root).as_posix()]
+                result = run_tool(guest(cmd), max(deadline - time.monotonic(), 1.0), cwd=root, env=call_env)
+                if result.returncode != 0:
+                    raise CompileError(f"nvcc failed on {source.name} for {library} ({', '.join(archs)}):\n"
+                                       f"{result.stdout[-4000:]}")
+                if cache is not None:
+                    served[out] = bool(read_stats_log(call_log).reused)
+
+            for label, written in nvcc_arch.compile_translation_unit(source, obj, per_arch, compile_one, tools,
+                                                                     nvcc_arch.plain_runner(env)):
+                (reused if served.get(written, False) else compiled).append(label)
             objects.append(str(obj))
         out = Path(tmp) / library
         # -s: no .symtab, whose FILE symbols name nvcc's per-process temporary files (tmpxft_<pid>_…).
@@ -275,7 +293,7 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         if sass != want_sass or not want_ptx <= ptx:
             raise CompileError(f"{library}: embeds SASS {sorted(sass)} and PTX {sorted(ptx)}, the plan asked for"
                                f" SASS {sorted(want_sass)} and PTX {sorted(want_ptx)}")
-        stats = read_stats_log(log) if cache is not None else CompileStats(tuple(s.name for s in staged))
+        stats = CompileStats(tuple(compiled), tuple(reused))
         return out.read_bytes(), stats
 
 

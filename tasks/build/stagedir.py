@@ -5,7 +5,7 @@ its translation unit (``_GLOBAL__N__<hash of the path>_…``), and no flag maps
 that away. A checkout's path differs on every worker (scale-out workers clone
 into fresh temporary directories), so the same commit gave different cu130
 libraries (invariant 8). Kiln copies the sources into
-``/tmp/kiln-nvcc-<uid>/<digest of the library, its source names and archs>/`` and compiles there, with
+``/tmp/kiln-nvcc-<uid>/<digest of the library and its source names>/`` and compiles there, with
 ``-ffile-prefix-map`` mapping that directory to ``.`` for ``__FILE__`` (:func:`fixed_sources`). The name
 is not the sources' content: a one-file change keeps the path, so the compile cache still serves the
 other files' objects, which name their translation unit's path.
@@ -79,7 +79,7 @@ def fixed_sources(sources: list[Path], name: str, timeout_s: float,
                   base: Path = BASE) -> Iterator[tuple[Path, list[Path]]]:
     """Copy the directory holding ``sources`` to ``/tmp/kiln-nvcc-<uid>/<name>/``; yield it and their new paths.
 
-    ``name`` names what is built (a library and its archs), never the sources' content: the path stays the
+    ``name`` names what is built (a library and its source names), never the sources' content: the path stays the
     same when one file changes, so a per-file compile cache still serves every other file's object (an
     object names its translation unit's path); a build of the same thing waits for the one that holds it.
     """

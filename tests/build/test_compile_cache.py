@@ -21,6 +21,8 @@ from tests.helpers.projects import copy_project
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "multicu" / "multicu" / "csrc"
 SOURCES = ("scale.cu", "shift.cu", "square.cu", "api.cpp")
 ARCHS = ("9.0",)
+# each .cu compiles once per arch, labelled with its arch; api.cpp has no device code and compiles once
+LABELS = ("scale.cu [sm_90]", "shift.cu [sm_90]", "square.cu [sm_90]", "api.cpp")
 
 needs_toolchain = pytest.mark.skipif(shutil.which("nvcc") is None or open_compile_cache(Path("/nonexistent/x"))
                                      is None, reason="nvcc or ccache is not installed")
@@ -54,19 +56,20 @@ def _build(sources: list[Path], cache_root: Path | None) -> tuple[bytes, Compile
 def test_one_changed_file_compiles_alone_and_every_library_is_the_same_hit_or_not(tmp_path):
     cache = tmp_path / "cache"
     cold, stats = _build(_clone(tmp_path / "first" / "csrc"), cache)
-    assert sorted(stats.compiled) == sorted(SOURCES) and stats.reused == ()
+    assert sorted(stats.compiled) == sorted(LABELS) and stats.reused == ()
 
     # another clone, at a path of another length: every translation unit is served, the bytes are the same
     second = _clone(tmp_path / "a-much-longer-second-clone-path" / "csrc")
     warm, stats = _build(second, cache)
-    assert stats.compiled == () and sorted(stats.reused) == sorted(SOURCES)
+    assert stats.compiled == () and sorted(stats.reused) == sorted(LABELS)
     assert warm == cold
 
     # one .cu changes: it alone is compiled; the library equals one built with no cache at all
     shift = second[1]
     shift.write_text(shift.read_text().replace("x[i] += b", "x[i] += 2.0f * b"))
     changed, stats = _build(second, cache)
-    assert stats.compiled == ("shift.cu",) and sorted(stats.reused) == ["api.cpp", "scale.cu", "square.cu"]
+    assert stats.compiled == ("shift.cu [sm_90]",)
+    assert sorted(stats.reused) == ["api.cpp", "scale.cu [sm_90]", "square.cu [sm_90]"]
     assert changed != cold
     uncached, stats = _build(second, None)
     assert uncached == changed and len(stats.compiled) == 4
@@ -88,21 +91,21 @@ def test_a_build_compiles_only_the_changed_translation_unit_and_nothing_for_a_py
     state, run = _flow_build(config, tmp_path / "cold")
     unit = next(u for u in run.units if u.id == unit_id)
     assert state.is_completed() and unit.cache == "miss"
-    assert "4 of 4 translation units compiled, 0 reused" in unit.message
+    assert "4 of 4 compilations (translation unit × arch) compiled, 0 reused" in unit.message
 
     shift = config.parent / "multicu" / "csrc" / "shift.cu"
     shift.write_text(shift.read_text().replace("x[i] += b", "x[i] += 2.0f * b"))
     state, run = _flow_build(config, tmp_path / "one-file")
     unit = next(u for u in run.units if u.id == unit_id)
     assert state.is_completed() and unit.cache == "miss"
-    assert "1 of 4 translation units compiled, 3 reused" in unit.message  # ccache's own statistics
+    assert "1 of 4 compilations (translation unit × arch) compiled, 3 reused" in unit.message  # ccache's own statistics
 
     init = config.parent / "multicu" / "__init__.py"
     init.write_text(init.read_text() + "\nDOC = 'a Python change'\n")
     state, run = _flow_build(config, tmp_path / "python")
     unit = next(u for u in run.units if u.id == unit_id)
     # The kernel's module is part of the unit's key, so the unit runs again; no compiler does.
-    assert state.is_completed() and "0 of 4 translation units compiled, 4 reused" in unit.message
+    assert state.is_completed() and "0 of 4 compilations (translation unit × arch) compiled, 4 reused" in unit.message
 
 
 def _result(cache: str, stats: CompileStats | None) -> UnitResult:
