@@ -205,18 +205,20 @@ def test_the_newest_release_across_extra_indexes_is_the_one_named():
 
 
 def _pip_install(python: Path, command: str, home: Path) -> str:
-    """Run a printed ``pip install … [&& pip install …]`` hint with ``python``'s pip; the version of demo-kernels
-    it installed."""
+    """Run a printed ``pip install … [&& pip install …]`` hint into ``python``'s venv; the version of demo-kernels
+    it installed. The venv has no pip of its own (ensurepip costs seconds to tens of seconds per venv): the test
+    environment's pip installs into it (--python)."""
     import shlex
     import subprocess
+    import sys
 
     env = {"PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PATH": "/usr/bin:/bin",
            "HOME": str(home)}
     for step in command.split(" && "):
         argv = shlex.split(step)
         assert argv[:5] == ["env", "PIP_CONFIG_FILE=/dev/null", "pip", "install", "--isolated"], command
-        done = subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", *argv[4:]], env=env,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-cache-dir",
+                               *argv[4:]], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     shown = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('demo-kernels'))"],
                            env=env, capture_output=True, text=True, timeout=60)
@@ -236,7 +238,7 @@ def test_the_printed_hint_installs_the_nightly_where_an_unpinned_name_takes_the_
     assert f"install: {hint}" in render_text(run)  # what `kiln nightly` prints
     venvs = []
     for name in ("pinned", "unpinned"):
-        subprocess.run([sys.executable, "-m", "venv", str(tmp_path / name)], check=True, timeout=300)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / name)], check=True, timeout=300)
         venvs.append(tmp_path / name / "bin" / "python")
     assert _pip_install(venvs[0], hint, tmp_path) == f"{NIGHTLY}+cpu"
     # The premise: one pip command with both indexes, naming the project alone, installs the extra index's release.

@@ -251,10 +251,13 @@ def test_a_cpu_wheel_installs_from_the_runs_index_with_only_the_indexes_it_needs
 
     assert main(["index", str(third_party), "--out", str(tmp_path / "deps")]) == 0
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # No pip of its own (ensurepip costs seconds to tens of seconds per venv): the test environment's pip
+    # installs into it (--python), in the same bare environment.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     env = {"PIP_CONFIG_FILE": "/dev/null", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     install = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", "--index-url",
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-cache-dir",
+         "--index-url",
          (out / "index" / "nightly" / "cpu" / "simple").as_uri(), "--extra-index-url", (tmp_path / "deps").as_uri(),
          "tiny-kernels"], env=env, capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
