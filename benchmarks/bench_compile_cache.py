@@ -10,14 +10,19 @@ Each repeat, in fresh directories:
 - ``one_file_no_compile_cache``: the same change on a copy of worker A's state with the compile cache
   turned off (the baseline: what a one-file change cost before), measured in the same repeat;
 - ``second_worker``: worker B, a fresh clone with an empty local cache and an empty compile cache, sharing
-  only worker A's shared tier (``[build.cache] remote``, here a ``file://`` store): it compiles nothing.
+  only worker A's shared tier (``[build.cache] remote``, here a ``file://`` store): it compiles nothing;
+- ``add_arch``: the kernel declared for sm_80 and sm_90, worker C built the variant for ``["8.0"]``, then
+  the variant gains ``"9.0"``: the unit misses, each ``.cu``'s sm_90 device code compiles and sm_80's is
+  served by ccache (Kiln's nvcc units compile one arch per nvcc call);
+- ``add_arch_cold``: the baseline, the variant built for ``["8.0", "9.0"]`` from empty caches, in the same
+  repeat.
 
 The summary gives each median and its ratio to ``cold``; translation units compiled per measurement and the
 shared tier's traffic (entries served, objects written) are reported beside them.
 
 Usage::
 
-    python benchmarks/bench_compile_cache.py [--repeats 3]
+    python benchmarks/bench_compile_cache.py [--repeats 3] [--only add_arch]
 """
 
 from __future__ import annotations
@@ -76,6 +81,29 @@ def edit(config: Path) -> None:
     shift.write_text(shift.read_text().replace("x[i] += b", "x[i] += 2.0f * b"))
 
 
+def set_archs(config: Path, archs: list[str]) -> None:
+    """The variant builds ``archs``; the fixture's kernel is declared for sm_80 and sm_90."""
+    registry = config.parent / "multicu" / "registry.py"
+    registry.write_text(registry.read_text().replace('ARCHS = ("9.0",)', 'ARCHS = ("8.0", "9.0")'))
+    toml = config.read_text()
+    start = toml.index("archs = [")
+    config.write_text(toml[:start] + "archs = " + json.dumps(archs) + toml[toml.index("\n", start):])
+
+
+def repeat_add_arch(root: Path) -> dict[str, dict]:
+    worker = clone(root / "worker-c")
+    set_archs(worker, ["8.0"])
+    build(worker, root / "cache-c", root / "shared-c", root / "out-c-one-arch")
+    set_archs(worker, ["8.0", "9.0"])
+    results = {"add_arch": build(worker, root / "cache-c", root / "shared-c", root / "out-c-added")}
+    fresh = clone(root / "worker-d")
+    set_archs(fresh, ["8.0", "9.0"])
+    results["add_arch_cold"] = build(fresh, root / "cache-d", root / "shared-d", root / "out-d")
+    same = [sorted(p.read_bytes() for p in (root / out).rglob("*.whl")) for out in ("out-c-added", "out-d")]
+    results["add_arch"]["wheels_identical_to_cold"] = same[0] == same[1] and bool(same[0])
+    return results
+
+
 def repeat(root: Path) -> dict[str, dict]:
     shared = root / "shared-tier"
     first = clone(root / "worker-a")
@@ -96,13 +124,16 @@ def repeat(root: Path) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=["add_arch"], help="measure the added-arch case alone")
     args = parser.parse_args()
     runs = []
     for number in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="kiln-bench-cc-") as tmp:
-            runs.append(repeat(Path(tmp)))
+            runs.append({} if args.only else repeat(Path(tmp)))
+        with tempfile.TemporaryDirectory(prefix="kiln-bench-cc-arch-") as tmp:
+            runs[-1] |= repeat_add_arch(Path(tmp))
         print(f"repeat {number + 1}: " + json.dumps({k: round(v["s"], 2) for k, v in runs[-1].items()}), flush=True)
-    cold = statistics.median(r["cold"]["s"] for r in runs)
+    cold = statistics.median(r["cold" if "cold" in r else "add_arch_cold"]["s"] for r in runs)
     summary = {"machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
                "python": platform.python_version(), "repeats": args.repeats, "medians_s": {}, "ratio_to_cold": {}}
     for name in runs[0]:
@@ -112,8 +143,11 @@ def main() -> None:
         last = runs[-1][name]
         summary[name] = {"units": last["units"], "tu_compiled": last["tu_compiled"], "tu_reused": last["tu_reused"],
                          "shared_tier": last["shared"]}
-    summary["one_file_vs_no_compile_cache"] = round(
-        summary["medians_s"]["one_file"] / summary["medians_s"]["one_file_no_compile_cache"], 3)
+    if "one_file" in summary["medians_s"]:
+        summary["one_file_vs_no_compile_cache"] = round(
+            summary["medians_s"]["one_file"] / summary["medians_s"]["one_file_no_compile_cache"], 3)
+    summary["add_arch_vs_cold"] = round(summary["medians_s"]["add_arch"] / summary["medians_s"]["add_arch_cold"], 3)
+    summary["add_arch_wheels_identical_to_cold"] = all(r["add_arch"]["wheels_identical_to_cold"] for r in runs)
     print(json.dumps(summary, indent=2))
 
 

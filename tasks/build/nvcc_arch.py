@@ -81,7 +81,7 @@ def compile_translation_unit(source: Path, obj: Path, per_arch: Sequence[tuple[s
         part = obj.with_name(f"{obj.name}.{sm}.o")
         compile_one(flags, part)
         parts.append(part)
-    combine(parts, obj, tools, run)
+    combine(list(zip((sm for sm, _ in per_arch), parts, strict=True)), obj, tools, run, source.name)
     return [(f"{source.name} [{sm}]", part) for (sm, _), part in zip(per_arch, parts, strict=True)]
 
 
@@ -107,11 +107,23 @@ def _images(part: Path, tools: CombineTools, run: ToolRunner) -> list[Path]:
     return [p for m, p in sorted(found, key=lambda mp: (int(mp[0][1]), mp[0][3] != "cubin"))]
 
 
-def combine(parts: Sequence[Path], obj: Path, tools: CombineTools, run: ToolRunner) -> None:
-    """One object: the first part's host code with every part's device images packed into one fat binary."""
-    images = [image for part in parts for image in _images(part, tools, run)]
+def combine(parts: Sequence[tuple[str, Path]], obj: Path, tools: CombineTools, run: ToolRunner,
+            name: str = "") -> None:
+    """One object: the first part's host code with every part's device images packed into one fat binary.
+
+    ``parts``: each arch (``sm_80``) and the object compiled for it alone; an object whose images are of
+    another arch (a flag that dropped or changed the ``-gencode``) is a :class:`CompileError` naming it, a
+    check the linked library cannot make (nvcc's link adds a small image for every arch it is given)."""
+    images = []
+    for sm, part in parts:
+        found = _images(part, tools, run)
+        other = sorted({f"sm_{m[2]}" for m in map(_IMAGE.search, (p.name for p in found)) if m} - {sm})
+        if other:
+            raise CompileError(f"{name or part.name} compiled for {sm} alone embeds device code for {other}:"
+                               " its -gencode flags did not ask for that arch")
+        images += found
     if not images:  # no device code at all: any part is the whole object
-        shutil.copyfile(parts[0], obj)
+        shutil.copyfile(parts[0][1], obj)
         return
     specs = []
     for image in images:
@@ -120,7 +132,8 @@ def combine(parts: Sequence[Path], obj: Path, tools: CombineTools, run: ToolRunn
         specs.append(f"--image3=kind={_KIND[match[3]]},sm={match[2]},file={image}")
     packed = obj.with_name(obj.name + ".fatbin")
     _checked(run, [tools.fatbinary, "-64", f"--create={packed}", *specs], obj.parent)
-    _checked(run, [tools.objcopy, f"--update-section=.nv_fatbin={packed}", str(parts[0]), str(obj)], obj.parent)
+    _checked(run, [tools.objcopy, f"--update-section=.nv_fatbin={packed}", str(parts[0][1]), str(obj)],
+             obj.parent)
 
 
 def plain_runner(env: Mapping[str, str] | None = None) -> ToolRunner:
