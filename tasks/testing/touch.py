@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import InfrastructureError, InvalidInputError, MemberTooLargeError
-from kiln.core.wheels import MAX_TOTAL_INFLATED, open_wheel, read_member
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +317,10 @@ def fingerprint(keys: Iterable[str], wheel: Path, root: Path) -> dict[str, str]:
 
 def _wheel_fingerprints(keys: list[str], wheel: Path) -> dict[str, str]:
     out = {}
+    # Imported here, on Kiln's side only: the recording half of this module runs in the test worker on the
+    # suite's interpreter, which may be a Python 3.10 cell, and kiln.core.wheels needs 3.11.
+    from kiln.core.wheels import MAX_TOTAL_INFLATED, open_wheel, read_member
+
     with open_wheel(wheel.name, wheel) as archive:
         names = set(archive.namelist())
         info = next((n.split("/", 1)[0] for n in sorted(names) if n.split("/", 1)[0].endswith(".dist-info")), "")
