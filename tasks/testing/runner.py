@@ -186,6 +186,8 @@ def run_tests(
         settled: dict[str, TestResult] = {}
         if options.pick is not None:
             items, settled = _picked(items, options.pick)
+            if errors:  # a file that no longer collects may hide a change the picker cannot see: carry nothing
+                settled = {}
         runner = Runner(root, work, options, worker, devices)
         by_id: dict[str, TestResult] = dict(settled)
         runnable = []

@@ -282,7 +282,9 @@ class Selector:
             except KilnError as exc:
                 lines.append(f"selection could not be switched off for suite {self.suite}: {exc}")
         reported = {r.nodeid for r in results}
-        carried = [c for c in plan.carried if c.nodeid in reported and c.record is not None]
+        # what was reported as carried: a collection error makes the runner run what the picker would carry
+        settled = {r.nodeid for r in results if r.message.startswith("carried from run ")}
+        carried = [c for c in plan.carried if c.nodeid in settled and c.record is not None]
         ran = [r for r in results if r.nodeid not in {c.nodeid for c in carried} and r.outcome != "skipped"]
         return Outcome(len(reported) - len(carried), len(carried),
                        tuple(sorted({c.record.ran_run for c in carried if c.record})),

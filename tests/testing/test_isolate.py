@@ -223,3 +223,18 @@ def test_a_picker_runs_its_tests_reports_its_settled_results_and_leaves_the_rest
     # the settled one was reported as given (its test would fail if it ran), the others not at all
     assert {name: (r.outcome, r.message) for name, r in results.items()} == {
         "test_passes": ("passed", ""), "test_assertion_fails": ("passed", "carried")}
+
+
+def test_a_collection_error_makes_the_run_carry_nothing_the_picker_settled(tmp_path):
+    from kiln.tasks.testing.classify import TestResult
+    from kiln.tasks.testing.jobs import Picked
+
+    def pick(collected):  # would carry test_fine (as if it failed: a carry must never reach the report now)
+        fine = next(n for n in collected if n.endswith("::test_fine"))
+        return Picked(run=tuple(n for n in collected if n != fine), settled=(TestResult(fine, "failed", "carried"),))
+
+    results = run_tests(["tests/fixtures/suites/broken"], REPO, tmp_path,
+                        RunOptions(preload=(), pytest_args=FIXTURE_ARGS, pick=pick))
+    outcomes = {r.nodeid: (r.outcome, r.message) for r in results}
+    assert outcomes["tests/fixtures/suites/broken/test_broken_import.py"][0] == "error"
+    assert outcomes["tests/fixtures/suites/broken/test_fine.py::test_fine"] == ("passed", "")  # it ran
