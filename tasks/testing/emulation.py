@@ -91,6 +91,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _removed(root: Path, timeout_s: float = 60) -> None:
+    """``root`` deleted, after unmounting what is mounted below it: debootstrap's second stage mounts /proc and
+    /sys in the chroot, and a run killed mid-stage leaves them there (deleting through them would reach the
+    host's)."""
+    inside = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for point in sorted((m for m in inside if Path(m).is_relative_to(root)), key=len, reverse=True):
+        _run(["umount", point], timeout_s, f"unmounting {point}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def userland(cache_dir: Path, timeout_s: float = DEBOOTSTRAP_TIMEOUT_S) -> Path:
     """Debian's arm64 userland with python3, made once under ``cache_dir`` (call inside :func:`aarch64_binfmt`)."""
     final = cache_dir / f"{SUITE}-arm64-python3"
@@ -99,9 +109,9 @@ def userland(cache_dir: Path, timeout_s: float = DEBOOTSTRAP_TIMEOUT_S) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     for stale in cache_dir.glob(f".{final.name}.partial-*"):  # a killed run's; a live one's is left to it
         if not _alive(int(stale.name.rsplit("-", 1)[1])):
-            shutil.rmtree(stale, ignore_errors=True)
+            _removed(stale)
     partial = cache_dir / f".{final.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
+    _removed(partial)
     try:
         _run(["debootstrap", "--arch=arm64", "--foreign", "--variant=minbase", "--include=python3", SUITE,
               str(partial), MIRROR], timeout_s, "debootstrap's first stage")
@@ -113,7 +123,7 @@ def userland(cache_dir: Path, timeout_s: float = DEBOOTSTRAP_TIMEOUT_S) -> Path:
              "debootstrap's second stage (under qemu)")
         os.replace(partial, final)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        _removed(partial)
     return final
 
 
