@@ -27,7 +27,7 @@ import logging
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,13 +134,3 @@ def combine(parts: Sequence[tuple[str, Path]], obj: Path, tools: CombineTools, r
     _checked(run, [tools.fatbinary, "-64", f"--create={packed}", *specs], obj.parent)
     _checked(run, [tools.objcopy, f"--update-section=.nv_fatbin={packed}", str(parts[0][1]), str(obj)],
              obj.parent)
-
-
-def plain_runner(env: Mapping[str, str] | None = None) -> ToolRunner:
-    """A runner over :func:`kiln.tasks.build.nvcc.run_tool` (imported late: that module imports this one)."""
-    def run(cmd: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
-        from kiln.tasks.build.nvcc import run_tool
-
-        _log.debug("running %s", " ".join(cmd))
-        return run_tool(cmd, timeout, cwd=cwd, env=env)
-    return run
