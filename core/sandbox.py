@@ -101,15 +101,18 @@ class Policy:
     # the system trees a program needs to start, read-only; /dev and /proc as below
     system: tuple[str, ...] = field(default=("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin",
                                              "/etc", "/opt", "/sys"))
+    cwd: str = ""  # where the guest starts ("": where it was started); a tool that reads its working directory
+    # (uv looks there for its configuration) must start where it may read
 
     def to_json(self) -> str:
         return json.dumps({"read": list(self.read), "write": list(self.write), "network": self.network,
-                           "system": list(self.system)})
+                           "system": list(self.system), "cwd": self.cwd})
 
     @classmethod
     def from_json(cls, text: str) -> Policy:
         data = json.loads(text)
-        return cls(tuple(data["read"]), tuple(data["write"]), data["network"], tuple(data["system"]))
+        return cls(tuple(data["read"]), tuple(data["write"]), data["network"], tuple(data["system"]),
+                   str(data.get("cwd", "")))
 
 
 def interpreter_trees(python: str | os.PathLike[str]) -> set[str]:
@@ -214,13 +217,15 @@ def seal_environ() -> None:
 
 
 def guest_command(cmd: Sequence[str], *, read: Iterable[str | os.PathLike[str]] = (),
-                  write: Iterable[str | os.PathLike[str]] = (), network: Network) -> list[str]:
+                  write: Iterable[str | os.PathLike[str]] = (), network: Network,
+                  cwd: str | os.PathLike[str] = "") -> list[str]:
     """``cmd`` (its first word an interpreter or a program) inside the sandbox: read ``read``, the interpreter's
     trees and Kiln's code; write ``write``."""
     trees = kiln_trees() | {str(Path(p)) for p in read}
     if cmd and Path(cmd[0]).is_absolute():
         trees |= interpreter_trees(cmd[0]) if Path(cmd[0]).name.startswith("python") else {str(Path(cmd[0]).parent)}
-    policy = Policy(read=tuple(sorted(trees)), write=tuple(sorted({str(Path(p)) for p in write})), network=network)
+    policy = Policy(read=tuple(sorted(trees)), write=tuple(sorted({str(Path(p)) for p in write})), network=network,
+                    cwd=str(cwd) if cwd else "")
     return wrap(cmd, policy)
 
 
@@ -264,8 +269,10 @@ def installer_command(cmd: Sequence[str], python: str | os.PathLike[str], env: M
     tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
     named = [word.rpartition("@ ")[2].strip() for word in cmd]  # a path, a file:// URL, "name @ file://..."
     sources = local_sources([*named, *(word for name in _INSTALLER_SOURCES for word in env.get(name, "").split())])
+    # It starts in its home: uv reads its working directory for a configuration file, and the caller's may be
+    # a checkout the guest must not read (nor take its configuration from).
     command = guest_command(cmd, read=[*interpreter_trees(python), *sources, *read], write=[*write, *caches, home],
-                            network="host")
+                            network="host", cwd=home)
     return command, {**env, "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
 
 
@@ -323,7 +330,10 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -I -m kiln.core.sandbox POLICY_JSON -- COMMAND...", file=sys.stderr)
         return 2
-    confine(Policy.from_json(argv[0]))
+    policy = Policy.from_json(argv[0])
+    confine(policy)
+    if policy.cwd:
+        os.chdir(policy.cwd)
     try:
         os.execvp(argv[2], argv[2:])
     except OSError as exc:

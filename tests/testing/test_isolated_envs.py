@@ -214,3 +214,17 @@ def test_concurrent_creation_of_one_base_makes_it_once(tmp_path):
     made = [name for name in os.listdir(tmp_path / "cache" / BASES) if not name.endswith(".lock")]
     assert made == [Path(roots.pop()).name]  # no second copy, no temporary directory left
     assert sum("created the build environment" in err for _, err in outs) == 1
+
+
+@pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
+                    reason="needs Landlock and user namespaces (the sandbox the installer runs in)")
+def test_the_sandboxed_installer_starts_in_its_home_not_in_the_callers_checkout(tmp_path, monkeypatch):
+    """uv reads its working directory for a configuration file: started in a checkout the guest may not read
+    (``kiln nightly`` runs in one), it failed with 'failed to open file pyproject.toml: Permission denied'."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "pyproject.toml").write_text('[tool.uv]\nindex-url = "http://127.0.0.1:9/never"\n')
+    monkeypatch.chdir(checkout)
+    wheel = make_wheel(tmp_path / "wheels", "cwd-user", "1.0", module="cwd_user")
+    env = envs.make_env(tmp_path / "env", [wheel])
+    assert (next((env.root / "lib").glob("python*/site-packages")) / "cwd_user").exists()
