@@ -229,13 +229,13 @@ def _stage_name(library: str, sources: list[Path]) -> str:
     return hashlib.sha256("\0".join([library, *names]).encode()).hexdigest()[:16]
 
 
-
 def _plain_runner(env: Mapping[str, str] | None = None) -> nvcc_arch.ToolRunner:
     """The per-arch combiner's tools run through :func:`run_tool` (here, not in nvcc_arch: that would be a cycle)."""
     def run(cmd: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
         _log.debug("running %s", " ".join(cmd))
         return run_tool(cmd, timeout, cwd=cwd, env=env)
     return run
+
 
 def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: tuple[str, ...], timeout: float,
                           settings: NvccSettings = NvccSettings(),
