@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +109,14 @@ class CompileStats:
 
     def describe(self) -> str:
         total = len(self.compiled) + len(self.reused)
-        # Kiln's nvcc units compile a .cu once per arch and label each compilation "<name> [sm_XX]"
-        per_arch = any(" [sm_" in name for name in (*self.compiled, *self.reused))
-        what = "compilations (translation unit × arch)" if per_arch else "translation units"
-        return f"{len(self.compiled)} of {total} {what} compiled, {len(self.reused)} reused"
+        return f"{len(self.compiled)} of {total} {compilations_noun([self])} compiled, {len(self.reused)} reused"
+
+
+def compilations_noun(stats: Iterable[CompileStats]) -> str:
+    """What the counts of ``stats`` count: Kiln's nvcc units compile a ``.cu`` once per arch and label each
+    compilation ``<name> [sm_XX]``; other compiles are one per translation unit."""
+    per_arch = any(" [sm_" in name for s in stats for name in (*s.compiled, *s.reused))
+    return "compilations (translation unit × arch)" if per_arch else "translation units"
 
 
 def read_stats_log(path: Path) -> CompileStats:

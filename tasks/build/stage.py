@@ -27,7 +27,7 @@ from kiln.tasks.build.backend import ProjectBuilder, cuda_home
 from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.cache_remote import RemoteTier
-from kiln.tasks.build.compile_cache import open_compile_cache
+from kiln.tasks.build.compile_cache import compilations_noun, open_compile_cache
 from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
@@ -337,7 +337,7 @@ def compile_line(outcomes: dict[str, UnitResult | BaseException]) -> str:
     compiled, reused = sum(len(s.compiled) for s in stats), sum(len(s.reused) for s in stats)
     if not stats:
         return "Compile: no native unit compiled (every one served by the unit cache, or none planned)."
-    return (f"Compile: {compiled} of {compiled + reused} translation units compiled, {reused} reused from the "
+    return (f"Compile: {compiled} of {compiled + reused} {compilations_noun(stats)} compiled, {reused} reused from the "
             f"compile cache, in {len(stats)} native units.")
 
 

@@ -130,3 +130,6 @@ def test_the_build_summary_has_a_compile_line():
     line = compile_line(outcomes)  # type: ignore[arg-type]
     assert line == "Compile: 2 of 4 translation units compiled, 2 reused from the compile cache, in 2 native units."
     assert line in cache_report([], line)
+    per_arch = {"a": _result("miss", CompileStats(("a.cu [sm_90]",), ("a.cu [sm_80]", "api.cpp")))}
+    assert compile_line(per_arch) == ("Compile: 1 of 3 compilations (translation unit × arch) compiled, 2 reused "  # type: ignore[arg-type]
+                                      "from the compile cache, in 1 native units.")
