@@ -236,10 +236,11 @@ def coverage_markdown(run: RunManifest) -> list[str]:
     rows = run.info.get(COVERAGE_INFO)
     if not isinstance(rows, list) or not rows:
         return []
-    lines = ["", "## Coverage", "", "| cell | Python | torch | backend | archs | wheel | state | why |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["", "## Coverage", "", "| cell | Python | torch | backend | platform | archs | wheel | state | why |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        cells = [row.get(k, "") for k in ("variant", "python", "torch", "backend", "archs", "wheel", "state", "why")]
+        cells = [row.get(k, "") for k in ("variant", "python", "torch", "backend", "platform", "archs", "wheel",
+                                          "state", "why")]
         lines.append("| " + " | ".join(_cell(str(c)) for c in cells) + " |")
     return lines
 
@@ -251,7 +252,8 @@ def _text_coverage(run: RunManifest) -> list[str]:
     width = max(len(str(row.get("variant", ""))) for row in rows)
     return ["", "  coverage:", *(f"    {row.get('variant', ''):<{width}}  {row.get('state', ''):<9}  "
                                  f"python {row.get('python', '')}, torch {row.get('torch', '')}, "
-                                 f"{row.get('backend', '')} [{row.get('archs', '')}]  {row.get('wheel', '')}"
+                                 f"{row.get('backend', '')} [{row.get('archs', '')}] {row.get('platform', '-')}"
+                                 f"  {row.get('wheel', '')}"
                                  f"  — {row.get('why', '')}" for row in rows)]
 
 
