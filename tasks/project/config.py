@@ -83,14 +83,15 @@ def _dotted_name(value: str) -> bool:
 
 
 class Project(_Model):
-    package: str
-    distribution: str
-    version: str
-    source: ProjectPath
+    package: str  # the import name of the package the wheel ships (e.g. kiln_kernels)
+    distribution: str  # the project name its wheels and index pages carry (e.g. kiln-kernels)
+    version: str  # the base version; a nightly appends .dev<commit time>, a release names its own
+    source: ProjectPath  # the package's directory, relative to kiln.toml
     # The kernel registry ("module:attribute"): Kiln compiles its Triton kernels and CUDA sources.
     # Optional when [build] backend = "pep517" builds the wheel without one.
     registry: str | None = None
-    requires_python: str = ">=3.10"
+    requires_python: str = ">=3.10"  # the wheels' Requires-Python
+    # The wheels' Requires-Dist, each a PEP 508 requirement checked at load.
     dependencies: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
     # Publish the kiln-runtime wheel (kiln.runtime: spec types and the artifact loader) in every
     # index beside this project's wheels; default: when the wheels require kiln-runtime.
@@ -98,7 +99,7 @@ class Project(_Model):
     # PEP 792 status marker on every project page Kiln writes (active, archived, quarantined, deprecated),
     # with an optional one-line reason (pypi:project-status-reason).
     status: Status = "active"
-    status_reason: str = ""
+    status_reason: str = ""  # the one-line reason shown with a status other than active
 
     @property
     def page_status(self) -> ProjectStatus:
@@ -179,16 +180,18 @@ def check_platforms(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 class Variant(_Model):
+    # The variant's name: its local version label (+cu130), index folder and unit ids.
     name: str = Field(pattern=r"^[a-z][a-z0-9]*$")
-    backend: Backend
-    archs: tuple[str, ...] = ()
+    backend: Backend  # what its kernels are compiled for: CUDA, ROCm (hip) or none (cpu)
+    archs: tuple[str, ...] = ()  # the GPU archs compiled for, e.g. ["8.0", "9.0+PTX"] or ["gfx942"]; empty for cpu
     # Requires-Dist of this variant's wheel beyond [project].dependencies (e.g. a CUDA runtime).
     dependencies: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
     # The variant's own build environment (e.g. a CUDA build of torch), made once and cached; empty: Kiln's own.
     build_requires: tuple[Annotated[str, AfterValidator(_requirement)], ...] = ()
     # Variables exported to the variant's build (a package's own switches); part of the cache key.
     build_env: Annotated[dict[str, str], AfterValidator(check_build_env)] = Field(default_factory=dict)
-    arch_policy: ArchPolicy = "exact"
+    arch_policy: ArchPolicy = "exact"  # what a kernel's supported archs do to the list: see the build-matrix guide
+    # "stable": one wheel over torch's stable ABI for every torch of the axis (torch>= in its metadata).
     abi: TorchAbi = "exact"
     # abi = "stable" only: the oldest torch (major.minor) its one wheel claims, passed to its build as
     # TORCH_TARGET_VERSION (kiln.tasks.build.stable_abi); default: the torch it builds against.
@@ -196,8 +199,9 @@ class Variant(_Model):
     # Matrix axes (kiln.tasks.project.config_matrix): the Pythons and torches this variant is built for, less
     # the cells `exclude` names. Expanded at load into one variant per cell; none: one wheel, as before.
     python: Annotated[tuple[str, ...], AfterValidator(check_python_axis)] = ()
+    # The torch axis: one cell per requirement, e.g. ["==2.13.0", "==2.14.1"].
     torch: Annotated[tuple[str, ...], AfterValidator(check_torch_axis)] = ()
-    exclude: tuple[Exclusion, ...] = ()
+    exclude: tuple[Exclusion, ...] = ()  # cells of this variant's axes that are not built, each a table of axis values
     # The CPUs its wheels are built for; aarch64 wheels are cross-built on this x86_64 builder
     platform: Annotated[tuple[str, ...], AfterValidator(check_platforms)] = ("x86_64",)
     # Set by Kiln on each expanded cell (never in kiln.toml): the cell it stands for.
@@ -260,12 +264,14 @@ def renamed_keys(data: Any, renames: Mapping[str, str], table: str) -> Any:
 
 
 class Suite(_Model):
+    # The suite's name: its unit ids (test/<name>/<variant>) and reports.
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    paths: tuple[ProjectPath, ...]
-    markers: str = ""
-    gpus: int = Field(default=0, ge=0)
+    paths: tuple[ProjectPath, ...]  # the test files and folders, relative to kiln.toml
+    markers: str = ""  # a pytest -m expression selecting the suite's tests
+    gpus: int = Field(default=0, ge=0)  # GPUs each test needs; a machine with fewer reports the suite not run
+    # The paths whose change selects the suite under --changed-since (its own paths always do).
     depends: tuple[ProjectPath, ...] = ()
-    required: bool = True
+    required: bool = True  # whether a failure of this suite fails the run and holds its variant back from publishing
     test_timeout_s: float = Field(default=300, gt=0)  # each test's deadline; deadline_s is the whole suite's
     # The work pool of its hardware: the nightly dispatches this suite to the pool's "test/<pool>"
     # deployment when the server has it, else runs it here (default: [pools] cpu for a CPU suite).
@@ -274,6 +280,7 @@ class Suite(_Model):
     # The variants whose installed wheel the suite tests (default: the CPU variants for a
     # suite of no GPUs, the GPU variants otherwise) and what else its tests import.
     variants: tuple[str, ...] = ()
+    # What the tests import beyond the wheel and its dependencies, installed into their environment.
     requires: tuple[str, ...] = ()
     # A required suite that could not run here (no GPU of its kind) holds its variant
     # back unless this says the variant may be published untested on its hardware.
@@ -301,8 +308,10 @@ class RegressionPolicy(_Model):
     median of the last ``window`` comparable runs (same variant, metric and hardware), its noise band
     ``noise_k`` times their spread (scaled MAD) but never under ``[bench] threshold``."""
 
+    # How many earlier runs the median a result is compared with is taken over.
     window: int = Field(default=5, ge=2, le=100)
     min_runs: int = Field(default=3, ge=1)  # fewer comparable runs: "insufficient data"
+    # How many median absolute deviations of the window count as noise, not a change.
     noise_k: float = Field(default=3.0, gt=0, le=20)
 
     @model_validator(mode="after")
@@ -313,10 +322,11 @@ class RegressionPolicy(_Model):
 
 
 class Bench(_Model):
-    size: BenchSize = "small"
+    size: BenchSize = "small"  # the bench cases' size the harness asks each kernel for
+    # A slowdown above this fraction of the baseline is a regression.
     threshold: float = Field(default=0.05, gt=0, lt=10)
-    history: StorePrefix = "bench-history"
-    regression: RegressionPolicy = RegressionPolicy()
+    history: StorePrefix = "bench-history"  # the artifact-store prefix results are kept under, for comparisons
+    regression: RegressionPolicy = RegressionPolicy()  # how a result is judged against the window of earlier runs
     # Decision metrics whose regressions stop a release. CUDA-graph replay on a dedicated GPU is
     # steady enough to block; CPU timings on a shared machine are advisory unless listed here.
     blocking_metrics: tuple[Metric, ...] = ("graph_replay",)
@@ -325,9 +335,10 @@ class Bench(_Model):
 
 
 class Target(_Model):
-    url: Annotated[str, AfterValidator(check_store_url)]
-    region: Region | None = None
-    endpoint: Endpoint | None = None
+    url: Annotated[str, AfterValidator(check_store_url)]  # where the indexes go: file://path, or s3://bucket/prefix
+    region: Region | None = None  # the S3 bucket's region (default: the AWS configuration's)
+    endpoint: Endpoint | None = None  # an S3-compatible endpoint URL instead of AWS's
+    # The 12-digit AWS account that must own the bucket (S3's expected-bucket-owner check).
     expected_owner: str | None = Field(default=None, pattern=r"^[0-9]{12}$")
     # Whether the S3 server checks the ChecksumSHA256 it is sent (then a write needs no
     # read-back). Unset: true on AWS, false with a custom endpoint (moto does not check).
@@ -373,7 +384,7 @@ class UploadTarget(_Model):
     # index for a short-lived upload token inside the upload task (kiln.release.trusted_publishing).
     trusted_publishing: bool = False
     oidc_url: IndexUrl | None = None  # where /_/oidc/audience and /_/oidc/mint-token are; default: url's host
-    username: str = "__token__"
+    username: str = "__token__"  # the upload's user name; PyPI's API tokens go with __token__
     timeout_s: float = Field(default=1800, gt=0, le=7200)  # one file's upload
     # The project's sdist too, built at the release's public version and sent after the wheel (a pep517 project
     # only: a registry package's sources build nothing without Kiln's AOT step; see kiln.tasks.build.sdist).
@@ -414,9 +425,10 @@ class PublishRetention(_Model):
 
 
 class Publish(_Model):
-    default_target: str = "local"
+    default_target: str = "local"  # the target a nightly publishes to when none is named
+    # Each channel's folder name in a target (nightly, release).
     channels: dict[Channel, StorePrefix] = {"nightly": "nightly", "release": "release"}
-    targets: dict[str, Target] = {}
+    targets: dict[str, Target] = {}  # the publish targets by name: file:// or s3:// stores, or kind = "upload" indexes
     # Where the project's dependencies come from when installing from a Kiln index (which holds only the
     # project's own wheels): named in the install hint of every run and used by `kiln verify` on request.
     extra_index_urls: tuple[IndexUrl, ...] = ("https://pypi.org/simple",)
@@ -430,7 +442,7 @@ class Publish(_Model):
     # requirement or the conflict; "warn": it is published, and the summary's first lines say it will not
     # install; "off": no check.
     check_dependencies: Literal["refuse", "warn", "off"] = "refuse"
-    retention: PublishRetention = PublishRetention()
+    retention: PublishRetention = PublishRetention()  # what kiln prune keeps of a nightly channel
     # [publish.targets.<name>] tables with kind = "upload" (PyPI-compatible indexes), split out at load.
     upload_targets: dict[str, UploadTarget] = {}
 

@@ -106,11 +106,13 @@ class Toolchain(_Model):
     """
 
     include_dirs: tuple[LocalPath, ...] = ()  # absolute, or relative to kiln.toml
+    # Preprocessor definitions for Kiln's nvcc/hipcc compiles (NAME or NAME=VALUE).
     defines: tuple[Annotated[str, AfterValidator(_define)], ...] = ()
-    nvcc_flags: tuple[Flag, ...] = ()
-    hipcc_flags: tuple[Flag, ...] = ()
+    nvcc_flags: tuple[Flag, ...] = ()  # extra flags for Kiln's nvcc compiles
+    hipcc_flags: tuple[Flag, ...] = ()  # extra flags for Kiln's hipcc compiles
+    # Libraries Kiln's compiled libraries link against (-l).
     libraries: tuple[Annotated[str, AfterValidator(_library)], ...] = ()
-    library_dirs: tuple[LocalPath, ...] = ()
+    library_dirs: tuple[LocalPath, ...] = ()  # folders searched for them (-L)
     # CUDA sources that register torch ops (TORCH_LIBRARY): built against the installed
     # torch's headers, libraries and C++ ABI.
     torch: bool = False
@@ -146,19 +148,21 @@ class BuildCacheSettings(_Model):
 
 
 class Build(_Model):
-    cache_dir: LocalPath = ".kiln/cache"
+    cache_dir: LocalPath = ".kiln/cache"  # the content-addressed build cache, relative to kiln.toml
     # [build.cache]: the unit cache's shared tier, under the worker's own cache_dir.
     cache: BuildCacheSettings = BuildCacheSettings()
-    jobs: int = Field(default=2, ge=1, le=256)
-    unit_timeout_s: float = Field(default=300, gt=0)
+    jobs: int = Field(default=2, ge=1, le=256)  # compile units built at once (and the bound of a suite's "auto" shards)
+    unit_timeout_s: float = Field(default=300, gt=0)  # the deadline of one compile unit
+    # "kiln": Kiln's AOT build of the registry; "pep517": the project's own build backend.
     backend: BuildBackend = "kiln"
+    # "triton-jit": a pep517 package whose Triton kernels compile at run time (no AOT step).
     kind: PackageKind = "native"
     # pep517: the directory holding the project's pyproject.toml, and the deadline of one variant's build.
     project_dir: ProjectPath = "."
-    backend_timeout_s: float = Field(default=3600, gt=0)
+    backend_timeout_s: float = Field(default=3600, gt=0)  # the deadline of one pep517 build
     # Package files (globs, relative to the package directory) left out of the wheel; each one is named in a warning.
     exclude: tuple[Annotated[str, AfterValidator(_pattern)], ...] = ()
-    toolchain: Toolchain = Toolchain()
+    toolchain: Toolchain = Toolchain()  # what the build is compiled against (torch, include folders)
     # [build.interpreters]: "3.12" = "/path/to/python3.12", the interpreter of every cell of that Python,
     # before python3.X on PATH, uv's discovery and pyenv's versions (kiln.tasks.build.interpreters).
     interpreters: dict[str, LocalPath] = Field(default_factory=dict)
@@ -222,14 +226,14 @@ class Quarantine(_Model):
     fail rate across commits is not evidence of a flake) and are accepted with a warning.
     """
 
-    window: int = Field(default=10, ge=2, le=200)
-    min_runs: int = Field(default=3, ge=2)
-    band_low: float = Field(default=0.05, gt=0, lt=1)
-    band_high: float = Field(default=0.6, gt=0, lt=1)
-    release_after: int = Field(default=3, ge=1, le=100)
-    broken_after: int = Field(default=3, ge=2, le=50)
-    history: StorePrefix = "test-history"
-    enabled: bool = True
+    window: int = Field(default=10, ge=2, le=200)  # the runs of a test the flaky judgment looks at
+    min_runs: int = Field(default=3, ge=2)  # runs needed before a test can be judged flaky
+    band_low: float = Field(default=0.05, gt=0, lt=1)  # a failure rate above this (and below band_high) is flaky
+    band_high: float = Field(default=0.6, gt=0, lt=1)  # a failure rate at or above this is broken, not flaky
+    release_after: int = Field(default=3, ge=1, le=100)  # consecutive passes that release a test from quarantine
+    broken_after: int = Field(default=3, ge=2, le=50)  # consecutive failures that make a quarantined test gate again
+    history: StorePrefix = "test-history"  # the artifact-store prefix test outcomes are kept under
+    enabled: bool = True  # whether flaky tests are quarantined at all
 
     @model_validator(mode="after")
     def _fits(self) -> Quarantine:
@@ -266,5 +270,5 @@ class Selection(_Model):
 class Testing(_Model):
     # Files or directories (relative to kiln.toml) whose change selects every suite; kiln.toml itself always does.
     select_all: tuple[ProjectPath, ...] = DEFAULT_SELECT_ALL
-    quarantine: Quarantine = Quarantine()
-    selection: Selection = Selection()
+    quarantine: Quarantine = Quarantine()  # how flaky tests are found, quarantined and released
+    selection: Selection = Selection()  # which tests a nightly carries from an earlier run instead of running

@@ -61,8 +61,8 @@ class _Model(BaseModel):
 class Exclusion(_Model):
     """One ``exclude`` entry: every cell matching all the keys it gives is not built."""
 
-    python: str | None = None
-    torch: str | None = None
+    python: str | None = None  # the Python of the cells left out (e.g. "3.13")
+    torch: str | None = None  # the torch of the cells left out (e.g. "2.13.0")
 
     @model_validator(mode="after")
     def _something(self) -> Exclusion:
@@ -79,8 +79,8 @@ class Cell(_Model):
     """What one expanded variant stands for: ``matrix`` is the ``[[variants]]`` name it came from."""
 
     matrix: str
-    python: str | None = None
-    torch: str | None = None
+    python: str | None = None  # a cell's Python (e.g. "3.12")
+    torch: str | None = None  # a cell's torch requirement
     label: str
     # abi = "stable" with a torch axis: every torch of the axis, which its one wheel (built against the newest)
     # claims; the test stage runs its suites under each

@@ -33,9 +33,9 @@ class _Model(BaseModel):
 class Credentials(_Model):
     """Where a step's store credentials come from; exactly one source."""
 
-    block: BlockName | None = None
-    role_arn: RoleArn | None = None
-    ambient: bool = False
+    block: BlockName | None = None  # a Prefect AwsCredentials block holding the step's keys
+    role_arn: RoleArn | None = None  # an IAM role the step assumes (its policy: kiln policies)
+    ambient: bool = False  # the worker's own AWS identity (instance profile, IRSA, environment)
 
     @model_validator(mode="after")
     def _one_source(self) -> Credentials:
@@ -46,8 +46,8 @@ class Credentials(_Model):
 
 
 class Permission(_Model):
-    read: tuple[Prefix, ...] = ()
-    write: tuple[Prefix, ...] = ()
+    read: tuple[Prefix, ...] = ()  # store prefixes the step's generated policy lets it read
+    write: tuple[Prefix, ...] = ()  # store prefixes the step's generated policy lets it write
     # None: not chosen. Allowed only for a step that touches no s3:// location (see unchosen_credentials).
     credentials: Credentials | None = None
 
