@@ -373,7 +373,7 @@ class UploadTarget(_Model):
     Only the release flow uploads there, after Kiln's own indexes: the ``pypi_variant``'s wheel under the
     release's public version, judged first by PyPI's rules (kiln.release.pypi_plan)."""
 
-    kind: str  # an upload kind of kiln.release.uploaders.UPLOADERS ("upload": PyPI's upload API), checked at load
+    kind: Literal["upload"]
     url: IndexUrl  # the legacy upload API, e.g. https://upload.pypi.org/legacy/
     index_url: IndexUrl  # its simple API, read for what the project already holds, e.g. https://pypi.org/simple/
     pypi_variant: str  # the one variant that goes there (PyPI refuses local versions such as +cu130)
@@ -406,13 +406,10 @@ def _split_upload_targets(data: Any) -> Any:
         return data
     targets = data["targets"]
     uploads = {k: v for k, v in targets.items() if isinstance(v, dict) and "kind" in v}
-    from kiln.release.uploaders import UPLOADERS  # the kinds are the table's: a new kind is one entry there
-
     for name, table in uploads.items():
-        if table["kind"] not in UPLOADERS:
-            raise ValueError(f"targets.{name}.kind: {table['kind']!r} is not a target kind; the kinds are"
-                             f" {sorted(UPLOADERS)} (\"upload\": a PyPI-compatible index); file:// and s3:// targets"
-                             " are told by their url")
+        if table["kind"] != "upload":
+            raise ValueError(f"targets.{name}.kind: {table['kind']!r} is not a target kind; the only kind is"
+                             " \"upload\" (a PyPI-compatible index); file:// and s3:// targets are told by their url")
     return {**data, "targets": {k: v for k, v in targets.items() if k not in uploads},
             "upload_targets": {**data.get("upload_targets", {}), **uploads}}
 
