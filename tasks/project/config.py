@@ -373,7 +373,7 @@ class UploadTarget(_Model):
     Only the release flow uploads there, after Kiln's own indexes: the ``pypi_variant``'s wheel under the
     release's public version, judged first by PyPI's rules (kiln.release.pypi_plan)."""
 
-    kind: Literal["upload"]
+    kind: Literal["upload"]  # "upload": a PyPI-compatible upload API (the one kind release/uploaders.py holds)
     url: IndexUrl  # the legacy upload API, e.g. https://upload.pypi.org/legacy/
     index_url: IndexUrl  # its simple API, read for what the project already holds, e.g. https://pypi.org/simple/
     pypi_variant: str  # the one variant that goes there (PyPI refuses local versions such as +cu130)
