@@ -247,8 +247,12 @@ def local_sources(sources: Iterable[str]) -> list[Path]:
     return found
 
 
+# The variables through which an installer's sources and pins reach it (folders, files, file:// URLs): what they
+# name on this machine is readable to the guest (the offline GPU check points UV_OVERRIDE at its carry's pins).
 _INSTALLER_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_CONFIG_FILE",
-                      "PIP_CERT", "SSL_CERT_FILE", "SSL_CERT_DIR", "UV_CONSTRAINT")
+                      "PIP_CERT", "SSL_CERT_FILE", "SSL_CERT_DIR", "UV_CONSTRAINT", "UV_OVERRIDE",
+                      "UV_BUILD_CONSTRAINT", "UV_FIND_LINKS", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX",
+                      "UV_DEFAULT_INDEX", "UV_CONFIG_FILE")
 _INSTALLER_CACHES = ("UV_CACHE_DIR", "PIP_CACHE_DIR")
 
 
