@@ -171,9 +171,12 @@ def test_a_failed_upload_is_failed_in_the_record_and_in_prefect(prefect_server, 
     unit = {u.id: u for u in run.units}[f"publish/cpu/{name}"]
     assert unit.state == "failed" and "IntegrityError" in unit.message and "RECORD" in unit.message
     def of_this_run(client) -> list:
+        # the server is the test session's: other tests' publishes upload a file of this name too, some from a
+        # publish run of their own (no parent task run)
         uploads = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[f"upload cpu/{name}"])))
-        return [t for t in uploads if client.read_task_run(
-            client.read_flow_run(t.flow_run_id).parent_task_run_id).flow_run_id == UUID(run.run_id)]
+        parents = {t.id: client.read_flow_run(t.flow_run_id).parent_task_run_id for t in uploads}
+        return [t for t in uploads if parents[t.id] is not None
+                and client.read_task_run(parents[t.id]).flow_run_id == UUID(run.run_id)]
 
     with get_client(sync_client=True) as client:
         # Task-run states reach the server through Prefect's events worker, after the flow returned.
