@@ -43,6 +43,18 @@ def _wait_up(url: str, proc: subprocess.Popen, deadline_s: float) -> bool:
     return False
 
 
+def until_owned(proc: subprocess.Popen, port: int, deadline_s: float = 10) -> bool:
+    """Whether ``proc`` is the one listening on ``port`` (it may still be binding when its URL first answers)."""
+    from kiln.flows.local.server_identity import owns_port
+
+    end = time.monotonic() + deadline_s
+    while proc.poll() is None and time.monotonic() < end:
+        if owns_port(proc.pid, port):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 @dataclass
 class MotoServer:
     url: str
@@ -74,7 +86,9 @@ def moto_server(tmp_path_factory) -> Iterator[MotoServer]:
         with open(logfile, "ab") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
-        if _wait_up(url, proc, deadline_s=30):
+        # Ours, not another xdist worker's moto that took the port first: it answers /moto-api/ as well, and its
+        # tests would reset or enforce the IAM state this module's fixtures made (InvalidClientTokenId).
+        if _wait_up(url, proc, deadline_s=30) and until_owned(proc, port):
             break
         proc.kill()
         proc.wait(timeout=10)
