@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from kiln.core.manifest import RunManifest
+from kiln.tasks.testing.selection import CARRIED
 
 REPO = Path(__file__).resolve().parents[1]
 KILN = [sys.executable, "-m", "kiln.flows.cli"]
@@ -48,7 +49,7 @@ def _nightly(root: Path, full: bool) -> dict[str, float]:
         for test in json.loads(report.read_text()).get("tests", []):
             if test["outcome"] == "skipped":
                 continue
-            if str(test.get("message", "")).startswith("carried from run"):
+            if str(test.get("message", "")).startswith(CARRIED):
                 carried += 1
             else:
                 ran += 1

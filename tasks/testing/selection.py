@@ -63,10 +63,16 @@ class Plan:
                       settled=tuple(carried_result(c.record) for c in self.choices if c.carried and c.record))
 
 
+CARRIED = "carried from run "  # how a carried test's result (and its choice) begins: what the report shows
+
+
+def carried_message(record: Record) -> str:
+    return f"{CARRIED}{record.ran_run}: its inputs are unchanged"
+
+
 def carried_result(record: Record) -> TestResult:
     """A carried test's result: passed, naming the run it ran in, and keeping the keys it touched then."""
-    return TestResult(record.nodeid, "passed", message=f"carried from run {record.ran_run}: its inputs are unchanged",
-                      touched=record.touched)
+    return TestResult(record.nodeid, "passed", message=carried_message(record), touched=record.touched)
 
 
 def _some(keys: Sequence[str], shown: int = 3) -> str:
@@ -115,8 +121,7 @@ def decide(collected: Sequence[str], records: Mapping[str, Record], current: Map
             choices.append(Choice(nodeid, False, why, record))
             continue
         forced = off or _bound(record, policy, now)
-        choices.append(Choice(nodeid, not forced, forced or f"carried from run {record.ran_run}: its inputs are "
-                              "unchanged", record, would_carry=True))
+        choices.append(Choice(nodeid, not forced, forced or carried_message(record), record, would_carry=True))
     return Plan(tuple(choices))
 
 
@@ -259,8 +264,7 @@ class Selector:
         """Store this unit's records, check recall where a test ran that selection would carry, and say what
         selection did."""
         plan = self.plan or Plan(())
-        complete = self.plan is not None and not any(r.nodeid == "<collection>" or r.message == "collection failed"
-                                                     for r in results)
+        complete = self.plan is not None and not _collection_failed(results)
         lines = list(self.notes)
         if self._inputs is not None:
             wheel, root = self._inputs
@@ -283,7 +287,7 @@ class Selector:
                 lines.append(f"selection could not be switched off for suite {self.suite}: {exc}")
         reported = {r.nodeid for r in results}
         # what was reported as carried: a collection error makes the runner run what the picker would carry
-        settled = {r.nodeid for r in results if r.message.startswith("carried from run ")}
+        settled = {r.nodeid for r in results if r.message.startswith(CARRIED)}
         carried = [c for c in plan.carried if c.nodeid in settled and c.record is not None]
         ran = [r for r in results if r.nodeid not in {c.nodeid for c in carried} and r.outcome != "skipped"]
         return Outcome(len(reported) - len(carried), len(carried),
