@@ -256,7 +256,7 @@ def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Seque
     env, options = uv_env(), uv_source_options()
     cmd = [uv, "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(tmp / "bin" / "python"),
            *options, *CELL_SEED, *requirements]
-    guest, guest_env = installer_command(cmd, tmp / "bin" / "python", env, read=local_sources(options), write=[tmp])
+    guest, guest_env = installer_command(cmd, tmp / "bin" / "python", env, write=[tmp])  # reads what cmd names
     done = run_tool(guest, timeout_s, env=guest_env)
     if done.returncode != 0:
         raise BuildEnvironmentError(

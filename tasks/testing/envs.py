@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core.errors import InfrastructureError, PermanentError
-from kiln.core.sandbox import installer_command, local_sources
+from kiln.core.sandbox import installer_command
 from kiln.core.venvs import make_build_env as make_build_env  # a pep517 build's environment, kept here by name
 from kiln.core.venvs import run as _run
 from kiln.core.venvs import site_packages as _site_packages
@@ -173,10 +173,10 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
         cmd = [*uv_command(), "pip", "install", "--quiet", "--link-mode", "copy", "--python", str(python),
                "--constraint", str(constraints),
                "--find-links", str(runtime.parent), *index_options, *map(str, wheels), str(runtime), *requirements]
-        sources = local_sources([*indexes, *pip_indexes, *links])
-        reads = [*(w.parent for w in wheels), runtime.parent, constraints, *sources]
-        guest, guest_env = installer_command(cmd, python, env, read=[*reads, *((base_site,) if base_site else ())],
-                                             write=[root])
+        # installer_command grants what the command names (the constraints, the runtime's folder, every local
+        # index and find-links source, the wheels); beside it, the wheels' folders and the base it layers on
+        reads = [*(w.parent for w in wheels), *((base_site,) if base_site else ())]
+        guest, guest_env = installer_command(cmd, python, env, read=reads, write=[root])
         _run(guest, what, timeout=INSTALL_TIMEOUT_S, env=guest_env)
     except InfrastructureError as exc:
         raise DependencyResolutionError(
