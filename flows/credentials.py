@@ -70,8 +70,10 @@ def _assume_role(config: KilnConfig, step: str, role_arn: str, region: str | Non
     # Any: a boto3 STS client, or a test's stand-in (boto3's clients carry no types)
                  sts_client: Any = None, read_only: bool = False) -> boto3.Session:
     policy = _session_document(config, step, read_only)
-    # MinIO and moto serve STS on the store's endpoint; AWS ignores endpoint=None.
-    sts = sts_client or boto3.client("sts", region_name=region, endpoint_url=endpoint)
+    # MinIO and moto serve STS on the store's endpoint; AWS ignores endpoint=None. A fresh session, not boto3's
+    # default one: that caches the first credentials it resolved, and a daemon serves commands whose environments
+    # (the worker's base keys) differ.
+    sts = sts_client or boto3.Session(region_name=region).client("sts", endpoint_url=endpoint)
     log.info("step %s: assuming role %s with its generated session policy", step, role_arn)
     try:
         answer = sts.assume_role(RoleArn=role_arn, RoleSessionName=f"kiln-{step}", Policy=policy,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -153,6 +154,12 @@ def test_the_prune_step_deletes_nightly_objects_only(enforced, tmp_path):
 
 def test_session_for_assumes_the_step_role(enforced, monkeypatch):
     server, role_arn = enforced
+    # boto3's default session resolved other keys first (as an earlier command of a daemon would): it caches
+    # them, and the worker's keys set afterwards must still be the ones that call STS.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stale")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "stale")
+    boto3.client("sts", region_name="us-east-1", endpoint_url=server.url)  # resolves and caches "stale"
     for name, value in server.users["worker"].items():
         monkeypatch.setenv(name.upper(), value)
     config = kiln_config(server.url, {"publish-release": {"role_arn": role_arn}})
