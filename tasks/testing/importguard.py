@@ -41,7 +41,7 @@ Three hooks, because no single one sees every import:
 
 Whoever imports on another's behalf is passed over on the way out: importlib's
 frames, the standard library's helpers that take a dotted name
-(``pkgutil.resolve_name``, ``unittest.mock.patch``), and code run with globals
+(``pkgutil.resolve_name``, ``unittest.mock.patch``, ``pydoc.locate``), and code run with globals
 that name no module (``exec(code, {})``) — the import is judged as the code's
 that called them.
 
@@ -70,9 +70,10 @@ Role = Literal["package", "tests"]
 _MACHINERY = (os.path.dirname(importlib.__file__ or "") + os.sep, "<frozen importlib")
 _STDLIB = os.path.dirname(os.__file__)
 # The standard library's helpers that import a name on their caller's behalf (``pkgutil.resolve_name``,
-# ``unittest.mock.patch`` by way of it): their frames are passed over like importlib's, so the import is
-# judged as the caller's. Their paths, not their modules: importing them here would slow every start.
-_ON_BEHALF = frozenset(os.path.join(_STDLIB, *parts) for parts in (("pkgutil.py",), ("unittest", "mock.py")))
+# ``unittest.mock.patch`` by way of it, ``pydoc.locate``): their frames are passed over like importlib's, so the
+# import is judged as the caller's. Their paths, not their modules: importing them here would slow every start.
+_ON_BEHALF = frozenset(os.path.join(_STDLIB, *parts) for parts in (("pkgutil.py",), ("pydoc.py",),
+                                                                           ("unittest", "mock.py")))
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:

@@ -135,11 +135,18 @@ def test_every_route_of_import_is_refused_and_kilns_own_modules_are_not_test_cod
 
 HELPERS_BODY = '''
 import pkgutil
+import pydoc
 from unittest import mock
 
 
 def by_resolve_name():
     return pkgutil.resolve_name("undeclared.sub:VALUE")  # imports undeclared.sub on the package's behalf
+
+
+def by_pydoc_locate():
+    # pydoc's safeimport calls __import__ on the package's behalf, and answers a refused first import with None
+    if pydoc.locate("undeclared.sub.VALUE") is None:
+        raise ModuleNotFoundError("pydoc.locate found nothing")
 
 
 def by_exec_in_fresh_globals():
@@ -152,7 +159,8 @@ def by_mock_patch():
 '''
 
 
-@pytest.mark.parametrize("route", ["by_resolve_name", "by_exec_in_fresh_globals", "by_mock_patch"])
+@pytest.mark.parametrize("route", ["by_resolve_name", "by_pydoc_locate", "by_exec_in_fresh_globals",
+                                   "by_mock_patch"])
 @pytest.mark.parametrize("preloaded", [False, True], ids=["not-yet-imported", "already-imported"])
 def test_the_standard_librarys_import_on_behalf_helpers_are_judged_as_their_caller(tmp_path, route, preloaded):
     """A real interpreter with the guard installed as an environment's .pth does (no mocks of the guard)."""
@@ -181,4 +189,7 @@ def test_the_standard_librarys_import_on_behalf_helpers_are_judged_as_their_call
                           capture_output=True, text=True, timeout=60)
 
     assert done.returncode != 0, done.stdout + done.stderr
+    if route == "by_pydoc_locate" and not preloaded:
+        assert "pydoc.locate found nothing" in done.stderr, done.stderr
+        return
     assert "ModuleNotFoundError: No module named 'undeclared': probe_pkg imports it" in done.stderr, done.stderr
