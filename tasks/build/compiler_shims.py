@@ -148,4 +148,5 @@ def unit_stats(stats_log: Path, source: Path) -> CompileStats:
             else below.as_posix()
 
     return CompileStats(tuple(name(p) for p in stats.compiled if ours(p)),
-                        tuple(name(p) for p in stats.reused if ours(p)))
+                        tuple(name(p) for p in stats.reused if ours(p)),
+                        tuple(name(p) for p in stats.shared if ours(p)), stats.shared_faults)

@@ -258,14 +258,17 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         # read; this compile's folder and the compile cache written; no network (a source cannot #include a
         # credential file or the user's home into the library)
         guest = functools.partial(_guest, read=[root, Path(nvcc.path).resolve().parent.parent,
-                                                *_named_paths([*settings.compile_args(), *settings.link_args()])],
-                                  write=[tmp, *([cache.directory] if cache is not None else [])])
+                                                *_named_paths([*settings.compile_args(), *settings.link_args()]),
+                                                *(cache.read_paths() if cache is not None else [])],
+                                  write=[tmp, *(cache.write_paths() if cache is not None else [])])
         tools = nvcc_arch.find_combine_tools(nvcc.path, nvcc.cuobjdump)
         per_arch = [(parse_cuda_arch(name).sm, gencode_flags((name,))) for name in archs]
         objects: list[str] = []
         compiled: list[str] = []
         reused: list[str] = []
-        served: dict[Path, bool] = {}  # object -> whether the compile cache served it
+        shared: list[str] = []  # of reused, those the team's shared tier served
+        faults = 0
+        served: dict[Path, CompileStats] = {}  # object -> what the compile cache's log says of it
         for number, source in enumerate(staged):
             obj = Path(tmp) / f"{number}-{source.name}.o"
             # -ffile-prefix-map: __FILE__ and debug paths name the staged directory as '.'.
@@ -282,11 +285,14 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
                     raise CompileError(f"nvcc failed on {source.name} for {library} ({', '.join(archs)}):\n"
                                        f"{result.stdout[-4000:]}")
                 if cache is not None:
-                    served[out] = bool(read_stats_log(call_log).reused)
+                    served[out] = read_stats_log(call_log)
 
             for label, written in nvcc_arch.compile_translation_unit(source, obj, per_arch, compile_one, tools,
                                                                      _plain_runner(env)):
-                (reused if served.get(written, False) else compiled).append(label)
+                logged = served.get(written, CompileStats())
+                (reused if logged.reused else compiled).append(label)
+                shared += [label] if logged.shared else []
+                faults += logged.shared_faults
             objects.append(str(obj))
         out = Path(tmp) / library
         # -s: no .symtab, whose FILE symbols name nvcc's per-process temporary files (tmpxft_<pid>_…).
@@ -301,7 +307,7 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         if sass != want_sass or not want_ptx <= ptx:
             raise CompileError(f"{library}: embeds SASS {sorted(sass)} and PTX {sorted(ptx)}, the plan asked for"
                                f" SASS {sorted(want_sass)} and PTX {sorted(want_ptx)}")
-        stats = CompileStats(tuple(compiled), tuple(reused))
+        stats = CompileStats(tuple(compiled), tuple(reused), tuple(shared), faults)
         return out.read_bytes(), stats
 
 

@@ -1,0 +1,203 @@
+"""The compile cache's shared tier, with real ccache and gcc in Kiln's sandbox: two workers with empty local
+caches and one store (a file:// folder through ccache's file: backend; S3 on a loopback moto server through
+Kiln's storage helper bridge) — the second compiles nothing and its objects are the first's bytes; a damaged
+shared entry is a miss and a correct compile; a store that does not answer is a warning and plain compiles."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kiln.core.objects import Store
+from kiln.core.s3 import S3Store, make_client
+from kiln.core.sandbox import guest_command, guest_environ
+from kiln.core.store import LocalStore
+from kiln.tasks.build.ccache_bridge import Bridge
+from kiln.tasks.build.compile_cache import CompileCache, CompileStats, open_compile_cache, read_stats_log
+from kiln.tasks.build.compile_tier import COMPILE_PREFIX, shared_tier
+from kiln.tasks.project.config_build import BuildCacheSettings
+from tests.helpers.s3 import S3_ENV
+
+SOURCES = {
+    "scale.c": "int scale(int x) { return 3 * x; }\n",
+    "shift.c": "int shift(int x) { return x + 7; }\n",
+    "square.c": "#include \"sq.h\"\nint square(int x) { return SQ(x); }\n",
+}
+HEADERS = {"sq.h": "#define SQ(x) ((x) * (x))\n"}
+
+needs_tools = pytest.mark.skipif(shutil.which("gcc") is None or open_compile_cache(Path("/nonexistent/x")) is None,
+                                 reason="gcc or ccache is not installed")
+pytestmark = needs_tools
+
+SHARED = BuildCacheSettings(remote="artifacts")
+
+
+def _clone(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name, text in {**SOURCES, **HEADERS}.items():
+        (dest / name).write_text(text)
+    return dest
+
+
+def _compile(cache: CompileCache, sources: Path, work: Path) -> tuple[dict[str, bytes], CompileStats]:
+    """Compile every source of ``sources`` as a build does: gcc behind ccache, sandboxed (no network), granted
+    what the compile cache names; the objects and what ccache's statistics log says of them."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "stats.log"
+    env = guest_environ(work / "home", cache.environ(sources, log))
+    objects = {}
+    for name in sorted(SOURCES):
+        out = work / f"{name}.o"
+        cmd = guest_command([*cache.prefix(), shutil.which("gcc") or "gcc", "-c", "-O2", name, "-o", str(out)],
+                            read=[sources, *cache.read_paths(), "/usr"], write=[work, *cache.write_paths()],
+                            network="none")
+        done = subprocess.run(cmd, cwd=sources, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        objects[name] = out.read_bytes()
+    return objects, read_stats_log(log)
+
+
+def _worker(root: Path, store: Store, settings: BuildCacheSettings = SHARED) -> CompileCache:
+    """A worker's compile cache: its own empty local directory over the shared tier of ``store``."""
+    cache = open_compile_cache(root / "cache", shared_tier(settings, store))
+    assert cache is not None
+    return cache
+
+
+def _two_workers(tmp_path: Path, store: Store) -> None:
+    first = _worker(tmp_path / "w1", store)
+    cold, stats = _compile(first, _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out")
+    assert sorted(stats.compiled) == sorted(SOURCES) and stats.reused == ()
+
+    # another worker, another clone path, an empty local cache: every translation unit comes from the store
+    second = _worker(tmp_path / "w2", store)
+    warm, stats = _compile(second, _clone(tmp_path / "w2" / "a-longer-clone-path"), tmp_path / "w2" / "out")
+    assert stats.compiled == ()
+    assert sorted(stats.reused) == sorted(stats.shared) == sorted(SOURCES)
+    assert warm == cold
+
+    # a one-file change on a third fresh worker compiles that file alone
+    third = _worker(tmp_path / "w3", store)
+    clone = _clone(tmp_path / "w3" / "src")
+    (clone / "shift.c").write_text(SOURCES["shift.c"].replace("7", "8"))
+    _, stats = _compile(third, clone, tmp_path / "w3" / "out")
+    assert stats.compiled == ("shift.c",) and sorted(stats.reused) == ["scale.c", "square.c"]
+
+
+def test_a_second_worker_compiles_nothing_through_a_file_store(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    _two_workers(tmp_path, store)
+    assert any((tmp_path / "store" / SHARED.prefix / COMPILE_PREFIX).rglob("*")), "the entries are in the store"
+
+
+def test_a_corrupted_shared_entry_is_a_miss_and_a_correct_compile(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    cold, _ = _compile(_worker(tmp_path / "w1", store), _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out")
+    entries = [p for p in (tmp_path / "store" / SHARED.prefix / COMPILE_PREFIX).rglob("*")
+               if p.is_file() and p.name != "CACHEDIR.TAG"]
+    assert entries
+    for entry in entries:  # one byte of every result and manifest flipped, in the middle of its content
+        data = bytearray(entry.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        entry.chmod(0o644)
+        entry.write_bytes(bytes(data))
+    objects, stats = _compile(_worker(tmp_path / "w2", store), _clone(tmp_path / "w2" / "src"),
+                              tmp_path / "w2" / "out")
+    assert sorted(stats.compiled) == sorted(SOURCES) and stats.shared == ()
+    assert objects == cold
+
+
+def test_a_read_only_tier_is_read_and_never_written(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    reader = BuildCacheSettings(remote="artifacts", read_only=True)
+    folder = tmp_path / "store" / SHARED.prefix / COMPILE_PREFIX
+    assert shared_tier(reader, store) is None  # nothing shared yet: the folder is not made by a reader
+    cold, _ = _compile(_worker(tmp_path / "w1", store), _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out")
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    cache = _worker(tmp_path / "w2", store, reader)
+    assert cache.shared is not None and folder not in cache.write_paths() and folder in cache.read_paths()
+    clone = _clone(tmp_path / "w2" / "src")
+    (clone / "scale.c").write_text(SOURCES["scale.c"].replace("3", "5"))
+    objects, stats = _compile(cache, clone, tmp_path / "w2" / "out")
+    assert stats.compiled == ("scale.c",) and sorted(stats.shared) == ["shift.c", "square.c"]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+
+
+def test_a_shared_folder_this_worker_cannot_use_is_a_warning_and_plain_compiles(tmp_path, caplog):
+    store = LocalStore(tmp_path / "store")
+    folder = tmp_path / "store" / SHARED.prefix / COMPILE_PREFIX
+    folder.parent.mkdir(parents=True)
+    folder.write_text("not a folder")  # what a mount gone wrong looks like to this worker (root ignores modes)
+    with caplog.at_level(logging.WARNING, "kiln.tasks.build.compile_tier"):
+        cache = _worker(tmp_path / "w1", store)
+    assert cache.shared is None
+    assert [r for r in caplog.records if "local cache only" in r.getMessage()]
+    _, stats = _compile(cache, _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out")
+    assert sorted(stats.compiled) == sorted(SOURCES)
+
+
+# --- S3, through Kiln's storage helper bridge --------------------------------------------------------------------
+
+@pytest.fixture
+def s3_store(s3_endpoint: str) -> S3Store:
+    import boto3
+
+    session = boto3.Session(aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    client = make_client(session, "us-east-1", s3_endpoint)
+    bucket = f"kiln-ccache-{id(session)}"
+    client.create_bucket(Bucket=bucket)
+    return S3Store(client, bucket, "artifacts")
+
+
+def test_a_second_worker_compiles_nothing_through_an_s3_store(tmp_path, s3_store):
+    _two_workers(tmp_path, s3_store)
+    assert s3_store.list(f"{SHARED.prefix}/{COMPILE_PREFIX}/"), "the entries are in the bucket"
+
+
+def test_the_bridge_writes_create_only_and_removes_nothing(tmp_path):
+    bridge = Bridge(LocalStore(tmp_path / "store"), "build-cache/compile")
+    assert bridge.put(b"\x01\x02", b"first") and bridge.get(b"\x01\x02") == b"first"
+    assert not bridge.put(b"\x01\x02", b"other bytes")  # the first writer's bytes stay
+    assert bridge.get(b"\x01\x02") == b"first" and bridge.stats.kept == 1
+    assert bridge.get(b"\x09") is None and bridge.stats.misses == 1
+
+
+def test_the_bridge_ends_with_the_build_that_holds_its_tier(tmp_path):
+    tier = shared_tier(SHARED, _silent_store())
+    assert tier is not None and tier.url.startswith("crsh:")
+    socket_path = Path(tier.url.removeprefix("crsh:"))
+    assert socket_path.exists()
+    del tier  # the build dropped its compile cache
+    assert not socket_path.exists()
+
+
+def _silent_store() -> S3Store:
+    """An S3 store whose endpoint refuses every connection (a port bound, never listened on)."""
+    import boto3
+    from botocore.config import Config
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    client = session.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                            config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=2))
+    store = S3Store(client, "absent", "artifacts")
+    store._kiln_port_holder = holder  # type: ignore[attr-defined]  # the port stays refused while the store lives
+    return store
+
+
+def test_a_store_that_does_not_answer_is_one_warning_and_plain_compiles(tmp_path, caplog):
+    store = _silent_store()
+    with caplog.at_level(logging.WARNING, "kiln.tasks.build.ccache_bridge"):
+        cache = _worker(tmp_path / "w1", store)
+        _, stats = _compile(cache, _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out")
+    assert sorted(stats.compiled) == sorted(SOURCES) and stats.shared == ()
+    warnings = [r for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(warnings) == 1
