@@ -6,7 +6,10 @@ that name. The release reaches a target only through :func:`uploader_for`: it
 asks the uploader what the index holds, plans against it (what will be sent,
 skipped or refused, before anything moves), then sends each file of the plan,
 one call per file, with credentials read or minted inside that call. A new kind
-is a module with its implementation and one entry here.
+is a module with its implementation and one entry in
+:data:`kiln.release.upload_kinds.UPLOAD_KINDS`, the table kiln.toml's loader
+checks kinds against without importing any implementation; :data:`UPLOADERS`
+makes each kind's uploader from that entry on first use.
 
 The first kind is ``upload``: a PyPI-compatible index's legacy upload API
 (twine, :mod:`kiln.release.upload`), judged by PyPI's rules
@@ -15,6 +18,9 @@ The first kind is ``upload``: a PyPI-compatible index's legacy upload API
 
 from __future__ import annotations
 
+import importlib
+import threading
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +30,7 @@ from kiln.release.pypi_index import read_index
 from kiln.release.pypi_plan import IndexFile
 from kiln.release.pypi_release import PreparedUpload, UploadRequest, prepare_upload
 from kiln.release.upload import Endpoint, IndexCredentials, Outcome, send_file
+from kiln.release.upload_kinds import UPLOAD_KINDS
 
 
 class Uploader(Protocol):
@@ -55,8 +62,46 @@ class PyPIUploader:
         return send_file(path, endpoint, credentials, read=self.holds)
 
 
-# kind (as kiln.toml spells it) -> its uploader. A new kind: its module, and one entry here.
-UPLOADERS: dict[str, Uploader] = {"upload": PyPIUploader()}
+class _Uploaders(Mapping[str, Uploader]):
+    """The kinds of ``kinds`` (kind -> "module:attr"), each uploader made from its entry when first asked for.
+
+    An entry that changes (a test registering its fake, then removing it) is made again from its new value.
+    One lock: uploads run in task threads, and a kind's uploader is one object however many ask at once."""
+
+    def __init__(self, kinds: Mapping[str, str]) -> None:
+        self._kinds = kinds
+        self._made: dict[str, tuple[str, Uploader]] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, kind: str) -> Uploader:
+        spec = self._kinds[kind]
+        with self._lock:
+            made = self._made.get(kind)
+            if made is None or made[0] != spec:
+                made = (spec, _make(kind, spec))
+                self._made[kind] = made
+            return made[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kinds)
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+
+def _make(kind: str, spec: str) -> Uploader:
+    module, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"upload kind {kind!r}: its entry {spec!r} in kiln.release.upload_kinds.UPLOAD_KINDS"
+                          f" names nothing importable ({exc}); an entry is 'module:attr'") from exc
+    uploader: Uploader = factory()
+    return uploader
+
+
+# kind (as kiln.toml spells it) -> its uploader, made from its entry in UPLOAD_KINDS when first asked for.
+UPLOADERS: Mapping[str, Uploader] = _Uploaders(UPLOAD_KINDS)
 
 
 def uploader_for(kind: str) -> Uploader:

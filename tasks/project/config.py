@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.release.index import ProjectStatus, Status
 from kiln.release.policies import STEPS, Step  # noqa: F401 (re-exported)
+from kiln.release.upload_kinds import UPLOAD_KINDS
 from kiln.tasks.project.archs import validate_arch
 from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env, one_of  # noqa: F401 - Toolchain: part of the config's API
 from kiln.tasks.project.config_fields import (
@@ -373,7 +374,7 @@ class UploadTarget(_Model):
     Only the release flow uploads there, after Kiln's own indexes: the ``pypi_variant``'s wheel under the
     release's public version, judged first by PyPI's rules (kiln.release.pypi_plan)."""
 
-    kind: Literal["upload"]  # "upload": a PyPI-compatible upload API (the one kind release/uploaders.py holds)
+    kind: str  # an upload kind of kiln.release.upload_kinds ("upload": a PyPI-compatible upload API), checked at load
     url: IndexUrl  # the legacy upload API, e.g. https://upload.pypi.org/legacy/
     index_url: IndexUrl  # its simple API, read for what the project already holds, e.g. https://pypi.org/simple/
     pypi_variant: str  # the one variant that goes there (PyPI refuses local versions such as +cu130)
@@ -407,11 +408,21 @@ def _split_upload_targets(data: Any) -> Any:
     targets = data["targets"]
     uploads = {k: v for k, v in targets.items() if isinstance(v, dict) and "kind" in v}
     for name, table in uploads.items():
-        if table["kind"] != "upload":
-            raise ValueError(f"targets.{name}.kind: {table['kind']!r} is not a target kind; the only kind is"
-                             " \"upload\" (a PyPI-compatible index); file:// and s3:// targets are told by their url")
+        _check_upload_kind(name, table["kind"])
     return {**data, "targets": {k: v for k, v in targets.items() if k not in uploads},
             "upload_targets": {**data.get("upload_targets", {}), **uploads}}
+
+
+def _check_upload_kind(name: str, kind: object) -> None:
+    """``kind`` is a key of the kinds table, read as names only: no uploader (nor twine, nor wheel) is imported,
+    since every process that loads kiln.toml comes here, some inside a wheel's environment without them."""
+    if isinstance(kind, str) and kind in UPLOAD_KINDS:
+        return
+    hint = difflib.get_close_matches(str(kind), list(UPLOAD_KINDS), n=1)
+    raise ValueError(f"targets.{name}.kind: {kind!r} is not a target kind"
+                     + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                     + f"; the kinds are {sorted(UPLOAD_KINDS)} (\"upload\": a PyPI-compatible index);"
+                     " file:// and s3:// targets are told by their url")
 
 
 class PublishRetention(_Model):

@@ -1,7 +1,7 @@
 """The upload seam: a new upload kind is one implementation of the Uploader protocol and one table entry.
 
 The kind here is a fake written for the test (``test-directory``: its "index"
-is a folder under tmp_path), registered in ``UPLOADERS`` by the test alone.
+is a folder under tmp_path), registered in ``UPLOAD_KINDS`` by the test alone.
 The release's upload path (:func:`kiln.flows.pypi.plan_uploads` then
 :func:`~kiln.flows.pypi.upload_release`, as the release flow calls them)
 reaches it through the table with no other edit.
@@ -10,10 +10,13 @@ reaches it through the table with no other edit.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from prefect import flow
@@ -22,10 +25,10 @@ from kiln.core.errors import ConfigError
 from kiln.core.fsutil import sha256_file
 from kiln.core.record import RunRecord
 from kiln.flows.pypi import plan_uploads, upload_release
-from kiln.release import uploaders
 from kiln.release.pypi_plan import IndexFile, PlannedFile, UploadPlan
 from kiln.release.pypi_release import PreparedUpload, UploadRequest
 from kiln.release.upload import Endpoint, IndexCredentials, Outcome, candidate
+from kiln.release.upload_kinds import UPLOAD_KINDS
 from kiln.release.uploaders import PyPIUploader, Uploader, uploader_for
 from kiln.tasks import uploading
 from kiln.tasks.project.config import KilnConfig, load_config
@@ -39,13 +42,13 @@ FAKE_KIND = "test-directory"
 
 
 class DirectoryUploader:
-    """The test's fake kind: the index is a local folder (``index_url`` is its path); every file is sent as is."""
+    """The test's fake kind: the index is a local folder (``file://`` URLs name it); every file is sent as is."""
 
     def __init__(self) -> None:
         self.credentials: list[IndexCredentials] = []
 
     def holds(self, index_url: str, project: str) -> list[IndexFile]:
-        return [IndexFile(p.name, sha256_file(p), p.stat().st_size) for p in sorted(Path(index_url).glob("*"))]
+        return [IndexFile(p.name, sha256_file(p), p.stat().st_size) for p in sorted(_folder(index_url).glob("*"))]
 
     def plan(self, request: UploadRequest, out_dir: Path, now: datetime) -> PreparedUpload:
         held = {f.filename for f in self.holds(request.endpoint.index_url, request.project)}
@@ -55,27 +58,33 @@ class DirectoryUploader:
 
     def send(self, path: Path, endpoint: Endpoint, credentials: IndexCredentials) -> Outcome:
         self.credentials.append(credentials)
-        shutil.copyfile(path, Path(endpoint.upload_url) / path.name)
+        shutil.copyfile(path, _folder(endpoint.upload_url) / path.name)
         return "added"
+
+
+def _folder(url: str) -> Path:
+    return Path(urlparse(url).path)
 
 
 @pytest.fixture
 def fake_kind() -> Iterator[DirectoryUploader]:
-    fake = DirectoryUploader()
-    uploaders.UPLOADERS[FAKE_KIND] = fake  # the one table entry a new kind adds
+    UPLOAD_KINDS[FAKE_KIND] = f"{__name__}:DirectoryUploader"  # the one table entry a new kind adds
     try:
+        fake = uploader_for(FAKE_KIND)
+        assert isinstance(fake, DirectoryUploader)
         yield fake
     finally:
-        del uploaders.UPLOADERS[FAKE_KIND]
+        del UPLOAD_KINDS[FAKE_KIND]
 
 
-def _config(tmp_path: Path, folder: Path, block: str) -> tuple[Path, KilnConfig]:
-    """tiny's kiln.toml with one upload target, its kind then set to the fake one.
+def _config(tmp_path: Path, folder: Path, block: str, kind: str = FAKE_KIND) -> tuple[Path, KilnConfig]:
+    """tiny's kiln.toml with one upload target of ``kind``: the loader takes its kinds from
+    :data:`~kiln.release.upload_kinds.UPLOAD_KINDS`, so the table entry is all a new kind needs."""
+    path = _write_config(tmp_path, folder, block, kind)
+    return path, load_config(path)
 
-    The kind is set after loading because kiln.toml's loader (tasks/project/config.py) accepts only the
-    kind ``upload`` so far; routing its check through :data:`~kiln.release.uploaders.UPLOADERS` is left to
-    that module's owners.
-    """
+
+def _write_config(tmp_path: Path, folder: Path, block: str, kind: str) -> Path:
     root = tmp_path / "tiny"
     shutil.copytree(TINY, root, ignore=shutil.ignore_patterns(".kiln", "__pycache__"))
     init_repo(root)
@@ -83,14 +92,10 @@ def _config(tmp_path: Path, folder: Path, block: str) -> tuple[Path, KilnConfig]
     text = path.read_text()
     cpu_only = text[:text.index("[[variants]]")] + text[text.index('[[variants]]\nname = "cpu"'):]
     path.write_text(cpu_only + "\n".join([
-        "", "[publish.targets.folder]", 'kind = "upload"', f'url = "file://{folder}"',
+        "", "[publish.targets.folder]", f'kind = "{kind}"', f'url = "file://{folder}"',
         f'index_url = "file://{folder}"', 'pypi_variant = "cpu"', f'token_block = "{block}"', ""]))
     commit_all(root, "upload the cpu variant to a folder")
-    config = load_config(path)
-    target = config.publish.upload_targets["folder"]
-    fake = target.model_copy(update={"kind": FAKE_KIND, "url": str(folder), "index_url": str(folder)})
-    publish = config.publish.model_copy(update={"upload_targets": {"folder": fake}})
-    return path, config.model_copy(update={"publish": publish})
+    return path
 
 
 @flow
@@ -129,3 +134,27 @@ def test_a_kind_registered_in_the_table_is_reached_by_the_release_upload_path(pr
         f"publish/folder/{wheel.name}": "completed"}
 
     assert plan_then_upload(config, run)[1] == ["upload to folder: 0 files sent, 1 skipped"]  # the fake's holds
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ("test-directory", "targets.folder.kind: 'test-directory' is not a target kind; the kinds are ['upload']"),
+    ("uplaod", "targets.folder.kind: 'uplaod' is not a target kind (did you mean 'upload'?); the kinds are"),
+])
+def test_a_kind_not_in_the_table_is_refused_at_load_naming_the_key_and_the_kinds(tmp_path, kind, needle):
+    with pytest.raises(ConfigError) as info:
+        _config(tmp_path, tmp_path / "index", "kiln-unused-block", kind)  # the fake kind is not registered here
+    assert needle in str(info.value)
+
+
+def test_loading_a_config_with_an_upload_target_imports_no_uploader_nor_twine_nor_wheel(tmp_path):
+    # A wheel's environment (the bench harness, the test server) loads kiln.toml without twine or wheel installed.
+    path = _write_config(tmp_path, tmp_path / "index", "kiln-unused-block", "upload")
+    probe = ("import sys\n"
+             "from kiln.tasks.project.config import load_config\n"
+             f"config = load_config({str(path)!r})\n"
+             "assert config.publish.upload_targets['folder'].kind == 'upload'\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('twine', 'wheel')"
+             " or m == 'kiln.release.uploaders'))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
