@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, get_args
 
 from kiln.core.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
+from kiln.flows.console import SELECTION_SUMMARY_INFO, install_lines, table_lines
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.tasks.run.coverage import COVERAGE_INFO
 from kiln.tasks.testing.shards import balance_lines
 
 TEST_TABLE_INFO = "test_table:"  # run info key prefix (+ unit id) of a suite's problem-test table
 QUARANTINE_INFO = "quarantine:"  # run info key prefix (+ unit id): the quarantine lines of a suite's run
-SELECTION_SUMMARY_INFO = "selection:"  # run info key prefix (+ unit id): what test selection ran and carried
 BENCH_TREND_INFO = "bench_trend"  # run info key: one line per benchmark case, its recent medians and the policy
 # What a release engineer must read first; every UnitState, in that order (tests/flows/test_summary.py).
 STATE_ORDER: tuple[UnitState, ...] = ("failed", "not_run", "flaky", "skipped", "completed")
@@ -36,7 +36,7 @@ _QUOTED = re.compile(r"'[^']*'")
 __all__ = ["BENCH_TREND_INFO", "COVERAGE_INFO", "QUARANTINE_INFO",
            "SELECTION_SUMMARY_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
            "coverage_markdown", "install_command", "install_reason", "print_summary",
-           "render_markdown", "render_text", "skip_reasons"]
+           "render_console", "render_markdown", "render_text", "skip_reasons"]
 
 
 def _counts(units: list[Unit]) -> str:
@@ -301,7 +301,54 @@ def _test_tables(run: RunManifest) -> list[str]:
     return lines
 
 
+CONSOLE_ATTENTION = 5  # rows of "needs attention" the console ending shows; the rest are in the record
+CONSOLE_TAILS = 1  # failures whose log's last lines it shows
+CONSOLE_MESSAGE = 160  # characters of a message it shows
+
+
+def _console_attention(run: RunManifest) -> list[str]:
+    # an untested publication already heads the ending (first_lines)
+    rows, skips = [row for row in attention(run) if row.label != "untested"], skip_reasons(run.units)
+    lines = []
+    for n, row in enumerate(rows[:CONSOLE_ATTENTION]):
+        message = row.message if len(row.message) <= CONSOLE_MESSAGE else row.message[:CONSOLE_MESSAGE - 1] + "…"
+        lines.append(f"  {row.label.upper():<9} {row.id}  {message}")
+        lines.extend(f"  {'':<9}   | {line}" for line in (row.tail[-3:] if n < CONSOLE_TAILS else ()))
+    lines += [f"  {'SKIPPED':<9} {line}" for line in skips[:3]]
+    left = max(len(rows) - CONSOLE_ATTENTION, 0) + max(len(skips) - 3, 0)
+    if left:
+        lines.append(f"  … and {left} more (every unit: the run's summary in the Prefect UI, or {MANIFEST_NAME})")
+    return ["", *lines] if lines else []
+
+
+def _console_plans(run: RunManifest) -> list[str]:
+    """A release's upload plan (a few rows per target); the channel's file list only for a dry run (its output)."""
+    plans = [str(run.info["upload_plan"])] if run.info.get("upload_plan") else []
+    if "dry run" in str(run.info.get("publish_plan") or "").split("\n", 1)[0]:
+        plans.insert(0, str(run.info["publish_plan"]))
+    return [line for plan in plans for line in ("", *("  " + row for row in plan.strip().splitlines()))]
+
+
+def render_console(run: RunManifest) -> str:
+    """What a run's command prints at its end, one screen: the stages' counts, what needs attention, one row per
+    variant (:mod:`kiln.flows.console`) and its install command. :func:`render_text` is the whole text form."""
+    stages = [stage for stage in STAGE_ORDER if any(u.stage == stage for u in run.units)]
+    lines = [_heading(run), *first_lines(run.info), ""]
+    width = max((len(s) for s in stages), default=5)
+    for stage in stages:
+        units = [u for u in run.units if u.stage == stage]
+        lines.append(f"  {stage:<{width}}  {len(units):>4} units: {_counts(units)}")
+    lines += _console_attention(run)
+    table = table_lines(run)
+    lines += ["", *table] if table else []
+    lines += _console_plans(run)
+    installs = install_lines(run)
+    lines += ["", *installs] if installs else []
+    lines.append(f"  manifest: {run.root / MANIFEST_NAME}")
+    return "\n".join(lines)
+
+
 def print_summary(out: Path) -> None:
     path = Path(out) / MANIFEST_NAME
     if path.exists():
-        print(render_text(RunManifest.load(path)))
+        print(render_console(RunManifest.load(path)))
