@@ -17,9 +17,10 @@ denies it — the bench step writes the rest of the history, never a baseline.
 Likewise the build ledger (``build-ledger/`` under each prefix the build step
 writes: the sha256 of every wheel it built, which is all ``kiln bisect``
 trusts) is denied to every step but the build, and so is the unit cache's shared tier
-(``[build.cache] prefix`` under each prefix the build step writes, when ``remote = "artifacts"``): every
-worker's build serves what is there, so only the build role may put anything there; the other steps read it
-(through their own read prefixes) or nothing.
+(``[build.cache] prefix`` under each prefix the build step writes, when ``remote = "artifacts"``), and with it
+the compile cache's shared tier below it (``<prefix>/compile/``, kiln.tasks.build.compile_tier): every worker's
+build serves what is there, so only the build role may put anything there; the other steps read it (through
+their own read prefixes) or nothing.
 """
 
 from __future__ import annotations

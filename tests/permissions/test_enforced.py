@@ -18,6 +18,8 @@ from kiln.flows.credentials import session_for
 from kiln.release.policies import policies_from_config, render
 from kiln.release.prune import Retention, prune
 from kiln.release.publish import publish
+from kiln.tasks.build.ccache_bridge import Bridge
+from kiln.tasks.build.compile_tier import COMPILE_PREFIX
 from kiln.tasks.project.config_build import BuildCacheSettings
 from tests.helpers.moto_iam import BUCKET, kiln_config
 from tests.helpers.runkit import make_run
@@ -188,6 +190,17 @@ def test_only_the_build_writes_the_shared_build_cache_and_the_test_step_reads_it
         assert _code(_put(server.client_as(step), "artifacts/build-cache/objects/")) == "AccessDenied", step
     read = server.client_as("test").get_object(Bucket=BUCKET, Key="simple/artifacts/build-cache/objects/new.txt")
     assert read["Body"].read()
+
+
+def test_only_the_build_role_writes_the_compile_cache_and_a_reading_role_degrades_to_reads(enforced):
+    server, _ = enforced
+    where = f"build-cache/{COMPILE_PREFIX}"
+    builder = Bridge(S3Store(server.client_as("build"), BUCKET, "simple/artifacts"), where)
+    assert builder.put(b"\x0a\x0b", b"an object file") and builder.stats.written == 1
+    reader = Bridge(S3Store(server.client_as("test"), BUCKET, "simple/artifacts"), where)
+    assert not reader.put(b"\x0c", b"a planted object") and reader.stats.read_only  # IAM refused it
+    assert reader.get(b"\x0a\x0b") == b"an object file" and not reader.stats.unreachable
+    assert builder.get(b"\x0c") is None  # nothing was planted
 
 
 def test_session_for_names_a_missing_permissions_entry(enforced):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import tomllib
@@ -11,6 +12,7 @@ import pytest
 from kiln.core.errors import ConfigError
 from kiln.flows.policies import policies_command
 from kiln.release.policies import DESTRUCTIVE_ACTIONS, StepAccess, policies_for, render, session_policy
+from kiln.tasks.build.compile_tier import COMPILE_PREFIX
 from tests.helpers.moto_iam import REPO
 
 CHANNELS = {"nightly": "nightly", "release": "release"}
@@ -166,5 +168,10 @@ def test_only_the_build_may_write_the_shared_build_cache():
     for step in ("test", "bench", "publish-nightly", "publish-release"):
         assert cache in _resources(docs[step], "Deny", "s3:PutObject*"), step
         session_policy(docs[step])  # still fits STS's limit
+    # the compile cache's shared tier lives below the same prefix, so the same rule keeps it the build's alone
+    compile_key = f"arn:aws:s3:::b/simple/artifacts/build-cache/{COMPILE_PREFIX}/0123abcd"
+    assert not [r for r in _resources(docs["build"], "Deny", "s3:PutObject*") if fnmatch.fnmatchcase(compile_key, r)]
+    for step in ("test", "bench", "publish-nightly", "publish-release"):
+        assert [r for r in _resources(docs[step], "Deny", "s3:PutObject*") if fnmatch.fnmatchcase(compile_key, r)]
     # without a shared tier the documents are as before
     assert policies_for("b", "simple", STEPS, CHANNELS) == policies_for("b", "simple", STEPS, CHANNELS, None)
