@@ -201,3 +201,23 @@ def test_a_store_that_does_not_answer_is_one_warning_and_plain_compiles(tmp_path
     assert sorted(stats.compiled) == sorted(SOURCES) and stats.shared == ()
     warnings = [r for r in caplog.records if "did not answer" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_a_second_worker_builds_kilns_nvcc_library_with_no_compile_and_the_same_bytes(tmp_path):
+    from kiln.tasks.build.nvcc import build_library_counted, find_nvcc
+    from tests.build.test_compile_cache import ARCHS, FIXTURE, LABELS
+    from tests.build.test_compile_cache import SOURCES as CU_SOURCES
+
+    store = LocalStore(tmp_path / "store")
+    built = []
+    for worker in ("w1", "w2"):
+        shutil.copytree(FIXTURE, tmp_path / worker / "csrc")
+        sources = [tmp_path / worker / "csrc" / name for name in CU_SOURCES]
+        built.append(build_library_counted(find_nvcc(), sources, "libmulticu.so", ARCHS, timeout=600,
+                                           cache=_worker(tmp_path / worker, store)))
+    (cold, first), (warm, second) = built
+    assert sorted(first.compiled) == sorted(LABELS)
+    assert second.compiled == () and sorted(second.shared) == sorted(LABELS)
+    assert warm == cold
