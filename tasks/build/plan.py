@@ -23,7 +23,7 @@ from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash, source_closure
 from kiln.tasks.project import archs as arch_rules
 from kiln.tasks.project.config import KilnConfig, Variant
-from kiln.tasks.project.registry_types import CudaSourceRecord, KernelRecord, SpecializationRecord
+from kiln.tasks.project.registry_types import CudaSourceRecord, KernelRecord, OpaqueValue, SpecializationRecord
 
 # Bump when the layout of cached artifacts changes: old entries then miss.
 CACHE_FORMAT = "kiln-build-1"
@@ -90,17 +90,12 @@ class BuildPlan:
         return sorted(self.units, key=lambda unit: unit.kind == "triton")
 
 
-# Any: a kernel's function from the registry (a Triton JITFunction or a plain function)
-def _fn_module(fn: Any) -> str:
-    return getattr(getattr(fn, "fn", fn), "__module__", "")
-
-
 def kernel_source_hash(config: KilnConfig, spec: KernelRecord) -> str:
     """Hash of the kernel's module, the modules of its Triton functions, what
     they import from the package, and its CUDA sources."""
     package_dir = config.path(config.project.source)
     package = config.project.package
-    modules = {spec.module} | {_fn_module(e.fn) for e in spec.triton if _fn_module(e.fn).startswith(package)}
+    modules = {spec.module} | {e.fn_module for e in spec.triton if e.fn_module.startswith(package)}
     files = sorted({p for m in modules for p in source_closure(package_dir, package, m)})
     if spec.csrc is not None:
         sources = [package_dir / s for s in spec.csrc.sources]
@@ -121,11 +116,19 @@ def _below_min(backend: str, arch: str, minimum: str | None) -> bool:
 def launch_info(special: SpecializationRecord) -> str:
     """The manifest's launch fields of a specialization, or "" when a constexpr is not a JSON scalar
     (the loader then JITs that one)."""
-    scalars = all(isinstance(v, (bool, int, float, str)) or v is None for v in special.constexprs.values())
+    scalars = all(isinstance(v, (bool, int, float, str)) or v is None
+                  or (isinstance(v, OpaqueValue) and v.scalar is not None) for v in special.constexprs.values())
     if not scalars:
         return ""
     return json.dumps({"signature": dict(special.signature), "constexprs": dict(special.constexprs),
-                       "aligned": list(special.aligned)}, sort_keys=True)
+                       "aligned": list(special.aligned)}, sort_keys=True, default=_scalar)
+
+
+def _scalar(value: Any) -> Any:
+    """The JSON form of a derived scalar the registry's guest sent as an :class:`OpaqueValue`."""
+    if isinstance(value, OpaqueValue):
+        return value.scalar
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _triton_units(variant: Variant, spec: KernelRecord, resolved: tuple[Any, ...],

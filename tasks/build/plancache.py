@@ -1,7 +1,8 @@
 """A stored build plan, reused while nothing it was made from has changed (no Prefect here).
 
-Planning imports the project's kernel registry, and with it torch and Triton:
-seconds, against milliseconds for everything else a warm build does. The plan
+Planning imports the project's kernel registry, and with it torch and Triton
+(in a guest: :mod:`kiln.tasks.project.registry_guest`): seconds, against
+milliseconds for everything else a warm build does. The plan
 is a pure function of its inputs, so :func:`store` keeps it beside the build
 cache and :func:`load` gives it back only when every input still hashes the
 same — the way the build cache serves an artifact only after re-hashing it.
@@ -14,9 +15,9 @@ records what the plan was made from, each checked on every load:
 - ``tree``: every file of the package directory, by content hash, so a new,
   edited or deleted kernel source, header or data file replans (and, for
   ``[build] backend = "pep517"``, ``project``: the project's own hash);
-- ``modules``: every module loaded at planning time from outside the
-  interpreter's own directories (Kiln's planner, the registry's helpers
-  beside the package), by content hash;
+- ``modules``: every module loaded at planning time, by Kiln or by the
+  registry's guest, from outside the interpreter's own directories (Kiln's
+  planner, the registry's helpers beside the package), by content hash;
 - ``dists``: the version of every distribution the registry import loaded
   (torch, Triton, numpy, ...), read with :mod:`importlib.metadata` — no import;
 - ``toolchain`` and ``missing``: the caller compares them with what it finds
@@ -33,10 +34,8 @@ import json
 import logging
 import os
 import sys
-import sysconfig
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, packages_distributions, version
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, Va
 from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash
 from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.project.registry_guest import installed_version, local_module_files
 from kiln.tasks.project.registry_types import CudaSourceRecord
 
 _log = logging.getLogger(__name__)
@@ -96,64 +96,21 @@ def tree_hashes(package_dir: Path) -> dict[str, str]:
     return out
 
 
-def _interpreter_dirs() -> tuple[Path, ...]:
-    """The standard library's and site-packages' directories: covered by the Python version and ``dists``."""
-    paths = sysconfig.get_paths()
-    return tuple({Path(paths[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
-
-
-def local_module_files(modules: Iterable[str]) -> list[Path]:
-    """The files of ``modules`` (names in ``sys.modules``) that live outside the interpreter's directories."""
-    shared = _interpreter_dirs()
-    files = set()
-    for name in modules:
-        location = getattr(sys.modules.get(name), "__file__", None)
-        if not location or not Path(location).is_file():
-            continue  # built in, frozen, or a namespace package
-        path = Path(location).resolve()
-        if not any(path.is_relative_to(d) for d in shared):
-            files.add(path)
-    return sorted(files)
-
-
-def distributions_of(modules: Iterable[str]) -> dict[str, str]:
-    """{distribution: version} of the installed distributions that provide ``modules``' top-level packages.
-
-    Only packages installed in the interpreter's own directories count: a package vendored inside another
-    (setuptools' ``_vendor``, put on ``sys.path`` for a moment) is covered by the version of the one that ships it.
-    """
-    shared = _interpreter_dirs()
-    tops = set()
-    for name in {m.partition(".")[0] for m in modules}:
-        location = getattr(sys.modules.get(name), "__file__", None)
-        path = Path(location).resolve() if location else None
-        if path and any(path.is_relative_to(d) and path.relative_to(d).parts[0].startswith(name) for d in shared):
-            tops.add(name)
-    provided = packages_distributions()
-    names = {d for top in tops for d in provided.get(top, ())}
-    return {d: _version(d) for d in sorted(names)}
-
-
-def _version(dist: str) -> str:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "absent"
-
-
 def _inputs(config: KilnConfig, module_files: Iterable[Path], dists: Iterable[str]) -> dict[str, Any]:
     package_dir = config.path(config.project.source)
     pep517 = config.build.backend == "pep517"
     return {"tree": tree_hashes(package_dir) if package_dir.is_dir() else {},
             "project": project_hash(config.path(config.build.project_dir), kiln_state(config)) if pep517 else "",
             "modules": {str(p): sha256_file(p) if p.is_file() else "absent" for p in module_files},
-            "dists": {d: _version(d) for d in dists}}
+            "dists": {d: installed_version(d) for d in dists}}
 
 
-def store(root: Path, key: str, config: KilnConfig, stored: StoredPlan, new_modules: Iterable[str]) -> None:
-    """Keep ``stored`` under ``key``; ``new_modules``: what planning imported (its third-party inputs)."""
-    new = list(new_modules)
-    inputs = _inputs(config, local_module_files(list(sys.modules)), distributions_of(new))
+def store(root: Path, key: str, config: KilnConfig, stored: StoredPlan, module_files: Iterable[str | Path] = (),
+          dists: Iterable[str] = ()) -> None:
+    """Keep ``stored`` under ``key``. ``module_files``: the local modules the registry's guest loaded (beside
+    those this process loaded); ``dists``: the distributions its import loaded (its third-party inputs)."""
+    files = sorted(set(local_module_files(list(sys.modules))) | {Path(f) for f in module_files})
+    inputs = _inputs(config, files, sorted(set(dists)))
     entry = {"format": PLAN_FORMAT, "key": key, "inputs": inputs, "plan": dataclasses.asdict(stored.plan),
              "csrc": {k: dataclasses.asdict(v) for k, v in stored.csrc.items()},
              "settings": dataclasses.asdict(stored.settings), "toolchain": stored.toolchain,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,7 +39,7 @@ from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
 from kiln.tasks.project.config_matrix import abi3_served
-from kiln.tasks.project.registry import import_registry, load_registry
+from kiln.tasks.project.registry_guest import RegistryData, load_registry_data
 from kiln.tasks.project.registry_types import CudaSourceRecord
 from kiln.tasks.run.versioning import check_build_version, variant_version
 
@@ -76,23 +77,44 @@ def remote_tier(config: KilnConfig, store: Store | None) -> RemoteTier | None:
     return RemoteTier(store, settings.prefix, settings.read_only)
 
 
-# What the registry's import loaded when head_start ran it ahead of the plan, by project import root: the
-# plan then finds those modules imported already, and the plan cache must still record their distributions.
-_preloaded: dict[str, frozenset[str]] = {}
+# The registry's records a head start is reading in its guest, by plan key (kiln.toml's path and bytes, the
+# interpreter): the plan of the same command takes them instead of starting a guest of its own.
+_ahead: dict[str, Future[RegistryData]] = {}
+_ahead_lock = threading.Lock()
 
 
 def head_start(config: KilnConfig) -> None:
     """What the next build of this process does first when it has no stored plan (so likely units to compile),
     done now by a command that waits meanwhile (Kiln's server starting): start the compile workers
-    (kiln.tasks.build.sparepool), and import the project's kernel registry as the plan does (torch, Triton)."""
+    (kiln.tasks.build.sparepool), and start reading the project's kernel registry in its guest, as the plan
+    does (torch, Triton: seconds). Nothing of the package is imported in this process."""
     if config.project.registry is None or all(v.backend == "cpu" for v in config.variants):
         return  # nothing to import, or a build that compiles nothing (see _plan)
-    if plancache.stored(config.path(config.build.cache_dir), plancache.plan_key(config, None, None)):
+    key = plancache.plan_key(config, None, None)
+    if plancache.stored(config.path(config.build.cache_dir), key):
         return  # the plan is likely reused, and its units cached
     sparepool.prestart(str(config.config_file.resolve()), config.build.jobs, config.build.unit_timeout_s)
-    before = set(sys.modules)
-    import_registry(config)
-    _preloaded[str(config.import_root)] = frozenset(set(sys.modules) - before)
+    future: Future[RegistryData] = Future()
+
+    def read() -> None:
+        try:
+            future.set_result(load_registry_data(config))
+        except Exception as exc:  # the plan meets it: raised there, as its own read would raise it
+            future.set_exception(exc)
+
+    with _ahead_lock:
+        _ahead[key] = future
+    # Not a daemon: an exit waits for the guest (bounded by its deadline) rather than leaving it and its scratch.
+    threading.Thread(target=read, name="kiln-registry-ahead").start()
+
+
+def _registry_data(config: KilnConfig) -> RegistryData:
+    """The registry's records: the head start's, when it read them for this kiln.toml, else read now."""
+    with _ahead_lock:
+        ahead = _ahead.pop(plancache.plan_key(config, None, None), None)
+    if ahead is not None:
+        return ahead.result()
+    return load_registry_data(config)
 
 
 def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | None, nvcc_path: str | None = None,
@@ -117,10 +139,8 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     stored = plancache.load(cache_root, key, config)
     tools = _tools(config, wanted, nvcc_path, dict(stored.csrc), stored.settings) if stored is not None else None
     if stored is None or tools is None or (tools.toolchain, tools.missing) != (stored.toolchain, stored.missing):
-        before = set(sys.modules)
-        stored, tools = _plan(config, wanted, variants, nvcc_path)
-        imported = (set(sys.modules) - before) | _preloaded.get(str(config.import_root), frozenset())
-        plancache.store(cache_root, key, config, stored, imported)
+        stored, tools, data = _plan(config, wanted, variants, nvcc_path)
+        plancache.store(cache_root, key, config, stored, data.module_files, data.dists)
     else:
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
@@ -162,15 +182,16 @@ def _tools(config: KilnConfig, wanted: list[Variant], nvcc_path: str | None,
 
 
 def _plan(config: KilnConfig, wanted: list[Variant], variants: list[str] | None,
-          nvcc_path: str | None) -> tuple[plancache.StoredPlan, _Tools]:
-    """Plan from the registry itself, imported now."""
+          nvcc_path: str | None) -> tuple[plancache.StoredPlan, _Tools, RegistryData]:
+    """Plan from the registry itself, read now by its guest (never imported in this process)."""
     # A CPU variant compiles nothing: its wheel is the package's sources, so no registry is imported.
-    specs = load_registry(config) if any(v.backend != "cpu" for v in wanted) else []
+    data = _registry_data(config) if any(v.backend != "cpu" for v in wanted) else RegistryData(())
+    specs = data.kernels
     csrc = {s.name: s.csrc for s in specs if s.csrc is not None}
     tools = _tools(config, wanted, nvcc_path, csrc)
     plan = plan_build(config, specs, tools.toolchain, variants, tools.missing)
     settings = tools.nvcc.settings if tools.nvcc is not None else NvccSettings()
-    return plancache.StoredPlan(plan, csrc, settings, tools.toolchain, tools.missing), tools
+    return plancache.StoredPlan(plan, csrc, settings, tools.toolchain, tools.missing), tools, data
 
 
 def project_builder(config: KilnConfig, wanted: list[Variant], nvcc_path: str | None,

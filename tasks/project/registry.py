@@ -21,12 +21,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.runtime import spec
 from kiln.tasks.project.archs import validate_arch
-from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.registry_types import (
     BenchCaseRecord,
     CudaSourceRecord,
@@ -36,6 +35,9 @@ from kiln.tasks.project.registry_types import (
     SpecializationRecord,
     TritonRecord,
 )
+
+if TYPE_CHECKING:  # only its type: a registry's guest reads a RegistrySource, without loading kiln.toml's models
+    from kiln.tasks.project.config import KilnConfig
 
 _log = logging.getLogger(__name__)
 # What a kernel package's registry module defined, before it is checked: any Python object (its own code made it),
@@ -283,7 +285,9 @@ def _triton_entry(obj: Unchecked, index: int, kernel: _Where) -> TritonRecord:
     if not specializations:
         raise where.error("specializations", "is empty: an entry compiles nothing without one")
     records = tuple(_specialization(s, i, kernel, f["fn"]) for i, s in enumerate(specializations))
-    return TritonRecord(name=name, fn=f["fn"], specializations=records)
+    fn_module = getattr(getattr(f["fn"], "fn", f["fn"]), "__module__", "")  # a JITFunction wraps the function
+    return TritonRecord(name=name, fn=f["fn"], specializations=records,
+                        fn_module=fn_module if isinstance(fn_module, str) else "")
 
 
 def _csrc(obj: Unchecked, kernel: _Where, project: _Project) -> CudaSourceRecord:
@@ -332,18 +336,37 @@ def _kernel(obj: Unchecked, index: int, top: _Where, project: _Project) -> Kerne
     )
 
 
-def read_registry(config: KilnConfig, specs: Unchecked, entry: str | None = None) -> list[KernelRecord]:
+@dataclass(frozen=True)
+class RegistrySource:
+    """What of ``kiln.toml`` reading the registry needs (its guest gets this, not the whole file)."""
+
+    entry: str | None  # project.registry
+    package: str
+    package_dir: str  # absolute: project.source
+    import_root: str  # absolute: the folder the package is imported from
+
+
+def registry_source(config: KilnConfig | RegistrySource) -> RegistrySource:
+    if isinstance(config, RegistrySource):
+        return config
+    return RegistrySource(config.project.registry, config.project.package, str(config.path(config.project.source)),
+                          str(config.import_root))
+
+
+def read_registry(config: KilnConfig | RegistrySource, specs: Unchecked,
+                  entry: str | None = None) -> list[KernelRecord]:
     """Validate what a registry returned and copy it into :class:`KernelRecord` objects.
 
     ``specs``: ``kiln.runtime.spec.KernelSpec`` objects or duck-typed ones with
     every field. Raises :class:`ConfigError` naming the kernel, the
     specialization (when there is one) and the field.
     """
-    entry = entry or config.project.registry or "(none)"
+    source = registry_source(config)
+    entry = entry or source.entry or "(none)"
     top = _Where(f"project.registry = {entry!r}: ")
     if not isinstance(specs, (list, tuple)):
         raise ConfigError(f"project.registry = {entry!r} must return a list of KernelSpec, got {type(specs).__name__}")
-    project = _Project(config.project.package, config.path(config.project.source))
+    project = _Project(source.package, Path(source.package_dir))
     records = [_kernel(s, i, top, project) for i, s in enumerate(specs)]
     names = [r.name for r in records]
     for name in names:
@@ -358,31 +381,28 @@ def read_registry(config: KilnConfig, specs: Unchecked, entry: str | None = None
     return records
 
 
-def import_registry(config: KilnConfig) -> None:
-    """Import the module of ``config.project.registry`` from the project's source tree, as
-    :func:`load_registry` does, without calling it (a head start: that import is torch and Triton)."""
-    if config.project.registry is not None:
-        _import_entry(config.project.registry, str(config.import_root))
-
-
-def load_registry(config: KilnConfig, installed: bool = False) -> list[KernelRecord]:
+def load_registry(config: KilnConfig | RegistrySource, installed: bool = False) -> list[KernelRecord]:
     """Import and call ``config.project.registry``; return its validated kernels as records.
+
+    This runs the package's code in the calling process: Kiln calls it only in a guest (a compile worker, the
+    registry's guest of :mod:`kiln.tasks.project.registry_guest`, the benchmark harness).
 
     Raises :class:`ConfigError` when the entry point cannot be imported, is
     not callable, raises, or returns anything :func:`read_registry` refuses.
     """
-    entry = config.project.registry
+    source = registry_source(config)
+    entry = source.entry
     if entry is None:  # a project built by its own backend, with nothing for Kiln to compile
         return []
     # installed: the package this interpreter has installed (a test environment's
     # wheel); otherwise the project's source tree, first on the path.
-    factory = _import_entry(entry, None if installed else str(config.import_root))
+    factory = _import_entry(entry, None if installed else source.import_root)
     _log.info("loading kernel registry %s", entry)
     try:
         specs = factory()
     except Exception as exc:  # the project's code: translate whatever it raises
         raise ConfigError(f"project.registry = {entry!r} raised {type(exc).__name__}: {exc}") from exc
-    return read_registry(config, specs, entry)
+    return read_registry(source, specs, entry)
 
 
 def bench_case_record(case: Unchecked, kernel: str, size: str, index: int) -> BenchCaseRecord:

@@ -6,6 +6,8 @@ same shape) and copies every field the planner, the compile workers and the
 benchmark harness read into these records. Nothing downstream touches the
 project's objects except the callables carried as they are: a Triton entry's
 ``fn``, a kernel's ``bench_cases`` and a case's ``make_inputs``/``fn``/``reference``.
+The planner reads the records as data a guest sent (:mod:`kiln.tasks.project.registry_guest`):
+without those callables, and with a value of the project's own type as an :class:`OpaqueValue`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
 
 @dataclass(frozen=True)
+class OpaqueValue:
+    """A constexpr or option whose type JSON does not keep, as the planner gets it from the registry's guest: its
+    ``repr`` (what plan keys hash), and its JSON form when it is a scalar of a derived type (an IntEnum), else None."""
+
+    text: str
+    scalar: bool | int | float | str | None = None
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class SpecializationRecord:
     """One ahead-of-time compile of a Triton entry (see ``kiln.runtime.spec.Specialization``)."""
 
@@ -65,8 +79,9 @@ class SpecializationRecord:
 @dataclass(frozen=True)
 class TritonRecord:
     name: str
-    fn: Any  # the project's @triton.jit function, carried as it is
+    fn: Any  # the project's @triton.jit function, carried as it is (None in the planner's data)
     specializations: tuple[SpecializationRecord, ...]
+    fn_module: str = ""  # the module fn is defined in (its source is a unit's input)
 
 
 @dataclass(frozen=True)
