@@ -29,6 +29,7 @@ from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requi
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.cache_remote import RemoteTier
 from kiln.tasks.build.compile_cache import compilations_noun, open_compile_cache
+from kiln.tasks.build.compile_tier import shared_tier
 from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
@@ -145,7 +146,8 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
     stamp = WheelStamp.for_commit(source.commit, source.commit_time, tools.toolchain)
-    compile_cache = open_compile_cache(cache_root) if tools.nvcc is not None or tools.project is not None else None
+    compile_cache = (open_compile_cache(cache_root, shared_tier(config.build.cache, store))
+                     if tools.nvcc is not None or tools.project is not None else None)
     nvcc = replace(tools.nvcc, cache=compile_cache) if tools.nvcc is not None else None
     project = replace(tools.project, compile_cache=compile_cache) if tools.project is not None else None
     return BuildSetup(config, chosen, stored.plan, nvcc, cache_root, stamp,
