@@ -53,6 +53,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib.metadata import version as dist_version
 from pathlib import Path
+from urllib.parse import quote
 
 from kiln.core.errors import InfrastructureError
 from kiln.flows.local import server_watch
@@ -204,11 +205,25 @@ def ui_login(home: Path) -> str:
             f"(owner-only){limits}")
 
 
+def login_link(ui_url: str, link: str) -> str:
+    """The UI's login page that opens ``link`` once the password is in.
+
+    The run's own link, opened before logging in, lands on the login page too, but greets the user with
+    Prefect's "Authentication failed" toast first; the login page itself asks without the error, and sends
+    the browser to its ``redirect`` path after the password is accepted.
+    """
+    path = link.removeprefix(ui_url) or "/"
+    return f"{ui_url}/login?redirect={quote(path, safe='/')}"
+
+
 def ui_login_for(home: Path, link: str) -> str | None:
-    """:func:`ui_login` when ``link`` is on this home's local server (whose UI asks for the password), else None:
-    a team's server has its own way in."""
+    """:func:`ui_login` when ``link`` is on this home's local server (whose UI asks for the password), with the
+    login page that lands on ``link``; else None: a team's server has its own way in."""
     info = read_state(home)
-    return ui_login(home) if info is not None and link.startswith(f"{info.ui_url}/") else None
+    if info is None or not link.startswith(f"{info.ui_url}/"):
+        return None
+    return (f"{ui_login(home)}\nNot logged in in this browser yet: {login_link(info.ui_url, link)} asks for the "
+            "password, then opens the run")
 
 
 def client_env(home: Path, info: ServerInfo) -> dict[str, str]:

@@ -99,5 +99,7 @@ def test_a_run_link_on_the_local_server_comes_with_where_its_password_is_and_nev
     server._write_state(home, info)
     login = server.ui_login_for(home, "http://127.0.0.1:4321/runs/flow-run/abc")
     assert login is not None and str(home / server.AUTH_FILE) in login and secret not in login
+    # the login page that lands on the run: the run's link itself would open on "Authentication failed"
+    assert "http://127.0.0.1:4321/login?redirect=/runs/flow-run/abc " in login
     assert server.ui_login_for(home, "https://prefect.example.org/runs/flow-run/abc") is None  # a team's server
     assert server.ui_login_for(tmp_path / "no-server-here", "http://127.0.0.1:4321/runs/flow-run/abc") is None
