@@ -1,6 +1,6 @@
 """Plain functions behind ``kiln index``, ``kiln verify`` and ``kiln which`` (no Prefect needed).
 
-They return an exit status and print a short summary; ``flows/cli.py`` wires
+They return an exit status and print a short summary; ``flows/cli/`` wires
 them to the command line.
 """
 
