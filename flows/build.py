@@ -34,6 +34,7 @@ from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import witness as build_witness
+from kiln.tasks.build.cross import check_cross_cells
 from kiln.tasks.build.plan import CompileUnit, VariantPlan
 from kiln.tasks.build.stage import BuildSetup
 from kiln.tasks.build.units import CompileContext, UnitResult
@@ -55,6 +56,7 @@ UNIT_THREADS = max(4, 2 * (os.cpu_count() or 1))
 @task(name="plan-build", cache_policy=NO_CACHE)
 def plan_build_task(config: KilnConfig, version: str, variants: list[str] | None, nvcc: str | None,
                     source: Checkout, store: Any = None) -> BuildSetup:
+    check_cross_cells(config, variants)  # an aarch64 cell the cross path cannot build is refused, not built x86_64
     return build_stage.prepare_build(config, version, variants, nvcc, source=source, store=store)
 
 

@@ -133,12 +133,19 @@ def stage_index(files: Sequence[Staged], directory: Path) -> str:
 
 def target_python(filename: str) -> list[str]:
     """pip's ``--python-version`` for a wheel this interpreter cannot install: a matrix cell's (``cp312``) is
-    checked as its own Python would install it; none for a wheel this interpreter takes (``py3``, its own tag)."""
+    checked as its own Python would install it; none for a wheel this interpreter takes (``py3``, its own tag).
+    A wheel for another CPU (an aarch64 cell's, cross-built here) is checked as that CPU would install it
+    (``--platform``, each of its platform tags)."""
     tags = parse_wheel_filename(filename)[3]
-    if not tags.isdisjoint(sys_tags()):
+    here = set(sys_tags())
+    if not tags.isdisjoint(here):
         return []
     found = sorted({t.interpreter[2:] for t in tags if re.fullmatch(r"cp3\d+", t.interpreter)})
-    return ["--python-version", f"3.{found[0][1:]}"] if found else []
+    options = ["--python-version", f"3.{found[0][1:]}"] if found else []
+    platforms = {t.platform for t in tags}
+    if "any" not in platforms and platforms.isdisjoint({t.platform for t in here}):
+        options += [flag for platform in sorted(platforms) for flag in ("--platform", platform)]
+    return options
 
 
 def kiln_files(query: ClosureQuery) -> dict[str, frozenset[str]]:

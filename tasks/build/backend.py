@@ -57,6 +57,7 @@ from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, ove
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import cached_compilers, unit_stats
+from kiln.tasks.build.cross import CrossTarget, checked_wheel, cross_target_of, manylinux_tagged, unit_environ
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
@@ -227,6 +228,8 @@ class ProjectBuilder:
                                " cannot be checked; install Triton or the CUDA toolkit")
         environments = getattr(env, "environments", None)
         made = environments.for_variant(unit.variant) if environments is not None else None  # the preflight too
+        cross = _cross_target(env, unit.variant)  # an aarch64 cell on this x86_64 builder (kiln.tasks.build.cross)
+        reads: list[Path] = []
         with stagedir.fixed_dir("pep517", unit.key[:16], self.timeout_s) as tmp:
             source = copy_project(self.project_dir, tmp / "src", self.exclude)
             dist = tmp / "dist"
@@ -242,8 +245,12 @@ class ProjectBuilder:
                 _log.info("%s targets the torch %s stable ABI (TORCH_TARGET_VERSION=%s)", what, target,
                           target_hex(target))
                 environ = stable_environ(environ, target)
+            if cross is not None:
+                _log.info("%s is cross-built for %s with %s", what, cross.platform, cross.tool("gcc"))
+                environ, reads = unit_environ(cross, environ, tmp / "cross")
             stats_log = tmp / "compile-cache.log"
-            if self.compile_cache is not None:
+            # the compile cache's shims stand for the host's compilers; a cross build calls the target's by name
+            if self.compile_cache is not None and cross is None:
                 # base directory: the unit's folder, whose path changes with its key (a Python-only change, a
                 # one-file change) and holds the sources, the environment and the build tree
                 environ = cached_compilers(self.compile_cache, environ, tmp, tmp / "path" / "ccache", stats_log,
@@ -257,7 +264,7 @@ class ProjectBuilder:
             cmd = [str(python), safe, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir",
                    str(dist), *tree_args, str(source)]
             result = run_tool(guest_command(cmd, read=[tmp, *self.toolchain.include_dirs, *self.toolchain.library_dirs,
-                                                      *self._launcher_dir()],
+                                                      *self._launcher_dir(), *reads],
                                             write=[tmp, *self.writable, *self._cache_dirs()], network="none"),
                               self.timeout_s, cwd=source,
                               env=guest_environ(tmp / "home", tree_env, self.pass_env, base=environ))
@@ -273,6 +280,10 @@ class ProjectBuilder:
                                    + (f"; its log ends:\n{tail}" if tail else "; it printed nothing"))
             wheel = self._one_wheel(dist, what)
             self._built_here(wheel, source, dist, what, tree)
+            if cross is not None:  # tagged here, where the target is known: the wheel stage keeps a manylinux tag
+                config = env.config  # _cross_target found the cell in it
+                wheel = manylinux_tagged(checked_wheel(wheel, cross), tmp / "tagged", cross, unit.backend,
+                                         config.build.manylinux, self.timeout_s)
             dropped = sorted({c for n in shimmed for c in n.get("dropped", ())})
             if dropped:
                 _log.info("%s: Kiln's nvcc dropped the targets %s that its build names (arch_policy narrow)", what,
@@ -375,6 +386,12 @@ class ProjectBuilder:
             raise CompileError(f"the build backend of {what} built {name!r}, but kiln.toml's project.distribution"
                                f" is {self.distribution!r}; make them agree")
         return wheels[0]
+
+
+def _cross_target(env: Any, variant: str) -> CrossTarget | None:
+    """The CPU ``variant``'s wheel is cross-built for, read from the build's config (None: built natively)."""
+    config = getattr(env, "config", None)
+    return cross_target_of(config.variant(variant)) if config is not None else None
 
 
 def _build_torch(environments: VariantEnvironments | None, variant: str, what: str) -> str:

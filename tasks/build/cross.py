@@ -34,21 +34,26 @@ import json
 import logging
 import lzma
 import os
+import platform
 import shutil
 import sys
 import sysconfig
 import tarfile
 import tempfile
+import tomllib
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.core.errors import CompileError, IntegrityError, InvalidInputError
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from kiln.core.errors import CompileError, ConfigError, IntegrityError, InvalidInputError
 from kiln.core.fsutil import atomic_write_bytes
 from kiln.tasks.build.manylinux import EXCLUDES
 from kiln.tasks.build.nvcc import run_tool
-from kiln.tasks.project.config import Backend
+from kiln.tasks.project.config import Backend, KilnConfig, Variant
 
 _log = logging.getLogger(__name__)
 
@@ -214,8 +219,10 @@ def cross_environ(cross: CrossTarget, include: Path, sysconfig_dir: Path, module
     return dict(base) | {
         "_PYTHON_HOST_PLATFORM": cross.host_platform, "_PYTHON_SYSCONFIGDATA_NAME": module, "PYTHONPATH": path,
         "CC": cc, "CXX": cxx, "LDSHARED": f"{cc} -shared", "LDCXXSHARED": f"{cxx} -shared", "AR": cross.tool("ar"),
-        # first on the include path, before the host's own folder that setuptools adds
-        "CFLAGS": f"-I{include}", "CXXFLAGS": f"-I{include}", "CPPFLAGS": f"-I{include}",
+        # first on the include path, before the host's own folder that setuptools adds; the build's own flags
+        # (the reproducible build's path maps) kept after it
+        **{flags: " ".join(filter(None, [f"-I{include}", base.get(flags, "")]))
+           for flags in ("CFLAGS", "CXXFLAGS", "CPPFLAGS")},
     }
 
 
@@ -297,3 +304,94 @@ def manylinux_tagged(wheel: Path, out_dir: Path, cross: CrossTarget, backend: Ba
                                f"{result.stdout[-2000:]}")
         out_dir.mkdir(parents=True, exist_ok=True)
         return Path(shutil.move(tagged[0], out_dir / tagged[0].name))
+
+
+# What the cross path is in a build: which cells take it, which it refuses (before anything builds), and what it
+# changes of a pep517 unit's build (kiln.tasks.build.backend runs the unit, in its sandbox, as for any variant).
+
+def _kiln_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def cross_target_of(variant: Variant, machine: str | None = None) -> CrossTarget | None:
+    """The target ``variant``'s wheel is cross-built for on this ``machine`` (default: this one); None: built
+    natively. A variant of several CPUs has been refused by :func:`check_cross_cells` before it gets here."""
+    machine = machine or platform.machine()
+    foreign = [p for p in variant.platform if p != machine]
+    return target(foreign[0]) if len(variant.platform) == 1 and foreign else None
+
+
+def _torch_requirement(config: KilnConfig, variant: Variant) -> str:
+    """Where the variant's build asks for torch (its ``build_requires``, the project's ``[build-system]``), or ""."""
+    pyproject = config.path(config.build.project_dir) / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text()) if pyproject.is_file() else {}
+    for where, requirements in (("its build_requires", variant.build_requires),
+                                ("the project's [build-system] requires",
+                                 data.get("build-system", {}).get("requires", []))):
+        if any(canonicalize_name(Requirement(r).name) == "torch" for r in requirements):
+            return where
+    return ""
+
+
+def cross_refusal(config: KilnConfig, variant: Variant, machine: str | None = None) -> str:
+    """Why the cross path cannot build ``variant``'s wheel here, or "" (it can, or it needs no cross build)."""
+    machine = machine or platform.machine()
+    foreign = [p for p in variant.platform if p != machine]
+    if not foreign:
+        return ""
+    wanted, cpu = f"platform = {list(variant.platform)}", foreign[0]
+    if len(variant.platform) > 1:  # expanded into cells with the matrix axes; none here, so nothing was
+        return (f"{wanted} makes one cell per CPU of the variant's matrix, and kiln.toml gives no variant a python"
+                f" or torch axis, so it is not expanded: give it python = [\"{_kiln_python()}\"] (one Python is a"
+                f" matrix of one), or make it two [[variants]], the second with platform = [\"{cpu}\"]")
+    if machine != "x86_64" or cpu not in TARGETS:
+        return f"{wanted}: Kiln cross-builds on an x86_64 builder for {sorted(TARGETS)}; this builder is {machine}"
+    if config.build.backend != "pep517":
+        return (f"{wanted}: Kiln's own wheel builder (the registry's Triton and nvcc units) builds for this {machine}"
+                f" builder only; an {cpu} cell is cross-built by the project's own backend ([build] backend ="
+                f" \"pep517\", a C/C++ extension) with Debian's {cpu} cross toolchain")
+    if variant.backend != "cpu":
+        return (f"{wanted}: a {variant.backend} variant's host code needs its toolkit's {cpu} cross target, which"
+                f" Kiln does not drive; an {cpu} cell is a cpu variant (a plain C/C++ extension)")
+    if where := _torch_requirement(config, variant):
+        return (f"{wanted}: a torch extension ({where} name torch) compiles against torch's headers and links its"
+                f" libraries, and the cross build has no {cpu} torch to build against, only this builder's; build"
+                f" its {cpu} wheel on an {cpu} machine, or drop {cpu} from this variant")
+    python = variant.cell.python if variant.cell is not None and variant.cell.python else _kiln_python()
+    if python != _kiln_python():
+        return (f"{wanted}: the {cpu} cross build drives Kiln's own CPython {_kiln_python()} with the target's build"
+                f" variables, so an {cpu} cell is for Python {_kiln_python()}; this one is for Python {python}:"
+                f" exclude it (exclude = [{{python = \"{python}\", platform = \"{cpu}\"}}])")
+    try:
+        header_pin(target(cpu), python)
+    except InvalidInputError as exc:
+        return f"{wanted}: {exc}"
+    return ""
+
+
+def check_cross_cells(config: KilnConfig, variants: Sequence[str] | None = None,
+                      machine: str | None = None) -> None:
+    """Refuse, before anything builds, every chosen variant whose CPU the cross path cannot serve here
+    (:func:`cross_refusal`): never an x86_64 wheel in place of the aarch64 one it asked for."""
+    chosen = [config.variant(name) for name in variants] if variants else list(config.variants)
+    refused = [f"variant {v.name!r}: {why}" for v in chosen if (why := cross_refusal(config, v, machine))]
+    if refused:
+        raise ConfigError("the build is refused before anything builds:\n  - " + "\n  - ".join(refused))
+
+
+def unit_environ(cross: CrossTarget, environ: Mapping[str, str], folder: Path,
+                 cache_dir: Path | None = None) -> tuple[dict[str, str], list[Path]]:
+    """(``environ`` that makes a build backend build for ``cross``, the folders its sandbox must read): the
+    target's sysconfig module written into ``folder`` (the unit's own), its staged include folder."""
+    include = staged_include(cross, cache_dir or default_cache_dir())
+    module = write_sysconfig(cross, folder)
+    return cross_environ(cross, include, folder, module, environ), [include]
+
+
+def checked_wheel(wheel: Path, cross: CrossTarget) -> Path:
+    """``wheel`` when the backend built it for ``cross`` (``*-linux_aarch64.whl``); a :class:`CompileError` else
+    (a build that ignored the target's variables made a wheel for this builder)."""
+    if not wheel.name.endswith(f"-{cross.wheel_platform}.whl"):
+        raise CompileError(f"the {cross.platform} build made {wheel.name}, not a {cross.wheel_platform} wheel: its"
+                           f" backend did not build with the target's sysconfig ({cross.tool('gcc')})")
+    return wheel

@@ -39,6 +39,8 @@ class Variant(Protocol):
     @property
     def exclude(self) -> tuple[Exclusion, ...]: ...
     @property
+    def platform(self) -> tuple[str, ...]: ...
+    @property
     def build_requires(self) -> tuple[str, ...]: ...
     @property
     def cell(self) -> Cell | None: ...
@@ -63,16 +65,18 @@ class Exclusion(_Model):
 
     python: str | None = None  # the Python of the cells left out (e.g. "3.13")
     torch: str | None = None  # the torch of the cells left out (e.g. "2.13.0")
+    platform: str | None = None  # the CPU of the cells left out (e.g. "aarch64"), one of the variant's platform
 
     @model_validator(mode="after")
     def _something(self) -> Exclusion:
-        if self.python is None and self.torch is None:
-            raise ValueError("an exclude entry names no axis: give python, torch or both"
+        if self.python is None and self.torch is None and self.platform is None:
+            raise ValueError("an exclude entry names no axis: give python, torch, platform or several"
                              " (e.g. {python = \"3.13\", torch = \"2.13.0\"})")
         return self
 
-    def matches(self, python: str | None, torch: str | None) -> bool:
-        return (self.python is None or self.python == python) and (self.torch is None or self.torch == torch)
+    def matches(self, python: str | None, torch: str | None, platform: str | None = None) -> bool:
+        return (self.python is None or self.python == python) and (self.torch is None or self.torch == torch) \
+            and (self.platform is None or self.platform == platform)
 
 
 class Cell(_Model):
@@ -138,11 +142,17 @@ def _torch_label(torch: str, torches: Sequence[str]) -> str:
     return f"torch{short}"
 
 
-def cell_name(variant: str, python: str | None, torch: str | None, torches: Sequence[str]) -> str:
+# The CPU a cell is for when its name says none: cells of any other CPU (``platform = [..., "aarch64"]``) end with
+# it (``cpupy311aarch64``), so the x86_64 cells keep the names, unit ids and cache keys they had before the axis.
+UNNAMED_PLATFORM = "x86_64"
+
+
+def cell_name(variant: str, python: str | None, torch: str | None, torches: Sequence[str],
+              platform: str = UNNAMED_PLATFORM) -> str:
     name = variant + (f"py3{python_minor(python)}" if python else "")
     if torch and len(torches) > 1:
         name += "torch" + "".join(map(str, Version(torch).release))
-    return name
+    return name + ("" if platform == UNNAMED_PLATFORM else platform)
 
 
 def _with_torch(requirements: Sequence[str], torch: str) -> tuple[str, ...]:
@@ -160,7 +170,11 @@ def _stable_once(variant: Variant) -> Variant:
 
 
 def expand(variant: Variant) -> tuple[Variant, ...]:
-    """The variant's cells in axis order (Python, then torch), exclusions left out; itself without axes."""
+    """The variant's cells in axis order (Python, torch, then CPU), exclusions left out; itself without axes.
+
+    A variant of several CPUs (``platform = ["x86_64", "aarch64"]``) is expanded with its axes: one cell per CPU
+    of each (Python, torch), each with that CPU alone, the same label (its wheels differ by platform tag, so
+    they share the variant's index) and a name that says the CPU (:func:`cell_name`)."""
     if not has_axes(variant):
         return (variant,)
     claims: tuple[str, ...] = ()
@@ -169,19 +183,24 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
         variant = _stable_once(variant)
     pythons: Sequence[str | None] = variant.python or (None,)
     torches: Sequence[str | None] = variant.torch or (None,)
+    for index, entry in enumerate(variant.exclude):
+        if entry.platform is not None and entry.platform not in variant.platform:
+            raise ValueError(f"variant {variant.name!r}: exclude[{index}].platform = {entry.platform!r} matches no"
+                             f" cell: the variant's platform is {list(variant.platform)}")
     cells = []
     for python in pythons:
         for torch in torches:
-            if any(entry.matches(python, torch) for entry in variant.exclude):
-                continue
             label = variant.name + (_torch_label(torch, variant.torch) if torch and len(variant.torch) > 1 else "")
-            update: dict[str, object] = {
-                "name": cell_name(variant.name, python, torch, variant.torch), "python": (), "torch": (),
-                "exclude": (), "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label,
-                                                     claims=claims)}
-            if torch:
-                update["build_requires"] = _with_torch(variant.build_requires, torch)
-            cells.append(variant.model_copy(update=update))
+            for platform in variant.platform:
+                if any(entry.matches(python, torch, platform) for entry in variant.exclude):
+                    continue
+                update: dict[str, object] = {
+                    "name": cell_name(variant.name, python, torch, variant.torch, platform), "python": (),
+                    "torch": (), "exclude": (), "platform": (platform,),
+                    "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label, claims=claims)}
+                if torch:
+                    update["build_requires"] = _with_torch(variant.build_requires, torch)
+                cells.append(variant.model_copy(update=update))
     if not cells:
         raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of python {list(variant.python)}"
                          f" x torch {list(variant.torch)}; remove an exclusion or the variant")
@@ -234,12 +253,14 @@ def abi3_served(variants: Sequence[Variant], name: str, wheel: str) -> str:
     wheel loads on every Python from the one it names) or has no Python ABI at all (``py3-none``), so the cell
     of its matrix with the lowest Python and the same torch carries it; two cells would write two wheels of one
     name (invariant 13)."""
-    cell = next((v.cell for v in variants if v.name == name), None)
+    me = next((v for v in variants if v.name == name), None)
+    cell = me.cell if me is not None else None
     tags = parse_wheel_filename(wheel)[3]
-    if cell is None or not cell.python or not all(t.abi in ("abi3", "none") for t in tags):
+    if me is None or cell is None or not cell.python or not all(t.abi in ("abi3", "none") for t in tags):
         return ""
+    # of its own CPU: an aarch64 cell's abi3 wheel is not the x86_64 one
     same = [v for v in variants if v.cell is not None and v.cell.matrix == cell.matrix and v.cell.torch == cell.torch
-            and v.cell.python]
+            and v.cell.python and v.platform == me.platform]
     lowest = min(same, key=lambda v: python_minor(v.cell.python))  # type: ignore[union-attr,arg-type]
     if lowest.name == name:
         return ""

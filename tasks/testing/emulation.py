@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
 import shutil
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,26 @@ DEBOOTSTRAP_TIMEOUT_S = 1800
 
 class EmulationError(PermanentError):
     """The aarch64 userland could not be made or run (no root, no qemu-user-static, no debootstrap)."""
+
+
+OPT_IN = "KILN_TEST_AARCH64"  # =1: the opt-in emulated check of an aarch64 wheel (tests/build/test_cross_emulated.py)
+
+
+def no_runner_reason(platforms: Sequence[str], machine: str | None = None) -> str:
+    """Why a suite of a wheel for ``platforms`` (a variant's CPUs) does not run on this ``machine``, or "".
+
+    A suite runs Kiln's test runner (pytest, its fork server, the wheel's dependencies from the indexes) in an
+    environment of the cell's Python on the machine's own CPU; under emulation that is a whole aarch64 Python
+    stack per suite, which Kiln does not make. So an aarch64 cell's suites are "not run" on an x86_64 machine
+    (invariant 9), and say what proves its wheel here instead: the opt-in emulated check, which installs the
+    wheel into an emulated aarch64 Debian and runs its extension against the reference."""
+    machine = machine or platform.machine()
+    if machine in platforms:
+        return ""
+    cpus = "/".join(platforms)
+    return (f"not run: no {cpus} runner (this machine is {machine}); the wheel is compiled and tagged here,"
+            f" and run only by the opt-in emulated check ({OPT_IN}=1, as root with qemu-user-static and"
+            " debootstrap), or by the suite on a worker of that CPU")
 
 
 def missing_tools() -> list[str]:

@@ -40,6 +40,7 @@ from kiln.tasks.project.config_matrix import TORCH_ID, claimed_torches, host_tor
 from kiln.tasks.testing.baseenv import CREATE_TIMEOUT_S, BaseEnv, site_packages
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.emulation import no_runner_reason
 from kiln.tasks.testing.envs import make_env, wheel_requirements
 from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
 from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
@@ -205,7 +206,7 @@ def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
         return f"not run: needs {suite.gpus} GPU{'s' if suite.gpus != 1 else ''}, {gpus_here} on this machine"
     if variant.backend != "cpu" and gpus_here == 0:
         return f"not run: the {variant.name} wheel needs a {variant.backend} GPU, none on this machine"
-    return ""
+    return no_runner_reason(variant.platform)  # an aarch64 cell's wheel on this x86_64 machine
 
 
 @dataclass(frozen=True)

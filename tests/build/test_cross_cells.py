@@ -1,0 +1,103 @@
+"""aarch64 cells in the build matrix: ``platform = ["x86_64", "aarch64"]`` expands into one cell per CPU, the
+cross path refuses before anything builds what it cannot serve (naming the variant and why), an aarch64 cell's
+suites are "not run" on an x86_64 machine, and its wheel's dependencies are checked as an aarch64 machine
+would install it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.core.errors import ConfigError
+from kiln.release.closure import target_python
+from kiln.tasks.build.cross import check_cross_cells, cross_refusal, cross_target_of
+from kiln.tasks.project.config import KilnConfig, parse_config
+from kiln.tasks.testing.emulation import no_runner_reason
+
+KILN_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+_BASE: dict[str, Any] = {
+    "project": {"package": "pkg", "distribution": "pkg", "version": "1.0", "source": "pkg"},
+    "build": {"backend": "pep517"},
+    "publish": {"default_target": "local", "targets": {"local": {"url": "file://{out}/index"}}}}
+
+
+def _config(tmp_path: Path, build_system: str = "", **variant: Any) -> KilnConfig:
+    (tmp_path / "pkg").mkdir(exist_ok=True)
+    (tmp_path / "setup.py").write_text("")
+    if build_system:
+        (tmp_path / "pyproject.toml").write_text(f"[build-system]\nrequires = {build_system}\n")
+    table = {"name": "cpu", "backend": "cpu", "python": [KILN_PYTHON], "platform": ["x86_64", "aarch64"]} | variant
+    return parse_config({**_BASE, "variants": [table]}, tmp_path)
+
+
+def test_a_variant_of_two_cpus_is_one_cell_per_cpu_sharing_its_label(tmp_path: Path) -> None:
+    cells = _config(tmp_path).variants
+    minor = KILN_PYTHON.split(".")[1]
+    assert [(c.name, c.platform, c.label) for c in cells] == [
+        (f"cpupy3{minor}", ("x86_64",), "cpu"), (f"cpupy3{minor}aarch64", ("aarch64",), "cpu")]
+    assert cross_target_of(cells[0], "x86_64") is None
+    assert cross_target_of(cells[1], "x86_64") is not None and cross_target_of(cells[1], "aarch64") is None
+
+
+def test_an_exclusion_may_name_a_cpu_and_one_the_variant_lacks_is_refused(tmp_path: Path) -> None:
+    cells = _config(tmp_path, python=["3.10", KILN_PYTHON], exclude=[{"python": "3.10", "platform": "aarch64"}])
+    assert [c.platform for c in cells.variants] == [("x86_64",), ("x86_64",), ("aarch64",)]
+    with pytest.raises(ConfigError, match="exclude\\[0\\].platform = 'aarch64' matches no cell"):
+        _config(tmp_path, platform=["x86_64"], exclude=[{"platform": "aarch64"}])
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"backend": "cuda", "archs": ["9.0"]}, "a cuda variant's host code needs its toolkit's aarch64 cross target"),
+    ({"build_requires": ["torch==2.13.0"]}, "a torch extension (its build_requires name torch)"),
+    ({"python": ["3.10"]}, "this one is for Python 3.10"),
+])
+def test_an_aarch64_cell_the_cross_path_cannot_build_is_refused_naming_the_variant_and_why(
+        tmp_path: Path, changes: dict[str, Any], named: str) -> None:
+    config = _config(tmp_path, **changes)
+    aarch64 = [v for v in config.variants if v.platform == ("aarch64",)]
+    assert cross_refusal(config, aarch64[0], "x86_64")
+    with pytest.raises(ConfigError, match="refused before anything builds") as info:
+        check_cross_cells(config, machine="x86_64")
+    assert f"variant {aarch64[0].name!r}" in str(info.value) and named in str(info.value)
+
+
+def test_a_torch_extension_is_refused_by_its_projects_build_requirements_too(tmp_path: Path) -> None:
+    config = _config(tmp_path, build_system='["setuptools", "torch>=2.4"]')
+    with pytest.raises(ConfigError, match="the project's \\[build-system\\] requires name torch"):
+        check_cross_cells(config, machine="x86_64")
+
+
+def test_a_registry_projects_aarch64_variant_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    config = parse_config({**_BASE, "project": {**_BASE["project"], "registry": "pkg.registry:KERNELS"},
+                           "build": {}, "variants": [{"name": "cpu", "backend": "cpu", "platform": ["aarch64"]}]},
+                          tmp_path)
+    with pytest.raises(ConfigError, match="variant 'cpu': platform = \\['aarch64'\\]: Kiln's own wheel builder"):
+        check_cross_cells(config, machine="x86_64")
+
+
+def test_two_cpus_without_any_matrix_axis_are_refused_rather_than_built_for_one(tmp_path: Path) -> None:
+    config = _config(tmp_path, python=[])
+    assert [v.platform for v in config.variants] == [("x86_64", "aarch64")]  # nothing expands it
+    with pytest.raises(ConfigError, match="is not expanded: give it python = "):
+        check_cross_cells(config, machine="x86_64")
+
+
+def test_the_builders_own_cpu_and_a_servable_cell_pass(tmp_path: Path) -> None:
+    check_cross_cells(_config(tmp_path), machine="x86_64")
+    check_cross_cells(_config(tmp_path, platform=["x86_64"], python=["3.10"]), machine="x86_64")
+
+
+def test_an_aarch64_cells_suite_is_not_run_on_an_x86_64_machine_and_says_what_proves_it() -> None:
+    why = no_runner_reason(("aarch64",), "x86_64")
+    assert why.startswith("not run: no aarch64 runner (this machine is x86_64)") and "KILN_TEST_AARCH64=1" in why
+    assert no_runner_reason(("x86_64",), "x86_64") == "" and no_runner_reason(("aarch64",), "aarch64") == ""
+
+
+def test_an_aarch64_wheels_dependencies_are_resolved_for_that_cpu() -> None:
+    options = target_python("crossdot-0.1.0+cpu-cp311-cp311-manylinux_2_17_aarch64.whl")
+    assert options[-2:] == ["--platform", "manylinux_2_17_aarch64"]
+    assert "--platform" not in target_python("crossdot-0.1.0+cpu-py3-none-any.whl")
