@@ -163,6 +163,47 @@ def test_the_ui_asks_for_the_password_and_refuses_a_wrong_one(anonymous, ui_serv
     _shot(anonymous, tmp_path, "logged-in")
 
 
+@pytest.fixture(scope="module")
+def a_run(ui_server: LocalServer) -> tuple[str, str]:
+    """A flow run on the UI's server (created, not run: its page is what a printed link opens), and the login
+    line a `kiln` command prints under that link."""
+    from prefect import flow
+
+    @flow(name="kiln-ui-landing")
+    def landing() -> None:
+        pass
+
+    with ui_server.client() as client:
+        run = client.create_flow_run(landing, name="kiln ui landing")
+    link = f"{ui_server.api_url.removesuffix('/api')}/runs/flow-run/{run.id}"
+    login = server.ui_login_for(ui_server.home, link)
+    assert login is not None
+    return link, login
+
+
+def test_the_printed_login_link_asks_for_the_password_without_an_error_and_lands_on_the_run(
+        anonymous, ui_server, a_run, tmp_path):
+    link, login = a_run
+    run_path = link.removeprefix(ui_server.api_url.removesuffix("/api"))
+    login_link = next(word for word in login.split() if "/login?redirect=" in word)
+    anonymous.goto(login_link)
+    anonymous.locator("input[type=password]").wait_for()
+    _shot(anonymous, tmp_path, "login-page")
+    assert anonymous.get_by_text("Authentication failed").count() == 0  # asked, not scolded
+    _log_in(anonymous, ui_server.password)
+    anonymous.wait_for_url(f"**{run_path}")
+    anonymous.get_by_text("kiln-ui-landing").first.wait_for()  # the run's page: its flow in the breadcrumb
+    _shot(anonymous, tmp_path, "landed-on-the-run")
+
+
+def test_the_run_link_opened_before_logging_in_greets_with_an_error_the_premise_of_the_login_link(
+        anonymous, a_run, tmp_path):
+    link, _ = a_run
+    anonymous.goto(link)  # Prefect's UI: a 401 toast, then its home page rather than the login's redirect
+    anonymous.get_by_text("Authentication failed").first.wait_for()
+    _shot(anonymous, tmp_path, "run-link-anonymous")
+
+
 def _shot(page, tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
