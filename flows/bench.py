@@ -66,6 +66,7 @@ from kiln.tasks.bench.harness import (
     bench_left,
     bench_skip,
     bench_variant,
+    no_bench_cases,
     no_benchmarks,
     nothing_to_bench,
     prepare,
@@ -243,7 +244,8 @@ def bench_flow(
     if run_id is None:
         build_flow(config_path=str(config.config_file), out=out, variants=[variant], run_id=run.run_id,
                    return_state=True)
-    nothing = nothing_to_bench(run.run_id, variant, run.units(), run.artifacts())
+    # No wheel, or no kernel that declares cases (the registry read in its guest, by the build or here)
+    nothing = nothing_to_bench(run.run_id, variant, run.units(), run.artifacts()) or no_bench_cases(config)
     if nothing:  # not run, with the reason: not a crash (the build's own units say why)
         record(run, Unit(f"bench/{variant}", "bench", "not_run", variant=variant, message=nothing))
         return finish_stage(run, "bench", "Benchmarks")

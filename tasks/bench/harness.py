@@ -235,6 +235,32 @@ def no_benchmarks(config: KilnConfig) -> str:
     return ""
 
 
+def no_bench_cases(config: KilnConfig) -> str:
+    """Why the package has nothing to measure by its registry's own account ("" when a kernel declares bench
+    cases, or the registry cannot be read: then the stage measures, and meets the error, as always). The build
+    records which kernels declare ``bench_cases`` when it reads the registry; a build that did not (CPU variants
+    only) leaves it to a read here. Either read runs in the registry's guest, never in Kiln's process; with no
+    kernel declaring cases, a bench environment and a measuring server would time nothing."""
+    # Kiln's side only: this module is also imported inside the bench environment, which has no build planner.
+    from kiln.tasks.build.plancache import bench_kernels, store_bench_kernels
+    from kiln.tasks.project.registry_guest import load_registry_data
+
+    root = config.path(config.build.cache_dir)
+    declared = bench_kernels(root, config)
+    if declared is None:
+        try:
+            data = load_registry_data(config)
+        except ConfigError as exc:
+            _log.warning("could not read the registry to see which kernels declare bench cases: %s", exc)
+            return ""
+        declared = data.bench_kernels
+        store_bench_kernels(root, config, declared, data.module_files, data.dists)
+    if declared:
+        return ""
+    return (f"not run: no kernel declares bench cases (the registry {config.project.registry!r}): nothing to"
+            " measure, so no bench environment was made")
+
+
 _KILN_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 

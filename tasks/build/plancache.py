@@ -133,17 +133,57 @@ def load(root: Path, key: str, config: KilnConfig) -> StoredPlan | None:
         if entry["format"] != PLAN_FORMAT or entry["key"] != key:
             raise ValueError(f"format {entry['format']!r}, key {str(entry['key'])[:16]}")
         stored = _stored_from(entry)
-        now = _inputs(config, map(Path, recorded["modules"]), recorded["dists"])
+        changed = _changed(config, recorded)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         _log.warning("stored build plan %s is unreadable (%s: %s); planning again", path, type(exc).__name__, exc)
         return None
-    changed = [k for k in ("tree", "project", "modules", "dists") if now[k] != recorded[k]]
     if changed:
         _log.info("stored build plan %s is out of date (%s changed); planning again", key[:16], ", ".join(changed))
         return None
     return stored
+
+
+def _changed(config: KilnConfig, recorded: dict[str, Any]) -> list[str]:
+    """The inputs (tree, project, modules, dists) that differ now from ``recorded``."""
+    now = _inputs(config, map(Path, recorded["modules"]), recorded["dists"])
+    return [k for k in ("tree", "project", "modules", "dists") if now[k] != recorded[k]]
+
+
+# --- what the registry declares beyond the plan: read by stages that must not import it ---------------------------
+
+def _facts_path(root: Path, config: KilnConfig) -> Path:
+    path = config.config_file.resolve()
+    key = digest(PLAN_FORMAT, "registry-facts", str(path), path.read_bytes().hex(), sys.version, sys.prefix,
+                 str(config.root))
+    return root / "plans" / f"registry-{key}.json"
+
+
+def store_bench_kernels(root: Path, config: KilnConfig, kernels: Iterable[str], module_files: Iterable[str | Path],
+                        dists: Iterable[str]) -> None:
+    """Keep which kernels the registry's read found declaring ``bench_cases``, with that read's inputs."""
+    inputs = _inputs(config, sorted({Path(f) for f in module_files}), sorted(set(dists)))
+    entry = {"format": PLAN_FORMAT, "inputs": inputs, "bench_kernels": sorted(kernels)}
+    try:
+        atomic_write_text(_facts_path(root, config), json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:  # a read-only cache: the bench stage then measures as it would without the record
+        _log.warning("could not record the registry's bench kernels in %s (%s)", root, exc)
+
+
+def bench_kernels(root: Path, config: KilnConfig) -> tuple[str, ...] | None:
+    """The kernels that declare ``bench_cases``, as the last read of the registry recorded them; None when no read
+    is recorded, the record is unreadable or anything it was read from changed since (then nobody knows)."""
+    try:
+        entry = json.loads(_facts_path(root, config).read_text())
+        if entry["format"] != PLAN_FORMAT or _changed(config, entry["inputs"]):
+            return None
+        return tuple(str(k) for k in entry["bench_kernels"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        _log.warning("the registry's bench kernels in %s are unreadable (%s: %s)", root, type(exc).__name__, exc)
+        return None
 
 
 def _stored_from(entry: dict[str, Any]) -> StoredPlan:

@@ -142,6 +142,8 @@ def prepare_build(config: KilnConfig | str, version: str, variants: list[str] | 
     if stored is None or tools is None or (tools.toolchain, tools.missing) != (stored.toolchain, stored.missing):
         stored, tools, data = _plan(config, wanted, variants, nvcc_path)
         plancache.store(cache_root, key, config, stored, data.module_files, data.dists)
+        if data.read:  # the registry was read: what the bench stage needs of it, so it never imports it
+            plancache.store_bench_kernels(cache_root, config, data.bench_kernels, data.module_files, data.dists)
     else:
         _log.info("reusing the stored build plan %s: its inputs are unchanged", key[:16])
     source = source or Checkout()
@@ -187,7 +189,7 @@ def _plan(config: KilnConfig, wanted: list[Variant], variants: list[str] | None,
           nvcc_path: str | None) -> tuple[plancache.StoredPlan, _Tools, RegistryData]:
     """Plan from the registry itself, read now by its guest (never imported in this process)."""
     # A CPU variant compiles nothing: its wheel is the package's sources, so no registry is imported.
-    data = _registry_data(config) if any(v.backend != "cpu" for v in wanted) else RegistryData(())
+    data = _registry_data(config) if any(v.backend != "cpu" for v in wanted) else RegistryData((), read=False)
     specs = data.kernels
     csrc = {s.name: s.csrc for s in specs if s.csrc is not None}
     tools = _tools(config, wanted, nvcc_path, csrc)

@@ -62,6 +62,7 @@ class RegistryData:
     bench_kernels: tuple[str, ...] = ()  # the kernels that declare bench_cases
     module_files: tuple[str, ...] = ()  # files of the modules the guest loaded outside the interpreter's own trees
     dists: tuple[str, ...] = ()  # the installed distributions the registry import loaded
+    read: bool = True  # False: nothing was read (a build of CPU variants only), so nothing is known
 
 
 # --- what an import loaded (the plan cache's inputs) -----------------------------------------------------------
