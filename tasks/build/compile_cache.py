@@ -153,7 +153,9 @@ class CompileStats:
 
     def describe(self) -> str:
         total = len(self.compiled) + len(self.reused)
-        return f"{len(self.compiled)} of {total} {compilations_noun([self])} compiled, {len(self.reused)} reused"
+        shared = f" ({len(self.shared)} from the shared tier)" if self.shared else ""
+        return (f"{len(self.compiled)} of {total} {compilations_noun([self])} compiled, {len(self.reused)} reused"
+                + shared)
 
 
 def compilations_noun(stats: Iterable[CompileStats]) -> str:

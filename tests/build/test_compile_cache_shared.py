@@ -221,3 +221,30 @@ def test_a_second_worker_builds_kilns_nvcc_library_with_no_compile_and_the_same_
     assert sorted(first.compiled) == sorted(LABELS)
     assert second.compiled == () and sorted(second.shared) == sorted(LABELS)
     assert warm == cold
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_a_second_workers_build_of_a_changed_file_compiles_that_file_alone(prefect_server, tmp_path):
+    """The build flow on two clones, each with its own local caches, and one file:// artifact store: the second
+    worker, after a one-line change to one .cu, compiles that file and takes the other three from the store."""
+    from kiln.core.manifest import RunManifest
+    from kiln.flows.build import build_flow
+    from tests.helpers.projects import copy_project
+
+    store = tmp_path / "team-store"
+    messages = []
+    for worker, change in (("a", False), ("b", True)):
+        config = copy_project("multicu", tmp_path / worker)
+        config.write_text(config.read_text() + f'\n[build.cache]\nremote = "artifacts"\n\n'
+                                               f'[artifacts]\nurl = "{store.as_uri()}"\n')
+        if change:
+            shift = config.parent / "multicu" / "csrc" / "shift.cu"
+            shift.write_text(shift.read_text().replace("x[i] += b", "x[i] += 2.0f * b"))
+        state = build_flow(str(config), str(tmp_path / worker / "out"), version="0.1.0.dev20261207",
+                           return_state=True)
+        run = RunManifest.load(tmp_path / worker / "out" / str(state.state_details.flow_run_id))
+        assert state.is_completed()
+        messages.append(next(u for u in run.units if u.id == "build/cu130/sm_90/multicu/multicu").message)
+    assert "4 of 4 compilations (translation unit × arch) compiled, 0 reused" in messages[0]
+    assert "1 of 4 compilations (translation unit × arch) compiled, 3 reused (3 from the shared tier)" in messages[1]
