@@ -302,11 +302,11 @@ class ProjectBuilder:
             return built
 
     def _launcher_dir(self) -> list[Path]:
-        return [Path(self.compile_cache.launcher).parent] if self.compile_cache is not None else []
+        return self.compile_cache.read_paths() if self.compile_cache is not None else []  # and a read-only shared tier
 
     def _cache_dirs(self) -> list[Path]:
-        """The compile cache's folder: the one place outside its unit's folder a build writes."""
-        return [self.compile_cache.directory] if self.compile_cache is not None else []
+        """The compile cache's folders (its own, its writable shared tier): what a build writes outside its unit's."""
+        return self.compile_cache.write_paths() if self.compile_cache is not None else []
 
     def _what_to_set(self, unit: CompileUnit, log: str) -> list[str]:
         """The settings the package's own build files say this failed unit lacks (read, never run)."""
