@@ -104,14 +104,36 @@ def reporter_for(stream: TextIO = sys.stderr) -> Reporter:
     return RichReporter(stream) if stream.isatty() else PlainReporter(stream)
 
 
+class _UnitEnds(logging.Filter):
+    """Drops Prefect's "Finished in state Completed()" line of each unit from the terminal while a live bar
+    counts the units: one line per unit (218 for a default nightly) would scroll the bar away. Only the console
+    loses them: the run's log on the server keeps every line, and a unit that failed is logged as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "prefect.task_runs" and record.levelno == logging.INFO
+                    and record.getMessage().startswith("Finished in state "))
+
+
+def _console_handlers() -> list[logging.Handler]:
+    """The root logger's handlers that write to a stream (Prefect's console handler), not to the API."""
+    return [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)]
+
+
 @contextmanager
 def showing(reporter: Reporter) -> Iterator[Reporter]:
-    """Report this process's stage progress to ``reporter`` while the block runs."""
+    """Report this process's stage progress to ``reporter`` while the block runs; under a live bar the console
+    shows no per-unit "Finished in state" line."""
     global _current
     previous, _current = _current, reporter
+    quiet = _UnitEnds()
+    handlers = _console_handlers() if isinstance(reporter, RichReporter) else []
+    for handler in handlers:
+        handler.addFilter(quiet)
     try:
         yield reporter
     finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
         _current = previous
         reporter.close()
 

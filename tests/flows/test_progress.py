@@ -61,3 +61,47 @@ def test_prefects_lines_around_the_progress_hook_are_dropped_but_its_errors_kept
         "An error was encountered while running hook 'kiln_progress'",
         "Running hook 'notify_team' in response to entering state 'Failed'",
         "Finished in state Completed()"]
+
+
+def test_under_a_live_bar_the_console_drops_each_units_finished_line_but_keeps_failures():
+    import logging
+
+    stream, sent = io.StringIO(), io.StringIO()
+    console = logging.StreamHandler(stream)  # stands for Prefect's console handler on the root logger
+    api = logging.StreamHandler(sent)  # stands for Prefect's API handler, on the task runs' own logger
+    root, logger = logging.getLogger(), logging.getLogger("prefect.task_runs")
+    root.addHandler(console)
+    logger.addHandler(api)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with progress.showing(progress.RichReporter(_Tty())):
+            logger.info("Finished in state Completed()")
+            logger.error("Finished in state Failed('Task run encountered an exception')")
+            logger.info("compiling add for 9.0")
+        logger.info("Finished in state Completed()")  # no bar any more: shown again
+    finally:
+        root.removeHandler(console)
+        logger.removeHandler(api)
+        logger.setLevel(level)
+    assert stream.getvalue().splitlines() == ["Finished in state Failed('Task run encountered an exception')",
+                                              "compiling add for 9.0", "Finished in state Completed()"]
+    assert sent.getvalue().count("Finished in state Completed()") == 2  # the run's log keeps every line
+
+
+def test_off_a_terminal_every_line_stays():
+    import logging
+
+    stream = io.StringIO()
+    console = logging.StreamHandler(stream)
+    root, logger = logging.getLogger(), logging.getLogger("prefect.task_runs")
+    root.addHandler(console)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with progress.showing(progress.PlainReporter(io.StringIO())):
+            logger.info("Finished in state Completed()")
+    finally:
+        root.removeHandler(console)
+        logger.setLevel(level)
+    assert stream.getvalue().splitlines() == ["Finished in state Completed()"]
