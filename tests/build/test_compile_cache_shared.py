@@ -248,3 +248,33 @@ def test_a_second_workers_build_of_a_changed_file_compiles_that_file_alone(prefe
         messages.append(next(u for u in run.units if u.id == "build/cu130/sm_90/multicu/multicu").message)
     assert "4 of 4 compilations (translation unit × arch) compiled, 0 reused" in messages[0]
     assert "1 of 4 compilations (translation unit × arch) compiled, 3 reused (3 from the shared tier)" in messages[1]
+
+
+@pytest.mark.slow
+def test_a_second_worker_builds_a_setuptools_wheel_with_no_compile_and_the_same_bytes(tmp_path):
+    """A package's own build (pep517, sandboxed): the second worker's compilers are served by the shared tier."""
+    from kiln.tasks.build.stage import compile_context, prepare_build
+    from kiln.tasks.build.units import build_unit
+    from tests.helpers.projects import FIXTURES
+
+    store = LocalStore(tmp_path / "team-store")
+    results = []
+    for worker in ("w1", "worker-two-with-a-longer-path"):
+        project = tmp_path / worker / "cmulti"
+        shutil.copytree(FIXTURES / "cmulti", project, ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+        config = project / "kiln.toml"
+        config.write_text(config.read_text() + '\n[build.cache]\nremote = "artifacts"\n')
+        setup = prepare_build(str(config), "1.0.0", None, cache_dir=str(tmp_path / worker / "cache"), store=store)
+        (unit,) = setup.plan.units
+        with compile_context(setup, tmp_path / worker / "out") as context:
+            result = build_unit(unit, context)
+        (wheel,) = [f for f in result.files if f.name.endswith(".whl")]
+        results.append((result.compile, wheel.read_bytes()))
+        # the whole unit is in the unit cache's tier too; without it (another key: a Python change elsewhere in a
+        # real project) the unit runs, and its compilers find their objects in the compile cache's tier
+        shutil.rmtree(tmp_path / "team-store" / SHARED.prefix / "entries")
+    (cold, cold_wheel), (warm, warm_wheel) = results
+    sources = ["csrc/add.c", "csrc/module.c", "csrc/mul.c"]
+    assert cold is not None and sorted(cold.compiled) == sources
+    assert warm == CompileStats((), tuple(sources), tuple(sources)), warm
+    assert warm_wheel == cold_wheel
