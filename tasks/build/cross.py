@@ -385,7 +385,11 @@ def unit_environ(cross: CrossTarget, environ: Mapping[str, str], folder: Path,
     target's sysconfig module written into ``folder`` (the unit's own), its staged include folder."""
     include = staged_include(cross, cache_dir or default_cache_dir())
     module = write_sysconfig(cross, folder)
-    return cross_environ(cross, include, folder, module, environ), [include]
+    # the staged headers live under this worker's home; their path in the debug info must not make two workers'
+    # wheels differ (invariant 8), as the unit's own folder is mapped by the reproducible build
+    mapped = f"-ffile-prefix-map={include.parent}=/kiln/cross-include"
+    flags = {name: " ".join(filter(None, [environ.get(name, ""), mapped])) for name in ("CFLAGS", "CXXFLAGS")}
+    return cross_environ(cross, include, folder, module, {**environ, **flags}), [include]
 
 
 def checked_wheel(wheel: Path, cross: CrossTarget) -> Path:

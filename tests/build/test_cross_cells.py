@@ -5,6 +5,7 @@ would install it."""
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from kiln.core.errors import ConfigError
+from kiln.core.record import Checkout
 from kiln.release.closure import target_python
 from kiln.tasks.build.cross import check_cross_cells, cross_refusal, cross_target_of
 from kiln.tasks.project.config import KilnConfig, parse_config
@@ -101,3 +103,15 @@ def test_an_aarch64_wheels_dependencies_are_resolved_for_that_cpu() -> None:
     options = target_python("crossdot-0.1.0+cpu-cp311-cp311-manylinux_2_17_aarch64.whl")
     assert options[-2:] == ["--platform", "manylinux_2_17_aarch64"]
     assert "--platform" not in target_python("crossdot-0.1.0+cpu-py3-none-any.whl")
+
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the cross path runs on an x86_64 builder")
+def test_the_build_flows_plan_refuses_an_aarch64_cell_before_anything_builds(tmp_path: Path) -> None:
+    from kiln.flows.build import plan_build_task
+
+    config = _config(tmp_path, backend="cuda", archs=["9.0"])
+    aarch64 = config.variants[-1].name
+    with pytest.raises(ConfigError, match=f"variant '{aarch64}': .*a cuda variant's host code"):
+        plan_build_task.fn(config, "0.1.0.dev20261207", None, None, Checkout())
+    assert not (tmp_path / ".kiln").exists()  # nothing planned, cached or built
