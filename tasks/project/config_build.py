@@ -126,7 +126,8 @@ CACHE_TIERS: tuple[str, ...] = get_args(CacheTier)
 
 
 class BuildCacheSettings(_Model):
-    """``[build.cache]``: the second tier of the content-addressed unit cache (kiln.tasks.build.cache_remote).
+    """``[build.cache]``: the second tier of the content-addressed unit cache (kiln.tasks.build.cache_remote) and
+    of the per-translation-unit compile cache (``<prefix>/compile/``, kiln.tasks.build.compile_tier).
 
     Objects are written create-only under their sha256 and every read is re-hashed, so a damaged or forged
     object is a miss that rebuilds; an unreachable store is a warning and a local-only build. ``read_only``
@@ -134,9 +135,11 @@ class BuildCacheSettings(_Model):
     credentials may write ``prefix`` (kiln.release.policies denies it to every other step).
     """
 
-    # "artifacts": the artifact store ([artifacts]) is the second tier, shared by every worker; "none": local only.
+    # "artifacts": the artifact store ([artifacts]) is the unit and compile caches' second tier, shared by every
+    # worker; "none": local only.
     remote: CacheTier = "none"
-    # Where the shared tier lives in the artifact store: objects/<sha256> and entries/<batch>/<key>.json below it.
+    # Where the shared tier lives in the artifact store: objects/<sha256>, entries/<batch>/<key>.json and the
+    # compile cache's compile/ below it.
     prefix: StorePrefix = "build-cache"
     # Read the shared tier, never write it (builds of untrusted branches, or a role without its write right).
     read_only: bool = False
