@@ -2,8 +2,8 @@
 
 One row per variant (or matrix cell) — its wheel, its tests (passed, failed,
 suites not run, carried), whether it was published and to which index — then
-one install command per variant's index, or, where the run published the
-combined index of variant wheels, its one command and ``kiln which`` for any
+one install command per variant's index, led, where the run published the
+combined index of variant wheels, by its one command and ``kiln which`` for any
 other environment. The long explanations (what each index holds, what the
 wheel requires and where that comes from) stay in the run record, the Prefect
 summary artifact and ``kiln which``. Rendered from ``run.json`` alone, as the
@@ -165,7 +165,8 @@ def table_lines(run: RunManifest, width: int = TABLE_WIDTH) -> list[str]:
 
 
 def install_lines(run: RunManifest) -> list[str]:
-    """One install command per variant index, or the combined index's one and ``kiln which`` for the rest."""
+    """The combined index's one command (uv) and ``kiln which`` for any other environment, where the run published
+    it; then one command per variant's own index (pip)."""
     install: Any = run.info.get("install")
     urls, dry = _index_urls(run)
     if not isinstance(install, dict) or not urls:
@@ -176,10 +177,8 @@ def install_lines(run: RunManifest) -> list[str]:
     lines = [f"  index: {root}{staged}"]
     if combined:
         lines += [f"  install (uv picks this machine's variant): {install_command(combined[0], install)}",
-                  f"  any other environment: kiln which {combined[0]} --python X.Y --platform TAG "
-                  "(--cuda, --rocm, --torch, --arch)"]
-        return lines
-    for variant in _variants(run):
+                  f"  any other environment: kiln which {combined[0]} --python X.Y --platform TAG"]
+    for variant in _variants(run):  # pip, which knows no variant wheels, takes each variant's own index
         url = variant_index(urls, variant)
         if url and isinstance(indexes.get(url), dict) and indexes[url].get("version"):
             lines.append(f"  install {variant}: {install_command(url, install)}")

@@ -314,11 +314,16 @@ def _console_attention(run: RunManifest) -> list[str]:
         message = row.message if len(row.message) <= CONSOLE_MESSAGE else row.message[:CONSOLE_MESSAGE - 1] + "…"
         lines.append(f"  {row.label.upper():<9} {row.id}  {message}")
         lines.extend(f"  {'':<9}   | {line}" for line in (row.tail[-3:] if n < CONSOLE_TAILS else ()))
-    lines += [f"  {'SKIPPED':<9} {line}" for line in skips[:3]]
+    # skips the arch filter made on purpose: one terminal row each, their whole text in the record and the artifact
+    lines += [_row(f"  {'SKIPPED':<9} {line}") for line in skips[:3]]
     left = max(len(rows) - CONSOLE_ATTENTION, 0) + max(len(skips) - 3, 0)
     if left:
         lines.append(f"  … and {left} more (every unit: the run's summary in the Prefect UI, or {MANIFEST_NAME})")
     return ["", *lines] if lines else []
+
+
+def _row(line: str, width: int = 120) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def _console_plans(run: RunManifest) -> list[str]:
@@ -332,12 +337,9 @@ def _console_plans(run: RunManifest) -> list[str]:
 def render_console(run: RunManifest) -> str:
     """What a run's command prints at its end, one screen: the stages' counts, what needs attention, one row per
     variant (:mod:`kiln.flows.console`) and its install command. :func:`render_text` is the whole text form."""
-    stages = [stage for stage in STAGE_ORDER if any(u.stage == stage for u in run.units)]
-    lines = [_heading(run), *first_lines(run.info), ""]
-    width = max((len(s) for s in stages), default=5)
-    for stage in stages:
-        units = [u for u in run.units if u.stage == stage]
-        lines.append(f"  {stage:<{width}}  {len(units):>4} units: {_counts(units)}")
+    stages = [(stage, [u for u in run.units if u.stage == stage]) for stage in STAGE_ORDER]
+    counts = "; ".join(f"{stage} {len(units)} ({_counts(units)})" for stage, units in stages if units)
+    lines = [_heading(run), *first_lines(run.info), "", f"  units: {counts or 'none'}"]
     lines += _console_attention(run)
     table = table_lines(run)
     lines += ["", *table] if table else []

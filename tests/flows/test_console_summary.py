@@ -116,16 +116,17 @@ def test_a_failed_build_shows_in_its_variants_row_and_needs_attention_is_capped(
     assert _rows(text, SCREEN_COLUMNS) <= SCREEN_ROWS, text
 
 
-def test_the_combined_variant_index_gets_one_command_and_kiln_which_for_the_rest(nightly):
+def test_the_combined_variant_index_leads_with_its_uv_command_and_kiln_which(nightly):
     combined = f"{nightly.info['index_url'][0].split('/nightly/')[0]}/nightly/wheel-variants/simple/"
     nightly.info["index_url"] = [*nightly.info["index_url"], combined]
     facts = dict(next(iter(nightly.info["install"]["indexes"].values())), variants=True)
     nightly.info["install"] = {**nightly.info["install"],
                                "indexes": {**nightly.info["install"]["indexes"], combined: facts}}
     text = render_console(nightly)
-    assert f"install (uv picks this machine's variant): {install_command(combined, nightly.info['install'])}" in text
-    assert f"kiln which {combined} --python" in text
-    assert "  install cpu:" not in text
+    uv = f"  install (uv picks this machine's variant): {install_command(combined, nightly.info['install'])}"
+    assert uv in text and f"kiln which {combined} --python" in text
+    assert text.index(uv) < text.index("  install cpu: ")  # pip's per-variant commands follow
+    assert _rows(text, SCREEN_COLUMNS) <= SCREEN_ROWS, text
 
 
 @pytest.mark.slow
