@@ -301,9 +301,9 @@ def test_no_code_cites_an_issue_number():
 
 
 MAX_MODULE_LINES = 500
-# Known debt, split by the engineers who own them: the config model.
+# Known debt, split by the engineers who own them (none left).
 # Each entry must still be over the limit, so the list shrinks as they are split.
-OVERSIZED_ALLOWED = {"tasks/project/config.py"}
+OVERSIZED_ALLOWED: set[str] = set()
 
 
 def test_no_module_of_the_pipeline_is_over_500_lines():
@@ -326,7 +326,7 @@ STORE_LAYER = {"core/store.py", "core/s3.py", "core/objects.py"}
 # store_session, which takes that ``kind``; the config's per-scheme URL validation; the S3 bucket/prefix split of
 # the IAM policy generator (S3's own policy language); and release/fetch.py's join of an s3:// index URL
 # (urllib joins only the schemes it knows).
-SCHEME_TESTS_ALLOWED = {"tasks/project/config.py", "flows/common.py", "tasks/project/config_fields.py",
+SCHEME_TESTS_ALLOWED = {"tasks/project/config_publish.py", "flows/common.py", "tasks/project/config_fields.py",
                         "release/policies.py", "release/fetch.py"}
 
 
