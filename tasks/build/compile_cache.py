@@ -132,6 +132,16 @@ def open_compile_cache(cache_root: Path, shared: SharedTier | None = None) -> Co
     return CompileCache(launcher, directory, shared)
 
 
+def bypassed(cache: CompileCache | None, cache_root: Path) -> CompileCache | None:
+    """``cache``'s launcher over a new directory in ``cache_root`` (empty there) and no shared tier: what a build
+    that must read no cache (the release witness) compiles through, so its objects are its compilers' own."""
+    if cache is None:
+        return None
+    directory = compile_cache_dir(cache_root)
+    directory.mkdir(parents=True, exist_ok=True)
+    return CompileCache(cache.launcher, directory)
+
+
 @dataclass(frozen=True)
 class CompileStats:
     """Translation units of one build: compiled now, or served by the compile cache."""

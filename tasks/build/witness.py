@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kiln.core.fsutil import sha256_file
 from kiln.tasks.build import units as build_units
+from kiln.tasks.build.compile_cache import bypassed
 from kiln.tasks.build.stage import BuildSetup, assemble_variant, compile_context
 from kiln.tasks.build.units import UnitResult
 
@@ -59,7 +60,12 @@ def differing_members(one: Path, other: Path) -> tuple[str, ...]:
 
 def rebuild(setup: BuildSetup, work: Path) -> dict[str, Path]:
     """Every wheel of ``setup``'s plan built again under ``work`` with no cache to read: name -> path."""
-    bare = replace(setup, cache_root=work / "cache", remote=None)
+    # an empty compile cache too, with no shared tier: the build's own would serve its (maybe planted) objects
+    fresh = bypassed(setup.nvcc.cache if setup.nvcc is not None else
+                     setup.project.compile_cache if setup.project is not None else None, work / "cache")
+    bare = replace(setup, cache_root=work / "cache", remote=None,
+                   nvcc=replace(setup.nvcc, cache=fresh) if setup.nvcc is not None else None,
+                   project=replace(setup.project, compile_cache=fresh) if setup.project is not None else None)
     out = work / "out"
     outcomes: dict[str, UnitResult | BaseException] = {}
     with compile_context(bare, out) as env:

@@ -278,3 +278,58 @@ def test_a_second_worker_builds_a_setuptools_wheel_with_no_compile_and_the_same_
     assert cold is not None and sorted(cold.compiled) == sources
     assert warm == CompileStats((), tuple(sources), tuple(sources)), warm
     assert warm_wheel == cold_wheel
+
+
+def _pep517_build(project: Path, cache_root: Path, store: Store, out: Path) -> tuple[object, list[Path]]:
+    """The cmulti fixture's variant built and assembled the way the build stage does; its setup and wheels."""
+    from kiln.tasks.build.stage import assemble_variant, compile_context, prepare_build
+    from kiln.tasks.build.units import build_unit
+
+    setup = prepare_build(str(project / "kiln.toml"), "1.0.0", None, cache_dir=str(cache_root), store=store)
+    with compile_context(setup, out) as context:
+        outcomes = {unit.id: build_unit(unit, context) for unit in setup.plan.units}
+    wheels = []
+    for variant in setup.plan.variants:
+        output = assemble_variant(setup, variant, {u.id: outcomes[u.id] for u in variant.units}, out)
+        wheels += [path for path, kind in output.files if kind == "wheel"]
+    return setup, wheels
+
+
+def _results(folder: Path) -> list[Path]:
+    """The result entries (not manifests) of a ccache file: storage, as ccache itself tells them apart."""
+    launcher = open_compile_cache(folder.parent / "inspect")
+    assert launcher is not None
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG" and "Entry type: 0 (result)"
+                  in subprocess.run([launcher.launcher, "--inspect", str(p)], capture_output=True, text=True,
+                                    timeout=60, check=True).stdout)
+
+
+@pytest.mark.slow
+def test_a_planted_shared_compile_entry_is_served_and_the_witness_refuses_the_wheel_naming_the_member(tmp_path):
+    """Well-formed entries under other keys (each result moved to the next one's key: valid checksums, objects
+    of other translation units) pass ccache's own checks; the witness, whose compiles read no cache, differs."""
+    from kiln.tasks.build.witness import witness
+    from tests.helpers.projects import FIXTURES
+
+    store = LocalStore(tmp_path / "team-store")
+    projects = []
+    for worker in ("w1", "w2"):
+        project = tmp_path / worker / "cmulti"
+        shutil.copytree(FIXTURES / "cmulti", project, ignore=shutil.ignore_patterns("__pycache__", ".kiln"))
+        (project / "kiln.toml").write_text((project / "kiln.toml").read_text() + '\n[build.cache]\nremote = "artifacts"\n')
+        projects.append(project)
+    _pep517_build(projects[0], tmp_path / "w1" / "cache", store, tmp_path / "w1" / "out")
+    shutil.rmtree(tmp_path / "team-store" / SHARED.prefix / "entries")  # the unit tier would serve the whole wheel
+    results = _results(tmp_path / "team-store" / SHARED.prefix / COMPILE_PREFIX)
+    assert len(results) == 3
+    planted = [p.read_bytes() for p in results]
+    for path, data in zip(results, planted[1:] + planted[:1], strict=True):
+        path.chmod(0o644)
+        path.write_bytes(data)
+
+    setup, wheels = _pep517_build(projects[1], tmp_path / "w2" / "cache", store, tmp_path / "w2" / "out")
+    found = witness(setup, wheels)  # type: ignore[arg-type]
+    assert not found.ok and len(found.differing) == 1
+    (members,) = found.differing.values()
+    assert any(member.endswith(".so") for member in members), members
+    assert "the witness refuses" in found.message()
