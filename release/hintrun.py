@@ -24,7 +24,8 @@ joined by ``&&``, each optionally isolated as Kiln prints it, ``env
 PIP_CONFIG_FILE=/dev/null pip install --isolated``; ``--index-url``/``-i``,
 ``--extra-index-url``, ``--no-deps``) and one requirement per step (several
 with ``--no-deps``): anything else is refused before anything runs, naming
-the hint.
+the hint. The uv command Kiln prints is accepted as well (:mod:`kiln.release.hint_uv`): resolved to a lock
+first, then run with uv.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from kiln.core.errors import InvalidInputError
+from kiln.release import hint_uv
 from kiln.release.install import check_index_url, python_command
 from kiln.release.installenv import run_installer
 from kiln.release.pipconfig import PipConfig
@@ -68,15 +70,20 @@ class Step:
     options: tuple[str, ...]
     requirements: tuple[Requirement, ...]
     env: tuple[tuple[str, str], ...] = ()
+    tool: str = "pip"  # or "uv"
+    unset: tuple[str, ...] = ()  # uv's: the variables its ``env -u`` removes
 
     @property
     def index_url(self) -> str:
+        if self.tool == "uv":
+            return hint_uv.kiln_index(self.options)
         urls = [self.options[i + 1] for i, flag in enumerate(self.options) if flag in ("--index-url", "-i")]
         return urls[-1] if urls else ""
 
     @property
     def indexes(self) -> list[str]:
-        return [self.options[i + 1] for i, flag in enumerate(self.options) if flag in _OPTIONS]
+        flags = hint_uv.URL_OPTIONS if self.tool == "uv" else _OPTIONS
+        return [self.options[i + 1] for i, flag in enumerate(self.options) if flag in flags]
 
     def argv(self) -> list[str]:
         return [*self.options, *map(str, self.requirements)]
@@ -138,10 +145,13 @@ def _assignments(text: str, argv: list[str]) -> tuple[tuple[tuple[str, str], ...
 
 
 def _parse_step(text: str, argv: list[str]) -> Step:
+    if hint_uv.is_uv(argv):
+        unset, uv_options, uv_requirements = hint_uv.parse_uv(text, argv)
+        return _step(text, uv_options, uv_requirements, tool="uv", unset=unset)
     env, argv = _assignments(text, argv)
     if argv[:2] != ["pip", "install"]:
         raise InvalidInputError(f"install hint {text!r}: each command must start with 'pip install' "
-                                "(or 'env PIP_CONFIG_FILE=/dev/null pip install')")
+                                "(or 'env PIP_CONFIG_FILE=/dev/null pip install', or be the uv command Kiln prints)")
     options: list[str] = []
     requirements: list[str] = []
     rest = iter(argv[2:])
@@ -160,22 +170,27 @@ def _parse_step(text: str, argv: list[str]) -> Step:
                                     f"({', '.join(sorted(_OPTIONS | _FLAGS))})")
         else:
             requirements.append(arg)
+    return _step(text, tuple(options), requirements, env)
+
+
+def _step(text: str, options: tuple[str, ...], requirements: list[str], env: tuple[tuple[str, str], ...] = (),
+          tool: str = "pip", unset: tuple[str, ...] = ()) -> Step:
     if not requirements or (len(requirements) > 1 and "--no-deps" not in options):
         raise InvalidInputError(f"install hint {text!r}: names {len(requirements)} requirements, not exactly one "
                                 "(several only with --no-deps: the project and what the index holds of its "
                                 "dependencies)")
     try:
-        return Step(tuple(options), tuple(Requirement(r) for r in requirements), env)
+        return Step(options, tuple(Requirement(r) for r in requirements), env, tool, unset)
     except InvalidRequirement as exc:
         raise InvalidInputError(f"install hint {text!r}: {exc}") from exc
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float, what: str,
-         env: Mapping[str, str] = NO_CONFIG) -> tuple[bool, str]:
-    """(succeeded, stdout or what failed) of ``cmd`` in ``cwd``: scrubbed environment and ``env`` (by default
-    no pip configuration file)."""
+         env: Mapping[str, str] = NO_CONFIG, unset: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(succeeded, stdout or what failed) of ``cmd`` in ``cwd``: scrubbed environment less ``unset``, and ``env``
+    (by default no pip configuration file)."""
     try:
-        done = run_installer(cmd, cwd, timeout, env)
+        done = run_installer(cmd, cwd, timeout, env, unset)
     except subprocess.TimeoutExpired:
         return False, f"{what}: timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -202,14 +217,20 @@ def _resolve(python: Path, step: Step, cwd: Path, timeout: float, env: Mapping[s
     return done
 
 
-def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float) -> str:
+def _precheck(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float,
+              index: str = "") -> str:
     """"ok" when ``step`` would take every held name from its own ``--index-url`` (by content), wheels only,
     with no pip configuration; else what it would take from where, or the sdist-only dependency it would have
     to build."""
+    if step.tool == "uv":
+        chosen = hint_uv.resolve(python, step.options, [str(r) for r in step.requirements], step.unset, cwd,
+                                 timeout)
+        return chosen if isinstance(chosen, str) else "; ".join(
+            foreign(chosen, index or step.index_url, held, step.indexes)) or "ok"
     done = _resolve(python, step, cwd, timeout, NO_CONFIG)
     if isinstance(done, str):
         return done
-    return "; ".join(foreign(done.chosen, step.index_url, held, step.indexes)) or "ok"
+    return "; ".join(foreign(done.chosen, index or step.index_url, held, step.indexes)) or "ok"
 
 
 def _precheck_caller(python: Path, step: Step, held: Mapping[str, frozenset[str]], cwd: Path, timeout: float,
@@ -233,13 +254,22 @@ def _precheck_caller(python: Path, step: Step, held: Mapping[str, frozenset[str]
             f"(env PIP_CONFIG_FILE={os.devnull} pip install --isolated …)")
 
 
+def _install(python: Path, step: Step) -> list[str]:
+    """The install ``step`` runs into the venv of ``python``: wheels only, no cache of the user's."""
+    if step.tool == "uv":
+        return hint_uv.install_command(python, step.options, [str(r) for r in step.requirements])
+    return [*python_command(python), "-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:",
+            *step.argv()]
+
+
 def run_hint(hint: Hint, workdir: Path, timeout: float, held: Mapping[str, frozenset[str]] | None = None,
-             caller: PipConfig | None = None) -> tuple[str | None, str]:
+             caller: PipConfig | None = None, index: str = "") -> tuple[str | None, str]:
     """Run ``hint`` in a fresh venv under ``workdir``: (the version of its project it installed, or None; why not).
 
     Wheels only. With ``held`` (each name the index holds -> the SHA-256 of its files there), every step is
     first resolved without installing, with no pip configuration and, given ``caller``'s sources, under the
     caller's pip configuration too; a step that would take a held name from another index is not run.
+    ``index``: the Kiln index that holds them, as a refusal names it (default: the step's own).
     """
     venv, cwd = workdir / "venv", workdir / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
@@ -247,14 +277,13 @@ def run_hint(hint: Hint, workdir: Path, timeout: float, held: Mapping[str, froze
     python = venv / "bin" / "python"
     for step in hint.steps if ok else ():
         if held is not None:
-            out = _precheck(python, step, held, cwd, timeout)
-            if out == "ok" and caller is not None and caller.sources:
+            out = _precheck(python, step, held, cwd, timeout, index)
+            if out == "ok" and caller is not None and caller.sources and step.tool == "pip":  # uv reads no pip.conf
                 out = _precheck_caller(python, step, held, cwd, timeout, caller)
             ok = out == "ok"
         if ok:
-            install = [*python_command(python), "-m", "pip", "install", "--no-cache-dir", "--only-binary", ":all:",
-                       *step.argv()]
-            ok, out = _run(install, cwd, timeout, f"run the hint {hint.text!r}", {**NO_CONFIG, **dict(step.env)})
+            ok, out = _run(_install(python, step), cwd, timeout, f"run the hint {hint.text!r}",
+                           {**NO_CONFIG, **dict(step.env)}, step.unset)
         if not ok:
             break
     if ok:
@@ -265,10 +294,10 @@ def run_hint(hint: Hint, workdir: Path, timeout: float, held: Mapping[str, froze
 
 
 def check_hint(hint: Hint, published: str, timeout: float, held: Mapping[str, frozenset[str]] | None = None,
-               caller: PipConfig | None = None) -> str:
+               caller: PipConfig | None = None, index: str = "") -> str:
     """"ok" when running ``hint`` installs exactly the ``published`` version of its project, else what it did."""
     with tempfile.TemporaryDirectory(prefix="kiln-verify-hint-") as tmp:
-        installed, why = run_hint(hint, Path(tmp), timeout, held, caller)
+        installed, why = run_hint(hint, Path(tmp), timeout, held, caller, index)
     if installed is None:
         return why
     try:

@@ -64,16 +64,17 @@ def resolver_env(home: Path) -> dict[str, str]:
     return scrubbed_env(home, extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR"), "UV_PYTHON_DOWNLOADS": "never"})
 
 
-def run_installer(cmd: Sequence[str], cwd: Path, timeout: float,
-                  extra_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_installer(cmd: Sequence[str], cwd: Path, timeout: float, extra_env: Mapping[str, str] | None = None,
+                  unset: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     """Run one installer or resolver command in ``cwd`` with :func:`scrubbed_env` (``HOME`` = a fresh
-    ``cwd/home``), its output captured; raises :class:`subprocess.TimeoutExpired` or :class:`OSError` as
-    :func:`subprocess.run` does (each caller words its own failure)."""
+    ``cwd/home``) less the names ``unset`` (a hint's ``env -u``), its output captured; raises
+    :class:`subprocess.TimeoutExpired` or :class:`OSError` as :func:`subprocess.run` does (each caller words
+    its own failure)."""
     home = Path(cwd) / ".kiln-home"
     home.mkdir(mode=0o700, exist_ok=True)
     log.info("running %s (in %s, scrubbed environment)", shlex.join(cmd), cwd)
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=scrubbed_env(home, extra=extra_env))
+    env = {name: value for name, value in scrubbed_env(home, extra=extra_env).items() if name not in unset}
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 __all__ = ["KEPT", "KEPT_PREFIXES", "resolver_env", "run_installer", "scrubbed_env", "user_cache"]

@@ -400,7 +400,7 @@ def _install_all(source: IndexSource, newest: dict[str, Newest], report: VerifyR
 
 
 def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyReport, timeout: float,
-               caller: PipConfig) -> None:
+               caller: PipConfig, url: str) -> None:
     """Run each hint; it must install the newest version this index publishes of its project, every name this
     index holds from it (a step that would take one from another index is refused before it runs)."""
     for hint in hints:
@@ -409,7 +409,7 @@ def _run_hints(hints: Sequence[Hint], newest: dict[str, Newest], report: VerifyR
         if published is None:
             report.installs[key] = f"this index publishes no installable {hint.project}; the hint cannot install it"
             continue
-        report.installs[key] = check_hint(hint, published.version, timeout, held_files(newest), caller)
+        report.installs[key] = check_hint(hint, published.version, timeout, held_files(newest), caller, url)
 
 
 def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
@@ -432,7 +432,7 @@ def verify_index(url: str, install: bool = True, timeout: float = DEFAULT_TIMEOU
         _install_all(source, newest, report, extras, tools, timeout)
     if not report.problems:
         found = caller_pip_config(os.environ, Path.home()) if caller is None else caller
-        _run_hints(parsed, newest, report, timeout, found)
+        _run_hints(parsed, newest, report, timeout, found, url)
     return report
 
 

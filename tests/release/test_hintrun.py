@@ -9,9 +9,10 @@ import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
+from kiln.flows.hint import UV_VARIANTS
 from kiln.release.cli import EXIT_USAGE
 from kiln.release.hintrun import parse_hint
-from kiln.release.install import pip_steps, printed_pip
+from kiln.release.install import UV_UNSET, index_options, pip_steps, printed_pip, printed_uv
 
 
 def test_a_printed_hint_parses_into_its_options_and_one_requirement():
@@ -42,6 +43,15 @@ def test_the_printed_isolated_form_parses_with_the_variables_it_sets_itself():
         ("PIP_CONFIG_FILE", "/dev/null"),)
 
 
+def test_the_printed_uv_hint_parses_with_the_kiln_index_first_and_the_names_it_unsets():
+    printed = printed_uv([*UV_VARIANTS, *index_options("uv", "file:///k/", ["https://pypi.org/simple"]),
+                          "demo==1.0"])
+    step = parse_hint(printed).steps[0]
+    assert (step.tool, step.unset, step.index_url) == ("uv", UV_UNSET, "file:///k/")
+    assert step.indexes == ["file:///k/", "https://pypi.org/simple"]
+    assert [str(r) for r in step.requirements] == ["demo==1.0"] and "--no-config" in step.options
+
+
 def install_command_for(url: str) -> str:
     return printed_pip(pip_steps(url, "demo==1.0+cpu", ["rt==0.1"], ["https://pypi.org/simple"]))
 
@@ -49,7 +59,12 @@ def install_command_for(url: str) -> str:
 @pytest.mark.parametrize(("hint", "why"), [
     ("env AWS_PROFILE=x pip install demo", "sets 'AWS_PROFILE'; a hint Kiln prints sets only PIP_* variables"),
     ("env -u PIP_X pip install demo", "each command must start with 'pip install'"),
-    ("uv pip install demo", "must start with 'pip install'"),
+    ("uv pip install demo", "a uv hint Kiln prints has --no-config"),
+    ("env -u HOME uv pip install --no-config demo", "unsets 'HOME'; a uv hint Kiln prints unsets only UV_*"),
+    ("uv pip install --no-config --index-strategy unsafe-best-match demo", "Kiln prints only 'first-index'"),
+    ("uv pip install --no-config --find-links /tmp demo", "uv option '--find-links' is not one Kiln prints"),
+    ("uv pip install --no-config --index ftp://host/simple demo", "pip and uv read http://, https:// or file:///"),
+    ("uv pip install --no-config", "names 0 requirements"),
     ("pip install --target /tmp/x demo", "option '--target' is not one Kiln prints"),
     ("pip install --index-url file:///x/ demo other", "names 2 requirements, not exactly one"),
     ("pip install --index-url ftp://host/simple demo", "pip and uv read http://, https:// or file:///"),

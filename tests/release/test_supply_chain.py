@@ -243,3 +243,26 @@ def test_kiln_verify_resolves_dependencies_from_an_honest_extra_index_and_held_n
     out = capsys.readouterr().out
     for tool in ("pip", "uv"):  # pip in two steps, uv with its first index: kiln-runtime from Kiln, helper from "PyPI"
         assert f"install {tool} kiln-kernels=={NIGHTLY}+cpu: ok" in out, out
+
+
+def test_kiln_verify_runs_the_printed_uv_hint_and_refuses_one_that_ranks_the_attackers_index_first(tmp_path, attacker,
+                                                                                                    capsys):
+    extra, markers = attacker
+    run, plan = kiln_publish(tmp_path / "kiln", "nightly")
+    printed = next(c for c in printed_commands(run, plan, extra) if " uv pip install " in c)
+    url = next(printed.split()[i + 1] for i, word in enumerate(printed.split()) if word == "--index")
+    capsys.readouterr()
+
+    assert main(["verify", url, "--no-install", "--hint", printed]) == 0, capsys.readouterr().out
+    assert f"install hint {printed}: ok" in capsys.readouterr().out
+
+    # the same command with the attacker's index ranked first: uv's first-index strategy then takes every name
+    # the attacker holds from the attacker; the lock shows it before anything is installed
+    words = printed.split()
+    at = words.index("--index")
+    ranked = shlex.join([*words[:at], "--index", extra, *words[at:]])
+    assert main(["verify", url, "--no-install", "--hint", ranked]) != 0
+    out = capsys.readouterr().out
+    assert out.startswith("FAILED") and f"would come from {extra}kiln-runtime/" in out, out
+    assert f"not from the Kiln index {url}" in out, out
+    assert not markers.exists(), sorted(p.read_text() for p in markers.iterdir())
