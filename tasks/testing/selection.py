@@ -8,6 +8,11 @@ record, its last outcome was a pass, it is not quarantined, its environment's lo
 fingerprint are unchanged, and its bounds hold (it ran at most ``max_age_days`` ago and was carried at most
 ``max_carries`` times in a row); otherwise it **runs**, with the reason.
 
+A test that recorded nothing of what it touched (recording is not possible for the package or suite: the tested
+distribution is unknown in its environment) falls back to the suite level (:func:`fallback_keys`): its record
+names every member of the wheel, its test file, the ``conftest.py`` files above it and the project's pytest
+configuration, so it is carried only when none of those changed.
+
 A full run (``--full``, a release) runs everything and is a recall check: a test that selection alone would
 have carried and that fails is a miss (:func:`recall_misses`); it is reported loudly and turns selection off for
 the suite until a person turns it back on (``kiln test --selection-on SUITE``).
@@ -30,7 +35,7 @@ from kiln.tasks.testing.classify import FAILING, TestResult
 from kiln.tasks.testing.jobs import Picked, Picker
 from kiln.tasks.testing.quarantine import read_quarantine
 from kiln.tasks.testing.selection_store import Record, read_records, store_records, switch, switched_off
-from kiln.tasks.testing.touch import ABSENT, environment_lock, fingerprint
+from kiln.tasks.testing.touch import ABSENT, TEST, environment_lock, fingerprint, wheel_key
 
 _log = logging.getLogger(__name__)
 
@@ -153,6 +158,35 @@ def new_records(plan: Plan, results: Sequence[TestResult], fingerprint: Callable
     return out
 
 
+# The files at the project root pytest may read its configuration from.
+_PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+def fallback_keys(nodeid: str, members: Iterable[str], root: Path) -> tuple[str, ...]:
+    """The suite-level inputs of a test that recorded none: every member of the wheel (``members``: its archive
+    names), the test's file, each ``conftest.py`` from ``root`` down to it and the pytest configuration files."""
+    # a .data directory's files install outside the package tree (scripts, headers), as recording leaves them
+    wheel = {key for name in members
+             if not name.split("/", 1)[0].endswith(".data") and (key := wheel_key(name)) is not None}
+    path = Path(nodeid.split("::", 1)[0])
+    conftests = (Path(*path.parts[:n]) / "conftest.py" for n in range(len(path.parts)))
+    files = {path, *conftests, *map(Path, _PYTEST_CONFIGS)}
+    tests = {f"{TEST}{f.as_posix()}" for f in files if f == path or (root / f).is_file()}
+    return tuple(sorted(wheel | tests))
+
+
+def with_fallback(results: Sequence[TestResult], wheel: Path, root: Path) -> list[TestResult]:
+    """``results``, each test that ran and recorded nothing given its :func:`fallback_keys`."""
+    if all(r.touched for r in results if r.outcome != "skipped"):
+        return list(results)
+    from kiln.core.wheels import open_wheel
+
+    with open_wheel(wheel.name, wheel) as archive:
+        members = archive.namelist()
+    return [replace(r, touched=fallback_keys(r.nodeid, members, root))
+            if not r.touched and r.outcome != "skipped" and not r.nodeid.startswith("<") else r for r in results]
+
+
 def _collection_failed(results: Sequence[TestResult]) -> bool:
     return any(r.nodeid == "<collection>" or r.message == "collection failed" for r in results)
 
@@ -189,7 +223,8 @@ class Outcome:
     def summary(self, unit_id: str) -> list[str]:
         """The summary's lines for the unit: its counts, then what went wrong (a recall miss first)."""
         fallback = [f"{unit_id}: no test recorded what it touched (recording is not possible for this package or "
-                    "suite): every test runs, none is carried"] if self.unrecorded else []
+                    "suite): suite-level fallback, a test is carried only when no member of the wheel, none of its "
+                    "test files and not its environment changed"] if self.unrecorded else []
         return [f"{unit_id}: {self.message()}", *fallback, *self.lines]
 
     def message(self) -> str:
@@ -269,8 +304,9 @@ class Selector:
         if self._inputs is not None:
             wheel, root = self._inputs
             try:
-                made = new_records(plan, results, lambda keys: fingerprint(keys, wheel, root), self.env_lock,
-                                   self.created, self.run_id)
+                made = new_records(plan, with_fallback(results, wheel, root),
+                                   lambda keys: fingerprint(keys, wheel, root), self.env_lock, self.created,
+                                   self.run_id)
                 store_records(self.store, self.history, folder=self.folder, unit_id=self.unit_id,
                               unit_name=self.unit_name, run_id=self.run_id, created=self.created, records=made,
                               complete=complete)

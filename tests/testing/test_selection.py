@@ -227,7 +227,8 @@ def test_a_selector_carries_through_the_picker_and_a_full_run_that_finds_a_miss_
     picked = first.picker(sys.executable, wheel, tmp_path, "pkg")([NODE, "t::other"])
     assert picked.run == (NODE, "t::other") and picked.settled == ()
     touched = ("wheel:pkg/ops.py", "test:tests/test_a.py")
-    done = first.finish([TestResult(NODE, "passed", 4.0, touched=touched), TestResult("t::other", "passed")])
+    # t::other fails: it runs again (a pass with no record of its inputs would be carried by the suite level)
+    done = first.finish([TestResult(NODE, "passed", 4.0, touched=touched), TestResult("t::other", "failed")])
     assert (done.ran, done.carried) == (2, 0)
 
     second = selector("run-2", NOW + DAY, "select")
@@ -277,7 +278,7 @@ def test_a_shard_splits_what_selection_runs_and_only_the_first_shard_reports_the
                          "unit.cpu", "run-1", NOW, "select", 0, clock=lambda: NOW)
         first.picker(sys.executable, wheel, tmp_path, "pkg")([NODE, "t::b", "t::c"])
         first.finish([TestResult(NODE, "passed", 1.0, touched=touched)] if shard == 1 else
-                     [TestResult("t::b", "passed"), TestResult("t::c", "passed")])
+                     [TestResult("t::b", "failed"), TestResult("t::c", "failed")])  # failed: never carried
     halves = {1: lambda ids: Picked(tuple(ids[:1])), 2: lambda ids: Picked(tuple(ids[1:]))}
     picked = {}
     for shard in (1, 2):
@@ -306,12 +307,29 @@ def test_a_run_whose_collection_failed_leaves_nothing_to_carry(tmp_path):
     assert third.picker(sys.executable, wheel, tmp_path, "pkg")([NODE]).run == (NODE,)
 
 
-def test_a_suite_whose_tests_recorded_nothing_says_in_the_summary_that_every_test_runs(tmp_path):
+def test_a_suite_whose_tests_recorded_nothing_falls_back_to_the_suite_level_and_says_so(tmp_path):
     store = LocalStore(tmp_path / "store")
-    wheel = _wheel(tmp_path / "pkg.whl", b"x = 1\n")
-    selector = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", "run-1", NOW, "select", 0)
-    selector.picker(sys.executable, wheel, tmp_path, "pkg")([NODE])
-    outcome = selector.finish([TestResult(NODE, "passed")])
-    assert outcome.unrecorded and outcome.lines == ()  # the unit's message is left alone
-    assert outcome.summary(UNIT)[1] == (f"{UNIT}: no test recorded what it touched (recording is not possible for "
-                                        "this package or suite): every test runs, none is carried")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_one(): pass\n")
+    (tmp_path / "tests" / "conftest.py").write_text("")
+    (tmp_path / "docs.md").write_text("v1")
+
+    def run(n: int, wheel: Path) -> tuple[Picked, object]:
+        selector = Selector(store, HISTORY, POLICY, "unit", UNIT, "unit.cpu", "unit.cpu", f"run-{n}", NOW + n,
+                            "select", 0, clock=lambda: NOW + n)
+        picked = selector.picker(sys.executable, wheel, tmp_path, "pkg")([NODE])
+        return picked, selector.finish([TestResult(NODE, "passed")] if picked.run else list(picked.settled))
+
+    picked, outcome = run(1, _wheel(tmp_path / "pkg.whl", b"x = 1\n"))
+    assert picked.run == (NODE,) and outcome.unrecorded and outcome.lines == ()  # the unit's message is left alone
+    assert outcome.summary(UNIT)[1] == (
+        f"{UNIT}: no test recorded what it touched (recording is not possible for this package or suite): "
+        "suite-level fallback, a test is carried only when no member of the wheel, none of its test files and not "
+        "its environment changed")
+    (tmp_path / "docs.md").write_text("v2")  # nothing the suite level names: carried
+    picked, _ = run(2, _wheel(tmp_path / "pkg.whl", b"x = 1\n", version="1.1"))
+    assert picked.run == () and [r.message for r in picked.settled] == ["carried from run run-1: its inputs are "
+                                                                          "unchanged"]
+    (tmp_path / "tests" / "conftest.py").write_text("import os\n")  # a conftest above the test: it runs
+    assert run(3, _wheel(tmp_path / "pkg.whl", b"x = 1\n"))[0].run == (NODE,)
+    assert run(4, _wheel(tmp_path / "pkg.whl", b"x = 2\n"))[0].run == (NODE,)  # any member of the wheel: it runs
