@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from kiln.core.fsutil import sha256_file
+from kiln.flows.console import variant_index
+from kiln.flows.hint import install_command
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv, run
 
@@ -41,6 +43,22 @@ def test_nightly_exits_zero_and_prints_the_summary(nightly):
     out, proc, _ = nightly
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "manifest:" in proc.stdout and "index:" in proc.stdout
+    # the ending fits one screen (40 rows of 120 columns) and names every variant's install command
+    assert sum(max(1, -(-len(line) // 120)) for line in proc.stdout.splitlines()) <= 40, proc.stdout
+    manifest = json.loads((out / "run.json").read_text())
+    install, urls = manifest["info"]["install"], manifest["info"]["index_url"]
+    # the default project publishes the combined index of its variant wheels: one uv command picks the
+    # machine's variant, and `kiln which` names the wheel for any other environment
+    combined = variant_index(urls, "wheel-variants")
+    assert combined, urls
+    command = install_command(combined, install)
+    assert f"  install (uv picks this machine's variant): {command}\n" in proc.stdout, proc.stdout
+    assert f"  any other environment: kiln which {combined} --python" in proc.stdout
+    for variant in ("cu130", "rocm", "cpu"):  # every variant's row, and its own index's pip command
+        row = next(line for line in proc.stdout.splitlines() if line.startswith(f"  {variant} "))
+        assert " built " in row and variant_index(urls, variant).endswith(row.split()[-1]), row
+        command = install_command(variant_index(urls, variant), install)
+        assert f"  install {variant}: {command}\n" in proc.stdout, proc.stdout
 
 
 def test_run_manifest_records_every_stage_and_artifact(nightly):
