@@ -100,8 +100,8 @@ def head_start(config: KilnConfig) -> None:
     def read() -> None:
         try:
             future.set_result(load_registry_data(config))
-        except Exception as exc:  # the plan meets it: raised there, as its own read would raise it
-            future.set_exception(exc)
+        except BaseException as exc:  # the plan meets it: raised there, as its own read would raise it (and a
+            future.set_exception(exc)  # future left unset would keep the plan waiting)
 
     with _ahead_lock:
         _ahead[key] = future
