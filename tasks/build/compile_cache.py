@@ -168,6 +168,14 @@ class CompileStats:
                 + shared)
 
 
+def warn_shared_faults(stats: CompileStats, what: str) -> CompileStats:
+    """``stats``, after one warning for ``what`` when its shared tier failed (ccache compiled or hit locally)."""
+    if stats.shared_faults:
+        _log.warning("compile cache: the shared tier failed or timed out in %d compile(s) of %s; they ran with the "
+                     "local cache only", stats.shared_faults, what)
+    return stats
+
+
 def compilations_noun(stats: Iterable[CompileStats]) -> str:
     """What the counts of ``stats`` count: Kiln's nvcc units compile a ``.cu`` once per arch and label each
     compilation ``<name> [sm_XX]``; other compiles are one per translation unit."""

@@ -41,7 +41,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from kiln.tasks.build.compile_cache import CompileCache, CompileStats, read_stats_log
+from kiln.tasks.build.compile_cache import CompileCache, CompileStats, read_stats_log, warn_shared_faults
 
 ACTIVE = "KILN_CCACHE_ACTIVE"  # set below a shim: a nested compiler call runs the real compiler
 HOST_COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
@@ -147,6 +147,7 @@ def unit_stats(stats_log: Path, source: Path) -> CompileStats:
         return beside.relative_to(source).as_posix() if beside.is_relative_to(source) and beside.is_file() \
             else below.as_posix()
 
-    return CompileStats(tuple(name(p) for p in stats.compiled if ours(p)),
-                        tuple(name(p) for p in stats.reused if ours(p)),
-                        tuple(name(p) for p in stats.shared if ours(p)), stats.shared_faults)
+    return warn_shared_faults(CompileStats(tuple(name(p) for p in stats.compiled if ours(p)),
+                                           tuple(name(p) for p in stats.reused if ours(p)),
+                                           tuple(name(p) for p in stats.shared if ours(p)), stats.shared_faults),
+                              source.name)

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import nvcc_arch, stagedir
-from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache, CompileStats, read_stats_log
+from kiln.tasks.build.compile_cache import (
+    COMPILE_STATS,
+    CompileCache,
+    CompileStats,
+    read_stats_log,
+    warn_shared_faults,
+)
 from kiln.tasks.process import run_in_group
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.registry_types import CudaSourceRecord
@@ -307,7 +313,7 @@ def build_library_counted(nvcc: Nvcc, sources: list[Path], library: str, archs: 
         if sass != want_sass or not want_ptx <= ptx:
             raise CompileError(f"{library}: embeds SASS {sorted(sass)} and PTX {sorted(ptx)}, the plan asked for"
                                f" SASS {sorted(want_sass)} and PTX {sorted(want_ptx)}")
-        stats = CompileStats(tuple(compiled), tuple(reused), tuple(shared), faults)
+        stats = warn_shared_faults(CompileStats(tuple(compiled), tuple(reused), tuple(shared), faults), library)
         return out.read_bytes(), stats
 
 

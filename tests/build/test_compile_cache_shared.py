@@ -333,3 +333,18 @@ def test_a_planted_shared_compile_entry_is_served_and_the_witness_refuses_the_wh
     (members,) = found.differing.values()
     assert any(member.endswith(".so") for member in members), members
     assert "the witness refuses" in found.message()
+
+
+def test_a_bridge_that_is_gone_is_counted_and_warned_and_the_compiles_run(tmp_path, caplog):
+    from kiln.tasks.build.compile_cache import SharedTier, warn_shared_faults
+
+    bridge = Bridge(LocalStore(tmp_path / "store"), "build-cache/compile").start()
+    tier = SharedTier(f"crsh:{bridge.socket_path}", False, bridge.socket_path.parent)
+    bridge.close()  # the build step's helper stopped (idle, or its process ended) while compiles still ran
+    cache = open_compile_cache(tmp_path / "cache", tier)
+    assert cache is not None
+    _, stats = _compile(cache, _clone(tmp_path / "src"), tmp_path / "out")
+    assert sorted(stats.compiled) == sorted(SOURCES) and stats.shared_faults == len(SOURCES)
+    with caplog.at_level(logging.WARNING, "kiln.tasks.build.compile_cache"):
+        warn_shared_faults(stats, "libx.so")
+    assert [r for r in caplog.records if "3 compile(s) of libx.so" in r.getMessage()]
