@@ -13,6 +13,7 @@ fake and exercise everything else for real.
 from __future__ import annotations
 
 import logging
+import platform
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +34,7 @@ from kiln.tasks.bench.results import (
 )
 from kiln.tasks.bench.stats import summarize
 from kiln.tasks.project.config import BENCH_SIZES, KilnConfig, Metric, Variant
+from kiln.tasks.project.config_matrix import built_for
 from kiln.tasks.project.registry import bench_case_record, load_registry
 from kiln.tasks.project.registry_types import BenchCaseRecord, KernelRecord
 
@@ -266,8 +268,18 @@ _KILN_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 def _runs_here(variant: Variant) -> bool:
     """Whether Kiln's interpreter runs ``variant``'s wheel: the bench environment stands on the shared base
-    (torch, Triton) and Kiln's harness, which are made for Kiln's Python only."""
-    return variant.cell is None or variant.cell.python is None or variant.cell.python == _KILN_PYTHON
+    (torch, Triton) and Kiln's harness, which are made for Kiln's Python only, on this machine's CPU (an
+    aarch64 cell's wheel is not measured on an x86_64 machine)."""
+    python = variant.cell is None or variant.cell.python is None or variant.cell.python == _KILN_PYTHON
+    return python and platform.machine() in built_for(variant)
+
+
+def _what_for(variant: Variant) -> str:
+    """What of ``variant``'s cell keeps it from this machine's harness: its CPU, else its Python."""
+    cpus = built_for(variant)
+    if platform.machine() not in cpus:
+        return f"{'/'.join(cpus)} (this machine is {platform.machine()})"
+    return f"Python {variant.cell.python if variant.cell is not None else _KILN_PYTHON}"
 
 
 def _hardware_variants(config: KilnConfig, backend: str) -> list[Variant]:
@@ -295,7 +307,7 @@ def bench_left(config: KilnConfig, variant: str) -> list[Unit]:
         return []
     return [Unit(f"bench/{v.name}", "bench", "not_run", variant=v.name,
                  message=f"not run: the bench stage measured {variant} (Kiln's Python {_KILN_PYTHON}); this cell's"
-                         f" wheel is for Python {v.cell.python}, which the harness does not run under")
+                         f" wheel is for {_what_for(v)}, which the harness does not run under")
             for v in config.variants
             if v.cell is not None and v.cell.matrix == chosen.cell.matrix and v.name != variant and not _runs_here(v)]
 

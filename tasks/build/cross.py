@@ -54,6 +54,7 @@ from kiln.core.fsutil import atomic_write_bytes
 from kiln.tasks.build.manylinux import EXCLUDES
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.project.config import Backend, KilnConfig, Variant
+from kiln.tasks.project.config_matrix import built_for
 
 _log = logging.getLogger(__name__)
 
@@ -317,8 +318,9 @@ def cross_target_of(variant: Variant, machine: str | None = None) -> CrossTarget
     """The target ``variant``'s wheel is cross-built for on this ``machine`` (default: this one); None: built
     natively. A variant of several CPUs has been refused by :func:`check_cross_cells` before it gets here."""
     machine = machine or platform.machine()
-    foreign = [p for p in variant.platform if p != machine]
-    return target(foreign[0]) if len(variant.platform) == 1 and foreign else None
+    cpus = built_for(variant, machine)
+    foreign = [p for p in cpus if p != machine]
+    return target(foreign[0]) if len(cpus) == 1 and foreign else None
 
 
 def _torch_requirement(config: KilnConfig, variant: Variant) -> str:
@@ -336,11 +338,12 @@ def _torch_requirement(config: KilnConfig, variant: Variant) -> str:
 def cross_refusal(config: KilnConfig, variant: Variant, machine: str | None = None) -> str:
     """Why the cross path cannot build ``variant``'s wheel here, or "" (it can, or it needs no cross build)."""
     machine = machine or platform.machine()
-    foreign = [p for p in variant.platform if p != machine]
+    cpus = built_for(variant, machine)
+    foreign = [p for p in cpus if p != machine]
     if not foreign:
         return ""
-    wanted, cpu = f"platform = {list(variant.platform)}", foreign[0]
-    if len(variant.platform) > 1:  # expanded into cells with the matrix axes; none here, so nothing was
+    wanted, cpu = f"platform = {list(cpus)}", foreign[0]
+    if len(cpus) > 1:  # expanded into cells with the matrix axes; none here, so nothing was
         return (f"{wanted} makes one cell per CPU of the variant's matrix, and kiln.toml gives no variant a python"
                 f" or torch axis, so it is not expanded: give it python = [\"{_kiln_python()}\"] (one Python is a"
                 f" matrix of one), or make it two [[variants]], the second with platform = [\"{cpu}\"]")

@@ -16,6 +16,7 @@ Pure: validation raises ``ValueError`` naming the key, which :mod:`kiln.tasks.pr
 
 from __future__ import annotations
 
+import platform as cpu_info
 import re
 from collections.abc import Mapping, Sequence
 from importlib import metadata
@@ -40,6 +41,8 @@ class Variant(Protocol):
     def exclude(self) -> tuple[Exclusion, ...]: ...
     @property
     def platform(self) -> tuple[str, ...]: ...
+    @property
+    def model_fields_set(self) -> set[str]: ...
     @property
     def build_requires(self) -> tuple[str, ...]: ...
     @property
@@ -129,6 +132,15 @@ def check_exclusions(pythons: Sequence[str], torches: Sequence[str], exclude: Se
                 raise ValueError(f"exclude[{index}].{axis} = {value!r} matches no cell: {have}")
 
 
+def built_for(variant: Variant, machine: str | None = None) -> tuple[str, ...]:
+    """The CPUs ``variant``'s wheels are for: its ``platform`` when kiln.toml gives one, else the builder's own
+    (``machine``, default this one's): the default stands for the CPU Kiln runs on, as before the key, so an
+    aarch64 (Grace) machine builds and tests its own wheels of a variant that names none."""
+    if "platform" in variant.model_fields_set:
+        return tuple(variant.platform)
+    return (machine or cpu_info.machine(),)
+
+
 def has_axes(variant: Variant) -> bool:
     return bool(variant.python or variant.torch)
 
@@ -196,8 +208,10 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
                     continue
                 update: dict[str, object] = {
                     "name": cell_name(variant.name, python, torch, variant.torch, platform), "python": (),
-                    "torch": (), "exclude": (), "platform": (platform,),
+                    "torch": (), "exclude": (),
                     "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label, claims=claims)}
+                if "platform" in variant.model_fields_set:  # a cell of a default platform keeps it unset
+                    update["platform"] = (platform,)
                 if torch:
                     update["build_requires"] = _with_torch(variant.build_requires, torch)
                 cells.append(variant.model_copy(update=update))

@@ -29,7 +29,7 @@ from kiln.core.errors import KilnError
 from kiln.core.manifest import Artifact, RunManifest, Unit
 from kiln.tasks.install_hint import requires_dist
 from kiln.tasks.project.config import PLATFORMS, KilnConfig, Variant
-from kiln.tasks.project.config_matrix import TORCH_ID, claimed_torches
+from kiln.tasks.project.config_matrix import TORCH_ID, built_for, claimed_torches
 
 CoverageState = Literal["tested", "untested", "failed", "not built"]
 COVERAGE_INFO = "coverage"  # run info key: the rows, as dicts
@@ -122,7 +122,7 @@ def _row(manifest: RunManifest, variant: Variant, torch: str = "") -> CoverageRo
     else:
         requested = requested_torch
     filename = wheel.path.rsplit("/", 1)[-1] if wheel is not None else "-"
-    platform = wheel_platform(filename) if wheel is not None else " ".join(variant.platform)
+    platform = wheel_platform(filename) if wheel is not None else " ".join(built_for(variant))
     return CoverageRow(variant.name, python, requested, variant.backend, " ".join(variant.archs) or "-",
                        filename, state, why, platform)
 

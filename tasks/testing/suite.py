@@ -36,7 +36,7 @@ from kiln.release.installenv import resolver_env
 from kiln.tasks.build.buildenv import BuildEnvironmentError, _complete, ensure_env, env_key, uv_source_options
 from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.project.config import KilnConfig, Suite, Variant
-from kiln.tasks.project.config_matrix import TORCH_ID, claimed_torches, host_torch
+from kiln.tasks.project.config_matrix import TORCH_ID, built_for, claimed_torches, host_torch
 from kiln.tasks.testing.baseenv import CREATE_TIMEOUT_S, BaseEnv, site_packages
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
@@ -206,7 +206,7 @@ def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
         return f"not run: needs {suite.gpus} GPU{'s' if suite.gpus != 1 else ''}, {gpus_here} on this machine"
     if variant.backend != "cpu" and gpus_here == 0:
         return f"not run: the {variant.name} wheel needs a {variant.backend} GPU, none on this machine"
-    return no_runner_reason(variant.platform)  # an aarch64 cell's wheel on this x86_64 machine
+    return no_runner_reason(built_for(variant))  # an aarch64 cell's wheel on this x86_64 machine
 
 
 @dataclass(frozen=True)

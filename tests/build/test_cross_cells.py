@@ -17,6 +17,7 @@ from kiln.core.record import Checkout
 from kiln.release.closure import target_python
 from kiln.tasks.build.cross import check_cross_cells, cross_refusal, cross_target_of
 from kiln.tasks.project.config import KilnConfig, parse_config
+from kiln.tasks.project.config_matrix import built_for
 from kiln.tasks.testing.emulation import no_runner_reason
 
 KILN_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -115,3 +116,26 @@ def test_the_build_flows_plan_refuses_an_aarch64_cell_before_anything_builds(tmp
     with pytest.raises(ConfigError, match=f"variant '{aarch64}': .*a cuda variant's host code"):
         plan_build_task.fn(config, "0.1.0.dev20261207", None, None, Checkout())
     assert not (tmp_path / ".kiln").exists()  # nothing planned, cached or built
+
+
+def test_a_variant_that_names_no_platform_is_for_the_builders_own_cpu(tmp_path: Path) -> None:
+    _config(tmp_path)  # the project's paths
+    config = parse_config({**_BASE, "variants": [{"name": "cpu", "backend": "cpu", "python": [KILN_PYTHON]}]},
+                          tmp_path)
+    [cell] = config.variants
+    for machine in ("x86_64", "aarch64"):  # a Grace machine builds and tests its own wheels, natively
+        assert built_for(cell, machine) == (machine,)
+        assert cross_target_of(cell, machine) is None and cross_refusal(config, cell, machine) == ""
+        assert no_runner_reason(built_for(cell, machine), machine) == ""
+    check_cross_cells(config, machine="aarch64")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="an aarch64 cell is foreign on an x86_64 machine")
+def test_the_bench_stage_leaves_an_aarch64_cell_not_run_saying_its_cpu(tmp_path: Path) -> None:
+    from kiln.tasks.bench.harness import bench_left
+
+    config = _config(tmp_path)
+    x86, arm = (v.name for v in config.variants)
+    [left] = bench_left(config, x86)
+    assert (left.id, left.state) == (f"bench/{arm}", "not_run")
+    assert "wheel is for aarch64 (this machine is x86_64)" in left.message
