@@ -10,6 +10,9 @@ full run can catch what selection would have missed.
    that file's tests and the failing test run; the rest are carried (still naming run 1).
 4. ``--full`` with the flag set: every test runs; the planted test fails where selection would have carried it,
    so the suite's recall unit fails, the summary says so, and selection is off for the suite.
+
+Then two nightlies of a setuptools package with two C extension modules: a change to one extension's source
+reruns exactly the tests that loaded it.
 """
 
 from __future__ import annotations
@@ -67,8 +70,8 @@ def _nightly(config: Path, out: Path, **kwargs: object) -> RunManifest:
     return RunManifest.load(out / str(state.state_details.flow_run_id))
 
 
-def _tests(run: RunManifest) -> dict[str, dict]:
-    report = json.loads((run.root / "tests" / "tiny.cpu.json").read_text())
+def _tests(run: RunManifest, suite: str = "tiny") -> dict[str, dict]:
+    report = json.loads((run.root / "tests" / f"{suite}.cpu.json").read_text())
     return {t["nodeid"]: t for t in report["tests"]}
 
 
@@ -126,3 +129,62 @@ def test_selection_carries_unchanged_tests_runs_changed_ones_and_a_full_run_catc
     text = explain_selection(loaded, None, fourth.run_id, str(tmp_path / "explain"))
     assert f"carry  {BESIDE}  — carried from run {fourth.run_id}: its inputs are unchanged" in text
     assert f"run    {PLANTED}  — its last outcome was failed (only a pass is carried)" in text
+
+
+# A package that builds itself (setuptools, pep517) with two extension modules, each a translation unit of its
+# own: a test's record holds the shared library it loaded, so a change to one extension's C source reruns only
+# the tests that loaded it. The tests import lazily (in their bodies): what collection imports counts for every
+# test of the worker.
+_EXT = '''#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *value(PyObject *self, PyObject *unused) { return PyLong_FromLong(%(value)d); }
+
+static PyMethodDef methods[] = {{"value", value, METH_NOARGS, "%(doc)s"}, {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "%(name)s", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_%(name)s(void) { return PyModule_Create(&module); }
+'''
+EXT_A, EXT_B = "tests/test_a.py::test_calls_a", "tests/test_b.py::test_calls_b"
+NEITHER = "tests/test_neither.py::test_uses_no_extension"
+
+
+def _two_extensions(repo: Path) -> None:
+    text = (repo / "kiln.toml").read_text()
+    cells = text[text.index("python = ["):]
+    (repo / "kiln.toml").write_text(text.replace(cells[:cells.index("\n") + 1], ""))  # this Python only
+    (repo / "cmx" / "_speedup.c").unlink()
+    (repo / "tests" / "test_cmx.py").unlink()
+    for name, value in (("_a", 1), ("_b", 2)):
+        (repo / "cmx" / f"{name}.c").write_text(_EXT % {"name": name, "value": value, "doc": "a value"})
+        (repo / "tests" / f"test{name}.py").write_text(
+            f"def test_calls{name}():\n    from cmx import {name}\n\n    assert {name}.value() == {value}\n")
+    (repo / "tests" / "test_neither.py").write_text("def test_uses_no_extension():\n    import cmx\n\n"
+                                                    "    assert cmx.__doc__\n")
+    (repo / "cmx" / "__init__.py").write_text('"""Two extension modules, neither imported here."""\n')
+    (repo / "setup.py").write_text(
+        "from setuptools import Extension, setup\n\n"
+        "setup(packages=['cmx'], ext_modules=[Extension('cmx._a', ['cmx/_a.c']), Extension('cmx._b', ['cmx/_b.c'])])\n")
+
+
+def test_a_change_to_one_extension_modules_c_source_reruns_only_the_tests_that_loaded_it(prefect_server, tmp_path):
+    config = git_project("cmatrix", tmp_path, edit=_two_extensions)
+    repo, out = config.parent, tmp_path / "out"
+
+    first = _nightly(config, out)
+    tests = _tests(first, "unit")
+    assert _ran(tests) == {EXT_A, EXT_B, NEITHER} and {t["outcome"] for t in tests.values()} == {"passed"}
+    for test, mine in ((EXT_A, "_a"), (EXT_B, "_b")):  # its own extension's library, not the other's
+        libraries = {k for k in tests[test]["touched"] if k.endswith(".so")}
+        assert [k.startswith(f"wheel:cmx/{mine}.") for k in libraries] == [True], (test, libraries)
+    assert not any(k.endswith(".so") for k in tests[NEITHER]["touched"]), tests[NEITHER]["touched"]
+
+    (repo / "cmx" / "_a.c").write_text(_EXT % {"name": "_a", "value": 1, "doc": "a value, new bytes"})
+    commit_all(repo, "one extension's source", when="2026-12-01T08:00:00+00:00")
+    second = _nightly(config, out)
+    tests = _tests(second, "unit")
+    assert _ran(tests) == {EXT_A} and tests[EXT_A]["outcome"] == "passed"
+    carried = f"carried from run {first.run_id}: its inputs are unchanged"
+    assert {n: (tests[n]["outcome"], tests[n]["message"]) for n in (EXT_B, NEITHER)} == {
+        n: ("passed", carried) for n in (EXT_B, NEITHER)}
