@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kiln.core.errors import ConfigError
 from kiln.release.policies import STEPS, Step
 from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env, one_of
-from kiln.tasks.project.config_matrix import Cell, Exclusion, expand
+from kiln.tasks.project.config_matrix import Cell, Exclusion, expand, has_axes
 from kiln.tasks.project.config_permissions import Credentials, Permission, unchosen_credentials
 from kiln.tasks.project.config_pools import Pools
 from kiln.tasks.project.config_project import Project
@@ -86,7 +86,7 @@ class KilnConfig(_Model):
     @model_validator(mode="after")
     def _cells(self) -> KilnConfig:
         """Each variant with matrix axes becomes its cells (kiln.tasks.project.config_matrix), in place."""
-        if any(v.python or v.torch for v in self.variants):
+        if any(has_axes(v) for v in self.variants):
             object.__setattr__(self, "variants", tuple(cell for v in self.variants for cell in expand(v)))
         return self
 

@@ -142,7 +142,8 @@ def built_for(variant: Variant, machine: str | None = None) -> tuple[str, ...]:
 
 
 def has_axes(variant: Variant) -> bool:
-    return bool(variant.python or variant.torch)
+    """Whether ``variant`` is a matrix of cells: a Python or torch axis, or several CPUs."""
+    return bool(variant.python or variant.torch or len(variant.platform) > 1)
 
 
 def _torch_label(torch: str, torches: Sequence[str]) -> str:

@@ -82,11 +82,11 @@ def test_a_registry_projects_aarch64_variant_is_refused(tmp_path: Path) -> None:
         check_cross_cells(config, machine="x86_64")
 
 
-def test_two_cpus_without_any_matrix_axis_are_refused_rather_than_built_for_one(tmp_path: Path) -> None:
+def test_two_cpus_without_any_other_axis_are_two_cells(tmp_path: Path) -> None:
     config = _config(tmp_path, python=[])
-    assert [v.platform for v in config.variants] == [("x86_64", "aarch64")]  # nothing expands it
-    with pytest.raises(ConfigError, match="is not expanded: give it python = "):
-        check_cross_cells(config, machine="x86_64")
+    assert [(v.name, v.platform, v.cell.python if v.cell else "-") for v in config.variants] == [
+        ("cpu", ("x86_64",), None), ("cpuaarch64", ("aarch64",), None)]
+    check_cross_cells(config, machine="x86_64")
 
 
 def test_the_builders_own_cpu_and_a_servable_cell_pass(tmp_path: Path) -> None:
