@@ -32,6 +32,8 @@ STAGE_ORDER: tuple[Stage, ...] = get_args(Stage)  # the order stages run in
 TAIL_LINES = 6  # of a failure's log, under its line
 MAX_LISTED = 40
 _QUOTED = re.compile(r"'[^']*'")
+_DETAIL = re.compile(r" \([^()]*\)$")  # the names and places after a skip reason
+_COUNTED = re.compile(r"^\d+ units? skipped: ")
 
 __all__ = ["BENCH_TREND_INFO", "COVERAGE_INFO", "QUARANTINE_INFO",
            "SELECTION_SUMMARY_INFO", "STAGE_ORDER", "STATE_ORDER", "TEST_TABLE_INFO",
@@ -314,9 +316,11 @@ def _console_attention(run: RunManifest) -> list[str]:
         message = row.message if len(row.message) <= CONSOLE_MESSAGE else row.message[:CONSOLE_MESSAGE - 1] + "…"
         lines.append(f"  {row.label.upper():<9} {row.id}  {message}")
         lines.extend(f"  {'':<9}   | {line}" for line in (row.tail[-3:] if n < CONSOLE_TAILS else ()))
-    # skips the arch filter made on purpose: one terminal row each, their whole text in the record and the artifact
-    lines += [_row(f"  {'SKIPPED':<9} {line}") for line in skips[:3]]
-    left = max(len(rows) - CONSOLE_ATTENTION, 0) + max(len(skips) - 3, 0)
+    # skips the arch filter made on purpose: one terminal row, their whole text in the record and the artifact
+    # "reason ×6": which units and where are in the record and the artifact
+    reasons = [f"{_COUNTED.sub('', _DETAIL.sub('', line))} ×{line.split(' ', 1)[0]}" for line in skips]
+    lines += [_row(f"  {'SKIPPED':<9} {'; '.join(reasons)}")] if skips else []
+    left = max(len(rows) - CONSOLE_ATTENTION, 0)
     if left:
         lines.append(f"  … and {left} more (every unit: the run's summary in the Prefect UI, or {MANIFEST_NAME})")
     return ["", *lines] if lines else []
@@ -334,18 +338,23 @@ def _console_plans(run: RunManifest) -> list[str]:
     return [line for plan in plans for line in ("", *("  " + row for row in plan.strip().splitlines()))]
 
 
+def _unfinished(units: list[Unit]) -> str:
+    """``2 failed, 1 skipped``: the units of a stage that did not complete, by state."""
+    return _counts([u for u in units if u.state != "completed"]) if any(u.state != "completed" for u in units) else ""
+
+
 def render_console(run: RunManifest) -> str:
     """What a run's command prints at its end, one screen: the stages' counts, what needs attention, one row per
     variant (:mod:`kiln.flows.console`) and its install command. :func:`render_text` is the whole text form."""
     stages = [(stage, [u for u in run.units if u.stage == stage]) for stage in STAGE_ORDER]
-    counts = "; ".join(f"{stage} {len(units)} ({_counts(units)})" for stage, units in stages if units)
+    counts = "; ".join(f"{stage} {len(units)}" + (f" ({_unfinished(units)})" if _unfinished(units) else "")
+                       for stage, units in stages if units)
+    counts += "; the rest completed" if any(_unfinished(units) for _, units in stages) else ", all completed"
     lines = [_heading(run), *first_lines(run.info), "", f"  units: {counts or 'none'}"]
     lines += _console_attention(run)
-    table = table_lines(run)
-    lines += ["", *table] if table else []
+    lines += ["", *table_lines(run)]
     lines += _console_plans(run)
-    installs = install_lines(run)
-    lines += ["", *installs] if installs else []
+    lines += install_lines(run)  # under the table: its index column is relative to their "index:" line
     lines.append(f"  manifest: {run.root / MANIFEST_NAME}")
     return "\n".join(lines)
 

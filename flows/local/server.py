@@ -217,13 +217,13 @@ def login_link(ui_url: str, link: str) -> str:
 
 
 def ui_login_for(home: Path, link: str) -> str | None:
-    """:func:`ui_login` when ``link`` is on this home's local server (whose UI asks for the password), with the
-    login page that lands on ``link``; else None: a team's server has its own way in."""
+    """Where the password is, and the login page that lands on ``link``, when ``link`` is on this home's local
+    server (whose UI asks for the password); else None: a team's server has its own way in."""
     info = read_state(home)
     if info is None or not link.startswith(f"{info.ui_url}/"):
         return None
-    return (f"{ui_login(home)}\nNot logged in in this browser yet: {login_link(info.ui_url, link)} asks for the "
-            "password, then opens the run")
+    return (f"UI login: the password is the auth string in {home / AUTH_FILE} (owner-only); "
+            f"{login_link(info.ui_url, link)} asks for it, then opens the run")
 
 
 def client_env(home: Path, info: ServerInfo) -> dict[str, str]:

@@ -109,9 +109,15 @@ def test_a_failed_build_shows_in_its_variants_row_and_needs_attention_is_capped(
     for i in range(12):
         nightly.add_unit(Unit(f"build/cu130/8.0/broken{i}/fp16", "build", "failed", variant="cu130", arch="8.0",
                               message="ptxas error\n" + "\n".join(f"log line {n}" for n in range(20))))
+    for arch, n in (("8.0", 6), ("gfx90a", 6)):  # skips the arch filter made on purpose
+        for i in range(n):
+            nightly.add_unit(Unit(f"build/x/{arch}/k{i}/fp8", "build", "skipped", variant="cu130", arch=arch,
+                                  message=f"specialization 'k{i}' needs arch > {arch}"))
     text = render_console(nightly)
+    (skipped,) = [line for line in text.splitlines() if line.startswith("  SKIPPED ")]  # one row for every reason
+    assert skipped == "  SKIPPED   specialization '…' needs arch > 8.0 ×6; specialization '…' needs arch > gfx90a ×6"
     row = next(line for line in text.splitlines() if line.startswith("  cu130 "))
-    assert "FAILED 12/66" in row
+    assert "FAILED 12/78" in row
     assert text.count("  FAILED    build/cu130") == 5 and "… and 9 more" in text  # 12 failed, 2 not run
     assert _rows(text, SCREEN_COLUMNS) <= SCREEN_ROWS, text
 
