@@ -41,7 +41,12 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 def recipe() -> list[str]:
     """The scale-out guide's commands, in order (comments dropped)."""
     text = GUIDE.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
-    lines = [line.strip() for line in text.splitlines() if line.startswith("    ") and line.strip()]
+    lines: list[str] = []
+    for line in text.splitlines():  # its first indented block: a nested list further down is not a command
+        if line.startswith("    ") and line.strip():
+            lines.append(line.strip())
+        elif lines and line.strip():
+            break
     return [re.sub(r"\s+#.*$", "", line) for line in lines]
 
 
