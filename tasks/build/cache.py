@@ -6,7 +6,12 @@ Layout under ``root`` (a local directory or a mounted shared volume):
 - ``entries/<batch>/<key>.json`` — one entry per build unit: the files it
   produced with their sha256 and size;
 - ``entries/wheels/<key>.json`` — one per written wheel, keyed by its members
-  (``kiln.tasks.build.wheel.wheel_key``), so a warm build copies it.
+  (``kiln.tasks.build.wheel.wheel_key``), so a warm build copies it;
+- ``unit-seconds/<digest(unit id)>.json`` — the last full compile's seconds of a build unit, whatever its
+  key: the basis of what a later partial compile (some translation units from the compile cache) saved.
+
+An entry's ``info`` may carry the seconds its compile took (:mod:`kiln.tasks.build.compile_seconds`); an
+entry written before it did has none, and a hit on it reports no saved seconds.
 
 A *batch* is one build generation: the units of one kernel built from the
 same sources and toolchain for one backend; the batch id is the key prefix
@@ -31,7 +36,8 @@ import json
 import logging
 import shutil
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.core.errors import CacheDriftError
@@ -54,6 +60,7 @@ def digest(*parts: str) -> str:
 class CacheHit:
     key: str
     files: dict[str, bytes]  # name -> verified bytes
+    info: Mapping[str, object] = field(default_factory=dict)  # the entry's info, as its builder wrote it
 
 
 class BuildCache:
@@ -115,7 +122,8 @@ class BuildCache:
             if len(data) != meta["size"] or sha256_bytes(data) != meta["sha256"]:
                 self._drift(batch, key, f"artifact {name} has {len(data)} bytes and another sha256 than recorded")
             files[name] = data
-        return CacheHit(key, files)
+        info = entry.get("info")
+        return CacheHit(key, files, info if isinstance(info, dict) else {})
 
     def _from_remote(self, batch: str, key: str) -> CacheHit | None:
         """A verified hit of the remote tier, kept in the local one; None on its miss (or without one)."""
@@ -126,7 +134,7 @@ class BuildCache:
             return None
         files, info = found
         self._put_local(batch, key, files, {**info, "from": "remote"})
-        return CacheHit(key, files)
+        return CacheHit(key, files, info)
 
     def file(self, batch: str, key: str, name: str) -> bytes | None:
         """The verified bytes of one file of ``key``; ``None`` on a miss, and on a drift (logged, and the
@@ -136,6 +144,22 @@ class BuildCache:
         except CacheDriftError:
             return None
         return hit.files.get(name) if hit else None
+
+    def _seconds_path(self, unit_id: str) -> Path:
+        return self.root / "unit-seconds" / f"{digest(unit_id)}.json"
+
+    def full_compile_seconds(self, unit_id: str) -> float | None:
+        """The seconds the last full compile of ``unit_id`` took here (any key); None when none was recorded."""
+        try:
+            seconds = json.loads(self._seconds_path(unit_id).read_text()).get("full_compile_s")
+        except (OSError, ValueError, AttributeError):
+            return None  # never recorded, or unreadable: no basis, which the summary says
+        return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+
+    def note_full_compile(self, unit_id: str, seconds: float) -> None:
+        """Record that a compile of every translation unit of ``unit_id`` took ``seconds`` (local tier only)."""
+        atomic_write_text(self._seconds_path(unit_id),
+                          json.dumps({"unit": unit_id, "full_compile_s": seconds}, sort_keys=True))
 
     def _drift(self, batch: str, key: str, why: str) -> None:
         removed = self.invalidate_batch(batch)

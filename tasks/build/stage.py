@@ -29,6 +29,7 @@ from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requi
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.cache_remote import RemoteTier
 from kiln.tasks.build.compile_cache import compilations_noun, open_compile_cache
+from kiln.tasks.build.compile_seconds import total
 from kiln.tasks.build.compile_tier import shared_tier
 from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
 from kiln.tasks.build.manylinux import why_not_manylinux
@@ -335,15 +336,17 @@ def _kind(path: Path) -> ArtifactKind | None:
 
 def table_rows(units: list[CompileUnit], outcomes: dict[str, UnitResult | BaseException],
                records: dict[str, Unit]) -> list[dict[str, Any]]:
-    """The build table: unit, arch, state, time, cache hit/miss, size."""
+    """The build table: unit, arch, state, time, cache hit/miss, compile seconds spent and saved, size."""
     rows = []
     for unit in units:
         outcome, record = outcomes.get(unit.id), records[unit.id]
         size = outcome.size if isinstance(outcome, UnitResult) else 0
         cache = unit_cache_state(outcome) if isinstance(outcome, UnitResult) else record.cache
+        seconds = outcome.seconds if isinstance(outcome, UnitResult) else None
         rows.append({"unit": unit.id, "arch": unit.arch, "state": record.state, "time_s": round(record.duration_s, 2),
-                     "cache": cache, "size": size,
-                     "device_code": outcome.device_code if isinstance(outcome, UnitResult) else ""})
+                     "cache": cache, "compile_s": round(seconds.spent, 2) if seconds else "",
+                     "saved_s": "" if seconds is None else "n/a" if seconds.saved is None else round(seconds.saved, 2),
+                     "size": size, "device_code": outcome.device_code if isinstance(outcome, UnitResult) else ""})
     return rows
 
 
@@ -357,13 +360,16 @@ def unit_cache_state(outcome: UnitResult) -> str:
 
 
 def compile_line(outcomes: dict[str, UnitResult | BaseException]) -> str:
-    """The build's translation units compiled and reused by the compile cache, over every native unit that ran."""
-    stats = [o.compile for o in outcomes.values() if isinstance(o, UnitResult) and o.compile is not None]
+    """The build's translation units compiled and reused by the compile cache, over every native unit that ran, and
+    the compile seconds every unit spent and the caches saved (:mod:`kiln.tasks.build.compile_seconds`)."""
+    results = [o for o in outcomes.values() if isinstance(o, UnitResult)]
+    stats = [o.compile for o in results if o.compile is not None]
     compiled, reused = sum(len(s.compiled) for s in stats), sum(len(s.reused) for s in stats)
+    seconds = total(o.seconds for o in results).describe()
     if not stats:
-        return "Compile: no native unit compiled (every one served by the unit cache, or none planned)."
+        return f"Compile: no native unit compiled (every one served by the unit cache, or none planned); {seconds}."
     return (f"Compile: {compiled} of {compiled + reused} {compilations_noun(stats)} compiled, {reused} reused from the "
-            f"compile cache, in {len(stats)} native units.")
+            f"compile cache, in {len(stats)} native units; {seconds}.")
 
 
 def cache_report(events: list[str], compiled: str = "") -> str:

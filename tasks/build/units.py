@@ -2,7 +2,9 @@
 
 :func:`build_unit` builds one unit of the plan through the content-addressed
 cache: a verified hit is copied out; a miss compiles in a worker, checks the
-binary's ELF arch against the plan, stores it and copies it out.
+binary's ELF arch against the plan, stores it and copies it out. A compile is
+timed, and its seconds kept in the unit's entry, so a later hit says what it saved
+(:mod:`kiln.tasks.build.compile_seconds`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +24,7 @@ from kiln.core.manifest import Unit
 from kiln.tasks.build.aot import check_elf_arch
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileStats
+from kiln.tasks.build.compile_seconds import CompileSeconds, entry_info, measured, on_compile, on_hit
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
 from kiln.tasks.project.config import KilnConfig
@@ -60,6 +64,7 @@ class UnitResult:
     device_code: str = ""  # pep517: the archs the wheel holds ("SASS ['sm_80']"), recorded in the run
     # A native unit compiled now: its translation units compiled and served by the compile cache.
     compile: CompileStats | None = None
+    seconds: CompileSeconds = CompileSeconds()  # compile seconds spent now and saved by the caches
 
 
 def unit_dir(unit: CompileUnit) -> str:
@@ -89,18 +94,27 @@ def _compile_triton(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
     return {f"{name}.{kind}": result["binary"], f"{name}.json": result["metadata"]}
 
 
-def _compile(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
+def _compile(unit: CompileUnit, env: CompileContext) -> tuple[dict[str, bytes], float]:
+    """The unit's files and the seconds its builder took."""
     if unit.kind == "triton":
-        return _compile_triton(unit, env)
+        return _timed(_compile_triton, unit, env)
     if unit.kind == "pep517":
         if env.project is None:
             raise CompileError(f"{unit.id}: kiln.toml's [build] backend is not 'pep517'")
-        project: dict[str, bytes] = env.project.build_unit(unit, env)
-        return project
+        if env.environments is not None:
+            # made once per variant (minutes) and shared by its units: not this unit's compile seconds
+            env.environments.for_variant(unit.variant)
+        return _timed(env.project.build_unit, unit, env)
     if env.nvcc is None:
         raise CompileError(f"{unit.id}: nvcc is not available")
-    built: dict[str, bytes] = _nvcc_builder(unit, env).build_unit(unit, env)
-    return built
+    return _timed(_nvcc_builder(unit, env).build_unit, unit, env)
+
+
+def _timed(build: Callable[[CompileUnit, CompileContext], dict[str, bytes]], unit: CompileUnit,
+           env: CompileContext) -> tuple[dict[str, bytes], float]:
+    start = time.perf_counter()
+    files = build(unit, env)
+    return files, measured(time.perf_counter() - start)
 
 
 def _nvcc_builder(unit: CompileUnit, env: CompileContext) -> Any:
@@ -157,12 +171,17 @@ def build_unit(unit: CompileUnit, env: CompileContext) -> UnitResult:
         env.events.append(f"{unit.id}: {exc}")
         raise
     if hit is not None:
-        return _result(unit, env, hit.files, "hit", start)
-    files = _compile(unit, env)
-    stats = files.pop(COMPILE_STATS, None)  # this compile's, never cached: a hit compiles nothing
-    env.cache.put(unit.batch, unit.key, files, {"unit": unit.id, "toolchain": env.toolchain})
-    result = _result(unit, env, files, "miss", start)
-    return result if stats is None else dataclasses.replace(result, compile=CompileStats.from_dict(json.loads(stats)))
+        return _result(unit, env, hit.files, "hit", start, on_hit(hit.info))
+    files, spent = _compile(unit, env)
+    raw = files.pop(COMPILE_STATS, None)  # this compile's, never cached: a hit compiles nothing
+    stats = None if raw is None else CompileStats.from_dict(json.loads(raw))
+    partial = stats is not None and bool(stats.reused)
+    seconds, full = on_compile(spent, partial, env.cache.full_compile_seconds(unit.id) if partial else None)
+    if not partial:
+        env.cache.note_full_compile(unit.id, spent)
+    env.cache.put(unit.batch, unit.key, files,
+                  {"unit": unit.id, "toolchain": env.toolchain} | entry_info(spent, full))
+    return dataclasses.replace(_result(unit, env, files, "miss", start, seconds), compile=stats)
 
 
 def cached_results(units: list[CompileUnit], env: CompileContext) -> dict[str, UnitResult]:
@@ -181,12 +200,12 @@ def cached_results(units: list[CompileUnit], env: CompileContext) -> dict[str, U
             env.events.append(f"{unit.id}: {exc}")
             continue
         if hit is not None:
-            results[unit.id] = _result(unit, env, hit.files, "hit", start)
+            results[unit.id] = _result(unit, env, hit.files, "hit", start, on_hit(hit.info))
     return results
 
 
 def _result(unit: CompileUnit, env: CompileContext, files: dict[str, bytes], cache: Literal["hit", "miss"],
-            start: float) -> UnitResult:
+            start: float, seconds: CompileSeconds) -> UnitResult:
     """Write the unit's ``files`` under ``env.out_dir`` and describe them."""
     files, device_code = _device_code(files)
     directory = (env.out_dir / unit.variant / unit_dir(unit)).resolve()
@@ -199,7 +218,7 @@ def _result(unit: CompileUnit, env: CompileContext, files: dict[str, bytes], cac
     entries = _entries(unit, files, written, env)
     size = sum(len(d) for d in files.values()) if unit.kind == "pep517" else sum(e["size"] for e in entries)
     return UnitResult(unit.id, cache, time.perf_counter() - start, tuple(written), tuple(entries),
-                      size, device_code)
+                      size, device_code, seconds=seconds)
 
 
 def unit_record(unit: CompileUnit, outcome: UnitResult | BaseException) -> Unit:

@@ -128,8 +128,9 @@ def test_the_build_summary_has_a_compile_line():
                 "b": _result("miss", CompileStats(("x.cu",), ())), "c": _result("hit", None),
                 "d": CompileError("nvcc failed")}
     line = compile_line(outcomes)  # type: ignore[arg-type]
-    assert line == "Compile: 2 of 4 translation units compiled, 2 reused from the compile cache, in 2 native units."
+    assert line == ("Compile: 2 of 4 translation units compiled, 2 reused from the compile cache, in 2 native units; "
+                    "compile seconds spent 0.0, saved 0.0.")
     assert line in cache_report([], line)
     per_arch = {"a": _result("miss", CompileStats(("a.cu [sm_90]",), ("a.cu [sm_80]", "api.cpp")))}
     assert compile_line(per_arch) == ("Compile: 1 of 3 compilations (translation unit × arch) compiled, 2 reused "  # type: ignore[arg-type]
-                                      "from the compile cache, in 1 native units.")
+                                      "from the compile cache, in 1 native units; compile seconds spent 0.0, saved 0.0.")
