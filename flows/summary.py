@@ -306,6 +306,7 @@ def _test_tables(run: RunManifest) -> list[str]:
 CONSOLE_ATTENTION = 5  # rows of "needs attention" the console ending shows; the rest are in the record
 CONSOLE_TAILS = 1  # failures whose log's last lines it shows
 CONSOLE_MESSAGE = 160  # characters of a message it shows
+CONSOLE_COLUMNS = 120  # a line it cuts to one terminal row (the skips)
 
 
 def _console_attention(run: RunManifest) -> list[str]:
@@ -316,8 +317,8 @@ def _console_attention(run: RunManifest) -> list[str]:
         message = row.message if len(row.message) <= CONSOLE_MESSAGE else row.message[:CONSOLE_MESSAGE - 1] + "…"
         lines.append(f"  {row.label.upper():<9} {row.id}  {message}")
         lines.extend(f"  {'':<9}   | {line}" for line in (row.tail[-3:] if n < CONSOLE_TAILS else ()))
-    # skips the arch filter made on purpose: one terminal row, their whole text in the record and the artifact
-    # "reason ×6": which units and where are in the record and the artifact
+    # skips the arch filter made on purpose: one terminal row of "reason ×6"; which units and where are in the
+    # record and the artifact
     reasons = [f"{_COUNTED.sub('', _DETAIL.sub('', line))} ×{line.split(' ', 1)[0]}" for line in skips]
     lines += [_row(f"  {'SKIPPED':<9} {'; '.join(reasons)}")] if skips else []
     left = max(len(rows) - CONSOLE_ATTENTION, 0)
@@ -326,7 +327,7 @@ def _console_attention(run: RunManifest) -> list[str]:
     return ["", *lines] if lines else []
 
 
-def _row(line: str, width: int = 120) -> str:
+def _row(line: str, width: int = CONSOLE_COLUMNS) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
@@ -339,8 +340,9 @@ def _console_plans(run: RunManifest) -> list[str]:
 
 
 def _unfinished(units: list[Unit]) -> str:
-    """``2 failed, 1 skipped``: the units of a stage that did not complete, by state."""
-    return _counts([u for u in units if u.state != "completed"]) if any(u.state != "completed" for u in units) else ""
+    """``2 failed, 1 skipped``: the units of a stage that did not complete, by state; '' when all did."""
+    rest = [u for u in units if u.state != "completed"]
+    return _counts(rest) if rest else ""
 
 
 def render_console(run: RunManifest) -> str:
