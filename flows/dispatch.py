@@ -27,7 +27,9 @@ is dispatched again up to ``[pools] retries`` times.
 
 from __future__ import annotations
 
+import contextvars
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -48,6 +50,7 @@ from kiln.flows.waiting import Waiting, cancel_run, live_workers, no_live_worker
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.process import check_cancelled
 from kiln.tasks.project.config import KilnConfig, Suite
+from kiln.tasks.testing import shards
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.shards import recorded_counts
 from kiln.tasks.testing.suite import not_run_reason, targets
@@ -208,9 +211,11 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
     """Run ``suite`` on its pool against this run's wheels; its units, as the record holds them.
 
     The dispatched flow fetches the wheels from the run record and writes its
-    units and reports back to it. A suite whose run failed to start, crashed
-    or ran past its deadline gets failed units naming the pool, so a lost
-    worker never leaves a suite looking passed.
+    units and reports back to it. A sharded suite's shards are dispatched
+    apart, one flow run each, so the pool's workers share them; their plan is
+    pinned in the run first. A suite whose run failed to start, crashed or ran
+    past its deadline gets failed units naming the pool, so a lost worker never
+    leaves a suite looking passed; a shard's own failed unit keeps its message.
     """
     start = time.monotonic()
     what = f"testing {suite.name}"
@@ -218,18 +223,47 @@ def dispatch_suite(config: KilnConfig, suite: Suite, deployment: str, run: RunRe
     if absent:
         logger.warning("suite %s: %s", suite.name, absent)
         return [record(run, target.unit("not_run", absent, 0.0)) for target in targets(config, [suite])]
-    why = dispatch(deployment, {"suites": [suite.name], "run_id": run.run_id, "commit": commit},
-                   deadline_s=suite.deadline_s, what=what, commit=commit, run=run,
-                   name=run_name("test", run, suite.name))
+    parameters = {"suites": [suite.name], "run_id": run.run_id, "commit": commit}
+    if suite.shards == 1:
+        whys = {0: dispatch(deployment, parameters, deadline_s=suite.deadline_s, what=what, commit=commit, run=run,
+                            name=run_name("test", run, suite.name))}
+    else:
+        whys = _dispatch_shards(config, suite, deployment, run, parameters, what)
     recorded = {u.id: u for u in run.units() if u.stage == "test" and u.suite == suite.name}
     units = []
     for target in targets(config, [suite], recorded_counts(run.info())):  # the shards the dispatched run chose
-        unit = recorded.get(target.unit_id)
-        if unit is None or why:
+        unit, why = recorded.get(target.unit_id), whys.get(target.shard or min(whys), "")
+        if unit is None or (why and unit.state != "failed"):
             unit = target.unit("failed", why or f"{deployment} recorded no result for {target.unit_id}",
                                time.monotonic() - start)
         units.append(record(run, _retried(unit, run, what)))
     return units
+
+
+def _dispatch_shards(config: KilnConfig, suite: Suite, deployment: str, run: RunRecord, parameters: dict[str, Any],
+                     what: str) -> dict[int, str]:
+    """Pin ``suite``'s shard plan in the run (an "auto" count bounded by the pool's live workers), then dispatch
+    each shard as its own flow run, all at once; why each did not complete, by shard ("" when it did).
+
+    A lost worker's :class:`WorkerLostError` is raised once every shard has ended: the task's retry dispatches
+    the suite's shards again."""
+    bound = max(1, len(live_workers(_pool_of(deployment))))
+    plan = shards.plan(run.store, config.testing.quarantine.history, targets(config, [suite]), bound)
+    for key, value in shards.pin_entries(plan).items():
+        run.set_info(key, value)
+    count = max(t.shards for t in targets(config, [suite], plan.counts))
+
+    def one(index: int) -> str:
+        return dispatch(deployment, {**parameters, "shard": index}, deadline_s=suite.deadline_s,
+                        what=f"{what} shard {index} of {count}", commit=parameters["commit"], run=run,
+                        name=run_name("test", run, f"{suite.name} shard {index}/{count}"))
+
+    with ThreadPoolExecutor(count, thread_name_prefix="kiln-shard") as pool:
+        futures = {index: pool.submit(contextvars.copy_context().run, one, index) for index in range(1, count + 1)}
+    lost = [f.exception() for f in futures.values() if isinstance(f.exception(), WorkerLostError)]
+    if lost:
+        raise cast(WorkerLostError, lost[0])
+    return {index: future.result() for index, future in futures.items()}
 
 
 @task(name="dispatch-publish", task_run_name="publish/{channel} → {deployment}", cache_policy=NO_CACHE)

@@ -121,9 +121,12 @@ def suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str, 
 
 
 @task(name="test-shards", cache_policy=NO_CACHE)
-def shard_plan_task(config: KilnConfig, selected: list[Suite], run: RunRecord) -> shards.ShardPlan:
+def shard_plan_task(config: KilnConfig, selected: list[Suite], run: RunRecord, shard: int = 0) -> shards.ShardPlan:
     """The durations each sharded suite is split by, read once for all its shards; each "auto" suite's count,
-    bounded by [build] jobs (the units this machine runs at once) and recorded in the run for its dispatcher."""
+    bounded by [build] jobs (the units this machine runs at once) and recorded in the run for its dispatcher.
+    One shard dispatched on its own (``shard``) takes the plan its dispatcher pinned in the run instead."""
+    if shard:
+        return shards.pinned(run.info())
     plan = shards.plan(run.store, config.testing.quarantine.history, targets(config, selected), config.build.jobs)
     for unit_id, count in plan.counts.items():
         run.set_info(f"{shards.SHARDS_INFO}{unit_id}", count)
@@ -152,7 +155,7 @@ def quarantine_report(config: KilnConfig, run: RunRecord) -> int:
 def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str] | None = None,
               options: SuiteOptions = DEFAULT_OPTIONS, changed_since: str | None = None,
               exclude: list[str] | None = None, run_id: str | None = None, paths: list[str] | None = None,
-              commit: str = "") -> dict[str, int] | State:
+              commit: str = "", shard: int = 0) -> dict[str, int] | State:
     """Run the config's test suites against the run's wheels; Failed if any suite failed.
 
     ``run_id`` tests the wheels of that run (the nightly's, or ``kiln test --run``);
@@ -161,14 +164,21 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     ``paths`` (``kiln test -- PATHS``, relative to the project) run as one ad-hoc
     suite instead of the configured ones; ``options`` (:class:`~kiln.flows.params.SuiteOptions`): how they run.
     ``commit``: the commit the run names, which this checkout must be at (a suite dispatched to a worker).
+    ``shard``: run only that shard (1-based) of each sharded suite, and an unsharded one's whole as shard 1: one
+    of a suite's shards dispatched on its own, split by the plan its dispatcher pinned in run ``run_id``.
     """
+    if shard < 0 or (shard and run_id is None):
+        raise ValueError(f"shard={shard}: a shard is 1 or more, and is run only within a run (run_id) whose "
+                         "dispatcher pinned its plan")
     config = load_config(config_path)
     check_overrides(options.isolate, options.timeout, options.retries)  # bad input fails before anything is written
     selected = select_suites_task(config, suites, changed_since, exclude, paths)
     run = open_run(config, "test", out, run_id=run_id, step="test", commit=commit)
     name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
-    plan = shard_plan_task(config, selected, run)
+    plan = shard_plan_task(config, selected, run, shard)
     chosen = targets(config, selected, plan.counts)
+    if shard:
+        chosen = [t for t in chosen if t.shard == shard or (t.shard == 0 and shard == 1)]
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
         if needed:
@@ -207,5 +217,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     durations_task(config, run, ran)
     for path in write_combined(runs, options.junit, options.json_path):
         logger.info("test report written to %s", path)
-    names = {suite.name for suite in selected}
+    names, own = {suite.name for suite in selected}, {t.unit_id for t in chosen}
+    if shard:  # the suite's other shards are other flow runs' units (a recall unit is its shard's)
+        return finish_stage(run, "test", "Tests", mine=lambda u: u.id in own or u.id.rsplit("/", 1)[0] in own)
     return finish_stage(run, "test", "Tests", mine=lambda u: u.suite in names)

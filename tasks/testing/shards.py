@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 SHARD_ID = "/shard-"  # a shard unit's id: its suite unit's id + "/shard-<i>-of-<N>"
 SHARDS_INFO = "shards:"  # run info key prefix (+ the suite unit's id): how many shards "auto" chose in this run
+# run info key prefix (+ the suite unit's id): the durations a dispatched suite's shards are split by, pinned
+# by its dispatcher before any shard starts (each shard is its own flow run, on whichever worker takes it)
+DURATIONS_INFO = "shard-durations:"
 CONTENT_TYPE = "application/json"
 
 
@@ -193,6 +196,20 @@ def plan(store: Store, prefix: str, whole: Iterable[SuiteTarget], bound: int) ->
                         target.suite_name, counts[target.suite_unit_id], sum(known.values()),
                         target.suite.shard_target_s, bound)
     return ShardPlan(durations, counts)
+
+
+def pinned(info: Mapping[str, Any]) -> ShardPlan:
+    """The plan a dispatcher pinned in a run's info (:data:`SHARDS_INFO`, :data:`DURATIONS_INFO`): what every
+    separately dispatched shard of a suite partitions by, whatever durations its siblings recorded since."""
+    durations = {key[len(DURATIONS_INFO):]: {str(k): float(v) for k, v in value.items()}
+                 for key, value in info.items() if key.startswith(DURATIONS_INFO) and isinstance(value, dict)}
+    return ShardPlan(durations, recorded_counts(info))
+
+
+def pin_entries(plan: ShardPlan) -> dict[str, Any]:
+    """The run info entries that pin ``plan`` for shards dispatched apart (read back by :func:`pinned`)."""
+    return {**{f"{SHARDS_INFO}{unit_id}": count for unit_id, count in plan.counts.items()},
+            **{f"{DURATIONS_INFO}{unit_id}": dict(known) for unit_id, known in plan.durations.items()}}
 
 
 def record_runs(store: Store, prefix: str, runs: Iterable[tuple[SuiteTarget, SuiteRun]]) -> None:
