@@ -23,6 +23,11 @@ records what the plan was made from, each checked on every load:
 - ``toolchain`` and ``missing``: the caller compares them with what it finds
   now (nvcc's version is asked of nvcc on every build).
 
+Beside the plans, ``plans/registry-<key>.json`` (keyed by kiln.toml and the
+interpreter only) keeps what a read of the registry found beyond the plan —
+which kernels declare bench cases — with the same inputs, checked the same way,
+for a stage that must not import the registry (the bench stage).
+
 An entry that cannot be read is a warning and a replan, never an error; one
 whose inputs differ is replaced by the next :func:`store`.
 """
