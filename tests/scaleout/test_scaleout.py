@@ -11,6 +11,7 @@ buckets of moto's S3 server: the only thing the workers share.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -44,7 +45,8 @@ def s3() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory, s3) -> Iterator[tuple[Cluster, Path]]:
-    with team_cluster(tmp_path_factory.mktemp("scaleout"), s3, {"kiln-build": 2}) as deployed:
+    # two GPU workers (one simulated node): a sharded suite's two shards, dispatched apart, take one each
+    with team_cluster(tmp_path_factory.mktemp("scaleout"), s3, {"kiln-build": 2, "kiln-gpu": 2}) as deployed:
         yield deployed
 
 
@@ -164,6 +166,95 @@ def test_a_build_worker_killed_mid_unit_is_retried_with_the_reason_and_the_night
     retried = [r for r in _children(made, run_id) if r.parameters.get("variants") == ["cu130"]]
     assert len(retried) == 2 and sorted(r.state.type.value for r in retried) == ["COMPLETED", "CRASHED"]
     assert {r.parameters["commit"] for r in _children(made, run_id)} == {pinned}, "every unit ran the run's commit"
+
+
+# A suite of 41 short tests split in two shards by recorded durations, on the GPU pool: its two workers each take
+# one run at a time (--limit 1) and share one simulated GPU (the node's limit), so while one shard holds it the
+# other is the other worker's.
+SHARDED_TOML = """
+[[suites]]
+name = "sharded"
+paths = ["sharded"]
+variants = ["cu130"]
+gpus = 1
+pool = "kiln-gpu"
+shards = 2
+required = false
+deadline_s = 900
+"""
+PLANTED = "sharded/test_many.py::test_fails"
+MANY = [f"sharded/test_many.py::test_{n:02d}" for n in range(40)] + [PLANTED]
+
+
+def _seed_durations(endpoint: str, project: Path) -> dict[str, float]:
+    """The suite's durations as a first run would have recorded them (none of these tests has run yet)."""
+    from kiln.core.store import open_store
+    from kiln.tasks.project.config import load_config
+    from kiln.tasks.testing.shards import CONTENT_TYPE, durations_key
+
+    durations = {nodeid: 0.5 + (n % 5) * 0.25 for n, nodeid in enumerate(MANY)}
+    store = open_store(f"s3://{ARTIFACTS}/store", root=project, region="us-east-1", endpoint=endpoint)
+    key = durations_key(load_config(project / "kiln.toml").testing.quarantine.history, "sharded.cu130")
+    store.put_page(key, json.dumps({"durations": durations}).encode(), CONTENT_TYPE, "no-cache", None)
+    return durations
+
+
+def _workers_of_shards(made: Cluster, run_id: str, deadline_s: float) -> dict[int, int]:
+    """Until the nightly ends: the worker (its pid) each running shard's flow process descends from."""
+    workers, seen = {w.pid for w in made.workers["kiln-gpu"]}, {}
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for child in _children(made, run_id):
+            if child.parameters.get("suites") == ["sharded"] and child.state.is_running() and child.infrastructure_pid:
+                try:
+                    chain = _ancestors(int(str(child.infrastructure_pid).rsplit(":", 1)[-1]))
+                except (FileNotFoundError, ProcessLookupError):  # it ended between the read and the look
+                    continue
+                for pid in set(chain) & workers:
+                    seen[child.parameters["shard"]] = pid
+        with made.client() as client:
+            if client.read_flow_run(run_id).state.is_final():
+                return seen
+        time.sleep(0.5)
+    raise AssertionError(f"nightly {run_id} not final after {deadline_s} s\n{made.logs()}")
+
+
+def test_a_suites_two_shards_run_on_two_workers_and_each_reports_its_own_tests(deployed, s3, tmp_path):
+    from kiln.tasks.testing.shards import partition
+
+    made, project = deployed
+    (project / "sharded").mkdir()
+    (project / "sharded" / "test_many.py").write_text(
+        "".join(f"def test_{n:02d}():\n    assert True\n\n\n" for n in range(40))
+        + "def test_fails():\n    assert False, 'planted'\n")
+    # the GPU suite leaves the pool to the shards: a third run there could take one worker while the other ran both
+    text = (project / "kiln.toml").read_text()
+    gpu = text.index('[[suites]]\nname = "gpu"')
+    (project / "kiln.toml").write_text(text[:gpu] + text[text.index("\n\n", gpu) + 2:] + SHARDED_TOML)
+    commit_all(project, "a suite in two shards", when="2026-12-01T01:00:00+00:00")
+    split = partition(MANY, _seed_durations(s3, project), 2)
+    failing = next(n for n, mine in enumerate(split, 1) if PLANTED in mine)
+
+    run_id = trigger(made)
+    workers = _workers_of_shards(made, run_id, NIGHTLY_DEADLINE_S)
+    final = made.wait_final(run_id, 60)
+    assert final.state.is_failed(), f"{final.state.message}\n{made.logs()}"  # the planted failure fails it
+    shard_runs = {r.parameters["shard"]: r for r in _children(made, run_id) if r.parameters.get("suites") == ["sharded"]}
+    assert sorted(shard_runs) == [1, 2] and {_pool(made, r) for r in shard_runs.values()} == {"kiln-gpu"}
+    assert sorted(workers) == [1, 2] and workers[1] != workers[2], f"shards ran on workers {workers}"
+    record = _record(s3, run_id, tmp_path / "record")
+    units = {u.id: u for u in record.units()}
+    reported: dict[str, str] = {}
+    for n in (1, 2):
+        unit = units[f"test/sharded/cu130/shard-{n}-of-2"]
+        assert unit.state == ("failed" if n == failing else "completed"), unit
+        [report] = [a for a in record.artifacts() if a.kind == "report"
+                    and a.path.endswith(f"sharded.cu130.shard-{n}-of-2.json")]
+        tests = {t["nodeid"]: t["outcome"] for t in json.loads(record.fetch(report).read_text())["tests"]}
+        assert set(tests) == set(split[n - 1]), f"shard {n} reported other tests than its part"
+        reported |= tests
+    assert reported == {nodeid: "failed" if nodeid == PLANTED else "passed" for nodeid in MANY}  # the union
+    assert "test/sharded/cu130" not in units, "a sharded suite is its shards' units, not one of its own"
 
 
 def test_every_process_the_cluster_started_is_stopped_by_pid(deployed):
