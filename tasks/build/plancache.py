@@ -23,7 +23,7 @@ records what the plan was made from, each checked on every load:
 - ``toolchain`` and ``missing``: the caller compares them with what it finds
   now (nvcc's version is asked of nvcc on every build).
 
-Beside the plans, ``plans/registry-<key>.json`` (keyed by kiln.toml and the
+Beside the plans, ``registry/<key>.json`` (keyed by kiln.toml and the
 interpreter only) keeps what a read of the registry found beyond the plan —
 which kernels declare bench cases — with the same inputs, checked the same way,
 for a stage that must not import the registry (the bench stage).
@@ -162,7 +162,7 @@ def _facts_path(root: Path, config: KilnConfig) -> Path:
     path = config.config_file.resolve()
     key = digest(PLAN_FORMAT, "registry-facts", str(path), path.read_bytes().hex(), sys.version, sys.prefix,
                  str(config.root))
-    return root / "plans" / f"registry-{key}.json"
+    return root / "registry" / f"{key}.json"
 
 
 def store_bench_kernels(root: Path, config: KilnConfig, kernels: Iterable[str], module_files: Iterable[str | Path],
