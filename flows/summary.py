@@ -361,7 +361,10 @@ def render_console(run: RunManifest) -> str:
     return "\n".join(lines)
 
 
-def print_summary(out: Path) -> None:
+def print_summary(out: Path, full: bool = False) -> None:
+    """The run's ending on the console: one screen (:func:`render_console`), or with ``full`` the whole text
+    form (:func:`render_text`)."""
     path = Path(out) / MANIFEST_NAME
     if path.exists():
-        print(render_console(RunManifest.load(path)))
+        run = RunManifest.load(path)
+        print(render_text(run) if full else render_console(run))

@@ -25,9 +25,13 @@ def runs(parser: argparse.ArgumentParser, handler: PlainHandler) -> None:
 
 def runs_with_config(parser: argparse.ArgumentParser, handler: ConfigHandler, *, flow: bool = False,
                      head_start: HeadStart = None) -> None:
-    """``handler`` gets the loaded kiln.toml; ``flow``: it runs a flow, connected, under the command's signals;
-    ``head_start``: the kiln.flows.headstart function it runs while Kiln's server starts."""
-    parser.set_defaults(handler=None, config_handler=handler, connect=flow, head_start=head_start)
+    """``handler`` gets the loaded kiln.toml; ``flow``: it runs a flow, connected, under the command's signals
+    (and takes ``-v``); ``head_start``: the kiln.flows.headstart function it runs while Kiln's server starts."""
+    parser.set_defaults(handler=None, config_handler=handler, connect=flow, head_start=head_start, verbose=False)
+    if flow:
+        parser.add_argument("-v", "--verbose", action="store_true",
+                            help="a line per finished unit instead of the live bar, and the whole text summary "
+                                 "instead of the one-screen ending")
 
 
 class Renamed(argparse.Action):

@@ -13,7 +13,7 @@ from typing import NoReturn, cast
 
 from kiln.core.errors import KilnError
 from kiln.flows.cli.args import ConfigHandler, PlainHandler
-from kiln.flows.cli.flowrun import connect
+from kiln.flows.cli.flowrun import connect, verbosity
 from kiln.flows.cli.parser import build_parser
 from kiln.tasks.project.config import KilnConfig
 
@@ -35,7 +35,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
     from kiln.flows import cancel
 
     # From here one SIGTERM or Ctrl-C cancels the command: its flow run ends Cancelled, what it started ends.
-    with cancel.command_signals():
+    with cancel.command_signals(), verbosity(ns.verbose):
         return cancel.cancelled_status(ns.command, lambda: _connected(handler, ns, config))
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,20 @@ from kiln.core.errors import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from prefect import Flow, State
+
+
+# ``-v`` of the command being run (a context variable: the daemon runs several commands in one process).
+_verbose: ContextVar[bool] = ContextVar("kiln_cli_verbose", default=False)
+
+
+@contextlib.contextmanager
+def verbosity(verbose: bool) -> Iterator[None]:
+    """The command's ``-v`` for the block: every unit's line, and the whole text summary."""
+    token = _verbose.set(verbose)
+    try:
+        yield
+    finally:
+        _verbose.reset(token)
 
 
 def print_result(name: str, state: State[Any]) -> int:
@@ -46,11 +61,12 @@ def run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = N
 
     if run_id is not None:
         params["run_id"] = run_id
-    with progress.showing(progress.reporter_for(sys.stderr)):
+    verbose = _verbose.get()
+    with progress.showing(progress.PlainReporter(sys.stderr) if verbose else progress.reporter_for(sys.stderr)):
         state = sync_state(flow(**params, return_state=True))
     view = _view(view_root, state, run_id)
     if view is not None:
-        print_summary(view)
+        print_summary(view, full=verbose)
     link = url_for("flow-run", obj_id=state.state_details.flow_run_id)
     if link:
         print(f"\nRun in the Prefect UI: {link}")
