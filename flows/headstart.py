@@ -5,9 +5,10 @@ database, about 11 s on two cores, with one core mostly idle. The work here is
 what the command's flow would do first anyway and needs no server, so it fills
 that wait (:func:`kiln.flows.local.server.ensure_server_while`): importing the
 flow's modules, starting to copy the test bases the test stage takes from this
-interpreter, starting the build's compile workers and importing the project's
-kernel registry (torch, Triton) that the build plans from. Nothing here starts a flow run, writes a run record or
-changes what the flow then does; an error here is the flow's to meet again.
+interpreter, starting the build's compile workers and starting the sandboxed guest that reads the project's
+kernel registry (torch, Triton) for the build's plan: the package's code is never imported in this process.
+Nothing here starts a flow run, writes a run record or changes what the flow then does; an error here is the
+flow's to meet again.
 """
 
 from __future__ import annotations
