@@ -177,7 +177,7 @@ def build_unit(unit: CompileUnit, env: CompileContext) -> UnitResult:
     stats = None if raw is None else CompileStats.from_dict(json.loads(raw))
     partial = stats is not None and bool(stats.reused)
     seconds, full = on_compile(spent, partial, env.cache.full_compile_seconds(unit.id) if partial else None)
-    if not partial:
+    if stats is not None and not partial:  # a unit without translation units (Triton) is never partial
         env.cache.note_full_compile(unit.id, spent)
     env.cache.put(unit.batch, unit.key, files,
                   {"unit": unit.id, "toolchain": env.toolchain} | entry_info(spent, full))
