@@ -15,8 +15,6 @@ import pytest
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 MAX_WORDS = 120  # the anchors' READMEs average 20-47 words a paragraph; a long one here still fits a screen
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "reference" not in p.relative_to(DOCS).parts)
-# Pages whose walls are still to split; strict, so a page that no longer has one must leave the list.
-WALLS_LEFT = {"guides/build-cache.md", "guides/matrix.md"}
 EXTENSIONS = ["admonition", "attr_list", "tables", "toc", "pymdownx.superfences"]  # mkdocs.yml's markdown_extensions
 
 
@@ -65,13 +63,7 @@ def test_a_wall_of_text_is_found_and_a_list_item_counts_apart_from_its_nested_li
     assert paragraphs("```text\n" + wall + "\n```\n") == []
 
 
-def _page(path: Path) -> object:
-    name = path.relative_to(DOCS).as_posix()
-    walls = pytest.mark.xfail(strict=True, reason="long paragraphs still to split") if name in WALLS_LEFT else ()
-    return pytest.param(path, id=name, marks=walls)
-
-
-@pytest.mark.parametrize("page", [_page(p) for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(DOCS).as_posix() for p in PAGES])
 def test_no_paragraph_of_a_written_page_is_a_wall(page):
     long = [f"{len(p.split())} words: {p[:80]}…" for p in paragraphs(page.read_text(encoding="utf-8"))
             if len(p.split()) > MAX_WORDS]
