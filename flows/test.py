@@ -174,11 +174,12 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     check_overrides(options.isolate, options.timeout, options.retries)  # bad input fails before anything is written
     selected = select_suites_task(config, suites, changed_since, exclude, paths)
     run = open_run(config, "test", out, run_id=run_id, step="test", commit=commit)
-    name_this_run(run_name("test", run, [suite.name for suite in selected] or ["no suites"]))
     plan = shard_plan_task(config, selected, run, shard)
     chosen = targets(config, selected, plan.counts)
     if shard:
         chosen = [t for t in chosen if t.shard == shard or (t.shard == 0 and shard == 1)]
+    of = f" shard {shard}/{max((t.shards for t in chosen), default=1)}" if shard else ""  # as its dispatcher named it
+    name_this_run(run_name("test", run, [f"{suite.name}{of}" for suite in selected] or ["no suites"]))
     if run_id is None:
         needed = sorted({t.variant.name for t in chosen if not not_run_reason(t, detect_gpu_count())})
         if needed:

@@ -241,6 +241,7 @@ def test_a_suites_two_shards_run_on_two_workers_and_each_reports_its_own_tests(d
     assert final.state.is_failed(), f"{final.state.message}\n{made.logs()}"  # the planted failure fails it
     shard_runs = {r.parameters["shard"]: r for r in _children(made, run_id) if r.parameters.get("suites") == ["sharded"]}
     assert sorted(shard_runs) == [1, 2] and {_pool(made, r) for r in shard_runs.values()} == {"kiln-gpu"}
+    assert [shard_runs[n].name.split(" @ ")[0] for n in (1, 2)] == ["test sharded shard 1/2", "test sharded shard 2/2"]
     assert sorted(workers) == [1, 2] and workers[1] != workers[2], f"shards ran on workers {workers}"
     record = _record(s3, run_id, tmp_path / "record")
     units = {u.id: u for u in record.units()}
