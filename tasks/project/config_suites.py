@@ -74,7 +74,8 @@ class Suite(_Model):
     # How many units the suite's tests are split into, each run like a suite of its own (kiln.tasks.testing.shards):
     # balanced by the durations the test history holds, longest first, tests without history spread evenly.
     # "auto": enough shards to keep each under shard_target_s of recorded duration, at most [build] jobs
-    # (the units one machine runs at once) and 1 while the suite has no recorded durations.
+    # (the units one machine runs at once; a suite dispatched to a pool: the pool's live workers) and 1 while
+    # the suite has no recorded durations.
     shards: Annotated[int, Field(ge=1, le=64, strict=True)] | Literal["auto"] = 1
     # The recorded duration, in seconds, each shard of an "auto" suite is kept under.
     shard_target_s: float = Field(default=600, gt=0)
