@@ -125,7 +125,9 @@ def release_gate(
     run: RunRecord, stages: dict[str, tuple[releasing.StateName, str]], allow_regressions: str | None
 ) -> str | State:
     """The gate's verdict; a stop is this task's Failed state with every reason, not a traceback."""
-    decision = releasing.gate_decision(stages, run.info().get("bench_comparison"), allow_regressions)
+    not_run = [u.message for u in run.units() if u.stage == "bench" and u.state == "not_run" and u.message]
+    decision = releasing.gate_decision(stages, run.info().get("bench_comparison"), allow_regressions,
+                                       not_run[0] if not_run else "")
     for line in decision.lines:
         get_run_logger().info("gate: %s", line)
     return decision.message if decision.passed else Failed(message=decision.message)

@@ -240,10 +240,11 @@ def _window_head(comparison: Mapping[str, Any]) -> str:
     return head
 
 
-def _bench_lines(comparison: Mapping[str, Any] | None) -> tuple[str, list[str], list[str]]:
-    """(what the bench was compared with, blocking regressions, advisory regressions)."""
+def _bench_lines(comparison: Mapping[str, Any] | None, bench: str = "") -> tuple[str, list[str], list[str]]:
+    """(what the bench was compared with, blocking regressions, advisory regressions); ``bench``: why the bench
+    stage compared nothing (a package with no bench cases, say)."""
     if not comparison:
-        return "benchmarks were not compared", [], []
+        return (f"benchmarks: not compared: {bench}" if bench else "benchmarks were not compared"), [], []
     if (comparison.get("window") or {}).get("judged"):
         return _window_head(comparison), list(comparison.get("blocking") or []), \
             list(comparison.get("advisory") or [])
@@ -265,7 +266,7 @@ def _suspicious_lines(comparison: Mapping[str, Any] | None) -> list[str]:
 
 
 def gate_decision(stages: Mapping[str, tuple[StateName, str]], comparison: Mapping[str, Any] | None,
-                  allow_regressions: str | None) -> GateDecision:
+                  allow_regressions: str | None, bench_note: str = "") -> GateDecision:
     """Decide whether the release may go on to approval and publishing.
 
     ``stages`` maps a stage name to its final state's (type, message);
@@ -274,10 +275,11 @@ def gate_decision(stages: Mapping[str, tuple[StateName, str]], comparison: Mappi
     ``allow_regressions`` gives the reason. A regression is the window policy's ``regressed``
     (or, for a case with too few comparable runs, the single baseline's); ``suspicious`` cases
     are listed and never stop it. Regressions on metrics that do not block (CPU timings, by
-    default) are listed as advisory and never stop it.
+    default) are listed as advisory and never stop it. ``bench_note``: why the bench stage compared
+    nothing (its not-run unit's message), said in place of a comparison.
     """
     failed = {name: message for name, (kind, message) in stages.items() if kind != COMPLETED}
-    head, blocking, advisory = _bench_lines(comparison)
+    head, blocking, advisory = _bench_lines(comparison, bench_note)
     stopped = {n: m for n, m in failed.items() if n != "bench" or not allow_regressions}
     lines = [head]
     if stopped:

@@ -115,7 +115,7 @@ def test_an_nvcc_torch_unit_of_a_variant_with_build_requires_compiles_against_th
                    environments=envs, config=config)
     unit = CompileUnit("build/cu130/sm_80/twice/twice", "cu130", "cuda", "8.0", "8.0", "twice", "libtwice.so",
                        "twice", "nvcc", "b", "k", ("8.0",))
-    files = _compile(unit, env)
+    files, _seconds = _compile(unit, env)
     library = tmp_path / "libtwice.so"
     library.write_bytes(files["libtwice.so"])
     assert embedded_archs(library, nvcc.cuobjdump)[0] == {"sm_80"}

@@ -103,6 +103,14 @@ def test_a_noisy_cpu_run_with_no_published_release_passes_and_says_so():
                                  "on cpu yet: nothing to compare against; the gate passes on build and tests")
 
 
+def test_a_bench_stage_that_compared_nothing_says_why_in_the_gate():
+    stages = {"build": ("COMPLETED", ""), "test": ("COMPLETED", ""), "bench": ("COMPLETED", "")}
+    why = "not run: no kernel declares bench cases (the registry 'pkg.registry:registry'): nothing to measure"
+    decision = releasing.gate_decision(stages, None, None, why)
+    assert decision.passed and decision.lines[0] == f"benchmarks: not compared: {why}"
+    assert releasing.gate_decision(stages, None, None).lines[0] == "benchmarks were not compared"
+
+
 def test_cpu_regressions_are_advisory_by_default_and_listed_with_ratio_and_noise():
     stages = {"build": ("COMPLETED", ""), "test": ("COMPLETED", ""), "bench": ("COMPLETED", "")}
     decision = releasing.gate_decision(stages, _comparison(("graph_replay",)), None)
