@@ -58,7 +58,7 @@ from kiln.tasks.testing.suite import not_run_reason, targets
 DEPLOYMENT = "{flow}/{pool}"
 COMMIT_ENV = "KILN_COMMIT"  # read by the scale-out deployments' git_clone pull step
 LOST_INFO = "dispatch-lost/"  # run info: why the last attempt of a unit was lost
-WAITING = Waiting()  # how dispatches wait: poll every 5 s, say what they wait for every minute
+WAITING = Waiting()  # how dispatches wait: poll every 2 s, say what they wait for every minute
 
 
 @dataclass(frozen=True)

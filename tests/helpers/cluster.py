@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers.gitrepo import COMMIT_TIME, git_project, vendor_acme_library
-from tests.helpers.processes import free_port, healthy, stop
+from tests.helpers.processes import WORKER_QUERY_S, free_port, healthy, stop
 from tests.helpers.s3 import S3_ENV
 
 log = logging.getLogger("kiln.tests.cluster")
@@ -279,6 +279,7 @@ def team_cluster(tmp: Path, s3: str, workers: dict[str, int], pools: str = "", g
     env |= S3_ENV | {"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
                      "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                      "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln", "PREFECT_SERVER_UI_ENABLED": "false",
+                     "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_S,
                      "PREFECT_HOST": "127.0.0.1", "PREFECT_PORT": str(free_port()), "GPU_NODE": "node1",
                      "REPOSITORY": project.as_uri()}
     with postgres() as database:

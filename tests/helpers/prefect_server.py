@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.processes import free_port, healthy, stop
+from tests.helpers.processes import WORKER_QUERY_S, free_port, healthy, stop
 
 log = logging.getLogger("kiln.tests.server")
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +79,7 @@ def _server_env(home: Path, port: int, ui: bool) -> dict[str, str]:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "kiln",
         "PREFECT_SERVER_UI_ENABLED": "true" if ui else "false",
+        "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_S,
     })
     return env
 

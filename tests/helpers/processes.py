@@ -9,6 +9,10 @@ import subprocess
 import urllib.error
 import urllib.request
 
+# The workers tests start look for scheduled runs every 2 s, not Prefect's 10: a dispatched unit is picked up
+# sooner. No test waits on this interval; each waits for the state it checks.
+WORKER_QUERY_S = "2"
+
 
 def free_port() -> int:
     with socket.socket() as sock:

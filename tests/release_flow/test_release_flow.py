@@ -153,38 +153,6 @@ def _paused_release(out: Path, deadline_s: float):
     pytest.fail(f"no release run paused for approval within {deadline_s} s")
 
 
-@pytest.mark.slow
-def test_release_pauses_for_typed_approval_then_publishes_and_verifies(prefect_server, project, tmp_path):
-    from prefect.flow_runs import resume_flow_run
-
-    out = tmp_path / "out"
-    result: dict[str, object] = {}
-    worker = threading.Thread(target=lambda: result.update(state=release_flow(
-        version="0.1.0", config_path=str(project / "kiln.toml"), out=str(out), return_state=True)))
-    worker.start()
-    run = _paused_release(out, deadline_s=300)
-    assert not (out / "index").exists()  # nothing is published before the approval
-    resume_flow_run(run.id, run_input={"approve": True, "comment": "perf reviewed by the kernel team"})
-    worker.join(timeout=600)
-    assert not worker.is_alive(), "the release did not finish within 600 s of its approval"
-    state = result["state"]
-    assert state.is_completed(), state.message
-    assert "release 0.1.0 published to release" == state.message
-    # the per-variant indexes (the combined PEP 825 index, release/wheel-variants/, holds public-version wheels)
-    wheels = sorted(p.name for p in (out / "index" / "release").rglob("*.whl") if "wheel-variants" not in p.parts)
-    ours = [w for w in wheels if w.startswith("tiny_kernels-")]
-    assert ours and all("0.1.0+" in w for w in ours)
-    # tinyk imports kiln.runtime: its wheel sits beside the kernels' in every variant's index
-    assert set(wheels) - set(ours) == {"kiln_runtime-0.1.0-py3-none-any.whl"}
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        mine = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
-        text = next(a.data for a in client.read_artifacts(artifact_filter=mine) if a.key == "kiln-release-summary")
-    assert "perf reviewed by the kernel team" in text and "verify: COMPLETED" in text
-
-
 BENCHPROJ = REPO / "tests" / "bench" / "fixtures" / "benchproj"
 
 

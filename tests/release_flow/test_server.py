@@ -175,11 +175,13 @@ def test_the_readme_release_publishes_and_verifies_once_approved(deployed, trigg
     run_id, out = triggered["real"]
     run, description = _paused(deployed, run_id, deadline_s=1500)  # waits for the dry run first
     assert "- dry run: no" in description and "(release, preview)" in description and "- to add: " in description
-    _approve(deployed, run.id, "ship it")
+    assert not (out / "index").exists()  # nothing is published before the approval
+    _approve(deployed, run.id, "perf reviewed by the kernel team")
     run = deployed.wait_final(run.id, deadline_s=600)
     assert run.state.type.value == "COMPLETED", run.state.message
     assert run.state.message == "release 0.2.0 published to release"
-    assert "verify: COMPLETED" in _summary(deployed, run)
+    summary = _summary(deployed, run)
+    assert "approved in the UI: perf reviewed by the kernel team" in summary and "verify: COMPLETED" in summary
     # the per-variant indexes (the combined PEP 825 index, release/wheel-variants/, holds public-version wheels)
     wheels = sorted(p.name for p in (out / "index" / "release").rglob("*.whl") if "wheel-variants" not in p.parts)
     ours = [w for w in wheels if w.startswith("tiny_kernels-")]

@@ -143,31 +143,6 @@ def _lose_machine(made: Cluster, flow_run) -> None:
     worker.wait(timeout=60)
 
 
-def test_a_build_worker_killed_mid_unit_is_retried_with_the_reason_and_the_nightly_completes(deployed, s3, tmp_path):
-    made, project = deployed
-    pinned = commit_all(project, "a new commit: a nightly of its own version", when="2026-11-30T22:00:00+00:00")
-    run_id = trigger(made)
-    victim = _running_build(made, run_id, "cu130")
-    _lose_machine(made, victim)  # its worker and the build it was running, at once
-    # main moves on while the nightly runs: every unit dispatched from now on must still run the run's commit
-    commit_all(project, "main moves on", when="2026-11-30T23:00:00+00:00")
-    final = made.wait_final(run_id, NIGHTLY_DEADLINE_S)
-    with made.client() as client:
-        lost = client.read_flow_run(victim.id)
-    assert lost.state.is_crashed(), lost.state
-    assert final.state.is_completed(), f"{final.state.message}\n{made.logs()}"
-    record = _record(s3, run_id, tmp_path / "record")
-    assert record.header.ref == pinned
-    units = {u.id: u for u in record.units()}
-    wheel = units["build/cu130/wheel"]
-    assert wheel.state == "completed" and "attempt 2" in wheel.message, wheel
-    assert "worker lost while building cu130 on pool 'kiln-build'" in wheel.message, wheel
-    assert units["build/cpu/wheel"].state == "completed" and units["test/unit/cpu"].state == "completed"
-    retried = [r for r in _children(made, run_id) if r.parameters.get("variants") == ["cu130"]]
-    assert len(retried) == 2 and sorted(r.state.type.value for r in retried) == ["COMPLETED", "CRASHED"]
-    assert {r.parameters["commit"] for r in _children(made, run_id)} == {pinned}, "every unit ran the run's commit"
-
-
 # A suite of 41 short tests split in two shards by recorded durations, on the GPU pool: its two workers each take
 # one run at a time (--limit 1) and share one simulated GPU (the node's limit), so while one shard holds it the
 # other is the other worker's.
@@ -219,36 +194,67 @@ def _workers_of_shards(made: Cluster, run_id: str, deadline_s: float) -> dict[in
     raise AssertionError(f"nightly {run_id} not final after {deadline_s} s\n{made.logs()}")
 
 
-def test_a_suites_two_shards_run_on_two_workers_and_each_reports_its_own_tests(deployed, s3, tmp_path):
+def _add_sharded_suite(endpoint: str, project: Path) -> list[list[str]]:
+    """The project gains a suite of 41 short tests (one planted failure) in two shards, its durations seeded as a
+    first run would have recorded them; the GPU suite leaves the pool to the shards (a third run there could take
+    one worker while the other ran both). Returns each shard's part."""
     from kiln.tasks.testing.shards import partition
 
-    made, project = deployed
     (project / "sharded").mkdir()
     (project / "sharded" / "test_many.py").write_text(
         "".join(f"def test_{n:02d}():\n    assert True\n\n\n" for n in range(40))
         + "def test_fails():\n    assert False, 'planted'\n")
-    # the GPU suite leaves the pool to the shards: a third run there could take one worker while the other ran both
     text = (project / "kiln.toml").read_text()
     gpu = text.index('[[suites]]\nname = "gpu"')
     (project / "kiln.toml").write_text(text[:gpu] + text[text.index("\n\n", gpu) + 2:] + SHARDED_TOML)
-    commit_all(project, "a suite in two shards", when="2026-12-01T01:00:00+00:00")
-    split = partition(MANY, _seed_durations(s3, project), 2)
-    failing = next(n for n, mine in enumerate(split, 1) if PLANTED in mine)
+    return partition(MANY, _seed_durations(endpoint, project), 2)
 
+
+def test_a_lost_build_worker_is_retried_and_a_suites_two_shards_run_on_two_workers(deployed, s3, tmp_path):
+    """One nightly (a whole one costs minutes here): the cu130 build's worker is killed mid-unit and the build is
+    retried with the reason; then a suite's two shards, dispatched apart, run on the GPU pool's two workers and
+    each reports its own part of the tests."""
+    made, project = deployed
+    split = _add_sharded_suite(s3, project)
+    failing = next(n for n, mine in enumerate(split, 1) if PLANTED in mine)
+    pinned = commit_all(project, "a suite in two shards, at a nightly of its own version",
+                        when="2026-11-30T22:00:00+00:00")
     run_id = trigger(made)
+    victim = _running_build(made, run_id, "cu130")
+    _lose_machine(made, victim)  # its worker and the build it was running, at once
+    # main moves on while the nightly runs: every unit dispatched from now on must still run the run's commit
+    commit_all(project, "main moves on", when="2026-11-30T23:00:00+00:00")
     workers = _workers_of_shards(made, run_id, NIGHTLY_DEADLINE_S)
     final = made.wait_final(run_id, 60)
+    with made.client() as client:
+        lost = client.read_flow_run(victim.id)
+    assert lost.state.is_crashed(), lost.state
     assert final.state.is_failed(), f"{final.state.message}\n{made.logs()}"  # the planted failure fails it
+    record = _record(s3, run_id, tmp_path / "record")
+    assert record.header.ref == pinned
+    units = {u.id: u for u in record.units()}
+    failed = sorted(uid for uid, u in units.items() if u.state == "failed")
+    assert failed == [f"test/sharded/cu130/shard-{failing}-of-2"], {uid: units[uid].message for uid in failed}
+    wheel = units["build/cu130/wheel"]
+    assert wheel.state == "completed" and "attempt 2" in wheel.message, wheel
+    assert "worker lost while building cu130 on pool 'kiln-build'" in wheel.message, wheel
+    assert units["build/cpu/wheel"].state == "completed" and units["test/unit/cpu"].state == "completed"
+    retried = [r for r in _children(made, run_id) if r.parameters.get("variants") == ["cu130"]]
+    assert len(retried) == 2 and sorted(r.state.type.value for r in retried) == ["COMPLETED", "CRASHED"]
+    assert {r.parameters["commit"] for r in _children(made, run_id)} == {pinned}, "every unit ran the run's commit"
+    _assert_shards(made, run_id, record, split, workers)
+
+
+def _assert_shards(made: Cluster, run_id: str, record, split: list[list[str]],
+                   workers: dict[int, int]) -> None:
     shard_runs = {r.parameters["shard"]: r for r in _children(made, run_id) if r.parameters.get("suites") == ["sharded"]}
     assert sorted(shard_runs) == [1, 2] and {_pool(made, r) for r in shard_runs.values()} == {"kiln-gpu"}
     assert [shard_runs[n].name.split(" @ ")[0] for n in (1, 2)] == ["test sharded shard 1/2", "test sharded shard 2/2"]
     assert sorted(workers) == [1, 2] and workers[1] != workers[2], f"shards ran on workers {workers}"
-    record = _record(s3, run_id, tmp_path / "record")
     units = {u.id: u for u in record.units()}
     reported: dict[str, str] = {}
     for n in (1, 2):
-        unit = units[f"test/sharded/cu130/shard-{n}-of-2"]
-        assert unit.state == ("failed" if n == failing else "completed"), unit
+        assert f"test/sharded/cu130/shard-{n}-of-2" in units
         [report] = [a for a in record.artifacts() if a.kind == "report"
                     and a.path.endswith(f"sharded.cu130.shard-{n}-of-2.json")]
         tests = {t["nodeid"]: t["outcome"] for t in json.loads(record.fetch(report).read_text())["tests"]}
