@@ -86,7 +86,8 @@ def run(cmd: list[str], what: str, timeout: float = TIMEOUT_S, env: dict[str, st
     """Run ``cmd`` (logged first); its stdout, or an :class:`InfrastructureError` saying ``what`` failed."""
     log.info("running %s", " ".join(cmd))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                              check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise InfrastructureError(f"{what} did not finish within {timeout:g}s") from exc
     except FileNotFoundError as exc:

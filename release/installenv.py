@@ -74,7 +74,8 @@ def run_installer(cmd: Sequence[str], cwd: Path, timeout: float, extra_env: Mapp
     home.mkdir(mode=0o700, exist_ok=True)
     log.info("running %s (in %s, scrubbed environment)", shlex.join(cmd), cwd)
     env = {name: value for name, value in scrubbed_env(home, extra=extra_env).items() if name not in unset}
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run(list(cmd), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, env=env)
 
 
 __all__ = ["KEPT", "KEPT_PREFIXES", "resolver_env", "run_installer", "scrubbed_env", "user_cache"]

@@ -252,11 +252,13 @@ def terminate(child: Child, grace_s: float, stack_path: Path | None = None, dump
 def run_in_group(cmd: list[str], timeout_s: float, cwd: Path | None = None, env: Mapping[str, str] | None = None,
                  grace_s: float = 5.0) -> tuple[LadderResult, str]:
     """Run ``cmd`` in a process group of its own, held to ``timeout_s`` by the shared ladder; its result and
-    its output (stdout and stderr together, read from a file: nobody reads a pipe while the ladder waits)."""
+    its output (stdout and stderr together, read from a file: nobody reads a pipe while the ladder waits).
+    Its stdin is ``/dev/null``: a batch step (a registry's import, a compiler, a suite) never reads the
+    terminal or pipe Kiln was started with, and one that tries reads end-of-file instead of waiting."""
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryFile() as output:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         ladder = run_with_deadline(PopenChild(proc), timeout_s, grace_s=grace_s)
         output.seek(0)
         return ladder, output.read().decode("utf-8", "replace")

@@ -223,3 +223,20 @@ def test_a_child_that_writes_no_dump_costs_only_the_dump_window(tmp_path):
         assert time.monotonic() - start < 30  # the 0.3 s window, not a wait for a dump that never comes
     finally:
         run_with_deadline(child, 0, grace_s=1)
+
+
+def test_run_in_group_gives_its_child_no_stdin_even_when_kiln_holds_an_open_pipe():
+    """A child that reads stdin (a registry's import, a hostile build step) gets end-of-file at once; it does not
+    inherit the pipe or terminal Kiln was started with, where it would wait (or read what was meant for Kiln)."""
+    read, write = os.pipe()
+    saved = os.dup(0)
+    try:
+        os.dup2(read, 0)  # Kiln's own stdin: a pipe whose writer stays open, so reading it would block
+        ladder, output = process.run_in_group(
+            [sys.executable, "-c", "import sys; print('read', repr(sys.stdin.read()))"], 30)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read, write):
+            os.close(fd)
+    assert not ladder.timed_out and ladder.returncode == 0, output
+    assert output.strip() == "read ''", output
