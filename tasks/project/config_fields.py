@@ -17,7 +17,7 @@ from pydantic import AfterValidator
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.sandbox import credential_name
-from kiln.core.store import check_key
+from kiln.core.store import BACKENDS, check_key, scheme_of
 from kiln.release.policies import prefix_problem
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -136,13 +136,18 @@ def _pass_env_name(value: str) -> str:
     return value
 
 
+# Each store backend's URL check, by scheme: one entry per backend of kiln.core.store.BACKENDS (a test holds
+# the two tables to the same schemes), so a new store is its backend and one line here.
+URL_CHECKS: dict[str, Callable[[str], str]] = {"file": _file_url, "s3": _s3_url}
+
+
 def check_store_url(value: str) -> str:
-    """A ``file://`` directory or an ``s3://bucket/prefix``, as :func:`kiln.core.store.open_store` takes."""
-    if value.startswith("file://"):
-        return _file_url(value)
-    if value.startswith("s3://"):
-        return _s3_url(value)
-    raise ValueError(f"{value!r} must start with file:// or s3://")
+    """A store URL as :func:`kiln.core.store.open_store` takes it (a ``file://`` directory, an
+    ``s3://bucket/prefix``), checked by its backend's entry in :data:`URL_CHECKS`."""
+    check = URL_CHECKS.get(scheme_of(value))
+    if check is None:
+        raise ValueError(f"{value!r} must start with one of {', '.join(s + '://' for s in sorted(BACKENDS))}")
+    return check(value)
 
 
 # Variables of Kiln's environment that package code may see, by name (never a credential)

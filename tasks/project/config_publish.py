@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from kiln.core.store import is_remote, scheme_of
 from kiln.release.upload_kinds import UPLOAD_KINDS
 from kiln.tasks.project.config_fields import (
     BlockName,
@@ -48,14 +49,15 @@ class Target(_Model):
     public_url: IndexUrl | None = None
 
     @property
-    def kind(self) -> Literal["file", "s3"]:
-        return "s3" if self.url.startswith("s3://") else "file"
+    def kind(self) -> str:
+        """The store backend's scheme (``file``, ``s3``: a key of kiln.core.store.BACKENDS)."""
+        return scheme_of(self.url)
 
     @model_validator(mode="after")
     def _s3_only(self) -> Target:
         if self.verifies_checksums is not None and self.kind != "s3":
             raise ValueError(f"verifies_checksums applies to s3:// targets only, not {self.url!r}")
-        if self.public and self.kind != "file":
+        if self.public and is_remote(self.url):
             raise ValueError(f"public applies to file:// targets only (a bucket policy decides), not {self.url!r}")
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
             raise ValueError(f"public_url {self.public_url!r} must be the http(s):// URL users download from (a CDN"

@@ -58,3 +58,18 @@ def test_a_backend_registered_in_the_table_is_opened_and_treated_as_remote_witho
     # a step that reaches a remote store needs credentials of its own (kiln.toml's [permissions.<step>])
     assert s3_locations(STEPS[0], f"{FAKE}://artifacts", ()) == [f"{FAKE}://artifacts"]
     assert s3_locations(STEPS[0], "file:///local", ()) == []
+
+
+def test_every_backend_has_its_url_check_and_a_target_of_a_registered_store_loads_with_its_scheme_as_kind(
+        fake_backend, monkeypatch):
+    from kiln.tasks.project import config_fields
+    from kiln.tasks.project.config_publish import Target
+
+    assert set(config_fields.URL_CHECKS) == set(BACKENDS) - {FAKE}  # every real store's URL is checked by its own
+    with pytest.raises(ValueError, match=rf"'{FAKE}://idx' must start with one of file://, s3://, {FAKE}://"):
+        Target(url=f"{FAKE}://idx")  # registered, but its URL has no check yet: refused, never taken unchecked
+    monkeypatch.setitem(config_fields.URL_CHECKS, FAKE, lambda value: value)  # the one line a new store adds there
+    target = Target(url=f"{FAKE}://idx")
+    assert target.kind == FAKE and Target(url="s3://bucket/p").kind == "s3"
+    with pytest.raises(ValueError, match="public applies to file:// targets only"):
+        Target(url=f"{FAKE}://idx", public=True)  # a remote store's readers are its policy's business

@@ -65,7 +65,7 @@ BAD_CONFIGS = [
     ("local version", _mutate("project.version", "1.0+cu130"), ["project.version", "local part"]),
     ("missing key", _mutate("project.package", KeyError), ["missing key 'project.package'"]),
     ("bad registry", _mutate("project.registry", "kiln_kernels.registry"), ["project.registry", "module:attribute"]),
-    ("bad target", _mutate("publish.targets.local.url", "ftp://x"), ["publish.targets.local.url", "file:// or s3://"]),
+    ("bad target", _mutate("publish.targets.local.url", "ftp://x"), ["publish.targets.local.url", "one of file://, s3://"]),
     ("unknown default target", _mutate("publish.default_target", "gcs"), ["default_target 'gcs'"]),
     ("bad owner", _mutate("publish.targets.s3.expected_owner", "me"), ["publish.targets.s3.expected_owner"]),
     ("checksum setting on a file target", _mutate("publish.targets.local.verifies_checksums", True),
