@@ -1,12 +1,14 @@
-"""SIGTERM to a `kiln nightly` waiting on a dispatched suite: it ends within 30 s and the run it dispatched is Cancelled.
+"""SIGTERM to a `kiln nightly` waiting on a dispatched suite: it ends within 30 s and every run it dispatched is Cancelled.
 
 A real ``prefect server`` has a ``test/kiln-wait`` deployment on a pool no
 worker serves; the committed tiny project's CPU suite lives on that pool, so
 the nightly dispatches it and waits (this machine could run the suite, so a
-worker may still come: up to the suite's hour-long deadline). One SIGTERM,
-as ``timeout`` or a CI runner sends it, must end the command and cancel the
-dispatched run, so no worker that comes up later runs it; the nightly's own
-run ends Cancelled (Kiln's signal handler, :mod:`kiln.flows.cancel`).
+worker may still come: up to the suite's hour-long deadline). The suite has two
+shards, so two flow runs are dispatched and waited on at once (one shard is the
+one-run case of the same wait). One SIGTERM, as ``timeout`` or a CI runner sends
+it, must end the command and cancel every dispatched run, so no worker that
+comes up later runs one; the nightly's own run ends Cancelled (Kiln's signal
+handler, :mod:`kiln.flows.cancel`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _suite_on_the_pool(repo) -> None:
     config = repo / "kiln.toml"
     text = config.read_text()
     assert 'name = "tiny"\n' in text
-    config.write_text(text.replace('name = "tiny"\n', f'name = "tiny"\npool = "{POOL}"\n'))
+    config.write_text(text.replace('name = "tiny"\n', f'name = "tiny"\npool = "{POOL}"\nshards = 2\n'))
 
 
 def _deploy_without_worker(server: PrefectServer):
@@ -54,7 +56,7 @@ def _runs_of(server: PrefectServer, deployment_id) -> list:
         return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
 
 
-def test_sigterm_ends_a_nightly_waiting_on_a_dispatched_suite_and_cancels_that_run(tmp_path):
+def test_sigterm_ends_a_nightly_waiting_on_a_dispatched_suites_shards_and_cancels_every_run(tmp_path):
     config = git_project("tiny", tmp_path, edit=_suite_on_the_pool)
     (tmp_path / "home").mkdir()
     with prefect_server_process(tmp_path / "home") as server:
@@ -65,8 +67,8 @@ def test_sigterm_ends_a_nightly_waiting_on_a_dispatched_suite_and_cancels_that_r
                                      "--out", str(tmp_path / "out")], cwd=config.parent, env=server.env, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            dispatched = until(lambda: _runs_of(server, deployment_id), bool, deadline_s=900)
-            assert dispatched and proc.poll() is None, f"nothing dispatched to {POOL}: {_tail(log)}"
+            dispatched = until(lambda: _runs_of(server, deployment_id), lambda runs: len(runs) == 2, deadline_s=900)
+            assert len(dispatched) == 2 and proc.poll() is None, f"not both shards dispatched to {POOL}: {_tail(log)}"
             said = until(lambda: log.read_text(errors="replace"),
                          lambda text: f"waiting for a worker of pool '{POOL}' to start testing tiny" in text,
                          deadline_s=120)
@@ -79,8 +81,10 @@ def test_sigterm_ends_a_nightly_waiting_on_a_dispatched_suite_and_cancels_that_r
                 pytest.fail(f"kiln nightly still running 30 s after SIGTERM: {_tail(log)}")
             assert proc.returncode != 0, _tail(log)
             assert time.monotonic() - start <= 30
-            (run,) = _runs_of(server, deployment_id)
-            assert run.state.is_cancelled(), f"{run.name} {run.state.name}: {run.state.message}\n{_tail(log)}"
+            runs = _runs_of(server, deployment_id)
+            assert sorted(r.name.split(" @ ")[0] for r in runs) == ["test tiny shard 1/2", "test tiny shard 2/2"]
+            for run in runs:
+                assert run.state.is_cancelled(), f"{run.name} {run.state.name}: {run.state.message}\n{_tail(log)}"
             nightly = [r for r in _all_runs(server) if r.name.startswith("nightly ")]
             assert [r.state.name for r in nightly] == ["Cancelled"], [(r.name, r.state) for r in nightly]
         finally:
