@@ -76,6 +76,7 @@ class SharedTier:
     read_only: bool
     reach: Path  # the shared directory (file:) or the bridge's socket folder (crsh:)
     properties: tuple[str, ...] = ()  # ccache's remote storage properties (timeouts)
+    reshare: bool = False  # local hits are written to the tier too (ccache's reshare; never on a read-only tier)
 
     def storage(self) -> str:
         """The ``remote_storage`` setting: the URL, then ccache's properties (``read-only`` alone means true)."""
@@ -116,6 +117,9 @@ class CompileCache:
             "CCACHE_TEMPDIR": str(self.directory / "tmp"),
             # ccache's default is no remote storage; set to "" it stays off whatever the environment said
             "CCACHE_REMOTE_STORAGE": self.shared.storage() if self.shared is not None else "",
+            # set either way: a CCACHE_RESHARE of the caller's environment never decides it
+            **({"CCACHE_RESHARE": "1"} if self.shared is not None and self.shared.reshare
+               and not self.shared.read_only else {"CCACHE_NORESHARE": "1"}),
         }
 
 

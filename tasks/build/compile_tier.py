@@ -41,19 +41,20 @@ def shared_tier(settings: BuildCacheSettings, store: Store | None) -> SharedTier
         return None
     where, read_only = f"{settings.prefix.strip('/')}/{COMPILE_PREFIX}", settings.read_only
     if isinstance(store, LocalStore):
-        return _folder_tier(store.root / where, read_only)
+        return _folder_tier(store.root / where, read_only, settings.reshare)
     try:
         bridge = Bridge(store, where, read_only).start()
     except OSError as exc:
         _log.warning("compile cache: could not serve the shared tier to ccache (%s); compiles use the local cache "
                      "only", exc)
         return None
-    tier = SharedTier(f"crsh:{bridge.socket_path}", read_only, bridge.socket_path.parent, BRIDGE_PROPERTIES)
+    tier = SharedTier(f"crsh:{bridge.socket_path}", read_only, bridge.socket_path.parent, BRIDGE_PROPERTIES,
+                      settings.reshare)
     weakref.finalize(tier, bridge.close)  # the bridge ends with the build that holds this tier
     return tier
 
 
-def _folder_tier(folder: Path, read_only: bool) -> SharedTier | None:
+def _folder_tier(folder: Path, read_only: bool, reshare: bool = False) -> SharedTier | None:
     """ccache's ``file:`` backend on ``folder``; None (with one warning) when this worker cannot use it."""
     try:
         if not read_only:
@@ -71,4 +72,4 @@ def _folder_tier(folder: Path, read_only: bool) -> SharedTier | None:
         return None
     # ccache reads its remote storage setting as URL-encoded, space-separated words
     url = str(folder).replace("%", "%25").replace(" ", "%20").replace("|", "%7C").replace("\t", "%09")
-    return SharedTier(f"file:{url}", read_only, folder)
+    return SharedTier(f"file:{url}", read_only, folder, reshare=reshare)

@@ -143,11 +143,21 @@ class BuildCacheSettings(_Model):
     prefix: StorePrefix = "build-cache"
     # Read the shared tier, never write it (builds of untrusted branches, or a role without its write right).
     read_only: bool = False
+    # Also write the compile cache's local hits to the shared tier (ccache's reshare): a worker whose local cache
+    # was filled before the tier existed, or against another store, shares it. One write per local hit.
+    reshare: bool = False
 
     @field_validator("remote", mode="before")
     @classmethod
     def _known_tier(cls, value: object) -> object:
         return one_of(value, CACHE_TIERS, "a cache tier")
+
+    @model_validator(mode="after")
+    def _reshare_writes(self) -> BuildCacheSettings:
+        if self.reshare and (self.read_only or self.remote == "none"):
+            why = "read_only = true never writes it" if self.read_only else 'remote = "none" has none'
+            raise ValueError(f"reshare = true writes local hits to the shared tier, and {why}")
+        return self
 
 
 class Build(_Model):

@@ -95,6 +95,36 @@ def test_a_second_worker_compiles_nothing_through_a_file_store(tmp_path):
     assert any((tmp_path / "store" / SHARED.prefix / COMPILE_PREFIX).rglob("*")), "the entries are in the store"
 
 
+@pytest.mark.parametrize("reshare", [True, False])
+def test_reshare_puts_a_workers_earlier_local_entries_in_the_tier_and_without_it_they_stay_local(tmp_path, reshare):
+    """A worker whose local cache was filled before the shared tier existed: with ``reshare`` its local hits are
+    written to the tier, so a fresh worker compiles nothing; without it the tier stays empty of them."""
+    store = LocalStore(tmp_path / "store")
+    local_only = open_compile_cache(tmp_path / "w1" / "cache")
+    assert local_only is not None
+    _, stats = _compile(local_only, _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out-before")
+    assert sorted(stats.compiled) == sorted(SOURCES)
+    settings = BuildCacheSettings(remote="artifacts", reshare=reshare)
+    first = _worker(tmp_path / "w1", store, settings)  # the same local directory, now over the shared tier
+    _, stats = _compile(first, _clone(tmp_path / "w1" / "src2"), tmp_path / "w1" / "out")
+    assert stats.compiled == () and stats.shared == ()  # local hits
+    _, stats = _compile(_worker(tmp_path / "w2", store, settings), _clone(tmp_path / "w2" / "src"),
+                        tmp_path / "w2" / "out")
+    if reshare:
+        assert stats.compiled == () and sorted(stats.shared) == sorted(SOURCES)
+    else:
+        assert sorted(stats.compiled) == sorted(SOURCES)
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"remote": "artifacts", "read_only": True}, "read_only = true never writes it"),
+    ({"remote": "none"}, 'remote = "none" has none'),
+])
+def test_reshare_on_a_tier_it_cannot_write_is_refused_naming_why(fields, needle):
+    with pytest.raises(ValueError, match=needle):
+        BuildCacheSettings(reshare=True, **fields)
+
+
 def test_a_corrupted_shared_entry_is_a_miss_and_a_correct_compile(tmp_path):
     store = LocalStore(tmp_path / "store")
     cold, _ = _compile(_worker(tmp_path / "w1", store), _clone(tmp_path / "w1" / "src"), tmp_path / "w1" / "out")
