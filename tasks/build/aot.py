@@ -252,6 +252,10 @@ def compile_in_worker(request: dict[str, Any]) -> dict[str, Any]:
 
     entry = _registry(request["config"])[(request["kernel"], request["entry"])]
     spec = next(s for s in entry.specializations if s.name == request["specialization"])
+    if not isinstance(entry.fn, JITFunction) and not callable(getattr(entry.fn, "fn", None)):
+        raise CompileError(f"kernel {request['kernel']!r} entry {request['entry']!r}: its fn "
+                           f"{getattr(entry.fn, '__qualname__', type(entry.fn).__name__)!r} is not a Triton kernel;"
+                           " decorate it with @triton.jit")
     fn = entry.fn if isinstance(entry.fn, JITFunction) else JITFunction(entry.fn.fn)
     if fn is not entry.fn:  # rebuilt from an interpreter-mode function: its path is absolute again
         _relative(fn, _import_root(request["config"]))

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -94,3 +95,36 @@ def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_
     assert listener.accepted == 1  # only the direct check above
     assert not list(out.glob(".hostile-*")) and not list(repo.glob(".hostile-*"))
     assert state.is_completed(), state.message
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
+                    reason="this kernel allows no Landlock or no user namespaces: package code is not confined")
+def test_a_whole_nightly_of_a_nosy_registry_never_imports_it_here_and_its_import_reaches_nothing(
+        prefect_server, tmp_path, monkeypatch):
+    """The nosy fixture's registry tries, at import, to read the step's secrets, plant a file in the project and
+    reach a listener. A whole in-process nightly (so this process is Kiln's) plans, builds and publishes its
+    kernel, and the package is never imported here: nothing is planted, nothing reached."""
+    from kiln.flows.nightly import nightly_flow
+
+    for name in [m for m in sys.modules if m == "nosy" or m.startswith("nosy.")]:  # another test's own import
+        monkeypatch.delitem(sys.modules, name)
+    repo = tmp_path / "nosy"
+    shutil.copytree(FIXTURES / "nosy", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".gitignore").write_text("port\nplanted\n")
+    init_repo(repo)
+    listener = _Listener()
+    (repo / "port").write_text(str(listener.port))
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    try:
+        state = nightly_flow(config_path=str(repo / "kiln.toml"), out=str(tmp_path / "out"), return_state=True)
+    finally:
+        listener.close()
+    assert state.is_completed(), state.message
+    run = RunManifest.load(tmp_path / "out" / str(state.state_details.flow_run_id))
+    assert {u.id: u.state for u in run.units if u.stage == "build"} == {
+        "build/cu130/8.0/copy/fp32_b64": "completed", "build/cu130/wheel": "completed"}
+    assert [a.variant for a in run.artifacts_of("wheel")] == ["cu130"]
+    assert not [m for m in sys.modules if m == "nosy" or m.startswith("nosy.")], "the package ran in Kiln's process"
+    assert not (repo / "planted").exists() and listener.accepted == 0
