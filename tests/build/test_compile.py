@@ -69,6 +69,19 @@ def test_failed_compile_names_kernel_arch_spec_and_compiler_message(tmp_path, po
     assert build_unit(ok, _env(setup, tmp_path, pool)).cache == "miss"
 
 
+def test_an_entry_whose_fn_is_not_a_triton_kernel_fails_its_unit_saying_so(tmp_path, pool):
+    """A registry entry whose function lacks @triton.jit is the package's mistake, named as one: a failed unit
+    (CompileError), not an error of Kiln's worker."""
+    config = copy_project("tiny", tmp_path)
+    kernel = config.parent / "tinyk" / "add.py"
+    kernel.write_text(kernel.read_text().replace("@triton.jit\n", "", 1))
+    setup = prepare_build(str(config), "0.1.0", ["cu130"])
+    unit = next(u for u in setup.plan.units if u.id == "build/cu130/9.0/add/fp32_b64")
+    with pytest.raises(CompileError, match=r"kernel 'add' entry 'add_kernel': its fn 'add_kernel' is not a Triton"
+                                           r" kernel; decorate it with @triton.jit"):
+        build_unit(unit, _env(setup, tmp_path, pool))
+
+
 def test_a_gfx_target_the_compiler_does_not_know_fails_its_unit_naming_it(tmp_path, pool):
     config = copy_project("tiny", tmp_path)
     config.write_text(config.read_text().replace('archs = ["gfx942"]', 'archs = ["gfx942", "gfx999"]'))
