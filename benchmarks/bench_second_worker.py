@@ -1,0 +1,115 @@
+"""The default project on a second, fresh worker against the first worker's store: `kiln build`, cold vs second.
+
+Each repeat makes one fresh ``file://`` artifact store and two fresh clones of this repository's HEAD (two
+workers: each its own ``[build] cache_dir``, so its own empty unit and compile caches), with the same one-commit
+edit in both: the store as ``[artifacts]`` and ``[build.cache] remote = "artifacts"`` (the shared tier). Then:
+
+- ``cold``: worker A's ``kiln build``: every unit built, every translation unit compiled, both written to the
+  shared tier;
+- ``second_worker``: worker B's ``kiln build`` of the same commit: what A built is read from the shared tier.
+
+Each build is a fresh ``kiln build`` process against one Prefect server started for the benchmark (its start
+is not timed), Kiln's daemon off: process start to exit. The ratio is ``second_worker``'s median over
+``cold``'s, both measured in this run; each build's compile line (translation units compiled / reused, seconds
+spent / saved) and the shared tier's size are printed beside them.
+
+Usage::
+
+    python benchmarks/bench_second_worker.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+WHEN = "2026-12-01T12:00:00+00:00"  # both clones' edit commits at one time: one commit id, one version
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_DATE": WHEN, "GIT_COMMITTER_DATE": WHEN, "GIT_AUTHOR_NAME": "bench",
+           "GIT_AUTHOR_EMAIL": "bench@example.org", "GIT_COMMITTER_NAME": "bench",
+           "GIT_COMMITTER_EMAIL": "bench@example.org"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env,
+                          timeout=300).stdout.strip()
+
+
+def worker(root: Path, name: str, store: Path) -> Path:
+    """A clone of HEAD whose kiln.toml points at ``store`` with the shared tier on, committed; its kiln.toml."""
+    clone = root / name
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True, timeout=300)
+    config = clone / "kiln.toml"
+    text = config.read_text()
+    text, found = re.subn(r'(?m)^url = "file://\.kiln/artifacts".*$', f'url = "{store.as_uri()}"', text, count=1)
+    assert found == 1, "the default kiln.toml's [artifacts] url changed: update this benchmark"
+    config.write_text(text + '\n[build.cache]\nremote = "artifacts"\n')
+    _git(clone, "commit", "-q", "-am", "bench: a shared store and its cache tier")
+    return config
+
+
+def build(config: Path, env: dict[str, str]) -> tuple[float, str]:
+    """One ``kiln build`` process of ``config``: its wall seconds and its compile line."""
+    out = config.parent / "out"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--config", str(config), "--out",
+                           str(out)], cwd=config.parent, env=env, capture_output=True, text=True, timeout=3600)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"kiln build of {config} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
+                         f"{done.stderr[-3000:]}")
+    lines = [line.split("Compile: ", 1)[1].strip() for line in (done.stdout + done.stderr).splitlines()
+             if "Compile: " in line]
+    return seconds, lines[-1] if lines else "(no compile line)"
+
+
+def size_of(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _measure(tmp: Path, env: dict[str, str], repeats: int, times: dict[str, list[float]]) -> None:
+    for repeat in range(repeats):
+        root = tmp / f"r{repeat}"
+        store = root / "store"
+        store.mkdir(parents=True)
+        store.chmod(0o700)
+        first, second = worker(root, "a", store), worker(root, "b", store)
+        assert _git(first.parent, "rev-parse", "HEAD") == _git(second.parent, "rev-parse", "HEAD")
+        for arm, config in (("cold", first), ("second_worker", second)):
+            seconds, line = build(config, env)
+            times[arm].append(seconds)
+            print(f"repeat {repeat + 1} {arm}: {seconds:.1f} s; {line}", flush=True)
+        print(f"repeat {repeat + 1}: shared store {size_of(store) / 1e6:.1f} MB", flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from tests.helpers.prefect_server import prefect_server_process
+
+    times: dict[str, list[float]] = {"cold": [], "second_worker": []}
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-second-") as tmp:
+        (Path(tmp) / "prefect-home").mkdir()
+        with prefect_server_process(Path(tmp) / "prefect-home") as server:
+            _measure(Path(tmp), {**server.env, "KILN_DAEMON": "off"}, args.repeats, times)
+    cold, second = statistics.median(times["cold"]), statistics.median(times["second_worker"])
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")
+    print(f"cold: median {cold:.1f} s of {[round(t, 1) for t in times['cold']]}")
+    print(f"second worker: median {second:.1f} s of {[round(t, 1) for t in times['second_worker']]}")
+    print(f"ratio second/cold: {second / cold:.3f}")
+
+
+if __name__ == "__main__":
+    main()
