@@ -10,8 +10,8 @@ edit in both: the store as ``[artifacts]`` and ``[build.cache] remote = "artifac
 
 Each build is a fresh ``kiln build`` process against one Prefect server started for the benchmark (its start
 is not timed), Kiln's daemon off: process start to exit. The ratio is ``second_worker``'s median over
-``cold``'s, both measured in this run; each build's compile line (translation units compiled / reused, seconds
-spent / saved) and the shared tier's size are printed beside them.
+``cold``'s, both measured in this run; each build's units by cache state and what the shared tier served (from its
+run manifest) and the shared tier's size are printed beside them.
 
 Usage::
 
@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +61,7 @@ def worker(root: Path, name: str, store: Path) -> Path:
 
 
 def build(config: Path, env: dict[str, str]) -> tuple[float, str]:
-    """One ``kiln build`` process of ``config``: its wall seconds and its compile line."""
+    """One ``kiln build`` process of ``config``: its wall seconds and what its caches served."""
     out = config.parent / "out"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--config", str(config), "--out",
@@ -68,9 +70,18 @@ def build(config: Path, env: dict[str, str]) -> tuple[float, str]:
     if done.returncode != 0:
         raise SystemExit(f"kiln build of {config} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
                          f"{done.stderr[-3000:]}")
-    lines = [line.split("Compile: ", 1)[1].strip() for line in (done.stdout + done.stderr).splitlines()
-             if "Compile: " in line]
-    return seconds, lines[-1] if lines else "(no compile line)"
+    return seconds, served(out)
+
+
+def served(out: Path) -> str:
+    """From the run's manifest: its build units by cache state, and what the shared tier served and took."""
+    manifests = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+    if not manifests:
+        return "(no manifest)"
+    manifest = json.loads(manifests[-1].read_text())
+    states = Counter(str(u.get("cache")) for u in manifest["units"] if u.get("stage") == "build" and "cache" in u)
+    shared = {k: v for k, v in manifest.get("info", {}).items() if k.startswith("build_cache_shared")}
+    return f"units by cache state {dict(sorted(states.items()))}; shared tier {shared}"
 
 
 def size_of(folder: Path) -> int:
