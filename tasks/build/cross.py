@@ -22,7 +22,7 @@ the package's build backend runs as it always does. Three things make that CPyth
 The ``linux_aarch64`` wheel is then tagged ``manylinux_*_aarch64`` by auditwheel's analysis (it reads the
 wheel's ELF machine, so it judges an aarch64 wheel on this x86_64 host) and ``wheel tags``; like every
 Kiln wheel, nothing is grafted (``auditwheel repair`` would also need patchelf). What this proves about the wheel
-on a real aarch64 machine is in docs/build-matrix.md: it is compiled and tagged here, and run under qemu by
+on a real aarch64 machine is in docs/guides/matrix.md: it is compiled and tagged here, and run under qemu by
 the opt-in emulation test; only a Grace machine runs its GPU code.
 """
 
