@@ -35,32 +35,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 FIXTURE = REPO / "tests" / "fixtures" / "suites" / "sharded" / "test_sleeps.py"
-SUITE = """
-[[suites]]
-name = "sharded"
-paths = ["sharded"]
-variants = ["cu130"]
-gpus = 1
-pool = "kiln-gpu"
-shards = {shards}
-required = false
-deadline_s = 900
-"""
 NIGHTLY_DEADLINE_S = 1800
 
 
 def _with_suite(project: Path, scale: float) -> None:
     """The sharded fixture suite in ``project`` (its sleep scale fixed in the copy), the GPU suite removed."""
+    from tests.helpers.cluster import with_sharded_suite
+
     (project / "sharded").mkdir()
     text = FIXTURE.read_text()
     default = 'os.environ.get("KILN_SHARD_SLEEP_SCALE", "1")'
     assert default in text, "the sharded fixture's scale changed: update this benchmark"
     (project / "sharded" / "test_sleeps.py").write_text(
         text.replace(default, f'os.environ.get("KILN_SHARD_SLEEP_SCALE", "{scale:g}")'))
-    config = project / "kiln.toml"
-    text = config.read_text()
-    gpu = text.index('[[suites]]\nname = "gpu"')
-    config.write_text(text[:gpu] + text[text.index("\n\n", gpu) + 2:] + SUITE.format(shards=2))
+    with_sharded_suite(project, 2)
 
 
 def _set_shards(project: Path, shards: int, when: str) -> None:

@@ -290,3 +290,23 @@ def team_cluster(tmp: Path, s3: str, workers: dict[str, int], pools: str = "", g
             yield made, project
 
 
+# A sharded suite on the GPU pool in place of the project's GPU suite (tests/scaleout, benchmarks/bench_shards_rig.py).
+SHARDED_SUITE = """
+[[suites]]
+name = "sharded"
+paths = ["sharded"]
+variants = ["cu130"]
+gpus = 1
+pool = "kiln-gpu"
+shards = {shards}
+required = false
+deadline_s = 900
+"""
+
+
+def with_sharded_suite(project: Path, shards: int) -> None:
+    """``project``'s kiln.toml with its GPU suite replaced by :data:`SHARDED_SUITE` in ``shards`` shards."""
+    config = project / "kiln.toml"
+    text = config.read_text()
+    gpu = text.index('[[suites]]\nname = "gpu"')
+    config.write_text(text[:gpu] + text[text.index("\n\n", gpu) + 2:] + SHARDED_SUITE.format(shards=shards))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kiln.flows.summary import render_markdown
-from tests.helpers.cluster import ARTIFACTS, INDEX, VARIANTS, Cluster, team_cluster, trigger
+from tests.helpers.cluster import ARTIFACTS, INDEX, VARIANTS, Cluster, team_cluster, trigger, with_sharded_suite
 from tests.helpers.gitrepo import commit_all
 from tests.helpers.s3 import moto_s3_server
 from tests.helpers.venvs import make_venv
@@ -146,17 +146,6 @@ def _lose_machine(made: Cluster, flow_run) -> None:
 # A suite of 41 short tests split in two shards by recorded durations, on the GPU pool: its two workers each take
 # one run at a time (--limit 1) and share one simulated GPU (the node's limit), so while one shard holds it the
 # other is the other worker's.
-SHARDED_TOML = """
-[[suites]]
-name = "sharded"
-paths = ["sharded"]
-variants = ["cu130"]
-gpus = 1
-pool = "kiln-gpu"
-shards = 2
-required = false
-deadline_s = 900
-"""
 PLANTED = "sharded/test_many.py::test_fails"
 MANY = [f"sharded/test_many.py::test_{n:02d}" for n in range(40)] + [PLANTED]
 
@@ -204,9 +193,7 @@ def _add_sharded_suite(endpoint: str, project: Path) -> list[list[str]]:
     (project / "sharded" / "test_many.py").write_text(
         "".join(f"def test_{n:02d}():\n    assert True\n\n\n" for n in range(40))
         + "def test_fails():\n    assert False, 'planted'\n")
-    text = (project / "kiln.toml").read_text()
-    gpu = text.index('[[suites]]\nname = "gpu"')
-    (project / "kiln.toml").write_text(text[:gpu] + text[text.index("\n\n", gpu) + 2:] + SHARDED_TOML)
+    with_sharded_suite(project, 2)
     return partition(MANY, _seed_durations(endpoint, project), 2)
 
 
