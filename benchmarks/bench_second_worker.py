@@ -88,20 +88,34 @@ def size_of(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def new_store(root: Path) -> Path:
+    """A fresh owner-only ``file://`` store folder under ``root``."""
+    store = root / "store"
+    store.mkdir(parents=True)
+    store.chmod(0o700)
+    return store
+
+
+def measured(times: dict[str, list[float]], repeat: int, arm: str, seconds: float, line: str) -> None:
+    times[arm].append(seconds)
+    print(f"repeat {repeat + 1} {arm}: {seconds:.1f} s; {line}", flush=True)
+
+
+def repeat_done(root: Path, store: Path, repeat: int) -> None:
+    """Print the shared store's size, then remove the repeat's folders."""
+    print(f"repeat {repeat + 1}: shared store {size_of(store) / 1e6:.1f} MB", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _measure(tmp: Path, env: dict[str, str], repeats: int, times: dict[str, list[float]]) -> None:
     for repeat in range(repeats):
         root = tmp / f"r{repeat}"
-        store = root / "store"
-        store.mkdir(parents=True)
-        store.chmod(0o700)
+        store = new_store(root)
         first, second = worker(root, "a", store), worker(root, "b", store)
         assert _git(first.parent, "rev-parse", "HEAD") == _git(second.parent, "rev-parse", "HEAD")
         for arm, config in (("cold", first), ("second_worker", second)):
-            seconds, line = build(config, env)
-            times[arm].append(seconds)
-            print(f"repeat {repeat + 1} {arm}: {seconds:.1f} s; {line}", flush=True)
-        print(f"repeat {repeat + 1}: shared store {size_of(store) / 1e6:.1f} MB", flush=True)
-        shutil.rmtree(root, ignore_errors=True)
+            measured(times, repeat, arm, *build(config, env))
+        repeat_done(root, store, repeat)
 
 
 def main() -> None:
