@@ -56,7 +56,7 @@ from kiln.tasks.build import stagedir
 from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pip_env
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
-from kiln.tasks.build.compiler_shims import cached_compilers, unit_stats
+from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
 from kiln.tasks.build.cross import CrossTarget, checked_wheel, cross_target_of, manylinux_tagged, unit_environ
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.nvcc import run_tool
@@ -337,8 +337,9 @@ class ProjectBuilder:
                                f" this is a {unit.backend} build" + ("" if unit.backend != "cuda" else
                                                                        " and no CUDA toolkit (nvcc) was found"))
         archs = [parse_cuda_arch(a) for a in unit.archs]
+        cache = (self.compile_cache.launcher, ACTIVE) if self.compile_cache is not None else None
         home = narrowed_cuda_home(Path(real), shadow / NARROWED_HOME, {a.sm for a in archs},
-                                  {a.sm for a in archs if a.ptx}, sys.executable)
+                                  {a.sm for a in archs if a.ptx}, sys.executable, cache)
         nvcc = str(home / "bin" / "nvcc")
         return environ | {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "PYTORCH_NVCC": nvcc, "CUDACXX": nvcc,
                           "PATH": os.pathsep.join(filter(None, [str(home / "bin"), environ.get("PATH", "")]))}

@@ -25,8 +25,9 @@ the path maps make the object name no such path, so a wheel is the same bytes wh
 
 nvcc reads flags from ``NVCC_APPEND_FLAGS``/``NVCC_PREPEND_FLAGS``, which ccache does not see: their text, with
 the unit's directory spelled as a fixed name, is hashed with every compile (``CCACHE_EXTRAFILES``), so a flag
-change there is a miss, never another build's object. Under ``arch_policy = "narrow"`` nvcc is not cached: the
-narrowing nvcc records what it dropped on each run, and a hit would skip that record.
+change there is a miss, never another build's object. Under ``arch_policy = "narrow"`` nvcc gets no shim here: the
+narrowing nvcc runs first (it records what it dropped on every compile, a hit included) and runs ccache itself
+with the real nvcc and the narrowed flags (:mod:`kiln.tasks.build.nvcc_narrow`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ mamba-ssm, ...) ignore ``TORCH_CUDA_ARCH_LIST`` and pass nvcc a fixed list of ta
 causal-conv1d. Under ``narrow`` the build sees a CUDA home of its own (:func:`narrowed_cuda_home`: links to the
 real toolkit, but ``bin/nvcc`` is this file run as a script) whose nvcc drops every target outside the
 variant's archs before it runs the real nvcc, and says what it dropped (on stderr and in a log the unit reads).
+Given the build's compile cache (``launcher``: ccache), it runs the real nvcc through it with the narrowed flags:
+the narrowing runs on every compile, a hit included, so its record is whole and the cache keys the flags nvcc ran.
 A compile whose targets are none of the variant's archs is refused, never compiled for something else; the
 wheel is then checked as under ``exact``: it holds exactly what Kiln compiled for the archs it records.
 
@@ -113,8 +115,11 @@ def narrow_args(args: Sequence[str], sass: Iterable[str], ptx: Iterable[str]) ->
     return flags + out, dropped
 
 
-def narrowed_cuda_home(real: Path, where: Path, sass: Iterable[str], ptx: Iterable[str], python: str) -> Path:
-    """A CUDA home at ``where`` that is ``real`` but for ``bin/nvcc``: this file, narrowing to ``sass``/``ptx``."""
+def narrowed_cuda_home(real: Path, where: Path, sass: Iterable[str], ptx: Iterable[str], python: str,
+                       launcher: tuple[str, str] | None = None) -> Path:
+    """A CUDA home at ``where`` that is ``real`` but for ``bin/nvcc``: this file, narrowing to ``sass``/``ptx``;
+    ``launcher``: the compile cache's executable and the variable its shims set below it (a nested compile runs
+    the real nvcc directly)."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for item in real.iterdir():
@@ -125,7 +130,7 @@ def narrowed_cuda_home(real: Path, where: Path, sass: Iterable[str], ptx: Iterab
             (bin_dir / item.name).symlink_to(item.resolve())
     command = [python, "-I", str(Path(__file__).resolve()), "--real", str((real / "bin" / "nvcc").resolve()),
                "--sass", ",".join(sorted(sass)), "--ptx", ",".join(sorted(ptx)), "--log", str(where / LOG_NAME),
-               "--"]
+               *(("--launcher", launcher[0], "--active", launcher[1]) if launcher else ()), "--"]
     shim = bin_dir / "nvcc"
     shim.write_text(f"#!/bin/sh\nexec {shlex.join(command)} \"$@\"\n")
     shim.chmod(0o755)
@@ -156,7 +161,11 @@ def _main(argv: list[str]) -> int:
         print(f"kiln nvcc (arch_policy narrow): dropped {dropped}, kept {kept}", file=sys.stderr)
         with open(options["--log"], "a", encoding="utf-8") as log:
             log.write(json.dumps({"dropped": dropped, "kept": kept}) + "\n")
-    os.execv(options["--real"], [options["--real"], *new])
+    real, launcher, active = options["--real"], options.get("--launcher"), options.get("--active", "")
+    if launcher and active and not os.environ.get(active):  # through the compile cache, once
+        os.environ[active] = "1"
+        os.execv(launcher, [launcher, real, *new])
+    os.execv(real, [real, *new])
     return 127  # not reached: execv replaces this process
 
 

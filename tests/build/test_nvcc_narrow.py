@@ -4,12 +4,17 @@ was dropped. Pure argument rewriting first, then real builds of the plaincuda fi
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kiln.tasks.build.nvcc_narrow import NarrowError, narrow_args
+from kiln.tasks.build.compiler_shims import ACTIVE
+from kiln.tasks.build.nvcc_narrow import NarrowError, narrow_args, narrowed, narrowed_cuda_home
 from tests.build.test_backend import _build
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -47,6 +52,35 @@ def test_commands_that_name_no_target_pass_unchanged_and_unnarrowable_ones_are_r
     for flags in (["-arch=native"], ["-arch", "all-major"], ["-code=sm_90"]):
         with pytest.raises(NarrowError, match="cannot narrow"):
             narrow_args([*flags, "-c", "a.cu"], {"sm_90"}, set())
+
+
+def _recorder(path: Path, name: str, log: Path, then: str) -> Path:
+    """A script that appends ``name`` and its arguments to ``log`` as a JSON line, then runs ``then``."""
+    path.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"open({str(log)!r}, 'a').write(json.dumps([{name!r}, *sys.argv[1:]]) + '\\n')\n{then}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_narrowing_nvcc_runs_the_compile_cache_with_the_real_nvcc_and_records_every_compile(tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    real = _recorder(tmp_path / "cuda" / "bin" / "nvcc", "nvcc", calls, "")
+    # a stand-in for ccache (fault-free, named as such): it records its command, then runs the compiler it is given
+    launcher = _recorder(tmp_path / "ccache", "ccache", calls, "os.execv(sys.argv[1], sys.argv[1:])")
+    home = narrowed_cuda_home(tmp_path / "cuda", tmp_path / "narrow", {"sm_90"}, set(), sys.executable,
+                              (str(launcher), ACTIVE))
+    env = {k: v for k, v in os.environ.items() if k != ACTIVE}
+    for active in (None, "1"):  # a compile, then one nested below a compile-cache shim
+        run = subprocess.run([str(home / "bin" / "nvcc"), *_CAUSAL_CONV1D], env=env | ({ACTIVE: active} if active
+                             else {}), capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+    narrowed_flags = ["-gencode", "arch=compute_90,code=sm_90", "-O3", "--use_fast_math", "-c", "csrc/conv.cu",
+                      "-o", "conv.o"]
+    assert [json.loads(line) for line in calls.read_text().splitlines()] == [
+        ["ccache", str(real.resolve()), *narrowed_flags], ["nvcc", *narrowed_flags],  # through the cache, once
+        ["nvcc", *narrowed_flags]]  # nested: the real nvcc directly
+    assert [n["dropped"] for n in narrowed(home)] == [["sm_100", "sm_75", "sm_80"]] * 2  # both compiles recorded
 
 
 # The plaincuda fixture, its setup.py edited to name its own four archs through $CUDA_HOME/bin/nvcc (as torch's
