@@ -420,6 +420,9 @@ class VariantEnvironments:
             return self._settings[variant]  # type: ignore[no-any-return]
 
 
+PARENT_SITE = "parent-site-packages"  # in an overlay environment: its link to the shared environment's packages
+
+
 def overlay_env(root: Path, parent: BuildEnvironment, timeout_s: float = 300) -> Path:
     """A fresh, throwaway environment at ``root`` that sees ``parent``'s packages after its own; its python.
 
@@ -430,7 +433,11 @@ def overlay_env(root: Path, parent: BuildEnvironment, timeout_s: float = 300) ->
         raise BuildEnvironmentError(f"cannot create a build environment at {root} on {parent.root}:\n"
                                     f"{_tail(made.stdout)}")
     python = root / "bin" / "python"
-    # The parent's site-packages come after the overlay's own (core/venvs.py: one layering rule).
-    venvs.layer(venvs.site_packages(python), "zz_kiln_build_env", venvs.site_packages(parent.python))
+    # The parent's site-packages come after the overlay's own (core/venvs.py: one layering rule), named through a
+    # link inside the overlay: a compile's include paths into them (torch's headers) then lie in the unit's folder,
+    # the compile cache's base directory, so a worker or clone whose environments live elsewhere hits it too.
+    parent_site = root / PARENT_SITE
+    parent_site.symlink_to(venvs.site_packages(parent.python), target_is_directory=True)
+    venvs.layer(venvs.site_packages(python), "zz_kiln_build_env", parent_site)
     return python
 

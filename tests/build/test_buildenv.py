@@ -12,13 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core import venvs
 from kiln.core.manifest import RunManifest
 from kiln.core.sandbox import support
 from kiln.tasks.build.buildenv import (
+    PARENT_SITE,
+    BuildEnvironment,
     BuildEnvironmentError,
     VariantEnvironments,
     ensure_env,
     env_key,
+    overlay_env,
     pinned_version,
     probe_torch,
 )
@@ -197,7 +201,6 @@ def test_torch_settings_read_from_an_environments_python_match_the_imported_torc
 
 
 def test_build_env_is_exported_to_the_variants_build_and_part_of_its_cache_key(tmp_path):
-    from kiln.tasks.build.buildenv import BuildEnvironment
     from kiln.tasks.build.plan import backend_unit
     from kiln.tasks.build.stage import project_builder
     from kiln.tasks.project.config import load_config
@@ -218,3 +221,19 @@ def test_build_env_is_exported_to_the_variants_build_and_part_of_its_cache_key(t
     assert environ["PATH"].split(os.pathsep)[0] == str(tmp_path / "env" / "bin")  # its ninja, cmake first
     assert "PLAINCUDA_FAST" not in builder.environ(backend_unit(config, config.variant("cpu"), {}), None)
     assert keys[0] != keys[1]
+
+
+def test_an_overlay_names_the_shared_environments_packages_inside_itself(tmp_path):
+    """A package's build imports the shared environment's packages (torch) through a link inside the unit's
+    overlay, so its compiles' include paths lie below the unit's folder (the compile cache's base directory) on
+    every worker and clone, wherever that worker keeps its shared environments."""
+    shared = BuildEnvironment(tmp_path / "elsewhere" / "env", ())
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(shared.root)], check=True, timeout=300)
+    package = venvs.site_packages(shared.python) / "kiln_probe_shared"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    python = overlay_env(tmp_path / "unit" / "env", shared)
+    found = subprocess.run([str(python), "-I", "-c", "import kiln_probe_shared as m; print(m.__file__)"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert found == str(tmp_path / "unit" / "env" / PARENT_SITE / "kiln_probe_shared" / "__init__.py")
+    assert Path(found).resolve() == (package / "__init__.py").resolve()
