@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import os
 import posixpath
+import re
 import shlex
 import shutil
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ HOST_COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
 _NVCC_FLAG_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
 _LANGS = ("C", "CXX", "CUDA")
 _UNIT_DIR = "/kiln/unit"  # how the hashed nvcc flags spell the unit's directory
+_PREFIX_MAP_VALUE = re.compile(r"(-f(?:file|debug|macro)-prefix-map=)[^\s'\"]*")
 _CHUNK = 1 << 20
 
 
@@ -91,7 +93,11 @@ def _real_nvcc(environ: Mapping[str, str], path: str) -> str | None:
 
 
 def _nvcc_flags_file(environ: Mapping[str, str], unit_dir: Path, where: Path) -> Path:
+    """The nvcc flag variables' text for ccache to hash: the unit's directory spelled as a fixed name, and the
+    path maps' values dropped as ccache drops them on a command line (they name the worker's own folders, such
+    as its build environments, and change no object's code)."""
     text = "\n".join(f"{name}={environ.get(name, '')}" for name in _NVCC_FLAG_VARS)
+    text = _PREFIX_MAP_VALUE.sub(r"\1", text)
     for spelling in sorted({os.path.abspath(unit_dir), os.path.realpath(unit_dir)}, key=len, reverse=True):
         text = text.replace(spelling, _UNIT_DIR)
     flags = where / "nvcc-flags.txt"

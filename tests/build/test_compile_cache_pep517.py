@@ -200,7 +200,13 @@ def test_nvccs_flag_variables_are_hashed_with_the_units_directory_spelled_the_sa
         env = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": flags}, unit, tmp_path / key,
                                tmp_path / "s.log")
         texts.append(Path(env["CCACHE_EXTRAFILES"]).read_text())
-    assert texts[0] == texts[1] and "-ffile-prefix-map=/kiln/unit/src=. -O3" in texts[0]
+    assert texts[0] == texts[1] and "-ffile-prefix-map= -O3" in texts[0]
+    # the path maps name each worker's own folders (its build environments): their values are not hashed
+    elsewhere = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": flags.replace(
+        "-O3", f"-Xcompiler=-ffile-prefix-map={tmp_path}/worker-b/envs/key=/kiln/build-env -O3")},
+        tmp_path / "u2", tmp_path / "c2", tmp_path / "s.log")
+    assert Path(elsewhere["CCACHE_EXTRAFILES"]).read_text() == texts[0].replace(
+        "-O3", "-Xcompiler=-ffile-prefix-map= -O3")
     env = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": "-O0"}, tmp_path / "u", tmp_path / "c",
                            tmp_path / "s.log")
     assert Path(env["CCACHE_EXTRAFILES"]).read_text() != texts[0]
