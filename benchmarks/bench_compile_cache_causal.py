@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -36,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -79,13 +79,14 @@ def _worker(source: Path, path: Path) -> Path:
 
 def _build(config: Path, env: dict[str, str]) -> tuple[float, str]:
     """One ``kiln build`` of ``config``: its wall seconds, its pep517 unit's message and what the caches served."""
-    from benchmarks.bench_second_worker import build
+    from benchmarks.bench_second_worker import build, served
 
-    seconds, served = build(config, env)
-    manifests = sorted((config.parent / "out").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-    units = json.loads(manifests[-1].read_text())["units"]
-    message = next((u.get("message", "") for u in units if str(u.get("id", "")).endswith("/pep517")), "")
-    return seconds, f"{message}; {served}"
+    def described(manifest: dict[str, Any]) -> str:
+        units = manifest["units"]
+        message = next((u.get("message", "") for u in units if str(u.get("id", "")).endswith("/pep517")), "")
+        return f"{message}; {served(manifest)}"
+
+    return build(config, env, described)
 
 
 def _change(config: Path, n: int) -> None:

@@ -32,7 +32,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -60,8 +62,10 @@ def worker(root: Path, name: str, store: Path) -> Path:
     return config
 
 
-def build(config: Path, env: dict[str, str]) -> tuple[float, str]:
-    """One ``kiln build`` process of ``config``: its wall seconds and what its caches served."""
+def build(config: Path, env: dict[str, str],
+          describe: Callable[[dict[str, Any]], str] | None = None) -> tuple[float, str]:
+    """One ``kiln build`` process of ``config``: its wall seconds and its run manifest as ``describe`` says it
+    (by default: what its caches served)."""
     out = config.parent / "out"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--config", str(config), "--out",
@@ -70,15 +74,14 @@ def build(config: Path, env: dict[str, str]) -> tuple[float, str]:
     if done.returncode != 0:
         raise SystemExit(f"kiln build of {config} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
                          f"{done.stderr[-3000:]}")
-    return seconds, served(out)
-
-
-def served(out: Path) -> str:
-    """From the run's manifest: its build units by cache state, and what the shared tier served and took."""
     manifests = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
     if not manifests:
-        return "(no manifest)"
-    manifest = json.loads(manifests[-1].read_text())
+        return seconds, "(no manifest)"
+    return seconds, (describe or served)(json.loads(manifests[-1].read_text()))
+
+
+def served(manifest: dict[str, Any]) -> str:
+    """A run manifest's build units by cache state, and what the shared tier served and took."""
     states = Counter(str(u.get("cache")) for u in manifest["units"] if u.get("stage") == "build" and "cache" in u)
     shared = {k: v for k, v in manifest.get("info", {}).items() if k.startswith("build_cache_shared")}
     return f"units by cache state {dict(sorted(states.items()))}; shared tier {shared}"

@@ -109,6 +109,7 @@ def _second_gpu_node(made) -> None:
 
     limit = next(line for line in recipe() if line.startswith("prefect gcl create"))
     worker = next(line for line in recipe() if "--pool kiln-gpu" in line)
+    assert '"gpu-$GPU_NODE"' in limit, f"the recipe's limit line changed: update this benchmark ({limit})"
     made.run(limit.replace('"gpu-$GPU_NODE"', "gpu-node2"))
     made.workers["kiln-gpu"].append(made.start(worker, "worker-kiln-gpu-node2", {
         "GPU_NODE": "node2", "KILN_GPU_COUNT": "1", "TRITON_INTERPRET": "1"}))
