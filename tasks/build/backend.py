@@ -254,7 +254,7 @@ class ProjectBuilder:
                 # base directory: the unit's folder, whose path changes with its key (a Python-only change, a
                 # one-file change) and holds the sources, the environment and the build tree
                 environ = cached_compilers(self.compile_cache, environ, tmp, tmp / "path" / "ccache", stats_log,
-                                           nvcc=unit.arch_policy != "narrow")
+                                           nvcc=unit.arch_policy != "narrow", cuobjdump=self.cuobjdump)
             _log.info("building %s with its own backend", what)
             # -P: pip itself never imports a module of the project's root (its backend still reads setup.py there).
             safe = made.safe_path if made is not None else "-P"  # a Python 3.10 cell's: -I (no -P before 3.11)
@@ -339,7 +339,7 @@ class ProjectBuilder:
         archs = [parse_cuda_arch(a) for a in unit.archs]
         cache = (self.compile_cache.launcher, ACTIVE) if self.compile_cache is not None else None
         home = narrowed_cuda_home(Path(real), shadow / NARROWED_HOME, {a.sm for a in archs},
-                                  {a.sm for a in archs if a.ptx}, sys.executable, cache)
+                                  {a.sm for a in archs if a.ptx}, sys.executable, cache, self.cuobjdump)
         nvcc = str(home / "bin" / "nvcc")
         return environ | {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "PYTORCH_NVCC": nvcc, "CUDACXX": nvcc,
                           "PATH": os.pathsep.join(filter(None, [str(home / "bin"), environ.get("PATH", "")]))}

@@ -9,7 +9,8 @@ daemon that outlives the compile unless it is started and stopped around every b
 and its client reaches that daemon over a socket, which a sandbox without network must then let through.
 ccache needs only its directory, :func:`compile_cache_dir`, which a sandboxed compile must be granted write
 access to. (sccache's per-arch split of an nvcc call is what ccache lacks: Kiln's own nvcc units compile
-each arch in its own call instead, :mod:`kiln.tasks.build.nvcc_arch`, so an added arch compiles alone.)
+each arch in its own call instead, :mod:`kiln.tasks.build.nvcc_arch`, and so does the nvcc a package's own build
+runs, :mod:`kiln.tasks.build.nvcc_split`, so an added arch compiles alone.)
 
 What makes a hit portable and byte-for-byte the same as a compile:
 

@@ -25,9 +25,10 @@ the path maps make the object name no such path, so a wheel is the same bytes wh
 
 nvcc reads flags from ``NVCC_APPEND_FLAGS``/``NVCC_PREPEND_FLAGS``, which ccache does not see: their text, with
 the unit's directory spelled as a fixed name, is hashed with every compile (``CCACHE_EXTRAFILES``), so a flag
-change there is a miss, never another build's object. Under ``arch_policy = "narrow"`` nvcc gets no shim here: the
-narrowing nvcc runs first (it records what it dropped on every compile, a hit included) and runs ccache itself
-with the real nvcc and the narrowed flags (:mod:`kiln.tasks.build.nvcc_narrow`).
+change there is a miss, never another build's object. Given ``cuobjdump``, nvcc's shim is Kiln's nvcc
+(:mod:`kiln.tasks.build.nvcc_split`): a compile for several archs runs as one cached nvcc call per arch, so an added
+arch compiles alone. Under ``arch_policy = "narrow"`` nvcc gets no shim here: the narrowing nvcc is Kiln's nvcc too,
+and narrows first (it records what it dropped on every compile, a hit included).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ import posixpath
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from kiln.tasks.build.compile_cache import CompileCache, CompileStats, read_stats_log, warn_shared_faults
+from kiln.tasks.build.nvcc_narrow import front_command
 
 ACTIVE = "KILN_CCACHE_ACTIVE"  # set below a shim: a nested compiler call runs the real compiler
 HOST_COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
@@ -52,6 +55,7 @@ _LANGS = ("C", "CXX", "CUDA")
 _UNIT_DIR = "/kiln/unit"  # how the hashed nvcc flags spell the unit's directory
 _PREFIX_MAP_VALUE = re.compile(r"(-f(?:file|debug|macro)-prefix-map=)[^\s'\"]*")
 _CHUNK = 1 << 20
+_ARCH_LABEL = re.compile(r" \[sm_[0-9]+[af]?\]$")  # how Kiln's nvcc names one arch's compile in the log
 
 
 def _digest(path: str) -> str:
@@ -106,10 +110,11 @@ def _nvcc_flags_file(environ: Mapping[str, str], unit_dir: Path, where: Path) ->
 
 
 def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: Path, where: Path,
-                     stats_log: Path, *, nvcc: bool = True) -> dict[str, str]:
+                     stats_log: Path, *, nvcc: bool = True, cuobjdump: str | None = None) -> dict[str, str]:
     """``environ`` whose compilers go through ``cache``: shims in ``where`` first on ``PATH``, the CMake launchers,
-    ``PYTORCH_NVCC`` (when ``nvcc``) and ccache's settings, its base directory ``unit_dir`` (the unit's folder:
-    its sources, its environment and its build tree, whose path differs with the unit's key and clone)."""
+    ``PYTORCH_NVCC`` (when ``nvcc``; split per arch given ``cuobjdump``) and ccache's settings, its base directory
+    ``unit_dir`` (the unit's folder: its sources, its environment and its build tree, whose path differs with the
+    unit's key and clone)."""
     where.mkdir(parents=True, exist_ok=True)
     path = environ.get("PATH", "")
     env = dict(environ)
@@ -118,8 +123,12 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
         if real is not None:
             _compiler_shim(where / name, cache.launcher, real)
     real_nvcc = _real_nvcc(environ, path) if nvcc else None
-    if real_nvcc is not None:
+    if real_nvcc is not None and cuobjdump:
+        command = front_command(sys.executable, Path(real_nvcc), (cache.launcher, ACTIVE), cuobjdump)
+        _write_shim(where / "nvcc", f"# {real_nvcc}: sha256 {_digest(real_nvcc)}\nexec {shlex.join(command)} \"$@\"\n")
+    elif real_nvcc is not None:
         _compiler_shim(where / "nvcc", cache.launcher, real_nvcc)
+    if real_nvcc is not None:
         env["PYTORCH_NVCC"] = str(where / "nvcc")
     launcher = where / "ccache"
     _write_shim(launcher, f"export {ACTIVE}=1\nexec {shlex.quote(cache.launcher)} \"$@\"\n")
@@ -142,10 +151,15 @@ def unit_stats(stats_log: Path, source: Path) -> CompileStats:
     """
     stats = read_stats_log(stats_log)
 
-    def ours(path: str) -> bool:
+    def ours(entry: str) -> bool:
+        path = _ARCH_LABEL.sub("", entry)
         return not os.path.isabs(path) or Path(path).is_relative_to(source)
 
-    def name(path: str) -> str:
+    def name(entry: str) -> str:  # an arch Kiln's nvcc compiled alone keeps its label: "csrc/fill.cu [sm_90]"
+        label = _ARCH_LABEL.search(entry)
+        return _path_name(_ARCH_LABEL.sub("", entry)) + (label[0] if label else "")
+
+    def _path_name(path: str) -> str:
         if Path(path).is_relative_to(source):
             return Path(path).relative_to(source).as_posix()
         below = Path(*itertools.dropwhile(lambda part: part == "..", Path(posixpath.normpath(path)).parts))

@@ -3,23 +3,22 @@
 Many CUDA extension packages (flash-attention and the packages that copy its ``setup.py``: causal-conv1d,
 mamba-ssm, ...) ignore ``TORCH_CUDA_ARCH_LIST`` and pass nvcc a fixed list of targets, nine archs for
 causal-conv1d. Under ``narrow`` the build sees a CUDA home of its own (:func:`narrowed_cuda_home`: links to the
-real toolkit, but ``bin/nvcc`` is this file run as a script) whose nvcc drops every target outside the
-variant's archs before it runs the real nvcc, and says what it dropped (on stderr and in a log the unit reads).
-Given the build's compile cache (``launcher``: ccache), it runs the real nvcc through it with the narrowed flags:
-the narrowing runs on every compile, a hit included, so its record is whole and the cache keys the flags nvcc ran.
+real toolkit, but ``bin/nvcc`` is Kiln's nvcc, :mod:`kiln.tasks.build.nvcc_split`) whose nvcc drops every target
+outside the variant's archs before it runs the real nvcc, and says what it dropped (on stderr and in a log the
+unit reads). Given the build's compile cache (``launcher``: ccache), it runs the real nvcc through it with the
+narrowed flags, split per arch: the narrowing runs on every compile, a hit included, so its record is whole and
+the cache keys the flags nvcc ran.
 A compile whose targets are none of the variant's archs is refused, never compiled for something else; the
 wheel is then checked as under ``exact``: it holds exactly what Kiln compiled for the archs it records.
 
-This file runs as the build's nvcc with the standard library only (``python -I``): it imports nothing of Kiln.
+This module reads nvcc's targets and writes the CUDA home; it imports nothing of Kiln, and Kiln's nvcc imports it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,13 +70,14 @@ def _listed(codes: Sequence[str]) -> str:
     return "[" + ",".join(codes) + "]"
 
 
-def narrow_args(args: Sequence[str], sass: Iterable[str], ptx: Iterable[str]) -> tuple[list[str], list[str]]:
-    """``args`` with every nvcc target outside ``sass`` (``sm_90``) and ``ptx`` (``sm_90``: its compute_90 PTX)
-    dropped, and the dropped codes; unchanged where ``args`` name no target (``nvcc -V``, a link).
-    Raise :class:`NarrowError` when targets are named but none is kept."""
-    sass, ptx = set(sass), set(ptx)
+Target = tuple[str, list[str]]  # a -gencode entry: its virtual arch and its codes
+
+
+def read_targets(args: Sequence[str]) -> tuple[list[Target], list[str]]:
+    """The nvcc targets ``args`` name (``-gencode``, ``-arch``/``-code``), each as its virtual arch and codes, and
+    the other arguments in order. Raise :class:`NarrowError` for a target it cannot read."""
     out: list[str] = []
-    targets: list[tuple[str, list[str]]] = []
+    targets: list[Target] = []
     arch: str | None = None
     code: str | None = None
     index = 0
@@ -101,12 +101,26 @@ def narrow_args(args: Sequence[str], sass: Iterable[str], ptx: Iterable[str]) ->
         targets.append(_from_arch(arch, code))
     elif code is not None:
         raise NarrowError(f"nvcc -code={code} without -arch: cannot narrow it")
+    return targets, out
+
+
+def gencode_flags(targets: Iterable[Target]) -> list[str]:
+    """``-gencode`` flags for ``targets``, an entry with no code left out."""
+    return [f for virtual, codes in targets if codes
+            for f in ("-gencode", f"arch={virtual},code={codes[0] if len(codes) == 1 else _listed(codes)}")]
+
+
+def narrow_args(args: Sequence[str], sass: Iterable[str], ptx: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``args`` with every nvcc target outside ``sass`` (``sm_90``) and ``ptx`` (``sm_90``: its compute_90 PTX)
+    dropped, and the dropped codes; unchanged where ``args`` name no target (``nvcc -V``, a link).
+    Raise :class:`NarrowError` when targets are named but none is kept."""
+    sass, ptx = set(sass), set(ptx)
+    targets, out = read_targets(args)
     if not targets:
         return list(args), []
     kept = [(virtual, [c for c in codes if _kept(c, sass, ptx)]) for virtual, codes in targets]
     dropped = sorted({c for _, codes in targets for c in codes if not _kept(c, sass, ptx)})
-    flags = [f for virtual, codes in kept if codes
-             for f in ("-gencode", f"arch={virtual},code={codes[0] if len(codes) == 1 else _listed(codes)}")]
+    flags = gencode_flags(kept)
     if not flags:
         asked = sorted({c for _, codes in targets for c in codes})
         wanted = sorted(sass) + [s.replace("sm_", "compute_") for s in sorted(ptx)]
@@ -115,11 +129,26 @@ def narrow_args(args: Sequence[str], sass: Iterable[str], ptx: Iterable[str]) ->
     return flags + out, dropped
 
 
+def front_command(python: str, real: Path, launcher: tuple[str, str] | None, cuobjdump: str | None,
+                  narrow: tuple[Iterable[str], Iterable[str], Path] | None = None) -> list[str]:
+    """The command Kiln's nvcc runs before its arguments (:mod:`kiln.tasks.build.nvcc_split`): ``real`` nvcc, through
+    ``launcher`` (the compile cache's executable and the variable its shims set below it) split per arch when
+    ``cuobjdump`` is given, narrowed to ``narrow`` (the SASS archs, the PTX archs, the log) when given."""
+    command = [python, "-I", "-m", "kiln.tasks.build.nvcc_split", "--real", str(real.resolve())]
+    if narrow is not None:
+        sass, ptx, log = narrow
+        command += ["--sass", ",".join(sorted(sass)), "--ptx", ",".join(sorted(ptx)), "--log", str(log)]
+    if launcher is not None:
+        command += ["--launcher", launcher[0], "--active", launcher[1]]
+        command += ["--cuobjdump", cuobjdump] if cuobjdump else []
+    return [*command, "--"]
+
+
 def narrowed_cuda_home(real: Path, where: Path, sass: Iterable[str], ptx: Iterable[str], python: str,
-                       launcher: tuple[str, str] | None = None) -> Path:
-    """A CUDA home at ``where`` that is ``real`` but for ``bin/nvcc``: this file, narrowing to ``sass``/``ptx``;
+                       launcher: tuple[str, str] | None = None, cuobjdump: str | None = None) -> Path:
+    """A CUDA home at ``where`` that is ``real`` but for ``bin/nvcc``: Kiln's nvcc, narrowing to ``sass``/``ptx``;
     ``launcher``: the compile cache's executable and the variable its shims set below it (a nested compile runs
-    the real nvcc directly)."""
+    the real nvcc directly); ``cuobjdump``: split a compile per arch through it."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for item in real.iterdir():
@@ -128,9 +157,7 @@ def narrowed_cuda_home(real: Path, where: Path, sass: Iterable[str], ptx: Iterab
     for item in (real / "bin").iterdir():
         if item.name != "nvcc" and not (bin_dir / item.name).is_symlink():
             (bin_dir / item.name).symlink_to(item.resolve())
-    command = [python, "-I", str(Path(__file__).resolve()), "--real", str((real / "bin" / "nvcc").resolve()),
-               "--sass", ",".join(sorted(sass)), "--ptx", ",".join(sorted(ptx)), "--log", str(where / LOG_NAME),
-               *(("--launcher", launcher[0], "--active", launcher[1]) if launcher else ()), "--"]
+    command = front_command(python, real / "bin" / "nvcc", launcher, cuobjdump, (sass, ptx, where / LOG_NAME))
     shim = bin_dir / "nvcc"
     shim.write_text(f"#!/bin/sh\nexec {shlex.join(command)} \"$@\"\n")
     shim.chmod(0o755)
@@ -142,32 +169,3 @@ def narrowed(home: Path) -> list[dict[str, Any]]:
     (``refused``: why)."""
     log = home / LOG_NAME
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-
-
-def _main(argv: list[str]) -> int:
-    split = argv.index("--")
-    options = dict(zip(argv[:split:2], argv[1:split:2], strict=True))
-    args = argv[split + 1:]
-    try:
-        new, dropped = narrow_args(args, filter(None, options["--sass"].split(",")),
-                                   filter(None, options["--ptx"].split(",")))
-    except NarrowError as exc:
-        print(f"kiln nvcc (arch_policy narrow): {exc}", file=sys.stderr)
-        with open(options["--log"], "a", encoding="utf-8") as log:
-            log.write(json.dumps({"refused": str(exc)}) + "\n")
-        return 2
-    if dropped:
-        kept = [new[i + 1] for i, token in enumerate(new[:-1]) if token == "-gencode"]
-        print(f"kiln nvcc (arch_policy narrow): dropped {dropped}, kept {kept}", file=sys.stderr)
-        with open(options["--log"], "a", encoding="utf-8") as log:
-            log.write(json.dumps({"dropped": dropped, "kept": kept}) + "\n")
-    real, launcher, active = options["--real"], options.get("--launcher"), options.get("--active", "")
-    if launcher and active and not os.environ.get(active):  # through the compile cache, once
-        os.environ[active] = "1"
-        os.execv(launcher, [launcher, real, *new])
-    os.execv(real, [real, *new])
-    return 127  # not reached: execv replaces this process
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

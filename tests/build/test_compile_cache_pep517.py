@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -17,6 +18,7 @@ import pytest
 
 from kiln.tasks.build.compile_cache import CompileCache, CompileStats, find_ccache, open_compile_cache
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
+from kiln.tasks.build.nvcc import find_cuobjdump
 from kiln.tasks.build.stage import compile_context, prepare_build
 from kiln.tasks.build.units import UnitResult, build_unit, unit_record
 from tests.helpers.projects import FIXTURES
@@ -98,19 +100,20 @@ def test_a_cmake_or_meson_build_compiles_through_the_compile_cache_and_a_second_
     assert warm_wheel.read_bytes() == cold_wheel.read_bytes()
 
 
-def _separate_compile(project: Path) -> None:
+def _separate_compile(project: Path, archs: str) -> None:
     """plaincuda's setup.py compiles and links in one nvcc call, which no compile cache serves: compile, then
-    link; one CUDA variant of one arch (seconds)."""
+    link; one CUDA variant of ``archs`` (seconds)."""
     setup_py = project / "setup.py"
     old = ('subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-o", str(out), "csrc/fill.cu", '
            '*gencode(archs)],\n                           check=True, timeout=600)')
     new = ('obj = Path(self.build_lib).parent / "fill.o"\n            subprocess.run(["nvcc", "-c", "-Xcompiler", '
            '"-fPIC", "-o", str(obj), "csrc/fill.cu", *gencode(archs)], check=True, timeout=600)\n            '
            'subprocess.run(["nvcc", "-shared", "-o", str(out), str(obj), *gencode(archs)], check=True, timeout=600)')
-    assert old in setup_py.read_text(), "plaincuda's setup.py changed: update this test"
-    setup_py.write_text(setup_py.read_text().replace(old, new))
+    if old in setup_py.read_text():
+        setup_py.write_text(setup_py.read_text().replace(old, new))
+    assert new in setup_py.read_text(), "plaincuda's setup.py changed: update this test"
     config = project / "kiln.toml"
-    config.write_text(config.read_text().replace('archs = ["8.0", "9.0"]', 'archs = ["9.0"]')
+    config.write_text(re.sub(r"archs = \[[^]]*\]", f"archs = {archs}", config.read_text(), count=1)
                       .replace('[[variants]]\nname = "cpu"\nbackend = "cpu"\n', ""))
 
 
@@ -118,18 +121,29 @@ def _separate_compile(project: Path) -> None:
 @pytest.mark.timeout(900)
 @needs_toolchain
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_an_nvcc_compile_a_setup_py_runs_by_name_goes_through_the_compile_cache_once(tmp_path):
-    """nvcc's own host compiles run the real gcc (no second ccache): one translation unit, counted once."""
+def test_an_nvcc_compile_a_setup_py_runs_by_name_is_cached_per_arch_and_an_added_arch_compiles_alone(tmp_path):
+    """setup.py's one nvcc call for two archs runs as one cached compile per arch (Kiln's nvcc), nvcc's own host
+    compiles run the real gcc (no second ccache); a second clone compiles nothing and its wheel is the same bytes;
+    an arch added to the variant compiles that arch alone, and the library holds all three."""
     first = _clone(tmp_path / "w1", "plaincuda")
-    _separate_compile(first)
+    _separate_compile(first, '["8.0", "9.0"]')
     cold, cold_wheel = _build(first, tmp_path / "cache-1", tmp_path / "out-1")
-    assert cold.compile == CompileStats(("csrc/fill.cu",), ()), cold.compile
+    both = ("csrc/fill.cu [sm_80]", "csrc/fill.cu [sm_90]")
+    assert cold.compile == CompileStats(both, ()), cold.compile
     second = _clone(tmp_path / "a-second-clone" / "w2", "plaincuda")
-    _separate_compile(second)
+    _separate_compile(second, '["8.0", "9.0"]')
     shutil.copytree(tmp_path / "cache-1" / "ccache", tmp_path / "cache-2" / "ccache")
     warm, warm_wheel = _build(second, tmp_path / "cache-2", tmp_path / "out-2")
-    assert warm.compile == CompileStats((), ("csrc/fill.cu",)), warm.compile
+    assert warm.compile == CompileStats((), both), warm.compile
     assert warm_wheel.read_bytes() == cold_wheel.read_bytes()
+    _separate_compile(second, '["8.0", "9.0", "10.0"]')
+    wider, wider_wheel = _build(second, tmp_path / "cache-2", tmp_path / "out-3")
+    assert wider.compile == CompileStats(("csrc/fill.cu [sm_100]",), both), wider.compile
+    (tmp_path / "libfill.so").write_bytes(_library(wider_wheel))
+    listed = subprocess.run([find_cuobjdump(), "--list-elf", str(tmp_path / "libfill.so")], capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    # the object's three images, and the link's own small one per arch it was given
+    assert set(re.findall(r"\.(sm_\d+)\.cubin", listed)) == {"sm_80", "sm_90", "sm_100"}, listed
 
 
 def _unit():  # type: ignore[no-untyped-def]
