@@ -22,25 +22,24 @@ from tests.helpers.gitrepo import FIXTURES, init_repo
 
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "AWS_ACCESS_KEY_ID": "AKIAKILNTEST",
            "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc-token", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:9/oidc",
-           "TWINE_PASSWORD": "pypi-token", "GITHUB_TOKEN": "ghp-token"}
+           "TWINE_PASSWORD": "pypi-token", "GITHUB_TOKEN": "ghp-token", "PREFECT_API_KEY": "pnu-key",
+           "PYPI_ID_TOKEN": "gitlab-oidc"}  # the last: a GitLab job's id_tokens entry, named by its job
 
 
 class _Listener:
     """A TCP listener outside every sandbox, counting who reached it."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.server = socket.socket()
-        self.server.bind(("127.0.0.1", 0))
+        self.server.bind((host, 0))
+        self.port = int(self.server.getsockname()[1])
         self.server.listen()
         self.server.settimeout(0.2)
         self.accepted = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server.getsockname()[1])
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -57,6 +56,16 @@ class _Listener:
         self.server.close()
 
 
+def _own_address() -> str:
+    """This machine's address on its own network (not loopback): the one its route to the outside leaves from.
+    A UDP socket's connect sends nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+        address = str(probe.getsockname()[0])
+    assert not address.startswith("127."), f"no address off loopback here ({address}): nothing to test against"
+    return address
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
                     reason="this kernel allows no Landlock or no user namespaces: package code is not confined")
@@ -71,11 +80,13 @@ def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_
     out.mkdir()
     canary = tmp_path / "credentials"  # a credential file of the user's, outside every tree a guest is given
     canary.write_text("[default]\naws_secret_access_key = canary\n")
-    listener = _Listener()
-    # the direct check: the listener answers a process outside the sandbox
-    socket.create_connection(("127.0.0.1", listener.port), timeout=5).close()
+    # one on the host's loopback, one on its own network's address (a namespace's own loopback reaches neither)
+    listeners = [_Listener(), _Listener(_own_address())]
+    for listener in listeners:  # the direct check: each answers a process outside the sandbox
+        socket.create_connection((listener.host, listener.port), timeout=5).close()
     targets = {"read": [str(canary), str(Path.home()), str(out), os.environ.get("PREFECT_HOME", str(Path.home()))],
-               "write": [str(out), str(repo), str(repo / ".kiln"), str(tmp_path)], "listener": listener.port}
+               "write": [str(out), str(repo), str(repo / ".kiln"), str(tmp_path)],
+               "listeners": [[listener.host, listener.port] for listener in listeners]}
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOSTILE_TARGETS", json.dumps(targets))
@@ -83,7 +94,8 @@ def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_
     try:
         state = nightly_flow(config_path=str(repo / "kiln.toml"), out=str(out), return_state=True)
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
     run = RunManifest.load(out / str(state.state_details.flow_run_id))
     units = {u.id: u for u in run.units}
     assert units["test/unit/cpu"].state == "completed", units["test/unit/cpu"].message
@@ -92,7 +104,8 @@ def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_
     with zipfile.ZipFile(wheel) as archive:
         built = json.loads(archive.read("hostile/build_probe.json"))
     assert len(built["tried"]) > 5 and built["done"] == [], built  # the build reached nothing either
-    assert listener.accepted == 1  # only the direct check above
+    assert {f"connect {listener.host}:{listener.port}" for listener in listeners} <= set(built["tried"])
+    assert [listener.accepted for listener in listeners] == [1, 1]  # only the direct checks above
     assert not list(out.glob(".hostile-*")) and not list(repo.glob(".hostile-*"))
     assert state.is_completed(), state.message
 
