@@ -12,18 +12,31 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from kiln.core.fsutil import sha256_file
+from kiln.core.manifest import RunManifest
 from kiln.flows.console import variant_index
 from kiln.flows.hint import install_command
+from tests.helpers.gitrepo import git
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv, run
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the module fixture runs a whole nightly
+# The tests that import the int8 quantization Triton kernel's module (kernels/kiln_kernels/_quant_tl.py, imported
+# lazily): its own tests that launch it, the registry's (the registry names the kernel) and the loader's rebuild
+# test; and tests of the same files that never import it (the fp8 path, the reference, argument checks).
+QUANT, REGISTRY, LOADER = "tests/kernels/test_quant.py", "tests/kernels/test_registry.py", "tests/kernels/test_loader.py"
+LAUNCH_IT = {f"{QUANT}::test_round_trip_bound_holds_for_any_row_magnitude",
+             f"{QUANT}::test_same_output_under_torch_compile_fullgraph",
+             f"{QUANT}::test_all_zero_rows_give_zero_codes_and_eps_scale",
+             f"{REGISTRY}::test_four_kernels", f"{LOADER}::test_artifacts_built_for_sm90_are_found_and_rebuilt"}
+NEVER_IMPORT_IT = {f"{QUANT}::test_fp8_on_the_interpreter_takes_the_reference_path", f"{QUANT}::test_rejects_bad_input",
+                   f"{LOADER}::test_a_platform_maps_to_the_loaders_device"}
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +130,54 @@ def test_pip_installs_the_cpu_wheel_from_the_index_into_a_fresh_venv(nightly, tm
     probe = run([str(python), "-c", "import kiln_kernels, torch; print(kiln_kernels.__file__)"], cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert str(tmp_path / "venv") in probe.stdout
+
+
+def test_the_same_commit_built_again_and_witnessed_gives_the_nightlys_wheels_byte_for_byte(nightly, prefect_env,
+                                                                                             tmp_path):
+    """`kiln build --witness` of the nightly's commit, in its clone: the build is served by the nightly's caches,
+    and the witness builds every native wheel again with every cache bypassed (cold: no head start, no compile
+    worker warmed ahead, no compile cache). Every wheel is the nightly's bytes: a nightly once gave another cu130
+    wheel than `kiln build` of its commit (one sm_100 cubin), and nothing noticed."""
+    latest, _, _ = nightly
+    clone = latest.parent.parent / "kiln"
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--witness", "--config",
+                           str(clone / "kiln.toml"), "--out", str(out)], cwd=clone, env=prefect_env,
+                          capture_output=True, text=True, timeout=3000)
+    run = RunManifest.load(out / "latest")
+    units = {u.id: u for u in run.units}
+    assert done.returncode == 0, {k: u.message for k, u in units.items() if u.state != "completed"}
+    witnessed = units["build/witness"].message
+    assert witnessed.startswith("witnessed: 3 wheels identical"), witnessed  # cu130, rocm and cpu
+    nightly_run = RunManifest.load(latest)
+    built = {a.variant: (run.root / a.path) for a in run.artifacts_of("wheel")}
+    nightly_wheels = {a.variant: (nightly_run.root / a.path) for a in nightly_run.artifacts_of("wheel")}
+    assert sorted(built) == sorted(nightly_wheels) == ["cpu", "cu130", "rocm"]
+    for variant, wheel in built.items():
+        assert wheel.name == nightly_wheels[variant].name
+        assert wheel.read_bytes() == nightly_wheels[variant].read_bytes(), f"{variant}: not the nightly's bytes"
+
+
+def test_a_change_to_one_triton_kernel_reruns_only_the_tests_that_launched_it(nightly, prefect_env):
+    """The nightly's clone gains a commit changing the quantization Triton kernel's module alone; the next nightly
+    runs exactly the tests whose recorded inputs held that module (by name), and carries every other test from
+    the first nightly. Last in this module: it moves the clone's commit."""
+    latest, _, _ = nightly
+    clone, first = latest.parent.parent / "kiln", RunManifest.load(latest)
+    kernel = clone / "kernels" / "kiln_kernels" / "_quant_tl.py"
+    kernel.write_text(kernel.read_text() + "\n# a change to one Triton kernel's module\n")
+    later = datetime.fromisoformat(git(clone, "log", "-1", "--format=%cI")) + timedelta(minutes=1)
+    git(clone, "commit", "-q", "-am", "one Triton kernel changed", when=later.isoformat())
+    proc = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(clone / "kiln.toml"),
+                           "--out", str(latest.parent)], cwd=clone, env=prefect_env, capture_output=True, text=True,
+                          timeout=3000)
+    second = RunManifest.load(latest)
+    assert second.run_id != first.run_id and proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    outcomes = {t["nodeid"]: t for report in sorted((latest / "tests").glob("*.cpu.json"))
+                for t in json.loads(report.read_text())["tests"]}
+    carried = f"carried from run {first.run_id}: its inputs are unchanged"
+    ran = {n for n, t in outcomes.items() if t["message"] != carried}
+    assert LAUNCH_IT <= ran and not ran & NEVER_IMPORT_IT, sorted(ran)
+    assert {n.split("::")[0] for n in ran} == {QUANT, REGISTRY, LOADER}, sorted(ran)  # every other file carried
+    assert len(outcomes) > 100 and len(ran) < len(outcomes) / 2
+    assert all(t["outcome"] == "passed" for t in outcomes.values())
