@@ -36,7 +36,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
 from kiln.core import landlock
@@ -173,6 +173,18 @@ class Support:
                    else "the guest reaches the network")
             gaps.append(f"network and user namespaces ({self.why_not}: {net})")
         return gaps
+
+
+CONFINEMENT_INFO = "confinement:"  # run info key prefix (+ "<stage>@<host>"): how that step could confine guests
+STAGE_NETWORK: dict[str, Network] = {"build": "none", "test": "loopback", "bench": "loopback"}
+
+
+def confinement(network: Network) -> dict[str, Any]:
+    """How this machine confines a guest given ``network``, for the run record: the Landlock ABI, whether it gets
+    namespaces of its own, and each mechanism it goes without (empty: fully confined)."""
+    found = support()
+    return {"landlock_abi": found.landlock_abi, "namespaces": found.namespaces, "network": network,
+            "gaps": found.missing(network)}
 
 
 @functools.cache

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import platform
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +37,7 @@ from kiln.core.errors import is_retryable
 from kiln.core.manifest import Unit
 from kiln.core.objects import BotoSession
 from kiln.core.record import RunRecord
+from kiln.core.sandbox import CONFINEMENT_INFO, STAGE_NETWORK, confinement
 from kiln.flows import cancel
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.coverage import COVERAGE_INFO, coverage_rows
@@ -177,6 +179,8 @@ def finish_stage(run: RunRecord, stage: str, title: str,
     """
     units = [u for u in run.units() if u.stage == stage and (mine is None or mine(u))]
     publish_unit_table(run, units, f"kiln-{stage}-units", title)
+    if stage in STAGE_NETWORK:  # the steps that run package code: how this machine confined it
+        run.set_info(f"{CONFINEMENT_INFO}{stage}@{platform.node()}", confinement(STAGE_NETWORK[stage]))
     run.write_view()
     if any(u.state == "failed" for u in units):
         message = failure_message(title, units)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from kiln.core.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
+from kiln.core.sandbox import CONFINEMENT_INFO
 from kiln.flows.console import SELECTION_SUMMARY_INFO, install_lines, table_lines
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.tasks.run.coverage import COVERAGE_INFO
@@ -75,7 +76,29 @@ def attention(run: RunManifest) -> list[Attention]:
         recorded = run.info.get(key)
         for variant, why in sorted(recorded.items() if isinstance(recorded, dict) else []):
             rows.append(Attention("untested", f"publish/{variant}", f"published untested: {why}"))
+    for where, record in confinement_records(run).items():  # a kernel that could not confine package code
+        if record.get("gaps"):
+            rows.append(Attention("unconfined", where, "package code ran without "
+                                  + "; ".join(str(gap) for gap in record["gaps"])))
     return rows
+
+
+def confinement_records(run: RunManifest) -> dict[str, dict[str, Any]]:
+    """Each step's record of how it confined package code (``<stage>@<host>``: Landlock, namespaces, gaps)."""
+    return {key[len(CONFINEMENT_INFO):]: value for key, value in sorted(run.info.items())
+            if key.startswith(CONFINEMENT_INFO) and isinstance(value, dict)}
+
+
+def confinement_lines(run: RunManifest) -> list[str]:
+    """One line per step that ran package code: how its machine confined it."""
+    lines = []
+    for where, record in confinement_records(run).items():
+        network = {"none": "no network", "loopback": "its own loopback only"}.get(str(record.get("network")),
+                                                                                 "the host's network")
+        how = (f"Landlock ABI {record.get('landlock_abi')}, " if record.get("landlock_abi") else "no Landlock, ") \
+            + (f"namespaces of its own ({network})" if record.get("namespaces") else "no namespaces of its own")
+        lines.append(f"{where}: {how}" + (" — NOT fully confined" if record.get("gaps") else ""))
+    return lines
 
 
 def _first(message: str) -> str:
@@ -150,7 +173,7 @@ def _text_sections(run: RunManifest) -> list[str]:
     lines = []
     for title, found in (("quarantine", quarantine_lines(run)),
                          ("test selection", selection_lines(run)), ("benchmark trend", trend_lines(run)),
-                         ("shards", balance_lines(run.units))):
+                         ("shards", balance_lines(run.units)), ("package code sandbox", confinement_lines(run))):
         if found:
             lines += ["", f"  {title}:", *(f"    {line}" for line in found)]
     return lines
@@ -273,6 +296,9 @@ def _markdown_sections(run: RunManifest) -> list[str]:
     balance = balance_lines(run.units)
     if balance:
         lines += ["", "## Shards", "", *(f"- {_cell(line)}" for line in balance)]
+    sandbox = confinement_lines(run)
+    if sandbox:
+        lines += ["", "## Package code sandbox", "", *(f"- {_cell(line)}" for line in sandbox)]
     return lines
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.core.sandbox import support
+from kiln.core.sandbox import CONFINEMENT_INFO, support
 from tests.helpers.gitrepo import FIXTURES, init_repo
 
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "AWS_ACCESS_KEY_ID": "AKIAKILNTEST",
@@ -108,6 +108,11 @@ def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_
     assert [listener.accepted for listener in listeners] == [1, 1]  # only the direct checks above
     assert not list(out.glob(".hostile-*")) and not list(repo.glob(".hostile-*"))
     assert state.is_completed(), state.message
+    # each step that ran the package's code recorded how this machine confined it
+    confined = {k.removeprefix(CONFINEMENT_INFO).split("@")[0]: v for k, v in run.info.items()
+                if k.startswith(CONFINEMENT_INFO)}
+    assert {k: (v["network"], v["gaps"], v["landlock_abi"] > 0, v["namespaces"]) for k, v in confined.items()} == {
+        "build": ("none", [], True, True), "test": ("loopback", [], True, True), "bench": ("loopback", [], True, True)}
 
 
 @pytest.mark.slow

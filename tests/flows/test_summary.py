@@ -122,3 +122,27 @@ def test_markdown_summary_links_each_suites_table_of_problem_tests(tmp_path):
     assert ("| `test/kernels/cpu` | 40 passed, 1 failed, 1 flaky (test_x: failed: a \\| b) | "
             "[2 tests](http://127.0.0.1:4200/artifacts/artifact/abc) |") in section
     assert "| `test/other/cpu` | 3 passed | 0 |" in section
+
+
+def test_a_step_whose_machine_could_not_confine_package_code_needs_attention_and_every_step_says_how(tmp_path):
+    """The records are what each step writes (``kiln.core.sandbox.confinement``); the second is a kernel without
+    Landlock or namespaces, as a worker on an old kernel would record it."""
+    from kiln.core.sandbox import CONFINEMENT_INFO
+    from kiln.flows.summary import render_console
+
+    run = make_run(tmp_path)
+    run.info[f"{CONFINEMENT_INFO}build@node-a"] = {"landlock_abi": 7, "namespaces": True, "network": "none",
+                                                   "gaps": []}
+    run.info[f"{CONFINEMENT_INFO}test@old-node"] = {
+        "landlock_abi": 0, "namespaces": False, "network": "loopback",
+        "gaps": ["Landlock (files: the guest can read the user's home and Kiln's state)",
+                 "network and user namespaces (unshare: EPERM: the guest reaches the network)"]}
+    console, text, markdown = render_console(run), render_text(run), render_markdown(run)
+    unconfined = ("UNCONFINED test@old-node  package code ran without Landlock (files: the guest can read the user's"
+                  " home and Kiln's state); network and user namespaces (unshare: EPERM: the guest reaches the network)")
+    assert unconfined in text and unconfined[:150] in console  # the console cuts a message at 160 characters
+    assert "build@node-a" not in console  # a confined step needs no attention
+    assert "    build@node-a: Landlock ABI 7, namespaces of its own (no network)\n" in text
+    assert "    test@old-node: no Landlock, no namespaces of its own — NOT fully confined" in text
+    assert "| `test@old-node` | unconfined | package code ran without Landlock" in markdown
+    assert "## Package code sandbox" in markdown and "- build@node-a: Landlock ABI 7" in markdown
