@@ -1,4 +1,5 @@
-"""The default project on a second, fresh worker against the first worker's store: `kiln build`, cold vs second.
+"""The default project on a second, fresh worker against the first worker's store: `kiln build` (or, with
+``--command nightly``, `kiln nightly`), cold vs second.
 
 Each repeat makes one fresh ``file://`` artifact store and two fresh clones of this repository's HEAD (two
 workers: each its own ``[build] cache_dir``, so its own empty unit and compile caches), with the same one-commit
@@ -8,6 +9,9 @@ edit in both: the store as ``[artifacts]`` and ``[build.cache] remote = "artifac
   shared tier;
 - ``second_worker``: worker B's ``kiln build`` of the same commit: what A built is read from the shared tier.
 
+With ``--command nightly`` each arm is a whole ``kiln nightly``: B's tests are carried from A's run where their
+recorded inputs are unchanged (the selection records live in the same store), and each line says how many ran.
+
 Each build is a fresh ``kiln build`` process against one Prefect server started for the benchmark (its start
 is not timed), Kiln's daemon off: process start to exit. The ratio is ``second_worker``'s median over
 ``cold``'s, both measured in this run; each build's units by cache state and what the shared tier served (from its
@@ -15,7 +19,7 @@ run manifest) and the shared tier's size are printed beside them.
 
 Usage::
 
-    python benchmarks/bench_second_worker.py [--repeats 3]
+    python benchmarks/bench_second_worker.py [--repeats 3] [--command build|nightly]
 """
 
 from __future__ import annotations
@@ -62,17 +66,17 @@ def worker(root: Path, name: str, store: Path) -> Path:
     return config
 
 
-def build(config: Path, env: dict[str, str],
-          describe: Callable[[dict[str, Any]], str] | None = None) -> tuple[float, str]:
-    """One ``kiln build`` process of ``config``: its wall seconds and its run manifest as ``describe`` says it
+def build(config: Path, env: dict[str, str], describe: Callable[[dict[str, Any]], str] | None = None,
+          command: str = "build") -> tuple[float, str]:
+    """One ``kiln <command>`` process of ``config``: its wall seconds and its run manifest as ``describe`` says it
     (by default: what its caches served)."""
     out = config.parent / "out"
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--config", str(config), "--out",
+    done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", command, "--config", str(config), "--out",
                            str(out)], cwd=config.parent, env=env, capture_output=True, text=True, timeout=3600)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"kiln build of {config} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
+        raise SystemExit(f"kiln {command} of {config} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
                          f"{done.stderr[-3000:]}")
     manifests = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
     if not manifests:
@@ -84,7 +88,10 @@ def served(manifest: dict[str, Any]) -> str:
     """A run manifest's build units by cache state, and what the shared tier served and took."""
     states = Counter(str(u.get("cache")) for u in manifest["units"] if u.get("stage") == "build" and "cache" in u)
     shared = {k: v for k, v in manifest.get("info", {}).items() if k.startswith("build_cache_shared")}
-    return f"units by cache state {dict(sorted(states.items()))}; shared tier {shared}"
+    selection = [line for k, v in sorted(manifest.get("info", {}).items()) if k.startswith("selection:")
+                 for line in (v if isinstance(v, list) else [v])]
+    return (f"units by cache state {dict(sorted(states.items()))}; shared tier {shared}"
+            + (f"; tests {selection}" if selection else ""))
 
 
 def size_of(folder: Path) -> int:
@@ -110,20 +117,21 @@ def repeat_done(root: Path, store: Path, repeat: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(tmp: Path, env: dict[str, str], repeats: int, times: dict[str, list[float]]) -> None:
+def _measure(tmp: Path, env: dict[str, str], repeats: int, times: dict[str, list[float]], command: str) -> None:
     for repeat in range(repeats):
         root = tmp / f"r{repeat}"
         store = new_store(root)
         first, second = worker(root, "a", store), worker(root, "b", store)
         assert _git(first.parent, "rev-parse", "HEAD") == _git(second.parent, "rev-parse", "HEAD")
         for arm, config in (("cold", first), ("second_worker", second)):
-            measured(times, repeat, arm, *build(config, env))
+            measured(times, repeat, arm, *build(config, env, command=command))
         repeat_done(root, store, repeat)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--command", choices=("build", "nightly"), default="build")
     args = parser.parse_args()
     from tests.helpers.prefect_server import prefect_server_process
 
@@ -131,7 +139,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-second-") as tmp:
         (Path(tmp) / "prefect-home").mkdir()
         with prefect_server_process(Path(tmp) / "prefect-home") as server:
-            _measure(Path(tmp), {**server.env, "KILN_DAEMON": "off"}, args.repeats, times)
+            _measure(Path(tmp), {**server.env, "KILN_DAEMON": "off"}, args.repeats, times, args.command)
     cold, second = statistics.median(times["cold"]), statistics.median(times["second_worker"])
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")
     print(f"cold: median {cold:.1f} s of {[round(t, 1) for t in times['cold']]}")
