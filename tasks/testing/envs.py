@@ -47,7 +47,8 @@ import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,25 @@ def wheel_distribution(wheel: Path) -> str:
 
 def _wheel_metadata(wheel: Path) -> email.message.Message:
     return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
+
+
+_MADE: dict[Path, TestEnv] = {}  # environments made in this process, by folder (each run's folders are its own)
+_MAKING: dict[Path, threading.Lock] = {}
+_MAKING_GUARD = threading.Lock()
+
+
+def made_once(root: Path, make: Callable[[], TestEnv]) -> TestEnv:
+    """The environment at ``root``, made by ``make`` the first time it is asked for in this process; a caller asking
+    while it is made waits for it. The shards of a suite run here share one: the same wheels and requirements, as
+    the workers of one unsharded suite share theirs (each test still runs in its own process and work folder)."""
+    with _MAKING_GUARD:
+        lock = _MAKING.setdefault(root, threading.Lock())
+    with lock:
+        if root not in _MADE:
+            _MADE[root] = make()
+        else:
+            log.info("test environment %s: made once in this run, shared", root)
+        return _MADE[root]
 
 
 def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,

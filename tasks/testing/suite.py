@@ -41,7 +41,7 @@ from kiln.tasks.testing.baseenv import CREATE_TIMEOUT_S, BaseEnv, site_packages
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
 from kiln.tasks.testing.emulation import no_runner_reason
-from kiln.tasks.testing.envs import make_env, wheel_requirements
+from kiln.tasks.testing.envs import made_once, make_env, wheel_requirements
 from kiln.tasks.testing.jobs import PRELOAD, Isolation, RunOptions
 from kiln.tasks.testing.reports import junit_document, summary, write_json, write_junit
 from kiln.tasks.testing.runner import run_tests
@@ -286,11 +286,12 @@ def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], v
     except ToolchainMissingError as exc:  # a cell this machine cannot test: "not run", never "passed" (invariant 9)
         logger.warning("suite %s: not run: %s", target.name, exc)
         return SuiteRun(target.name, (), target.unit("not_run", f"not run: {exc}", 0.0), (), 0.0)
-    env = make_env(reports_dir / ".envs" / target.name, wheels, suite.requires,
-                   indexes=config.publish.extra_index_urls, tests_root=config.root, test_paths=suite.paths,
-                   backend=target.variant.backend,
-                   build_requires=() if target.torch else target.variant.build_requires, python=python,
-                   shared_base=shared_base, base=base)
+    root = reports_dir / ".envs" / target.suite_name  # a sharded suite's shards share it (made once)
+    env = made_once(root, lambda: make_env(
+        root, wheels, suite.requires, indexes=config.publish.extra_index_urls, tests_root=config.root,
+        test_paths=suite.paths, backend=target.variant.backend,
+        build_requires=() if target.torch else target.variant.build_requires, python=python,
+        shared_base=shared_base, base=base))
     logger.info("suite %s on %s: running %s (isolate=%s, timeout=%gs per test)", suite.name, ", ".join(env.installed),
                 list(suite.paths), options.isolate, options.timeout_s)
     if selector is not None and wheels:
