@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,30 +90,43 @@ def repeat(root: Path, functions: int) -> dict[str, dict]:
     return results
 
 
+def repeated(one: Callable[[Path, int], dict[str, dict]], repeats: int, size: int,
+             prefix: str) -> list[dict[str, dict]]:
+    """``repeats`` runs of ``one(folder, size)``, each in a fresh temporary folder and printed as it ends."""
+    runs = []
+    for number in range(repeats):
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            runs.append(one(Path(tmp), size))
+        print(f"repeat {number + 1}: " + json.dumps({k: round(v["s"], 2) for k, v in runs[-1].items()}), flush=True)
+    return runs
+
+
+def medians(runs: list[dict[str, dict]], summary: dict) -> dict:
+    """``summary`` with each measurement's median and its ratio to ``cold``'s."""
+    cold = statistics.median(r["cold"]["s"] for r in runs)
+    summary |= {"medians_s": {}, "ratio_to_cold": {}}
+    for name in runs[0]:
+        median = statistics.median(r[name]["s"] for r in runs)
+        summary["medians_s"][name] = round(median, 2)
+        summary["ratio_to_cold"][name] = round(median / cold, 3)
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--functions", type=int, default=600, help="generated functions added to each .c file")
     args = parser.parse_args()
-    runs = []
-    for number in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="kiln-bench-cc517-") as tmp:
-            runs.append(repeat(Path(tmp), args.functions))
-        print(f"repeat {number + 1}: " + json.dumps({k: round(v["s"], 2) for k, v in runs[-1].items()}), flush=True)
-    cold = statistics.median(r["cold"]["s"] for r in runs)
-    summary: dict = {"machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
-                     "python": platform.python_version(), "repeats": args.repeats, "functions": args.functions,
-                     "medians_s": {}, "ratio_to_cold": {}, "tu": {}}
-    for name in runs[0]:
-        median = statistics.median(r[name]["s"] for r in runs)
-        summary["medians_s"][name] = round(median, 2)
-        summary["ratio_to_cold"][name] = round(median / cold, 3)
-        summary["tu"][name] = {"compiled": runs[-1][name]["tu_compiled"], "reused": runs[-1][name]["tu_reused"]}
+    runs = repeated(repeat, args.repeats, args.functions, "kiln-bench-cc517-")
+    summary = medians(runs, {"machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip(),
+                             "python": platform.python_version(), "repeats": args.repeats,
+                             "functions": args.functions})
+    summary["tu"] = {name: {"compiled": runs[-1][name]["tu_compiled"], "reused": runs[-1][name]["tu_reused"]}
+                     for name in runs[0]}
     summary["one_file_vs_no_compile_cache"] = round(
         summary["medians_s"]["one_file"] / summary["medians_s"]["one_file_no_compile_cache"], 3)
     summary["wheels_identical"] = "second clone = cold; one file with = without the compile cache (checked)"
     print(json.dumps(summary, indent=2))
-
 
 if __name__ == "__main__":
     main()

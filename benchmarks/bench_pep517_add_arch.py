@@ -23,9 +23,7 @@ import json
 import platform
 import re
 import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -103,19 +101,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", type=int, default=120, help="generated kernels added to fill.cu")
     args = parser.parse_args()
-    runs = []
-    for number in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="kiln-bench-addarch-") as tmp:
-            runs.append(repeat(Path(tmp), args.kernels))
-        print(f"repeat {number + 1}: " + json.dumps({k: round(v["s"], 2) for k, v in runs[-1].items()}), flush=True)
-    cold = statistics.median(r["cold"]["s"] for r in runs)
-    summary: dict = {"machine": f"{platform.node()} {platform.machine()}", "repeats": args.repeats,
-                     "kernels": args.kernels, "medians_s": {}, "ratio_to_cold": {}, "compilations": {}}
-    for name in runs[0]:
-        median = statistics.median(r[name]["s"] for r in runs)
-        summary["medians_s"][name] = round(median, 2)
-        summary["ratio_to_cold"][name] = round(median / cold, 3)
-        summary["compilations"][name] = {"compiled": runs[-1][name]["compiled"], "reused": runs[-1][name]["reused"]}
+    from benchmarks.bench_compile_cache_pep517 import medians, repeated
+
+    runs = repeated(repeat, args.repeats, args.kernels, "kiln-bench-addarch-")
+    summary = medians(runs, {"machine": f"{platform.node()} {platform.machine()}", "repeats": args.repeats,
+                             "kernels": args.kernels})
+    summary["compilations"] = {name: {"compiled": runs[-1][name]["compiled"], "reused": runs[-1][name]["reused"]}
+                               for name in runs[0]}
     print(json.dumps(summary, indent=2))
 
 
