@@ -1,4 +1,5 @@
-"""Sharding on the scale-out rig: a dispatched suite's wall with 1 shard and with 2, on two GPU nodes.
+"""Sharding on the scale-out rig: a dispatched suite's wall with 1 shard and with 2 (or the counts ``--shards``
+names), on two GPU nodes.
 
 The rig is the docs' "Scaling out" recipe on loopback (PostgreSQL, a Prefect server on it, moto's S3 server;
 tests/helpers/cluster.py) with the ``acme`` project, two build workers and two simulated GPU nodes, each made
@@ -17,7 +18,7 @@ machine's two cores.
 
 Usage::
 
-    python benchmarks/bench_shards_rig.py [--repeats 3] [--scale 10]
+    python benchmarks/bench_shards_rig.py [--repeats 3] [--scale 10] [--shards 1,2,4]
 """
 
 from __future__ import annotations
@@ -119,15 +120,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=10.0)
+    parser.add_argument("--shards", default="1,2", help="shard counts to measure, comma-separated (1 is the baseline)")
     args = parser.parse_args()
+    counts = sorted({int(n) for n in args.shards.split(",")} | {1})
     import boto3
 
     from tests.helpers.cluster import ARTIFACTS, INDEX, team_cluster
     from tests.helpers.gitrepo import commit_all
     from tests.helpers.s3 import moto_s3_server
 
-    walls: dict[int, list[float]] = {1: [], 2: []}
-    sums: dict[int, list[float]] = {1: [], 2: []}
+    walls: dict[int, list[float]] = {n: [] for n in counts}
+    sums: dict[int, list[float]] = {n: [] for n in counts}
     with moto_s3_server() as endpoint, tempfile.TemporaryDirectory(prefix="kiln-bench-shards-rig-") as tmp:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         for bucket in (ARTIFACTS, INDEX):
@@ -139,7 +142,7 @@ def main() -> None:
             wall, shard_s, runs = _nightly(made, endpoint, Path(tmp), full=False)  # records the durations
             print(f"warm-up (durations recorded): suite wall {wall:.1f} s, runs {runs}, tests {shard_s}", flush=True)
             for repeat in range(args.repeats):
-                order = (1, 2) if repeat % 2 == 0 else (2, 1)
+                order = counts[repeat % len(counts):] + counts[:repeat % len(counts)]  # each count first in turn
                 for n, shards in enumerate(order):
                     _set_shards(project, shards, f"2026-12-01T{repeat + 1:02d}:{n:02d}:00+00:00")
                     wall, shard_s, runs = _nightly(made, endpoint, Path(tmp))
@@ -148,13 +151,12 @@ def main() -> None:
                     print(f"repeat {repeat + 1}, {shards} shard(s): suite wall {wall:.1f} s, runs {runs}, tests "
                           f"per shard {[round(t, 1) for t in shard_s]} s", flush=True)
         shutil.rmtree(Path(tmp) / "rig", ignore_errors=True)
-    one, two = statistics.median(walls[1]), statistics.median(walls[2])
+    one = statistics.median(walls[1])
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")
-    for shards in (1, 2):
+    for shards in counts:
         print(f"{shards} shard(s): suite wall median {statistics.median(walls[shards]):.1f} s of "
               f"{[round(w, 1) for w in walls[shards]]}; tests' own seconds median "
-              f"{statistics.median(sums[shards]):.1f}")
-    print(f"ratio 2 shards / 1 shard: {two / one:.3f}")
+              f"{statistics.median(sums[shards]):.1f}; ratio to 1 shard {statistics.median(walls[shards]) / one:.3f}")
 
 
 if __name__ == "__main__":
