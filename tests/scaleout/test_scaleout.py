@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kiln.core.manifest import RunManifest
 from kiln.flows.summary import render_markdown
 from tests.helpers.cluster import ARTIFACTS, INDEX, VARIANTS, Cluster, team_cluster, trigger, with_sharded_suite
 from tests.helpers.gitrepo import commit_all
@@ -76,6 +79,7 @@ def test_two_nightlies_at_once_run_every_unit_on_its_pool_and_publish_an_index_p
         final = made.wait_final(run_id, NIGHTLY_DEADLINE_S)
         assert final.state.is_completed(), f"{final.state.message}\n{made.logs()}"
     assert first != second
+    wheels = []
     for run_id in (first, second):
         children = _children(made, run_id)
         builds = sorted((tuple(r.parameters["variants"]), _pool(made, r)) for r in children
@@ -92,10 +96,27 @@ def test_two_nightlies_at_once_run_every_unit_on_its_pool_and_publish_an_index_p
         assert units["test/unit/cpu"].state == "completed" and units["test/gpu/cu130"].state == "completed"
         kinds = {(a.kind, a.variant) for a in record.artifacts()}
         assert {("wheel", v) for v in VARIANTS} <= kinds and any(k == "report" for k, _ in kinds)
+        wheels.append({a.variant: (a.path.rsplit("/", 1)[-1], a.sha256) for a in record.artifacts() if a.kind == "wheel"})
         assert record.header.ref == record.header.source.commit and len(record.header.ref) == 40
         summary = render_markdown(record.manifest())  # the nightly's summary, from the record alone
         assert "| build |" in summary and "## Published indexes" in summary and "nightly/cpu" in summary, summary
     _pip_installs_from_the_published_index(s3, tmp_path)
+    assert wheels[0] == wheels[1]  # the same commit, dispatched twice
+    _a_local_build_and_its_witness_give_the_dispatched_wheels(made, project, wheels[0], tmp_path)
+
+
+def _a_local_build_and_its_witness_give_the_dispatched_wheels(made: Cluster, project: Path,
+                                                                dispatched: dict[str, tuple[str, str]],
+                                                                tmp_path: Path) -> None:
+    """`kiln build --witness` of the nightlies' commit on this machine (no worker, no dispatch, its own caches): each
+    wheel is the dispatched builds' bytes, and the witness builds each again with every cache bypassed."""
+    out = tmp_path / "local-build"
+    made.run(f"cd {shlex.quote(str(project))} && {shlex.quote(sys.executable)} -m kiln.flows.cli build --witness"
+             f" --config kiln.toml --out {shlex.quote(str(out))}", timeout=1500)
+    local = RunManifest.load(out / "latest")
+    assert {a.variant: (a.path.rsplit("/", 1)[-1], a.sha256) for a in local.artifacts_of("wheel")} == dispatched
+    [witness] = [u for u in local.units if u.id == "build/witness"]
+    assert witness.message.startswith(f"witnessed: {len(dispatched)} wheels identical"), witness.message
 
 
 def _pip_installs_from_the_published_index(endpoint: str, tmp_path: Path) -> None:
