@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the module fixture
 # lazily): its own tests that launch it, the registry's (the registry names the kernel) and the loader's rebuild
 # test; and tests of the same files that never import it (the fp8 path, the reference, argument checks).
 QUANT, REGISTRY, LOADER = "tests/kernels/test_quant.py", "tests/kernels/test_registry.py", "tests/kernels/test_loader.py"
+DISTRIBUTED = "tests/distributed/test_expert_parallel.py"  # imports no quantization kernel
 LAUNCH_IT = {f"{QUANT}::test_round_trip_bound_holds_for_any_row_magnitude",
              f"{QUANT}::test_same_output_under_torch_compile_fullgraph",
              f"{QUANT}::test_all_zero_rows_give_zero_codes_and_eps_scale",
@@ -158,26 +159,37 @@ def test_the_same_commit_built_again_and_witnessed_gives_the_nightlys_wheels_byt
         assert wheel.read_bytes() == nightly_wheels[variant].read_bytes(), f"{variant}: not the nightly's bytes"
 
 
-def test_a_change_to_one_triton_kernel_reruns_only_the_tests_that_launched_it(nightly, prefect_env):
-    """The nightly's clone gains a commit changing the quantization Triton kernel's module alone; the next nightly
-    runs exactly the tests whose recorded inputs held that module (by name), and carries every other test from
-    the first nightly. Last in this module: it moves the clone's commit."""
+def _commit_and_run_nightly(clone: Path, out: Path, env: dict[str, str], message: str) -> dict[str, dict]:
+    """Commit the clone's edits a minute after its last commit, run its nightly into ``out``; every test's outcome."""
+    later = datetime.fromisoformat(git(clone, "log", "-1", "--format=%cI")) + timedelta(minutes=1)
+    git(clone, "commit", "-q", "-am", message, when=later.isoformat())
+    proc = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(clone / "kiln.toml"),
+                           "--out", str(out)], cwd=clone, env=env, capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return {t["nodeid"]: t for report in sorted((out / "latest" / "tests").glob("*.cpu.json"))
+            for t in json.loads(report.read_text())["tests"]}
+
+
+def test_a_docs_only_commit_runs_no_test_and_one_kernel_and_one_test_file_rerun_only_theirs(nightly, prefect_env):
+    """Two commits on the nightly's clone. A README edit: the next nightly runs no test and carries every test
+    from the first nightly. Then one commit changing the quantization Triton kernel's module and one test file:
+    the next nightly runs exactly the tests whose recorded inputs held that module (named below) and that file's
+    tests, and carries the rest, still naming the first nightly. Last in this module: it moves the clone's commit."""
     latest, _, _ = nightly
     clone, first = latest.parent.parent / "kiln", RunManifest.load(latest)
+    carried = f"carried from run {first.run_id}: its inputs are unchanged"
+    (clone / "README.md").write_text((clone / "README.md").read_text() + "\nA line of documentation.\n")
+    outcomes = _commit_and_run_nightly(clone, latest.parent, prefect_env, "documentation only")
+    assert RunManifest.load(latest).run_id != first.run_id and len(outcomes) > 100
+    assert {n: (t["outcome"], t["message"]) for n, t in outcomes.items()} == {
+        n: ("passed", carried) for n in outcomes}
     kernel = clone / "kernels" / "kiln_kernels" / "_quant_tl.py"
     kernel.write_text(kernel.read_text() + "\n# a change to one Triton kernel's module\n")
-    later = datetime.fromisoformat(git(clone, "log", "-1", "--format=%cI")) + timedelta(minutes=1)
-    git(clone, "commit", "-q", "-am", "one Triton kernel changed", when=later.isoformat())
-    proc = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(clone / "kiln.toml"),
-                           "--out", str(latest.parent)], cwd=clone, env=prefect_env, capture_output=True, text=True,
-                          timeout=3000)
-    second = RunManifest.load(latest)
-    assert second.run_id != first.run_id and proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    outcomes = {t["nodeid"]: t for report in sorted((latest / "tests").glob("*.cpu.json"))
-                for t in json.loads(report.read_text())["tests"]}
-    carried = f"carried from run {first.run_id}: its inputs are unchanged"
+    test_file = clone / DISTRIBUTED
+    test_file.write_text(test_file.read_text() + "\n# a change to one test file\n")
+    outcomes = _commit_and_run_nightly(clone, latest.parent, prefect_env, "one Triton kernel and one test file")
     ran = {n for n, t in outcomes.items() if t["message"] != carried}
     assert LAUNCH_IT <= ran and not ran & NEVER_IMPORT_IT, sorted(ran)
-    assert {n.split("::")[0] for n in ran} == {QUANT, REGISTRY, LOADER}, sorted(ran)  # every other file carried
-    assert len(outcomes) > 100 and len(ran) < len(outcomes) / 2
-    assert all(t["outcome"] == "passed" for t in outcomes.values())
+    assert {n for n in outcomes if n.startswith(f"{DISTRIBUTED}::")} <= ran  # the changed test file's tests
+    assert {n.split("::")[0] for n in ran} == {QUANT, REGISTRY, LOADER, DISTRIBUTED}, sorted(ran)  # others carried
+    assert len(ran) < len(outcomes) / 2 and all(t["outcome"] == "passed" for t in outcomes.values())
