@@ -79,10 +79,15 @@ def _write_shim(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def _compiler_shim(path: Path, launcher: str, real: str) -> None:
-    _write_shim(path, f"# {real}: sha256 {_digest(real)}\n"
-                      f"if [ -n \"${ACTIVE}\" ]; then exec {shlex.quote(real)} \"$@\"; fi\n"
-                      f"export {ACTIVE}=1\nexec {shlex.quote(launcher)} {shlex.quote(real)} \"$@\"\n")
+def _compiler_shim(path: Path, real: str, body: str) -> None:
+    """A shim standing for the compiler ``real``: its bytes named first (:func:`_digest`), then ``body``."""
+    _write_shim(path, f"# {real}: sha256 {_digest(real)}\n{body}")
+
+
+def _cached(launcher: str, real: str) -> str:
+    """A shim's body: ``real`` through ``launcher``, or ``real`` directly below another shim."""
+    return (f"if [ -n \"${ACTIVE}\" ]; then exec {shlex.quote(real)} \"$@\"; fi\n"
+            f"export {ACTIVE}=1\nexec {shlex.quote(launcher)} {shlex.quote(real)} \"$@\"\n")
 
 
 def _real_nvcc(environ: Mapping[str, str], path: str) -> str | None:
@@ -121,14 +126,14 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
     for name in HOST_COMPILERS:
         real = shutil.which(name, path=path)
         if real is not None:
-            _compiler_shim(where / name, cache.launcher, real)
+            _compiler_shim(where / name, real, _cached(cache.launcher, real))
     real_nvcc = _real_nvcc(environ, path) if nvcc else None
-    if real_nvcc is not None and cuobjdump:
-        command = front_command(sys.executable, Path(real_nvcc), (cache.launcher, ACTIVE), cuobjdump)
-        _write_shim(where / "nvcc", f"# {real_nvcc}: sha256 {_digest(real_nvcc)}\nexec {shlex.join(command)} \"$@\"\n")
-    elif real_nvcc is not None:
-        _compiler_shim(where / "nvcc", cache.launcher, real_nvcc)
     if real_nvcc is not None:
+        body = _cached(cache.launcher, real_nvcc)
+        if cuobjdump:  # Kiln's nvcc, splitting a compile per arch
+            front = front_command(sys.executable, Path(real_nvcc), (cache.launcher, ACTIVE), cuobjdump)
+            body = f"exec {shlex.join(front)} \"$@\"\n"
+        _compiler_shim(where / "nvcc", real_nvcc, body)
         env["PYTORCH_NVCC"] = str(where / "nvcc")
     launcher = where / "ccache"
     _write_shim(launcher, f"export {ACTIVE}=1\nexec {shlex.quote(cache.launcher)} \"$@\"\n")

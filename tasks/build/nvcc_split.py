@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.core.errors import CompileError
-from kiln.tasks.build.nvcc_arch import CombineTools, combine
+from kiln.core.errors import CompileError, ToolchainMissingError
+from kiln.tasks.build.nvcc_arch import combine, find_combine_tools
 from kiln.tasks.build.nvcc_narrow import NarrowError, Target, gencode_flags, narrow_args, read_targets
 
 # the unit's own deadline ends the build's whole process group first; this bounds one compile left alone
@@ -179,12 +179,15 @@ def _rewrite_depfile(written: Path, wanted: str, part_obj: str, obj: str) -> Non
 
 
 def _tool(cmd: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """One combining tool, in this process's group (not :func:`kiln.tasks.build.nvcc.run_tool`'s group of its own):
+    the unit's deadline ends the build's whole process group, and with it this tool."""
     return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout, check=False)
 
 
 def run_split(split: Split, real: str, launcher: str, cuobjdump: str) -> int:
     """Compile each arch of ``split`` through ``launcher`` and combine them into its object; nvcc's exit status."""
+    tools = find_combine_tools(real, cuobjdump)  # before any compile: a missing tool is said at once
     folder = Path(f"{split.obj}.kiln-arch")
     shutil.rmtree(folder, ignore_errors=True)  # a rebuild in the same tree starts from nothing
     folder.mkdir(parents=True)
@@ -208,8 +211,6 @@ def run_split(split: Split, real: str, launcher: str, cuobjdump: str) -> int:
     failed = next((code for code, _ in results if code != 0), 0)
     if failed:
         return failed
-    tools = CombineTools(str(Path(real).resolve().parent / "fatbinary"), shutil.which("objcopy") or "objcopy",
-                         cuobjdump)
     here = folder.absolute()  # the combining tools run in the objects' folder
     combine([(sm, here / f"{sm}.o") for sm, _ in split.parts], Path(split.obj).absolute(), tools,
             lambda cmd, timeout, cwd: _tool(cmd, min(timeout, _COMBINE_TIMEOUT_S), cwd), split.source)
@@ -253,7 +254,8 @@ def main(argv: list[str]) -> int:
         os.execv(launcher, [launcher, real, *args])
     try:
         return run_split(plan, real, launcher, options["--cuobjdump"])
-    except (CompileError, OSError, subprocess.SubprocessError) as exc:  # its caller (ninja) reads a status
+    # its caller (ninja, setuptools) reads an exit status and a message
+    except (CompileError, ToolchainMissingError, OSError, subprocess.SubprocessError) as exc:
         print(f"kiln nvcc: combining the per-arch compiles of {plan.source} failed: {exc}", file=sys.stderr)
         return 1
 
