@@ -118,23 +118,24 @@ def _wheel_metadata(wheel: Path) -> email.message.Message:
     return email.parser.BytesHeaderParser().parsebytes(core_metadata(wheel.name, wheel))
 
 
-_MADE: dict[Path, TestEnv] = {}  # environments made in this process, by folder (each run's folders are its own)
+_MADE: dict[Path, TestEnv] = {}  # environments made in this process, by what they are for (a run's suite)
 _MAKING: dict[Path, threading.Lock] = {}
 _MAKING_GUARD = threading.Lock()
 
 
-def made_once(root: Path, make: Callable[[], TestEnv]) -> TestEnv:
-    """The environment at ``root``, made by ``make`` the first time it is asked for in this process; a caller asking
+def made_once(key: Path, make: Callable[[], TestEnv]) -> TestEnv:
+    """The environment for ``key``, made by ``make`` the first time it is asked for in this process; a caller asking
     while it is made waits for it. The shards of a suite run here share one: the same wheels and requirements, as
-    the workers of one unsharded suite share theirs (each test still runs in its own process and work folder)."""
+    the workers of one unsharded suite share theirs (each test still runs in its own process and work folder).
+    ``make`` names the folder: shards run by other processes each make their own there, never the same one."""
     with _MAKING_GUARD:
-        lock = _MAKING.setdefault(root, threading.Lock())
+        lock = _MAKING.setdefault(key, threading.Lock())
     with lock:
-        if root not in _MADE:
-            _MADE[root] = make()
+        if key not in _MADE:
+            _MADE[key] = make()
         else:
-            log.info("test environment %s: made once in this run, shared", root)
-        return _MADE[root]
+            log.info("test environment %s: made once in this process, shared", _MADE[key].root)
+        return _MADE[key]
 
 
 def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (), *,

@@ -286,8 +286,8 @@ def run_suite(config: KilnConfig, target: SuiteTarget, wheels: Sequence[Path], v
     except ToolchainMissingError as exc:  # a cell this machine cannot test: "not run", never "passed" (invariant 9)
         logger.warning("suite %s: not run: %s", target.name, exc)
         return SuiteRun(target.name, (), target.unit("not_run", f"not run: {exc}", 0.0), (), 0.0)
-    root = reports_dir / ".envs" / target.suite_name  # a sharded suite's shards share it (made once)
-    env = made_once(root, lambda: make_env(
+    root = reports_dir / ".envs" / target.name  # the shard that makes it names it; the suite's shards share it
+    env = made_once(reports_dir / ".envs" / target.suite_name, lambda: make_env(
         root, wheels, suite.requires, indexes=config.publish.extra_index_urls, tests_root=config.root,
         test_paths=suite.paths, backend=target.variant.backend,
         build_requires=() if target.torch else target.variant.build_requires, python=python,
