@@ -27,8 +27,9 @@ nvcc reads flags from ``NVCC_APPEND_FLAGS``/``NVCC_PREPEND_FLAGS``, which ccache
 the unit's directory spelled as a fixed name, is hashed with every compile (``CCACHE_EXTRAFILES``), so a flag
 change there is a miss, never another build's object. Given ``cuobjdump``, nvcc's shim is Kiln's nvcc
 (:mod:`kiln.tasks.build.nvcc_split`): a compile for several archs runs as one cached nvcc call per arch, so an added
-arch compiles alone. Under ``arch_policy = "narrow"`` nvcc gets no shim here: the narrowing nvcc is Kiln's nvcc too,
-and narrows first (it records what it dropped on every compile, a hit included).
+arch compiles alone. So is CMake's CUDA launcher, which gets the nvcc CMake found (the shim, or one the project
+named by path) as its first argument. Under ``arch_policy = "narrow"`` nvcc gets no shim here: the narrowing nvcc
+is Kiln's nvcc too, and narrows first (it records what it dropped on every compile, a hit included).
 """
 
 from __future__ import annotations
@@ -127,17 +128,20 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
         real = shutil.which(name, path=path)
         if real is not None:
             _compiler_shim(where / name, real, _cached(cache.launcher, real))
-    real_nvcc = _real_nvcc(environ, path) if nvcc else None
-    if real_nvcc is not None:
-        body = _cached(cache.launcher, real_nvcc)
-        if cuobjdump:  # Kiln's nvcc, splitting a compile per arch
-            front = front_command(sys.executable, Path(real_nvcc), (cache.launcher, ACTIVE), cuobjdump)
-            body = f"exec {shlex.join(front)} \"$@\"\n"
-        _compiler_shim(where / "nvcc", real_nvcc, body)
-        env["PYTORCH_NVCC"] = str(where / "nvcc")
     launcher = where / "ccache"
     _write_shim(launcher, f"export {ACTIVE}=1\nexec {shlex.quote(cache.launcher)} \"$@\"\n")
     env |= {f"CMAKE_{lang}_COMPILER_LAUNCHER": str(launcher) for lang in _LANGS}
+    real_nvcc = _real_nvcc(environ, path) if nvcc else None
+    if real_nvcc is not None:
+        body = _cached(cache.launcher, real_nvcc)
+        if cuobjdump:  # Kiln's nvcc, splitting a compile per arch; CMake's launcher splits the nvcc it found
+            cached = (cache.launcher, ACTIVE)
+            body = f"exec {shlex.join(front_command(sys.executable, Path(real_nvcc), cached, cuobjdump))} \"$@\"\n"
+            front = front_command(sys.executable, Path(real_nvcc), cached, cuobjdump, launched=where / "nvcc")
+            _write_shim(where / "nvcc-launcher", f"exec {shlex.join(front)} \"$@\"\n")
+            env["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(where / "nvcc-launcher")
+        _compiler_shim(where / "nvcc", real_nvcc, body)
+        env["PYTORCH_NVCC"] = str(where / "nvcc")
     env |= cache.environ(unit_dir, stats_log)
     env["CCACHE_EXTRAFILES"] = str(_nvcc_flags_file(environ, unit_dir, where))
     env["PATH"] = os.pathsep.join(filter(None, [str(where), path]))

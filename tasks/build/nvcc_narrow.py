@@ -130,11 +130,16 @@ def narrow_args(args: Sequence[str], sass: Iterable[str], ptx: Iterable[str]) ->
 
 
 def front_command(python: str, real: Path, launcher: tuple[str, str] | None, cuobjdump: str | None,
-                  narrow: tuple[Iterable[str], Iterable[str], Path] | None = None) -> list[str]:
+                  narrow: tuple[Iterable[str], Iterable[str], Path] | None = None,
+                  launched: Path | None = None) -> list[str]:
     """The command Kiln's nvcc runs before its arguments (:mod:`kiln.tasks.build.nvcc_split`): ``real`` nvcc, through
     ``launcher`` (the compile cache's executable and the variable its shims set below it) split per arch when
-    ``cuobjdump`` is given, narrowed to ``narrow`` (the SASS archs, the PTX archs, the log) when given."""
+    ``cuobjdump`` is given, narrowed to ``narrow`` (the SASS archs, the PTX archs, the log) when given.
+    ``launched``: run as CMake's CUDA compiler launcher, the compiler CMake found first among the arguments
+    (``launched``, the nvcc shim standing for ``real``, or another compiler)."""
     command = [python, "-I", "-m", "kiln.tasks.build.nvcc_split", "--real", str(real.resolve())]
+    if launched is not None:
+        command += ["--launched", str(launched)]
     if narrow is not None:
         sass, ptx, log = narrow
         command += ["--sass", ",".join(sorted(sass)), "--ptx", ",".join(sorted(ptx)), "--log", str(log)]

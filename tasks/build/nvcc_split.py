@@ -20,7 +20,9 @@ lie in ``<object>.kiln-arch/``, named by arch, so a compile's command line is th
 
 Run as ``python -I -m kiln.tasks.build.nvcc_split OPTIONS -- NVCC-ARGS`` by the shim the build's environment names
 (:func:`kiln.tasks.build.nvcc_narrow.front_command`); a call below a compile-cache shim (the launcher's variable
-set) runs the real nvcc directly.
+set) runs the real nvcc directly. A CMake build runs it as ``CMAKE_CUDA_COMPILER_LAUNCHER`` (``--launched``), the
+compiler CMake found first among its arguments: a launcher runs before the compiler, so only there can a CMake
+project's compile be split.
 """
 
 from __future__ import annotations
@@ -236,20 +238,35 @@ def _narrowed(args: list[str], options: dict[str, str]) -> list[str] | None:
     return new
 
 
+def _compiler(args: list[str], options: dict[str, str]) -> tuple[str, list[str], bool]:
+    """The compiler to run, its arguments, and whether it is an nvcc: ``--real`` and ``args``; or, run as CMake's
+    CUDA compiler launcher (``--launched``: the nvcc shim standing for ``--real``), the compiler CMake put first
+    (the shim, an nvcc the project named by path, or another CUDA compiler, which is cached whole)."""
+    if "--launched" not in options:
+        return options["--real"], args, True
+    compiler, rest = args[0], args[1:]
+    if os.path.realpath(compiler) == os.path.realpath(options["--launched"]):
+        return options["--real"], rest, True
+    return compiler, rest, os.path.basename(compiler) == "nvcc"
+
+
 def main(argv: list[str]) -> int:
     split_at = argv.index("--")
     options = dict(zip(argv[:split_at:2], argv[1:split_at:2], strict=True))
-    args = argv[split_at + 1:]
+    if "--launched" in options and len(argv) == split_at + 1:
+        print("kiln nvcc: run as a compiler launcher with no compiler to run", file=sys.stderr)
+        return 2
+    real, args, is_nvcc = _compiler(argv[split_at + 1:], options)
     if "--sass" in options:
         narrowed = _narrowed(args, options)
         if narrowed is None:
             return 2
         args = narrowed
-    real, launcher, active = options["--real"], options.get("--launcher"), options.get("--active", "")
+    launcher, active = options.get("--launcher"), options.get("--active", "")
     if not launcher or not active or os.environ.get(active):  # no cache, or nested below a compile-cache shim
         os.execv(real, [real, *args])
     os.environ[active] = "1"  # nvcc's own host compiles run the real compilers
-    plan = plan_split(args) if options.get("--cuobjdump") else None
+    plan = plan_split(args) if is_nvcc and options.get("--cuobjdump") else None
     if plan is None:
         os.execv(launcher, [launcher, real, *args])
     try:

@@ -146,6 +146,47 @@ def test_an_nvcc_compile_a_setup_py_runs_by_name_is_cached_per_arch_and_an_added
     assert set(re.findall(r"\.(sm_\d+)\.cubin", listed)) == {"sm_80", "sm_90", "sm_100"}, listed
 
 
+def _cmake_cuda(project: Path, archs: str) -> Path:
+    """cmakeops made a CUDA library: CMake compiles ``ops.c`` and ``fill.cu`` for the variant's ``archs``
+    (``CUDAARCHS``), one CUDA variant."""
+    (project / "fill.cu").write_text("__global__ void fill(float *x, float v) { x[threadIdx.x] = v; }\n"
+                                     'extern "C" void cmakeops_fill(float *x, float v) { fill<<<1, 32>>>(x, v); }\n')
+    cmake = project / "CMakeLists.txt"
+    cmake.write_text(cmake.read_text().replace("LANGUAGES C)", "LANGUAGES C CUDA)")
+                     .replace("MODULE ops.c)", "MODULE ops.c fill.cu)"))
+    config = project / "kiln.toml"
+    config.write_text(re.sub(r'name = "c[^"]*"\nbackend = "c[a-z]*"\n(archs = .*\n)?',
+                             f'name = "cu130"\nbackend = "cuda"\narchs = {archs}\n', config.read_text(), count=1))
+    assert "fill.cu)" in cmake.read_text() and f"archs = {archs}" in config.read_text(), "cmakeops changed"
+    return project
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_toolchain
+@pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("cmake") is None, reason="nvcc or cmake missing")
+def test_a_cmake_projects_nvcc_compile_is_split_per_arch_by_its_launcher_and_an_added_arch_compiles_alone(tmp_path):
+    """scikit-build-core's CMake runs its launcher before the nvcc it found: Kiln's nvcc is that launcher, so each
+    arch of the project's ``.cu`` is one cached compile; an arch added to the variant compiles that arch alone,
+    and the library holds all three; the wheel is the bytes of a cold build of the three."""
+    project = _cmake_cuda(_clone(tmp_path / "w1", "cmakeops"), '["8.0", "9.0"]')
+    cold, _ = _build(project, tmp_path / "cache", tmp_path / "out-1")
+    both = ("fill.cu [sm_80]", "fill.cu [sm_90]")
+    assert cold.compile is not None and sorted(cold.compile.compiled) == [*both, "ops.c"], cold.compile
+    _cmake_cuda(project, '["8.0", "9.0", "10.0"]')
+    wider, wider_wheel = _build(project, tmp_path / "cache", tmp_path / "out-2")
+    assert wider.compile is not None and wider.compile.compiled == ("fill.cu [sm_100]",), wider.compile
+    assert sorted(wider.compile.reused) == [*both, "ops.c"], wider.compile
+    # all three archs cold, in a second clone: the same bytes as the build two of them came from the cache for
+    again = _cmake_cuda(_clone(tmp_path / "a-second-clone" / "w2", "cmakeops"), '["8.0", "9.0", "10.0"]')
+    _, cold_wheel = _build(again, tmp_path / "cache-2", tmp_path / "out-3")
+    assert cold_wheel.read_bytes() == wider_wheel.read_bytes()
+    (tmp_path / "ops.so").write_bytes(_library(wider_wheel))
+    listed = subprocess.run([find_cuobjdump(), "--list-elf", str(tmp_path / "ops.so")], capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    assert set(re.findall(r"\.(sm_\d+)\.cubin", listed)) == {"sm_80", "sm_90", "sm_100"}, listed
+
+
 def _unit():  # type: ignore[no-untyped-def]
     from kiln.tasks.build.plan import CompileUnit
 
@@ -194,6 +235,33 @@ def test_each_shim_runs_ccache_with_the_real_compiler_and_a_nested_compile_runs_
     assert run("gcc", "-E", "x.c", extra={ACTIVE: "1"}) == ["gcc -E x.c marker=1"]
     assert run(str(launcher), str(tmp_path / "shims" / "gcc"), "-c", "b.c") == [
         f"ccache {tmp_path}/shims/gcc -c b.c marker=1", "gcc -c b.c marker=1"]
+
+
+def test_cmakes_cuda_launcher_is_kilns_nvcc_taking_the_compiler_cmake_found_first(tmp_path):
+    """The nvcc shim CMake found stands for the real nvcc; an nvcc the project named by path is run itself; another
+    CUDA compiler (clang) is cached whole; nested below a shim, the compiler runs directly. (One arch: no split.)"""
+    tools = _fake_tools(tmp_path / "tools")
+    (tools / "clang").write_text((tools / "gcc").read_text().replace("echo gcc", "echo clang"))
+    (tools / "clang").chmod(0o755)
+    env = cached_compilers(_cache(tmp_path, tmp_path / "recorder"), {"PATH": f"{tools}:/usr/bin:/bin"},
+                           tmp_path / "unit", tmp_path / "shims", tmp_path / "stats.log", cuobjdump="/bin/false")
+    launcher = env["CMAKE_CUDA_COMPILER_LAUNCHER"]
+    assert launcher == str(tmp_path / "shims" / "nvcc-launcher") and env["CMAKE_C_COMPILER_LAUNCHER"] != launcher
+
+    def run(*cmd: str, extra: dict[str, str] | None = None) -> list[str]:
+        done = subprocess.run(cmd, env=env | (extra or {}), capture_output=True, text=True, timeout=60, check=True)
+        return done.stdout.splitlines()
+
+    shim, one_arch = str(tmp_path / "shims" / "nvcc"), ("-arch=sm_90", "-c", "k.cu", "-o", "k.o")
+    assert run(launcher, shim, *one_arch)[0] == f"ccache {tools}/nvcc {' '.join(one_arch)} marker=1"
+    other = tmp_path / "cuda-12" / "bin" / "nvcc"
+    other.parent.mkdir(parents=True)
+    shutil.copy(tools / "nvcc", other)
+    assert run(launcher, str(other), *one_arch)[0] == f"ccache {other} {' '.join(one_arch)} marker=1"
+    assert run(launcher, str(tools / "clang"), "-c", "k.cu")[0] == f"ccache {tools}/clang -c k.cu marker=1"
+    assert run(launcher, shim, "-c", "k.cu", extra={ACTIVE: "1"}) == ["nvcc -c k.cu marker=1"]
+    refused = subprocess.run([launcher], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "no compiler to run" in refused.stderr
 
 
 def test_the_shim_names_the_real_compilers_bytes_so_a_new_toolchain_is_a_miss(tmp_path):
