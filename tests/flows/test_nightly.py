@@ -10,6 +10,7 @@ fresh virtual environment.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -40,11 +41,23 @@ NEVER_IMPORT_IT = {f"{QUANT}::test_fp8_on_the_interpreter_takes_the_reference_pa
                    f"{LOADER}::test_a_platform_maps_to_the_loaders_device"}
 
 
+def _share_a_store(clone: Path, store: Path) -> None:
+    """The clone's run records and its build caches' shared tier in ``store``, as a team's workers share one, as a
+    commit: a second worker cloning the clone gets the same commit and the same store."""
+    store.mkdir(mode=0o700)
+    config = clone / "kiln.toml"
+    text, found = re.subn(r'(?m)^url = "file://\.kiln/artifacts".*$', f'url = "{store.as_uri()}"', config.read_text())
+    assert found == 1, "the default kiln.toml's [artifacts] url changed: update this test"
+    config.write_text(text + '\n[build.cache]\nremote = "artifacts"\n')
+    git(clone, "commit", "-q", "-am", "one store for the team's workers, and its cache tier")
+
+
 @pytest.fixture(scope="module")
 def nightly(tmp_path_factory, prefect_env):
     base = tmp_path_factory.mktemp("nightly")
     clone = base / "kiln"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True, timeout=300)
+    _share_a_store(clone, base / "store")
     out = base / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(clone / "kiln.toml"), "--out", str(out)],
@@ -157,6 +170,33 @@ def test_the_same_commit_built_again_and_witnessed_gives_the_nightlys_wheels_byt
     for variant, wheel in built.items():
         assert wheel.name == nightly_wheels[variant].name
         assert wheel.read_bytes() == nightly_wheels[variant].read_bytes(), f"{variant}: not the nightly's bytes"
+
+
+def test_a_second_fresh_worker_builds_nothing_runs_no_test_and_gives_the_same_wheels(nightly, prefect_env, tmp_path):
+    """A second worker (a fresh clone of the nightly's commit, its own empty caches) runs the nightly against the
+    first worker's store: every build unit comes from the shared tier, no test runs (each carried from the first
+    worker's nightly: its inputs are unchanged), and every wheel is the first worker's bytes."""
+    latest, _, _ = nightly
+    first, clone = RunManifest.load(latest), tmp_path / "worker-b" / "kiln"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(latest.parent.parent / "kiln"), str(clone)],
+                   check=True, timeout=300)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "nightly", "--config", str(clone / "kiln.toml"),
+                           "--out", str(out)], cwd=clone, env=prefect_env, capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    second = RunManifest.load(out / "latest")
+    states = {u.id: u.cache for u in second.units if u.stage == "build" and u.cache}
+    assert len(states) > 50 and set(states.values()) == {"hit"}, states
+    shared = second.info["build_cache_shared"]
+    assert shared["hits"] == len(states) and shared["misses"] == 0 and not shared["unreachable"], shared
+    carried = f"carried from run {first.run_id}: its inputs are unchanged"
+    outcomes = [t for report in sorted((out / "latest" / "tests").glob("*.cpu.json"))
+                for t in json.loads(report.read_text())["tests"]]
+    assert len(outcomes) > 100 and {(t["outcome"], t["message"]) for t in outcomes} == {("passed", carried)}
+    wheels = {a.variant: second.root / a.path for a in second.artifacts_of("wheel")}
+    assert sorted(wheels) == ["cpu", "cu130", "rocm"]
+    for artifact in first.artifacts_of("wheel"):
+        assert wheels[artifact.variant].read_bytes() == (first.root / artifact.path).read_bytes(), artifact.variant
 
 
 def _commit_and_run_nightly(clone: Path, out: Path, env: dict[str, str], message: str) -> dict[str, dict]:
