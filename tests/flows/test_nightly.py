@@ -199,6 +199,33 @@ def test_a_second_fresh_worker_builds_nothing_runs_no_test_and_gives_the_same_wh
         assert wheels[artifact.variant].read_bytes() == (first.root / artifact.path).read_bytes(), artifact.variant
 
 
+def _build_for(clone: Path, out: Path, env: dict[str, str], target: str) -> tuple[int, RunManifest]:
+    """`kiln build` of the clone with ``[build] manylinux = target`` (an uncommitted edit, undone after)."""
+    config = clone / "kiln.toml"
+    config.write_text(config.read_text().replace("[build]\n", f'[build]\nmanylinux = "{target}"\n', 1))
+    try:
+        done = subprocess.run([sys.executable, "-m", "kiln.flows.cli", "build", "--config", str(config), "--out",
+                               str(out)], cwd=clone, env=env, capture_output=True, text=True, timeout=3000)
+    finally:
+        git(clone, "checkout", "kiln.toml")
+    return done.returncode, RunManifest.load(out / "latest")
+
+
+def test_the_default_projects_native_wheels_are_refused_for_manylinux_2_28_naming_symbols_and_meet_2_34(
+        nightly, prefect_env, tmp_path):
+    """This Debian 12 builder's glibc gives the default project's native wheels manylinux_2_34: a 2_28 target fails
+    their units naming the symbol versions that push them newer; a 2_34 target tags them for it."""
+    clone = nightly[0].parent.parent / "kiln"
+    code, run = _build_for(clone, tmp_path / "old", prefect_env, "2_28")
+    refused = {u.id: u.message for u in run.units if u.state == "failed"}
+    assert code != 0 and refused, [(u.id, u.state) for u in run.units]
+    assert all("do not meet the manylinux target 2_28" in m and "GLIBC_2." in m for m in refused.values()), refused
+    code, run = _build_for(clone, tmp_path / "new", prefect_env, "2_34")
+    assert code == 0, {u.id: u.message for u in run.units if u.state != "completed"}
+    native = [a.path for a in run.artifacts_of("wheel") if not a.path.endswith("-any.whl")]
+    assert native and all(p.endswith("-manylinux_2_34_x86_64.whl") for p in native), native
+
+
 def _commit_and_run_nightly(clone: Path, out: Path, env: dict[str, str], message: str) -> dict[str, dict]:
     """Commit the clone's edits a minute after its last commit, run its nightly into ``out``; every test's outcome."""
     later = datetime.fromisoformat(git(clone, "log", "-1", "--format=%cI")) + timedelta(minutes=1)
