@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import sys
-import threading
 import zipfile
 from pathlib import Path
 
@@ -19,51 +18,7 @@ import pytest
 from kiln.core.manifest import RunManifest
 from kiln.core.sandbox import CONFINEMENT_INFO, support
 from tests.helpers.gitrepo import FIXTURES, init_repo
-
-SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "AWS_ACCESS_KEY_ID": "AKIAKILNTEST",
-           "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc-token", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:9/oidc",
-           "TWINE_PASSWORD": "pypi-token", "GITHUB_TOKEN": "ghp-token", "PREFECT_API_KEY": "pnu-key",
-           "PYPI_ID_TOKEN": "gitlab-oidc"}  # the last: a GitLab job's id_tokens entry, named by its job
-
-
-class _Listener:
-    """A TCP listener outside every sandbox, counting who reached it."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self.server = socket.socket()
-        self.server.bind((host, 0))
-        self.port = int(self.server.getsockname()[1])
-        self.server.listen()
-        self.server.settimeout(0.2)
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.server.close()
-
-
-def _own_address() -> str:
-    """This machine's address on its own network (not loopback): the one its route to the outside leaves from.
-    A UDP socket's connect sends nothing."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
-        address = str(probe.getsockname()[0])
-    assert not address.startswith("127."), f"no address off loopback here ({address}): nothing to test against"
-    return address
+from tests.helpers.hostile import SECRETS, Listener, own_address
 
 
 @pytest.mark.slow
@@ -81,7 +36,7 @@ def test_a_hostile_packages_build_conftest_and_tests_reach_no_secret_home_store_
     canary = tmp_path / "credentials"  # a credential file of the user's, outside every tree a guest is given
     canary.write_text("[default]\naws_secret_access_key = canary\n")
     # one on the host's loopback, one on its own network's address (a namespace's own loopback reaches neither)
-    listeners = [_Listener(), _Listener(_own_address())]
+    listeners = [Listener(), Listener(own_address())]
     for listener in listeners:  # the direct check: each answers a process outside the sandbox
         socket.create_connection((listener.host, listener.port), timeout=5).close()
     targets = {"read": [str(canary), str(Path.home()), str(out), os.environ.get("PREFECT_HOME", str(Path.home()))],
@@ -131,7 +86,7 @@ def test_a_whole_nightly_of_a_nosy_registry_never_imports_it_here_and_its_import
     shutil.copytree(FIXTURES / "nosy", repo, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".gitignore").write_text("port\nplanted\n")
     init_repo(repo)
-    listener = _Listener()
+    listener = Listener()
     (repo / "port").write_text(str(listener.port))
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
