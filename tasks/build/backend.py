@@ -53,7 +53,7 @@ from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pip_env
+from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, install_build_requirements, overlay_env
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
@@ -348,15 +348,7 @@ class ProjectBuilder:
         """A fresh environment for the build on the variant's (or Kiln's), every build requirement met."""
         python = overlay_env(root, made) if made is not None else venvs.make_build_env(root)
         flag = made.safe_path if made is not None else "-P"  # -P: 3.11+; a Python 3.10 cell's build: -I
-        missing = venvs.unmet_requirements(python, build_requires(source), flag)
-        if missing:
-            wanted = [m.rsplit(" (", 1)[0] for m in missing]
-            _log.info("installing the build requirements %s for %s", wanted, what)
-            with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:  # an sdist's hook sees no secret
-                done = run_tool([str(python), flag, "-m", "pip", "install", "--quiet", *wanted], self.timeout_s,
-                                env=pip_env(Path(home)))
-            if done.returncode != 0:
-                raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")
+        install_build_requirements(python, build_requires(source), what, self.timeout_s, flag)
         return python
 
     def _built_here(self, wheel: Path, source: Path, dist: Path, what: str, tree: Path | None = None) -> None:

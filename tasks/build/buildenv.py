@@ -44,7 +44,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kiln.core import venvs
-from kiln.core.errors import KilnError, PermanentError, UnsafePathError
+from kiln.core.errors import CompileError, KilnError, PermanentError, UnsafePathError
 from kiln.core.fsutil import polled_lock
 from kiln.core.sandbox import installer_command, local_sources
 from kiln.release.installenv import scrubbed_env, user_cache
@@ -163,6 +163,24 @@ def pip_env(home: Path) -> dict[str, str]:
     someone else's code, with the machine's own sources and pip's cache kept; ``HOME`` is ``home``."""
     sources = {key: os.environ[key] for key in _MACHINE_SOURCES if key in os.environ}
     return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": user_cache("pip", "PIP_CACHE_DIR")})
+
+
+def install_build_requirements(python: Path, requirements: Sequence[str], what: str, timeout_s: float,
+                               flag: str = "-P") -> None:
+    """Install what of ``requirements`` ``python``'s environment lacks: pip as a guest (:func:`installer_command`:
+    a requirement's sdist hook is someone else's code) in the scrubbed environment, writing only that environment.
+    ``flag``: how ``python`` keeps its working directory off ``sys.path`` (``-P``; ``-I`` for Python 3.10)."""
+    missing = venvs.unmet_requirements(python, sorted(requirements), flag)
+    if not missing:
+        return
+    wanted = [m.rsplit(" (", 1)[0] for m in missing]
+    _log.info("installing the build requirements %s for %s", wanted, what)
+    with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
+        cmd, env = installer_command([str(python), flag, "-m", "pip", "install", "--quiet", *wanted], python,
+                                     pip_env(Path(home)), write=[python.parent.parent])
+        done = run_tool(cmd, timeout_s, env=env)
+    if done.returncode != 0:
+        raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n{_tail(done.stdout)}")
 
 
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,

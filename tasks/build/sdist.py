@@ -35,10 +35,10 @@ from packaging.version import Version
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
-from kiln.core.sandbox import guest_command, guest_environ, installer_command
+from kiln.core.sandbox import guest_command, guest_environ
 from kiln.release.pypi_release import public_version
 from kiln.tasks.build.backend import without_network
-from kiln.tasks.build.buildenv import pip_env
+from kiln.tasks.build.buildenv import install_build_requirements
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
@@ -66,21 +66,6 @@ def _runner(environ: Mapping[str, str], timeout_s: float, work: Path) -> build.R
         if done.returncode != 0:
             raise subprocess.CalledProcessError(done.returncode, list(cmd), output=done.stdout)
     return run
-
-
-def _install_missing(python: Path, requirements: Sequence[str], what: str, timeout_s: float) -> None:
-    missing = venvs.unmet_requirements(python, sorted(requirements))
-    if not missing:
-        return
-    wanted = [m.rsplit(" (", 1)[0] for m in missing]
-    _log.info("installing the build requirements %s for %s", wanted, what)
-    with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:  # a requirement's sdist hook sees no secret
-        cmd, env = installer_command([str(python), "-P", "-m", "pip", "install", "--quiet", *wanted], python,
-                                     pip_env(Path(home)), write=[python.parent.parent])
-        done = run_tool(cmd, timeout_s, env=env)
-    if done.returncode != 0:
-        raise CompileError(f"cannot install the build requirements {wanted} of {what}:\n"
-                           f"{done.stdout[-_TAIL_CHARS:].strip()}")
 
 
 def _hook_failure(what: str, exc: Exception) -> CompileError:
@@ -119,8 +104,8 @@ def build_sdist(project_dir: Path, distribution: str, version: str, out_dir: Pat
         builder = build.ProjectBuilder(source, python_executable=str(python), runner=_runner(environ, timeout_s, work))
         _log.info("building the sdist of %s with its own backend", what)
         try:
-            _install_missing(python, sorted(builder.build_system_requires), what, timeout_s)
-            _install_missing(python, sorted(builder.get_requires_for_build("sdist")), what, timeout_s)
+            install_build_requirements(python, sorted(builder.build_system_requires), what, timeout_s)
+            install_build_requirements(python, sorted(builder.get_requires_for_build("sdist")), what, timeout_s)
             built = Path(builder.build("sdist", work / "dist"))
         except (build.BuildException, build.BuildBackendException) as exc:
             raise _hook_failure(what, exc) from exc

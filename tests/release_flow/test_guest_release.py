@@ -1,15 +1,17 @@
 """A hostile package through a whole release with Trusted Publishing: the worker holds an OIDC identity (GitHub
-Actions' token service, a loopback stand-in) and the step's other secrets. Its build (setup.py), conftest and
-tests try to read them, the user's files and Kiln's homes, to write Kiln's state, and to reach listeners outside
+Actions' token service, a loopback stand-in) and the step's other secrets. Its build (setup.py), its build
+requirement (an sdist: its hook when installed, its module when imported), conftest and tests try to read them, the user's files and Kiln's homes, to write Kiln's state, and to reach listeners outside
 their sandbox, the identity's token service and the minting endpoint among them. Nothing succeeds; the upload
 task alone uses the identity, once, and its minted token reaches the index (a real pypiserver) and nothing else."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import socket
+import tarfile
 import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,9 +30,30 @@ MINTED = "pypi-minted-for-the-upload-task-only"
 BEARER = "actions-request-bearer-of-the-worker"
 
 
+def _helper_sdist(dest: Path) -> Path:
+    """The hostile build requirement (the fixture's helper/, with its probe) as an sdist: an installer builds it."""
+    helper, root = FIXTURES / "hostile" / "helper", "hostile_helper-0.1.0"
+    files = {f"{root}/{p.relative_to(helper)}": p.read_bytes() for p in helper.rglob("*") if p.is_file()}
+    files[f"{root}/hostile_probe.py"] = (FIXTURES / "hostile" / "tests" / "hostile_probe.py").read_bytes()
+    files[f"{root}/PKG-INFO"] = b"Metadata-Version: 2.1\nName: hostile-helper\nVersion: 0.1.0\n"
+    dest.mkdir()
+    sdist = dest / f"{root}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return sdist
+
+
 def _hostile(tmp_path: Path, upload_url: str, index_url: str, oidc_url: str) -> Path:
     repo = tmp_path / "hostile"
     shutil.copytree(FIXTURES / "hostile", repo, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = repo / "pyproject.toml"
+    requirement = f'"hostile-helper @ {_helper_sdist(tmp_path / "helper-dist").as_uri()}"'
+    pyproject.write_text(pyproject.read_text().replace('requires = ["setuptools>=61"]',
+                                                       f'requires = ["setuptools>=61", {requirement}]'))
+    assert "hostile-helper @" in pyproject.read_text(), "the hostile fixture's build-system changed"
     config = repo / "kiln.toml"
     config.write_text(config.read_text() + "\n".join([
         "", "[publish.targets.pypi]", 'kind = "upload"', f'url = "{upload_url}"', f'index_url = "{index_url}"',
@@ -87,6 +110,11 @@ def test_a_hostile_packages_release_with_trusted_publishing_shows_its_code_no_id
         with zipfile.ZipFile(wheel) as archive:
             built = json.loads(archive.read("hostile/build_probe.json"))
         assert built["done"] == [] and {f"connect {h}:{p}" for h, p in services} <= set(built["tried"]), built
+        # the build requirement: its sdist's hook, run by the installer (the machine's network, for the index, but
+        # no secret, no file of the user's, no Kiln home), and its module imported by the build (no network)
+        installed, imported = built["requirement"]["installed"], built["requirement"]["imported"]
+        assert installed == {"done": [], "tried": True} and imported["done"] == [], built["requirement"]
+        assert {f"connect {h}:{p}" for h, p in services} <= set(imported["tried"]), imported
     assert [listener.accepted for listener in listeners] == [1, 1]  # only the direct checks above
     assert not list(out.glob(".hostile-*")) and not list(config.parent.glob(".hostile-*"))
     secrets = (MINTED, identity, BEARER)
