@@ -268,15 +268,28 @@ _INSTALLER_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", 
 _INSTALLER_CACHES = ("UV_CACHE_DIR", "PIP_CACHE_DIR")
 
 
+WHEELS_ONLY = ("Kiln's installers take only wheels from an index (an sdist's build hook is someone else's code, and"
+               " an installer has the machine's network): a requirement that publishes no wheel for this machine"
+               " needs one built (pip wheel NAME) into a folder pip's configuration names as find-links")
+
+
+def wheels_only(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` (``pip install`` or ``uv pip install``) taking only wheels from its indexes (``--only-binary
+    :all:``): no package's code runs while it installs. A local directory or file the command names is still
+    built (pip; the project named it), as the project's own build is."""
+    at = next((i for i in range(len(cmd) - 1) if cmd[i] == "pip" and cmd[i + 1] == "install"), None)
+    return list(cmd) if at is None else [*cmd[:at + 2], "--only-binary", ":all:", *cmd[at + 2:]]
+
+
 def installer_command(cmd: Sequence[str], python: str | os.PathLike[str], env: Mapping[str, str], *,
                       read: Iterable[str | os.PathLike[str]] = (),
                       write: Iterable[str | os.PathLike[str]] = ()) -> tuple[list[str], dict[str, str]]:
     """``cmd``, an installer (pip or uv) filling ``python``'s environment with ``env`` (already scrubbed of
-    credentials), as a guest on the machine's network, and the environment to run it with (its temporary files
-    under ``env``'s ``HOME``). A requirement it resolves may be an sdist, whose PEP 517 hook is someone else's
-    code: it then reads only the system, the interpreters, the installer's sources (those ``env`` names, the
-    local files ``cmd`` names, and ``read``) and its cache, and writes only ``write``, the cache and ``HOME``. The
-    cache is the user's, so a warm install stays warm: the one thing of the user's such a hook can write."""
+    credentials), as a guest on the machine's network, wheels only from its indexes (:func:`wheels_only`), and the
+    environment to run it with (its temporary files under ``env``'s ``HOME``). A local source the project names
+    (a directory, an sdist file) is still built, its PEP 517 hook reading only the system, the interpreters, the
+    installer's sources (those ``env`` names, the local files ``cmd`` names, and ``read``) and its cache, and
+    writing only ``write``, the cache and ``HOME``. The cache is the user's, so a warm install stays warm."""
     caches = [Path(env[name]) for name in _INSTALLER_CACHES if env.get(name)]
     for cache in caches:
         cache.mkdir(parents=True, exist_ok=True)
@@ -287,8 +300,8 @@ def installer_command(cmd: Sequence[str], python: str | os.PathLike[str], env: M
     sources = local_sources([*named, *(word for name in _INSTALLER_SOURCES for word in env.get(name, "").split())])
     # It starts in its home: uv reads its working directory for a configuration file, and the caller's may be
     # a checkout the guest must not read (nor take its configuration from).
-    command = guest_command(cmd, read=[*interpreter_trees(python), *sources, *read], write=[*write, *caches, home],
-                            network="host", cwd=home)
+    command = guest_command(wheels_only(cmd), read=[*interpreter_trees(python), *sources, *read],
+                            write=[*write, *caches, home], network="host", cwd=home)
     return command, {**env, "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)}
 
 
@@ -361,6 +374,6 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["KEPT", "Policy", "Support", "confine", "credential_name", "guest_command", "guest_env", "guest_environ",
-           "installer_command", "interpreter_trees", "kiln_trees", "local_sources", "seal_environ", "support",
-           "wrap"]
+__all__ = ["KEPT", "WHEELS_ONLY", "Policy", "Support", "confine", "credential_name", "guest_command", "guest_env",
+           "guest_environ", "installer_command", "interpreter_trees", "kiln_trees", "local_sources", "seal_environ",
+           "support", "wheels_only", "wrap"]

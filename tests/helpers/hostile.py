@@ -3,8 +3,13 @@ count who reached them (tests/fixtures/projects/hostile)."""
 
 from __future__ import annotations
 
+import io
 import socket
+import tarfile
 import threading
+from pathlib import Path
+
+from tests.helpers.gitrepo import FIXTURES
 
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "AWS_ACCESS_KEY_ID": "AKIAKILNTEST",
            "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc-token", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:9/oidc",
@@ -50,3 +55,19 @@ def own_address() -> str:
         address = str(probe.getsockname()[0])
     assert not address.startswith("127."), f"no address off loopback here ({address}): nothing to test against"
     return address
+
+
+def helper_sdist(dest: Path) -> Path:
+    """The hostile build requirement (the fixture's helper/, with its probe) as an sdist: an installer builds it."""
+    helper, root = FIXTURES / "hostile" / "helper", "hostile_helper-0.1.0"
+    files = {f"{root}/{p.relative_to(helper)}": p.read_bytes() for p in helper.rglob("*") if p.is_file()}
+    files[f"{root}/hostile_probe.py"] = (FIXTURES / "hostile" / "tests" / "hostile_probe.py").read_bytes()
+    files[f"{root}/PKG-INFO"] = b"Metadata-Version: 2.1\nName: hostile-helper\nVersion: 0.1.0\n"
+    dest.mkdir()
+    sdist = dest / f"{root}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return sdist

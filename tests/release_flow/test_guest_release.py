@@ -6,12 +6,10 @@ task alone uses the identity, once, and its minted token reaches the index (a re
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import socket
-import tarfile
 import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,7 +20,7 @@ from kiln.core.manifest import RunManifest
 from kiln.core.sandbox import support
 from kiln.flows.release import approved_release_flow
 from tests.helpers.gitrepo import FIXTURES, init_repo
-from tests.helpers.hostile import SECRETS, Listener, own_address
+from tests.helpers.hostile import SECRETS, Listener, helper_sdist, own_address
 from tests.helpers.loopback_oidc import loopback_github_oidc_stand_in, loopback_mint_token_stand_in
 from tests.helpers.loopback_pypi import pypi_server
 
@@ -30,27 +28,11 @@ MINTED = "pypi-minted-for-the-upload-task-only"
 BEARER = "actions-request-bearer-of-the-worker"
 
 
-def _helper_sdist(dest: Path) -> Path:
-    """The hostile build requirement (the fixture's helper/, with its probe) as an sdist: an installer builds it."""
-    helper, root = FIXTURES / "hostile" / "helper", "hostile_helper-0.1.0"
-    files = {f"{root}/{p.relative_to(helper)}": p.read_bytes() for p in helper.rglob("*") if p.is_file()}
-    files[f"{root}/hostile_probe.py"] = (FIXTURES / "hostile" / "tests" / "hostile_probe.py").read_bytes()
-    files[f"{root}/PKG-INFO"] = b"Metadata-Version: 2.1\nName: hostile-helper\nVersion: 0.1.0\n"
-    dest.mkdir()
-    sdist = dest / f"{root}.tar.gz"
-    with tarfile.open(sdist, "w:gz") as archive:
-        for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            archive.addfile(info, io.BytesIO(data))
-    return sdist
-
-
 def _hostile(tmp_path: Path, upload_url: str, index_url: str, oidc_url: str) -> Path:
     repo = tmp_path / "hostile"
     shutil.copytree(FIXTURES / "hostile", repo, ignore=shutil.ignore_patterns("__pycache__"))
     pyproject = repo / "pyproject.toml"
-    requirement = f'"hostile-helper @ {_helper_sdist(tmp_path / "helper-dist").as_uri()}"'
+    requirement = f'"hostile-helper @ {helper_sdist(tmp_path / "helper-dist").as_uri()}"'
     pyproject.write_text(pyproject.read_text().replace('requires = ["setuptools>=61"]',
                                                        f'requires = ["setuptools>=61", {requirement}]'))
     assert "hostile-helper @" in pyproject.read_text(), "the hostile fixture's build-system changed"
