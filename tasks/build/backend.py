@@ -112,7 +112,8 @@ def build_environ(backend: str, variant: str, archs: Sequence[str], toolchain: T
         if cuda_home and not env.get("CUDA_HOME"):
             env["CUDA_HOME"] = cuda_home
     elif backend == "hip":
-        env |= {"PYTORCH_ROCM_ARCH": ";".join(archs), "HIPARCHS": ";".join(archs)}
+        # HIP_PLATFORM: hipcc on a machine that also has nvcc would compile for NVIDIA
+        env |= {"PYTORCH_ROCM_ARCH": ";".join(archs), "HIPARCHS": ";".join(archs), "HIP_PLATFORM": "amd"}
     common = [*(f"-I{d}" for d in toolchain.include_dirs), *(f"-D{d}" for d in toolchain.defines)]
     if common or toolchain.nvcc_flags:
         env["NVCC_APPEND_FLAGS"] = shlex.join([*common, *toolchain.nvcc_flags])

@@ -51,8 +51,13 @@ from kiln.tasks.build.nvcc_narrow import front_command
 
 ACTIVE = "KILN_CCACHE_ACTIVE"  # set below a shim: a nested compiler call runs the real compiler
 HOST_COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
-_NVCC_FLAG_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
-_LANGS = ("C", "CXX", "CUDA")
+# What nvcc and hipcc read from the environment, which ccache does not see: the flags they add, and where hipcc
+# finds its clang, device libraries and platform (amd or nvidia)
+_FLAG_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "HIPCC_COMPILE_FLAGS_APPEND", "HIP_PLATFORM", "HIP_PATH",
+              "ROCM_PATH", "HIP_CLANG_PATH", "DEVICE_LIB_PATH", "HIP_DEVICE_LIB_PATH")
+_LANGS = ("C", "CXX", "CUDA", "HIP")
+# hipcc is a script in front of clang: its own file says nothing of the clang it runs, its version output does
+_HIPCC_CHECK = "%compiler% --version"
 _UNIT_DIR = "/kiln/unit"  # how the hashed nvcc flags spell the unit's directory
 _PREFIX_MAP_VALUE = re.compile(r"(-f(?:file|debug|macro)-prefix-map=)[^\s'\"]*")
 _CHUNK = 1 << 20
@@ -102,15 +107,15 @@ def _real_nvcc(environ: Mapping[str, str], path: str) -> str | None:
     return shutil.which("nvcc", path=path)
 
 
-def _nvcc_flags_file(environ: Mapping[str, str], unit_dir: Path, where: Path) -> Path:
-    """The nvcc flag variables' text for ccache to hash: the unit's directory spelled as a fixed name, and the
+def _flags_file(environ: Mapping[str, str], unit_dir: Path, where: Path) -> Path:
+    """The nvcc and hipcc variables' text for ccache to hash: the unit's directory spelled as a fixed name, and the
     path maps' values dropped as ccache drops them on a command line (they name the worker's own folders, such
     as its build environments, and change no object's code)."""
-    text = "\n".join(f"{name}={environ.get(name, '')}" for name in _NVCC_FLAG_VARS)
+    text = "\n".join(f"{name}={environ.get(name, '')}" for name in _FLAG_VARS)
     text = _PREFIX_MAP_VALUE.sub(r"\1", text)
     for spelling in sorted({os.path.abspath(unit_dir), os.path.realpath(unit_dir)}, key=len, reverse=True):
         text = text.replace(spelling, _UNIT_DIR)
-    flags = where / "nvcc-flags.txt"
+    flags = where / "compiler-flags.txt"
     flags.write_text(text + "\n")
     return flags
 
@@ -128,6 +133,10 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
         real = shutil.which(name, path=path)
         if real is not None:
             _compiler_shim(where / name, real, _cached(cache.launcher, real))
+    real_hipcc = shutil.which("hipcc", path=path)
+    if real_hipcc is not None:
+        body = f"export CCACHE_COMPILERCHECK={shlex.quote(_HIPCC_CHECK)}\n{_cached(cache.launcher, real_hipcc)}"
+        _compiler_shim(where / "hipcc", real_hipcc, body)
     launcher = where / "ccache"
     _write_shim(launcher, f"export {ACTIVE}=1\nexec {shlex.quote(cache.launcher)} \"$@\"\n")
     env |= {f"CMAKE_{lang}_COMPILER_LAUNCHER": str(launcher) for lang in _LANGS}
@@ -143,7 +152,7 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
         _compiler_shim(where / "nvcc", real_nvcc, body)
         env["PYTORCH_NVCC"] = str(where / "nvcc")
     env |= cache.environ(unit_dir, stats_log)
-    env["CCACHE_EXTRAFILES"] = str(_nvcc_flags_file(environ, unit_dir, where))
+    env["CCACHE_EXTRAFILES"] = str(_flags_file(environ, unit_dir, where))
     env["PATH"] = os.pathsep.join(filter(None, [str(where), path]))
     env.pop(ACTIVE, None)
     return env

@@ -18,6 +18,7 @@ import pytest
 
 from kiln.tasks.build.compile_cache import CompileCache, CompileStats, find_ccache, open_compile_cache
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
+from kiln.tasks.build.devicecode import rocm_targets
 from kiln.tasks.build.nvcc import find_cuobjdump
 from kiln.tasks.build.stage import compile_context, prepare_build
 from kiln.tasks.build.units import UnitResult, build_unit, unit_record
@@ -187,6 +188,24 @@ def test_a_cmake_projects_nvcc_compile_is_split_per_arch_by_its_launcher_and_an_
     assert set(re.findall(r"\.(sm_\d+)\.cubin", listed)) == {"sm_80", "sm_90", "sm_100"}, listed
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_toolchain
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc is not installed (Debian: hipcc, libamdhip64-dev)")
+def test_a_hipcc_compile_a_setup_py_runs_by_name_is_cached_and_a_second_clone_compiles_nothing(tmp_path):
+    """setup.py compiles one HIP source with hipcc for the variant's two gfx targets, then links it: the compile
+    goes through the cache (hipcc's clang named by its version), a second clone compiles nothing, and its wheel is
+    the same bytes, holding both targets' code."""
+    cold, cold_wheel = _build(_clone(tmp_path / "w1", "plainhip"), tmp_path / "cache-1", tmp_path / "out-1")
+    assert cold.compile == CompileStats(("csrc/fill.hip",), ()), cold.compile
+    shutil.copytree(tmp_path / "cache-1" / "ccache", tmp_path / "cache-2" / "ccache")
+    warm, warm_wheel = _build(_clone(tmp_path / "a-second-clone" / "w2", "plainhip"), tmp_path / "cache-2",
+                              tmp_path / "out-2")
+    assert warm.compile == CompileStats((), ("csrc/fill.hip",)), warm.compile
+    assert warm_wheel.read_bytes() == cold_wheel.read_bytes()
+    assert rocm_targets(_library(warm_wheel)) == {"gfx90a", "gfx908"}
+
+
 def _unit():  # type: ignore[no-untyped-def]
     from kiln.tasks.build.plan import CompileUnit
 
@@ -273,7 +292,7 @@ def test_the_shim_names_the_real_compilers_bytes_so_a_new_toolchain_is_a_miss(tm
     assert (tmp_path / "a" / "gcc").read_text() != (tmp_path / "b" / "gcc").read_text()
 
 
-def test_nvccs_flag_variables_are_hashed_with_the_units_directory_spelled_the_same_for_every_key(tmp_path):
+def test_nvcc_and_hipcc_variables_are_hashed_with_the_units_directory_spelled_the_same_for_every_key(tmp_path):
     cache = _cache(tmp_path, tmp_path / "recorder")
     texts = []
     for key in ("0123abcd", "89ef4567"):
@@ -292,6 +311,12 @@ def test_nvccs_flag_variables_are_hashed_with_the_units_directory_spelled_the_sa
     env = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": "-O0"}, tmp_path / "u", tmp_path / "c",
                            tmp_path / "s.log")
     assert Path(env["CCACHE_EXTRAFILES"]).read_text() != texts[0]
+    # hipcc's flags and its platform (amd or nvidia: another compiler behind it) are hashed the same way
+    for name, value in (("HIPCC_COMPILE_FLAGS_APPEND", "-O1"), ("HIP_PLATFORM", "nvidia")):
+        env = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": flags, name: value},
+                               tmp_path / "kiln-pep517" / "0123abcd", tmp_path / name, tmp_path / "s.log")
+        text = Path(env["CCACHE_EXTRAFILES"]).read_text()
+        assert text != texts[0] and f"{name}={value}\n" in text, name
 
 
 def test_a_narrowing_builds_nvcc_is_not_cached_and_a_cpu_builds_hidden_nvcc_gets_no_shim(tmp_path):
