@@ -33,7 +33,7 @@ _DESCRIBE: dict[str, str] = {
 # First match wins: the order puts the specific names before the general ones.
 _ROLE_NAMES: tuple[tuple[Role, re.Pattern[str]], ...] = (
     ("download", re.compile(r"(^|_)FORCE_BUILD$")),
-    ("skip_cuda", re.compile(r"SKIP_CUDA|NO_CUDA|DISABLE_CUDA|(^|_)CPU_ONLY$")),
+    ("skip_cuda", re.compile(r"SKIP_CUDA|NO_CUDA|DISABLE_CUDA|(^|_)(CPU_ONLY|ONLY_CPU)$")),
     ("rocm", re.compile(r"ROCM|(^|_)(HIP|AMD|CK)(_|$)")),
     ("force_cuda", re.compile(r"(^|_)FORCE_CUDA(_EXTENSION|_BUILD)?$")),
     ("archs", re.compile(r"(^|_)(CUDA_?)?ARCH(S|ITECTURES|_LIST)?$|ARCHITECTURES|ARCH_LIST")),

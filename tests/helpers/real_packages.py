@@ -48,6 +48,10 @@ class RealPackage:
     # and the build switches its GPU variant needs.
     variants: tuple[str, ...] = ()
     build_env: dict[str, str] = field(default_factory=dict)
+    # The build switches of its CPU (or pure-Python) variants, and variables its build reads that kiln init must
+    # name in its "also read" comment, each with what it controls (from the package's own build files).
+    cpu_build_env: dict[str, str] = field(default_factory=dict)
+    also_read: dict[str, str] = field(default_factory=dict)
 
 
 def load_pin(name: str, path: Path = PINS) -> RealPackage:
@@ -57,8 +61,9 @@ def load_pin(name: str, path: Path = PINS) -> RealPackage:
         raise PinError(f"{path} pins no {name!r}; it pins {sorted(data)}")
     entry = data[name]
     fields = {"kind", "version", "sdist", "sha256", "import_name"}
-    if not fields <= set(entry) <= fields | {"variants", "build_env"}:
-        raise PinError(f"{path} [{name}]: keys {sorted(entry)}, expected {sorted(fields)} (and variants, build_env)")
+    optional = {"variants", "build_env", "cpu_build_env", "also_read"}
+    if not fields <= set(entry) <= fields | optional:
+        raise PinError(f"{path} [{name}]: keys {sorted(entry)}, expected {sorted(fields)} (and {sorted(optional)})")
     pin = RealPackage(name, **(entry | {"variants": tuple(entry.get("variants", ()))}))
     if pin.kind not in KINDS:
         raise PinError(f"{path} [{name}]: kind {pin.kind!r} is not one of {KINDS}")

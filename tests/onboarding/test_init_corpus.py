@@ -45,6 +45,11 @@ def test_kiln_init_infers_what_a_public_kernel_package_says_of_itself(name, tmp_
     assert [v["name"] for v in written["variants"]] == list(pin.variants), result.findings.reasons
     gpu = [v for v in written["variants"] if v["backend"] == "cuda"]
     assert (gpu[0].get("build_env", {}) if gpu else {}) == pin.build_env, result.findings.reasons
+    for variant in [v for v in written["variants"] if v["backend"] != "cuda"]:  # cpu, or one portable wheel
+        assert variant.get("build_env", {}) == pin.cpu_build_env, (variant["name"], result.findings.reasons)
+    named = {line.split()[1]: line for line in result.text.splitlines() if line.startswith("#   ") and "(" in line}
+    for variable, what in pin.also_read.items():  # read by its build, not set, and said what it controls
+        assert variable in named and f"({what}, " in named[variable], (variable, sorted(named))
     assert not [p for p in result.findings.missing_sources if (sdist / p).exists()]  # never a false alarm
 
 
