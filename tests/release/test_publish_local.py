@@ -22,6 +22,7 @@ from kiln.release.staging import StagingStore
 from tests.helpers.faults import CorruptingStore
 from tests.helpers.pageparse import parse_html, parse_json
 from tests.helpers.runkit import make_run, run_at_once
+from tests.helpers.wheelkit import make_wheel
 
 CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock
 
@@ -206,6 +207,22 @@ def test_a_release_conflict_fails_its_upload_unit_saying_bump_the_version_once(t
                                               channel_prefix="release", variants=["cu130"], clock=CLOCK).uploads[0],
                               "release")
     assert present.outcome == "present"
+
+
+def test_a_wheel_changed_after_its_plan_with_its_metadata_intact_is_refused_at_upload(tmp_path: Path) -> None:
+    """The planned wheel is rewritten between the plan and its upload with other module bytes and the same METADATA:
+    its sha256 alone no longer matches, and the upload refuses it, writing nothing."""
+    from kiln.release.publish import upload_file
+
+    run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]}, payload="planned")
+    plan = publish(run, LocalStore(tmp_path / "staging"), channel="nightly", channel_prefix="nightly",
+                   variants=["cu130"], clock=CLOCK)
+    (upload,) = plan.uploads
+    make_wheel(upload.source.parent, "k", "1.0", payload="swapped after the plan")  # same name, same METADATA
+    target = LocalStore(tmp_path / "target")
+    with pytest.raises(IntegrityError, match="changed after it was verified"):
+        upload_file(target, upload)
+    assert not (tmp_path / "target").exists() or not any((tmp_path / "target").rglob("*.whl"))
 
 
 def test_manifest_hash_mismatch_refuses_and_writes_nothing(tmp_path: Path) -> None:
