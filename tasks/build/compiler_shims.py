@@ -15,7 +15,8 @@ Each shim execs ``ccache <the real compiler>``, naming that compiler by its abso
 before the shims), so nothing searches ``PATH`` again and finds the shim. Nested compiles are not cached twice:
 the shims export :data:`ACTIVE`, and a shim that finds it set execs the real compiler directly. That is what
 nvcc's own host compiles (``gcc`` from ``PATH``), a CMake launcher before a shim found as the compiler, and
-meson's ``ccache <shim>`` reach; the ``ccache`` shim (the launcher CMake and meson run) sets it too.
+meson's ``ccache <shim>`` reach; the ``ccache`` shim (the launcher CMake and meson run) sets it too, as Kiln's nvcc
+does when it is CMake's CUDA launcher.
 
 A hit is portable and its object the compile's own: ccache's base directory is the unit's folder
 (``/tmp/kiln-pep517-<uid>/<key>/``: the copy of the project, its environment, its build tree), so every path
@@ -25,11 +26,15 @@ the path maps make the object name no such path, so a wheel is the same bytes wh
 
 nvcc reads flags from ``NVCC_APPEND_FLAGS``/``NVCC_PREPEND_FLAGS``, which ccache does not see: their text, with
 the unit's directory spelled as a fixed name, is hashed with every compile (``CCACHE_EXTRAFILES``), so a flag
-change there is a miss, never another build's object. Given ``cuobjdump``, nvcc's shim is Kiln's nvcc
-(:mod:`kiln.tasks.build.nvcc_split`): a compile for several archs runs as one cached nvcc call per arch, so an added
-arch compiles alone. So is CMake's CUDA launcher, which gets the nvcc CMake found (the shim, or one the project
-named by path) as its first argument. Under ``arch_policy = "narrow"`` nvcc gets no shim here: the narrowing nvcc
-is Kiln's nvcc too, and narrows first (it records what it dropped on every compile, a hit included).
+change there is a miss, never another build's object. hipcc (a script in front of clang) gets a shim too: ccache
+names its compiler by ``hipcc --version`` (the clang behind it), and hashes hipcc's own variables with its
+compiles (``HIPCC_COMPILE_FLAGS_APPEND``, ``HIP_PLATFORM``, where ROCm lies).
+
+Given ``cuobjdump``, nvcc's shim is Kiln's nvcc (:mod:`kiln.tasks.build.nvcc_split`): a compile for several archs
+runs as one cached nvcc call per arch, so an added arch compiles alone. So is CMake's CUDA launcher, which gets
+the nvcc CMake found (the shim, or one the project named by path) as its first argument. Under
+``arch_policy = "narrow"`` nvcc gets no shim here: the narrowing nvcc is Kiln's nvcc too, and narrows first (it
+records what it dropped on every compile, a hit included).
 """
 
 from __future__ import annotations
@@ -51,14 +56,16 @@ from kiln.tasks.build.nvcc_narrow import front_command
 
 ACTIVE = "KILN_CCACHE_ACTIVE"  # set below a shim: a nested compiler call runs the real compiler
 HOST_COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++")
-# What nvcc and hipcc read from the environment, which ccache does not see: the flags they add, and where hipcc
-# finds its clang, device libraries and platform (amd or nvidia)
-_FLAG_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "HIPCC_COMPILE_FLAGS_APPEND", "HIP_PLATFORM", "HIP_PATH",
-              "ROCM_PATH", "HIP_CLANG_PATH", "DEVICE_LIB_PATH", "HIP_DEVICE_LIB_PATH")
+# What nvcc reads from the environment, which ccache does not see (hashed with every compile: nvcc's host compiles
+# are the shims' too); what hipcc reads, the flags it adds and where it finds its clang, device libraries and
+# platform (amd or nvidia), hashed with hipcc's compiles only, so a worker without ROCm shares every other one
+_NVCC_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+_HIPCC_VARS = ("HIPCC_COMPILE_FLAGS_APPEND", "HIP_PLATFORM", "HIP_PATH", "ROCM_PATH", "HIP_CLANG_PATH",
+               "DEVICE_LIB_PATH", "HIP_DEVICE_LIB_PATH")
 _LANGS = ("C", "CXX", "CUDA", "HIP")
 # hipcc is a script in front of clang: its own file says nothing of the clang it runs, its version output does
 _HIPCC_CHECK = "%compiler% --version"
-_UNIT_DIR = "/kiln/unit"  # how the hashed nvcc flags spell the unit's directory
+_UNIT_DIR = "/kiln/unit"  # how the hashed compiler variables spell the unit's directory
 _PREFIX_MAP_VALUE = re.compile(r"(-f(?:file|debug|macro)-prefix-map=)[^\s'\"]*")
 _CHUNK = 1 << 20
 _ARCH_LABEL = re.compile(r" \[sm_[0-9]+[af]?\]$")  # how Kiln's nvcc names one arch's compile in the log
@@ -96,6 +103,13 @@ def _cached(launcher: str, real: str) -> str:
             f"export {ACTIVE}=1\nexec {shlex.quote(launcher)} {shlex.quote(real)} \"$@\"\n")
 
 
+def _kilns_nvcc(cache: CompileCache, real: str, cuobjdump: str, launched: Path | None = None) -> str:
+    """A shim's body: Kiln's nvcc for ``real``, each arch a cached compile; ``launched``: as CMake's CUDA launcher,
+    the compiler CMake found first among its arguments (``launched``, the nvcc shim, stands for ``real``)."""
+    front = front_command(sys.executable, Path(real), (cache.launcher, ACTIVE), cuobjdump, launched=launched)
+    return f"exec {shlex.join(front)} \"$@\"\n"
+
+
 def _real_nvcc(environ: Mapping[str, str], path: str) -> str | None:
     """The nvcc torch's cpp_extension would run (``PYTORCH_NVCC``, else ``$CUDA_HOME/bin/nvcc``), else ``PATH``'s."""
     named = environ.get("PYTORCH_NVCC", "")
@@ -107,23 +121,23 @@ def _real_nvcc(environ: Mapping[str, str], path: str) -> str | None:
     return shutil.which("nvcc", path=path)
 
 
-def _flags_file(environ: Mapping[str, str], unit_dir: Path, where: Path) -> Path:
-    """The nvcc and hipcc variables' text for ccache to hash: the unit's directory spelled as a fixed name, and the
-    path maps' values dropped as ccache drops them on a command line (they name the worker's own folders, such
-    as its build environments, and change no object's code)."""
-    text = "\n".join(f"{name}={environ.get(name, '')}" for name in _FLAG_VARS)
+def _flags_file(environ: Mapping[str, str], names: tuple[str, ...], unit_dir: Path, flags: Path) -> Path:
+    """``flags``: the variables ``names``' text for ccache to hash, the unit's directory spelled as a fixed name,
+    and the path maps' values dropped as ccache drops them on a command line (they name the worker's own folders,
+    such as its build environments, and change no object's code)."""
+    text = "\n".join(f"{name}={environ.get(name, '')}" for name in names)
     text = _PREFIX_MAP_VALUE.sub(r"\1", text)
     for spelling in sorted({os.path.abspath(unit_dir), os.path.realpath(unit_dir)}, key=len, reverse=True):
         text = text.replace(spelling, _UNIT_DIR)
-    flags = where / "compiler-flags.txt"
     flags.write_text(text + "\n")
     return flags
 
 
 def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: Path, where: Path,
                      stats_log: Path, *, nvcc: bool = True, cuobjdump: str | None = None) -> dict[str, str]:
-    """``environ`` whose compilers go through ``cache``: shims in ``where`` first on ``PATH``, the CMake launchers,
-    ``PYTORCH_NVCC`` (when ``nvcc``; split per arch given ``cuobjdump``) and ccache's settings, its base directory
+    """``environ`` whose compilers go through ``cache``: shims in ``where`` first on ``PATH`` (the host compilers,
+    hipcc, nvcc), the CMake launchers (CUDA's Kiln's nvcc given ``cuobjdump``), ``PYTORCH_NVCC`` (when ``nvcc``;
+    split per arch given ``cuobjdump``) and ccache's settings, its base directory
     ``unit_dir`` (the unit's folder: its sources, its environment and its build tree, whose path differs with the
     unit's key and clone)."""
     where.mkdir(parents=True, exist_ok=True)
@@ -135,8 +149,10 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
             _compiler_shim(where / name, real, _cached(cache.launcher, real))
     real_hipcc = shutil.which("hipcc", path=path)
     if real_hipcc is not None:
-        body = f"export CCACHE_COMPILERCHECK={shlex.quote(_HIPCC_CHECK)}\n{_cached(cache.launcher, real_hipcc)}"
-        _compiler_shim(where / "hipcc", real_hipcc, body)
+        hip_vars = _flags_file(environ, _HIPCC_VARS, unit_dir, where / "hipcc-vars.txt")
+        body = (f"export CCACHE_COMPILERCHECK={shlex.quote(_HIPCC_CHECK)}\n"
+                f"export CCACHE_EXTRAFILES=\"$CCACHE_EXTRAFILES:\"{shlex.quote(str(hip_vars))}\n")
+        _compiler_shim(where / "hipcc", real_hipcc, body + _cached(cache.launcher, real_hipcc))
     launcher = where / "ccache"
     _write_shim(launcher, f"export {ACTIVE}=1\nexec {shlex.quote(cache.launcher)} \"$@\"\n")
     env |= {f"CMAKE_{lang}_COMPILER_LAUNCHER": str(launcher) for lang in _LANGS}
@@ -144,15 +160,13 @@ def cached_compilers(cache: CompileCache, environ: Mapping[str, str], unit_dir: 
     if real_nvcc is not None:
         body = _cached(cache.launcher, real_nvcc)
         if cuobjdump:  # Kiln's nvcc, splitting a compile per arch; CMake's launcher splits the nvcc it found
-            cached = (cache.launcher, ACTIVE)
-            body = f"exec {shlex.join(front_command(sys.executable, Path(real_nvcc), cached, cuobjdump))} \"$@\"\n"
-            front = front_command(sys.executable, Path(real_nvcc), cached, cuobjdump, launched=where / "nvcc")
-            _write_shim(where / "nvcc-launcher", f"exec {shlex.join(front)} \"$@\"\n")
+            body = _kilns_nvcc(cache, real_nvcc, cuobjdump)
+            _write_shim(where / "nvcc-launcher", _kilns_nvcc(cache, real_nvcc, cuobjdump, launched=where / "nvcc"))
             env["CMAKE_CUDA_COMPILER_LAUNCHER"] = str(where / "nvcc-launcher")
         _compiler_shim(where / "nvcc", real_nvcc, body)
         env["PYTORCH_NVCC"] = str(where / "nvcc")
     env |= cache.environ(unit_dir, stats_log)
-    env["CCACHE_EXTRAFILES"] = str(_flags_file(environ, unit_dir, where))
+    env["CCACHE_EXTRAFILES"] = str(_flags_file(environ, _NVCC_VARS, unit_dir, where / "nvcc-flags.txt"))
     env["PATH"] = os.pathsep.join(filter(None, [str(where), path]))
     env.pop(ACTIVE, None)
     return env

@@ -39,6 +39,7 @@ def test_the_backend_sees_the_variant_archs_in_every_form_and_no_inherited_ones(
     assert "PYTORCH_ROCM_ARCH" not in env and "NVCC_APPEND_FLAGS" not in env
     rocm = build_environ("hip", "rocm", ("gfx90a", "gfx942"), Toolchain(), 2, None, base)
     assert rocm["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942" and "TORCH_CUDA_ARCH_LIST" not in rocm
+    assert rocm["HIP_PLATFORM"] == "amd" and "HIP_PLATFORM" not in env  # hipcc beside nvcc would pick NVIDIA
     cpu = build_environ("cpu", "cpu", (), Toolchain(), 2, "/opt/cuda", base)
     assert not {"TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "PYTORCH_ROCM_ARCH", "CUDA_HOME"} & set(cpu)
 

@@ -311,12 +311,19 @@ def test_nvcc_and_hipcc_variables_are_hashed_with_the_units_directory_spelled_th
     env = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": "-O0"}, tmp_path / "u", tmp_path / "c",
                            tmp_path / "s.log")
     assert Path(env["CCACHE_EXTRAFILES"]).read_text() != texts[0]
-    # hipcc's flags and its platform (amd or nvidia: another compiler behind it) are hashed the same way
+    # hipcc's flags and its platform (amd or nvidia: another compiler behind it) are hashed with hipcc's compiles
+    # only (its shim adds them), so a worker whose ROCm differs, or that has none, shares every other compile
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "hipcc").write_text("#!/bin/sh\n")
+    (tools / "hipcc").chmod(0o755)
     for name, value in (("HIPCC_COMPILE_FLAGS_APPEND", "-O1"), ("HIP_PLATFORM", "nvidia")):
-        env = cached_compilers(cache, {"PATH": "/usr/bin", "NVCC_APPEND_FLAGS": flags, name: value},
+        env = cached_compilers(cache, {"PATH": f"{tools}:/usr/bin", "NVCC_APPEND_FLAGS": flags, name: value},
                                tmp_path / "kiln-pep517" / "0123abcd", tmp_path / name, tmp_path / "s.log")
-        text = Path(env["CCACHE_EXTRAFILES"]).read_text()
-        assert text != texts[0] and f"{name}={value}\n" in text, name
+        assert Path(env["CCACHE_EXTRAFILES"]).read_text() == texts[0], name
+        hip_vars = tmp_path / name / "hipcc-vars.txt"
+        assert f"{name}={value}\n" in hip_vars.read_text()
+        assert f'export CCACHE_EXTRAFILES="$CCACHE_EXTRAFILES:"{hip_vars}' in (tmp_path / name / "hipcc").read_text()
 
 
 def test_a_narrowing_builds_nvcc_is_not_cached_and_a_cpu_builds_hidden_nvcc_gets_no_shim(tmp_path):
