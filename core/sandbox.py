@@ -270,7 +270,15 @@ _INSTALLER_CACHES = ("UV_CACHE_DIR", "PIP_CACHE_DIR")
 
 WHEELS_ONLY = ("Kiln's installers take only wheels from an index (an sdist's build hook is someone else's code, and"
                " an installer has the machine's network): a requirement that publishes no wheel for this machine"
-               " needs one built (pip wheel NAME) into a folder pip's configuration names as find-links")
+               " needs one built where its hook may run (pip wheel --no-deps NAME, in an environment without"
+               " credentials) into a folder pip's configuration names as find-links")
+# What pip and uv print when the only distribution they found is an sdist they may not build
+_NO_WHEEL = ("No matching distribution found", "has no usable wheels", "building from source is disabled")
+
+
+def wheels_only_hint(output: str) -> str:
+    """`` (WHEELS_ONLY)`` where an installer's ``output`` says it found nothing it may take, else ``""``."""
+    return f" ({WHEELS_ONLY})" if any(marker in output for marker in _NO_WHEEL) else ""
 
 
 def wheels_only(cmd: Sequence[str]) -> list[str]:
@@ -286,10 +294,11 @@ def installer_command(cmd: Sequence[str], python: str | os.PathLike[str], env: M
                       write: Iterable[str | os.PathLike[str]] = ()) -> tuple[list[str], dict[str, str]]:
     """``cmd``, an installer (pip or uv) filling ``python``'s environment with ``env`` (already scrubbed of
     credentials), as a guest on the machine's network, wheels only from its indexes (:func:`wheels_only`), and the
-    environment to run it with (its temporary files under ``env``'s ``HOME``). A local source the project names
-    (a directory, an sdist file) is still built, its PEP 517 hook reading only the system, the interpreters, the
-    installer's sources (those ``env`` names, the local files ``cmd`` names, and ``read``) and its cache, and
-    writing only ``write``, the cache and ``HOME``. The cache is the user's, so a warm install stays warm."""
+    environment to run it with (its temporary files under ``env``'s ``HOME``). pip still builds a local source the
+    project names (a directory, an sdist file; uv refuses one, and Kiln's uv installs name wheel files only): its
+    PEP 517 hook reads only the system, the interpreters, the installer's sources (those ``env`` names, the local
+    files ``cmd`` names, and ``read``) and its cache, and writes only ``write``, the cache and ``HOME``. The cache
+    is the user's, so a warm install stays warm."""
     caches = [Path(env[name]) for name in _INSTALLER_CACHES if env.get(name)]
     for cache in caches:
         cache.mkdir(parents=True, exist_ok=True)
@@ -376,4 +385,4 @@ if __name__ == "__main__":
 
 __all__ = ["KEPT", "WHEELS_ONLY", "Policy", "Support", "confine", "credential_name", "guest_command", "guest_env",
            "guest_environ", "installer_command", "interpreter_trees", "kiln_trees", "local_sources", "seal_environ",
-           "support", "wheels_only", "wrap"]
+           "support", "wheels_only", "wheels_only_hint", "wrap"]

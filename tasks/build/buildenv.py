@@ -46,7 +46,7 @@ from packaging.utils import canonicalize_name
 from kiln.core import venvs
 from kiln.core.errors import CompileError, KilnError, PermanentError, UnsafePathError
 from kiln.core.fsutil import polled_lock
-from kiln.core.sandbox import WHEELS_ONLY, installer_command, local_sources
+from kiln.core.sandbox import installer_command, local_sources, wheels_only_hint
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.nvcc import run_tool
@@ -180,8 +180,8 @@ def install_build_requirements(python: Path, requirements: Sequence[str], what: 
                                      pip_env(Path(home)), write=[python.parent.parent])
         done = run_tool(cmd, timeout_s, env=env)
     if done.returncode != 0:
-        raise CompileError(f"cannot install the build requirements {wanted} of {what} ({WHEELS_ONLY}):\n"
-                           f"{_tail(done.stdout)}")
+        raise CompileError(f"cannot install the build requirements {wanted} of {what}"
+                           f"{wheels_only_hint(done.stdout)}:\n{_tail(done.stdout)}")
 
 
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,
@@ -219,8 +219,8 @@ def _fill_with_pip(tmp: Path, base: CellInterpreter | None, requirements: Sequen
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: pip could not install {list(requirements)} (exit {done.returncode}); check"
-            f" the requirement and the index pip is configured with ({WHEELS_ONLY}). pip's output ends:\n"
-            f"{_tail(done.stdout)}")
+            f" the requirement and the index pip is configured with{wheels_only_hint(done.stdout)}. pip's output"
+            f" ends:\n{_tail(done.stdout)}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -281,8 +281,8 @@ def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Seque
     if done.returncode != 0:
         raise BuildEnvironmentError(
             f"cannot create {what}: uv could not install {[*CELL_SEED, *requirements]} (exit {done.returncode});"
-            f" check the requirement and the indexes pip is configured with ({WHEELS_ONLY}). uv's output ends:\n"
-            f"{_tail(done.stdout)}")
+            f" check the requirement and the indexes pip is configured with{wheels_only_hint(done.stdout)}. uv's"
+            f" output ends:\n{_tail(done.stdout)}")
 
 
 def owner_only_dir(path: Path) -> Path:

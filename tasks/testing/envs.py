@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core.errors import InfrastructureError, PermanentError
-from kiln.core.sandbox import WHEELS_ONLY, installer_command
+from kiln.core.sandbox import installer_command, wheels_only_hint
 from kiln.core.venvs import make_build_env as make_build_env  # a pep517 build's environment, kept here by name
 from kiln.core.venvs import run as _run
 from kiln.core.venvs import site_packages as _site_packages
@@ -203,5 +203,5 @@ def _install(root: Path, python: Path, wheels: Sequence[Path], requirements: Seq
         raise DependencyResolutionError(
             f"the test environment for {names} cannot be made: {exc}. Requires-Dist of {names}: "
             f"{[r for w in wheels for r in wheel_requirements(w)] or 'none'}; suite requires: {list(requirements)};"
-            f" indexes: {list(indexes)}; fixed by the shared base: {', '.join(pins) or 'nothing (no base)'}."
-            f" {WHEELS_ONLY}") from exc
+            f" indexes: {list(indexes)}; fixed by the shared base: {', '.join(pins) or 'nothing (no base)'}"
+            f"{wheels_only_hint(str(exc))}") from exc

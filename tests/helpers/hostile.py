@@ -4,6 +4,7 @@ count who reached them (tests/fixtures/projects/hostile)."""
 from __future__ import annotations
 
 import io
+import json
 import socket
 import tarfile
 import threading
@@ -57,11 +58,15 @@ def own_address() -> str:
     return address
 
 
-def helper_sdist(dest: Path) -> Path:
-    """The hostile build requirement (the fixture's helper/, with its probe) as an sdist: an installer builds it."""
+def helper_sdist(dest: Path, targets: dict[str, object] | None = None) -> Path:
+    """The hostile build requirement (the fixture's helper/, with its probe) as an sdist: an installer builds it.
+    ``targets``: what its hook tries when installed (an installer's environment has no HOSTILE_TARGETS), baked in
+    as ``hostile_targets.json``."""
     helper, root = FIXTURES / "hostile" / "helper", "hostile_helper-0.1.0"
     files = {f"{root}/{p.relative_to(helper)}": p.read_bytes() for p in helper.rglob("*") if p.is_file()}
     files[f"{root}/hostile_probe.py"] = (FIXTURES / "hostile" / "tests" / "hostile_probe.py").read_bytes()
+    if targets is not None:
+        files[f"{root}/hostile_targets.json"] = json.dumps(targets).encode()
     files[f"{root}/PKG-INFO"] = b"Metadata-Version: 2.1\nName: hostile-helper\nVersion: 0.1.0\n"
     dest.mkdir()
     sdist = dest / f"{root}.tar.gz"
