@@ -104,8 +104,8 @@ def build_sdist(project_dir: Path, distribution: str, version: str, out_dir: Pat
         builder = build.ProjectBuilder(source, python_executable=str(python), runner=_runner(environ, timeout_s, work))
         _log.info("building the sdist of %s with its own backend", what)
         try:
-            install_build_requirements(python, sorted(builder.build_system_requires), what, timeout_s)
-            install_build_requirements(python, sorted(builder.get_requires_for_build("sdist")), what, timeout_s)
+            install_build_requirements(python, list(builder.build_system_requires), what, timeout_s)
+            install_build_requirements(python, list(builder.get_requires_for_build("sdist")), what, timeout_s)
             built = Path(builder.build("sdist", work / "dist"))
         except (build.BuildException, build.BuildBackendException) as exc:
             raise _hook_failure(what, exc) from exc

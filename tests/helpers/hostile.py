@@ -3,14 +3,13 @@ count who reached them (tests/fixtures/projects/hostile)."""
 
 from __future__ import annotations
 
-import io
 import json
 import socket
-import tarfile
 import threading
 from pathlib import Path
 
 from tests.helpers.gitrepo import FIXTURES
+from tests.helpers.sdists import write_sdist
 
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "AWS_ACCESS_KEY_ID": "AKIAKILNTEST",
            "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "oidc-token", "ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:9/oidc",
@@ -62,17 +61,10 @@ def helper_sdist(dest: Path, targets: dict[str, object] | None = None) -> Path:
     """The hostile build requirement (the fixture's helper/, with its probe) as an sdist: an installer builds it.
     ``targets``: what its hook tries when installed (an installer's environment has no HOSTILE_TARGETS), baked in
     as ``hostile_targets.json``."""
-    helper, root = FIXTURES / "hostile" / "helper", "hostile_helper-0.1.0"
-    files = {f"{root}/{p.relative_to(helper)}": p.read_bytes() for p in helper.rglob("*") if p.is_file()}
-    files[f"{root}/hostile_probe.py"] = (FIXTURES / "hostile" / "tests" / "hostile_probe.py").read_bytes()
+    helper = FIXTURES / "hostile" / "helper"
+    files = {p.relative_to(helper).as_posix(): p.read_bytes() for p in helper.rglob("*") if p.is_file()}
+    files["hostile_probe.py"] = (FIXTURES / "hostile" / "tests" / "hostile_probe.py").read_bytes()
     if targets is not None:
-        files[f"{root}/hostile_targets.json"] = json.dumps(targets).encode()
-    files[f"{root}/PKG-INFO"] = b"Metadata-Version: 2.1\nName: hostile-helper\nVersion: 0.1.0\n"
+        files["hostile_targets.json"] = json.dumps(targets).encode()
     dest.mkdir()
-    sdist = dest / f"{root}.tar.gz"
-    with tarfile.open(sdist, "w:gz") as archive:
-        for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            archive.addfile(info, io.BytesIO(data))
-    return sdist
+    return write_sdist(dest, "hostile-helper", "0.1.0", dict(sorted(files.items())))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
+from collections.abc import Mapping
 from io import BytesIO
 from pathlib import Path
 
@@ -42,18 +43,25 @@ def probing_sdist_index(root: Path, secret: Path, outside: Path, name: str = "pr
     return _sdist_index(root, _PROBE % {"secret": str(secret), "outside": str(outside)}, name, "1.0")
 
 
-def _sdist_index(root: Path, backend: str, name: str, version: str) -> str:
+def write_sdist(folder: Path, name: str, version: str, members: Mapping[str, bytes]) -> Path:
+    """``<folder>/<name>-<version>.tar.gz``: ``members`` (paths below the sdist's root folder, in order) and the
+    PKG-INFO naming ``name`` and ``version``."""
     stem = f"{name.replace('-', '_')}-{version}"
-    members = {"pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
-               "backend.py": backend, "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"}
+    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    sdist = folder / f"{stem}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for member, data in {**members, "PKG-INFO": pkg_info}.items():
+            info = tarfile.TarInfo(f"{stem}/{member}")
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, BytesIO(data))
+    return sdist
+
+
+def _sdist_index(root: Path, backend: str, name: str, version: str) -> str:
     page = root / "simple" / name
     page.mkdir(parents=True)
-    sdist = page / f"{stem}.tar.gz"
-    with tarfile.open(sdist, "w:gz") as archive:
-        for member, text in members.items():
-            info = tarfile.TarInfo(f"{stem}/{member}")
-            info.size = len(text.encode())
-            archive.addfile(info, BytesIO(text.encode()))
+    pyproject = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    sdist = write_sdist(page, name, version, {"pyproject.toml": pyproject.encode(), "backend.py": backend.encode()})
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
     (page / "index.html").write_text(f'<a href="{sdist.name}#sha256={digest}">{sdist.name}</a>\n')
     (root / "simple" / "index.html").write_text(f'<a href="{name}/">{name}</a>\n')
