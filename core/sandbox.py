@@ -283,8 +283,8 @@ def wheels_only_hint(output: str) -> str:
 
 def wheels_only(cmd: Sequence[str]) -> list[str]:
     """``cmd`` (``pip install`` or ``uv pip install``) taking only wheels from its indexes (``--only-binary
-    :all:``): no package's code runs while it installs. A local directory or file the command names is still
-    built (pip; the project named it), as the project's own build is."""
+    :all:``): no index package's code runs while it installs. pip still builds a local directory or sdist the
+    command names: Kiln names the wheel it built of one without network instead."""
     at = next((i for i in range(len(cmd) - 1) if cmd[i] == "pip" and cmd[i + 1] == "install"), None)
     return list(cmd) if at is None else [*cmd[:at + 2], "--only-binary", ":all:", *cmd[at + 2:]]
 
@@ -294,11 +294,11 @@ def installer_command(cmd: Sequence[str], python: str | os.PathLike[str], env: M
                       write: Iterable[str | os.PathLike[str]] = ()) -> tuple[list[str], dict[str, str]]:
     """``cmd``, an installer (pip or uv) filling ``python``'s environment with ``env`` (already scrubbed of
     credentials), as a guest on the machine's network, wheels only from its indexes (:func:`wheels_only`), and the
-    environment to run it with (its temporary files under ``env``'s ``HOME``). pip still builds a local source the
-    project names (a directory, an sdist file; uv refuses one, and Kiln's uv installs name wheel files only): its
-    PEP 517 hook reads only the system, the interpreters, the installer's sources (those ``env`` names, the local
-    files ``cmd`` names, and ``read``) and its cache, and writes only ``write``, the cache and ``HOME``. The cache
-    is the user's, so a warm install stays warm."""
+    environment to run it with (its temporary files under ``env``'s ``HOME``). It reads only the system, the
+    interpreters, its sources (those ``env`` names, the local files ``cmd`` names, and ``read``) and its cache, and
+    writes only ``write``, the cache and ``HOME``. The cache is the user's, so a warm install stays warm. pip would
+    build a local source ``cmd`` names (a directory, an sdist file) with this network: Kiln's callers build those
+    first without one and name the wheel (``kiln.tasks.build.guest_install.offline_wheels``); uv refuses one."""
     caches = [Path(env[name]) for name in _INSTALLER_CACHES if env.get(name)]
     for cache in caches:
         cache.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ isolated build could not fetch offline; build requirements it lacks are
 installed into it. The variant's filtered arch list is exported in the forms
 the ecosystem reads, the toolchain settings through the compilers' own
 variables (:func:`build_environ`), the variant's ``build_env`` as it is; no
-download host is reachable from the build (:func:`without_network`). The
+download host is reachable from the build (:func:`~kiln.tasks.build.guest_install.without_network`). The
 wheel then goes through :func:`kiln.tasks.build.devicecode.check_wheel` under
 the variant's ``arch_policy``; the archs it holds travel with the wheel as
 :data:`DEVICE_CODE`, so the build results record them on a hit too.
@@ -53,12 +53,13 @@ from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, install_build_requirements, overlay_env
+from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
 from kiln.tasks.build.cross import CrossTarget, checked_wheel, cross_target_of, manylinux_tagged, unit_environ
 from kiln.tasks.build.devicecode import check_wheel, held
+from kiln.tasks.build.guest_install import install_build_requirements, without_network
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
@@ -81,13 +82,6 @@ DEVICE_CODE = "kiln-device-code.json"  # beside a pep517 unit's wheel: the archs
 # CUDA_HOME) builds its CPU extension only.
 _CUDA_TOOLS = ("nvcc",)
 _CUDA_VARS = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDACXX")
-# A project's build reaches no download host: every proxy variable names a loopback port nothing serves, and no
-# host is exempt, so a bdist_wheel that fetches someone else's prebuilt wheel (flash-attention's pattern) fails
-# to connect and can never be published as Kiln's. Its build requirements are installed before, with Kiln's own
-# environment (the configured indexes). A variant's build_env may set these variables back, deliberately.
-REFUSING_PROXY = "http://127.0.0.1:9"
-_PROXY_VARS = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy")
-_NO_PROXY_VARS = ("no_proxy", "NO_PROXY")
 # A compiled library in a wheel (a shared object, a Python extension on any platform).
 _BINARY = re.compile(r"\.(so(\.[0-9]+)*|pyd|dylib)$")
 NARROWED_HOME = "cuda-narrow"  # under a unit's tool directory: the CUDA home whose nvcc narrows (arch_policy narrow)
@@ -143,12 +137,6 @@ def hide_cuda_toolkit(environ: Mapping[str, str], shadow: Path) -> dict[str, str
     if "PATH" in env:
         env["PATH"] = os.pathsep.join(entries)
     return env
-
-
-def without_network(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with every URL fetch routed to :data:`REFUSING_PROXY` (both spellings of each variable)."""
-    env = {k: v for k, v in environ.items() if k not in _NO_PROXY_VARS}
-    return env | {name: REFUSING_PROXY for var in _PROXY_VARS for name in (var, var.upper())}
 
 
 def _setuptools(project_dir: Path) -> bool:

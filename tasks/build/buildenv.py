@@ -49,6 +49,7 @@ from kiln.core.fsutil import polled_lock
 from kiln.core.sandbox import installer_command, local_sources, wheels_only_hint
 from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
+from kiln.tasks.build.guest_install import offline_wheels, pip_env
 from kiln.tasks.build.nvcc import run_tool
 
 _log = logging.getLogger(__name__)
@@ -145,43 +146,11 @@ def _tail(text: str) -> str:
     return text[-_TAIL_CHARS:].strip()
 
 
-# The machine's own installer sources: a build environment resolves from them (scrubbed_env drops the
-# variables that add an index behind a Kiln index, which is what these are here).
-_MACHINE_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT")
-
-
 def uv_env() -> dict[str, str]:
     """uv's environment when it fills a matrix cell's build environment: scrubbed, as :func:`pip_env`, with
     uv's own cache kept (``HOME`` is a fresh empty directory, removed at exit with the process's temporaries)."""
     return scrubbed_env(Path(tempfile.mkdtemp(prefix="kiln-uv-home-")),
                         extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR")})
-
-
-def pip_env(home: Path) -> dict[str, str]:
-    """pip's environment when it fills a build or test-base environment: scrubbed
-    (:mod:`kiln.release.installenv`), since a requirement from an index may be an sdist whose build hook is
-    someone else's code, with the machine's own sources and pip's cache kept; ``HOME`` is ``home``."""
-    sources = {key: os.environ[key] for key in _MACHINE_SOURCES if key in os.environ}
-    return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": user_cache("pip", "PIP_CACHE_DIR")})
-
-
-def install_build_requirements(python: Path, requirements: Sequence[str], what: str, timeout_s: float,
-                               flag: str = "-P") -> None:
-    """Install what of ``requirements`` ``python``'s environment lacks: pip as a guest (:func:`installer_command`:
-    a requirement's sdist hook is someone else's code) in the scrubbed environment, writing only that environment.
-    ``flag``: how ``python`` keeps its working directory off ``sys.path`` (``-P``; ``-I`` for Python 3.10)."""
-    missing = venvs.unmet_requirements(python, sorted(requirements), flag)
-    if not missing:
-        return
-    wanted = [m.rsplit(" (", 1)[0] for m in missing]
-    _log.info("installing the build requirements %s for %s", wanted, what)
-    with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
-        cmd, env = installer_command([str(python), flag, "-m", "pip", "install", "--quiet", *wanted], python,
-                                     pip_env(Path(home)), write=[python.parent.parent])
-        done = run_tool(cmd, timeout_s, env=env)
-    if done.returncode != 0:
-        raise CompileError(f"cannot install the build requirements {wanted} of {what}"
-                           f"{wheels_only_hint(done.stdout)}:\n{_tail(done.stdout)}")
 
 
 def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, timeout_s: float,
@@ -212,8 +181,12 @@ def _fill_with_pip(tmp: Path, base: CellInterpreter | None, requirements: Sequen
     with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
         env = pip_env(Path(home))
         links, indexes = pip_sources()
+        try:
+            given = offline_wheels(requirements, python, Path(home) / "local-wheels", timeout_s)  # no network
+        except CompileError as exc:
+            raise BuildEnvironmentError(f"cannot create {what}: {exc}") from exc
         cmd = [str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-               "--upgrade", *(CELL_SEED if base else SEED), *requirements]
+               "--upgrade", *(CELL_SEED if base else SEED), *given]
         guest, guest_env = installer_command(cmd, python, env, read=local_sources([*links, *indexes]), write=[tmp])
         done = run_tool(guest, timeout_s, env=guest_env)
     if done.returncode != 0:

@@ -10,9 +10,9 @@ The sdist is built with pypa/build's :class:`build.ProjectBuilder` from a
 private copy of the project (:func:`kiln.tasks.build.sources.copy_project`, as
 the wheel), in a fresh build environment on Kiln's interpreter with the
 project's build requirements (those it lacks installed by pip in the scrubbed
-environment, :func:`kiln.tasks.build.buildenv.pip_env`); the backend's hooks
+environment, :func:`kiln.tasks.build.guest_install.pip_env`); the backend's hooks
 run as the wheel's do: no download host reachable
-(:func:`kiln.tasks.build.backend.without_network`), the commit's
+(:func:`kiln.tasks.build.guest_install.without_network`), the commit's
 ``SOURCE_DATE_EPOCH``, in their own process group under a deadline. It is
 built at the release's public version: setuptools-scm is told it
 (``SETUPTOOLS_SCM_PRETEND_VERSION``); a project whose version is written in
@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,16 +34,12 @@ from packaging.version import Version
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
-from kiln.core.sandbox import guest_command, guest_environ
 from kiln.release.pypi_release import public_version
-from kiln.tasks.build.backend import without_network
-from kiln.tasks.build.buildenv import install_build_requirements
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.build.guest_install import hook_failure, hook_runner, install_build_requirements, without_network
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
 
 _log = logging.getLogger(__name__)
-_TAIL_CHARS = 4000
 
 
 def sdist_environ(base: Mapping[str, str], distribution: str, version: str) -> dict[str, str]:
@@ -54,25 +49,8 @@ def sdist_environ(base: Mapping[str, str], distribution: str, version: str) -> d
     return env | {"SETUPTOOLS_SCM_PRETEND_VERSION": version, f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{scm_name}": version}
 
 
-def _runner(environ: Mapping[str, str], timeout_s: float, work: Path) -> build.RunnerType:
-    """pyproject-hooks' runner: each hook call in its own process group, under the deadline, in ``environ``,
-    sandboxed: it writes ``work`` (the copied sources, its environment, the dist folder) and the control folder
-    pyproject-hooks names on its command line; no network."""
-    def run(cmd: Sequence[str], cwd: str | None = None, extra_environ: Mapping[str, str] | None = None) -> None:
-        control = [arg for arg in cmd[1:] if os.path.isabs(arg) and os.path.isdir(arg)]
-        done = run_tool(guest_command(list(cmd), read=[work], write=[work, *control], network="none"), timeout_s,
-                        cwd=Path(cwd) if cwd else None,
-                        env=guest_environ(work / "home", extra_environ, base=environ))
-        if done.returncode != 0:
-            raise subprocess.CalledProcessError(done.returncode, list(cmd), output=done.stdout)
-    return run
-
-
 def _hook_failure(what: str, exc: Exception) -> CompileError:
-    cause = getattr(exc, "exception", None)
-    output = str(getattr(cause, "output", "") or "")[-_TAIL_CHARS:].strip()
-    return CompileError(f"the build backend could not make the sdist of {what}: {exc}" + (
-        f"; its log ends:\n{output}" if output else ""))
+    return CompileError(f"the build backend could not make the sdist of {what}: {hook_failure(what, exc)}")
 
 
 def check_sdist(path: Path, distribution: str, version: str) -> None:
@@ -101,7 +79,8 @@ def build_sdist(project_dir: Path, distribution: str, version: str, out_dir: Pat
         python = venvs.make_build_env(work / "env")
         environ = reproducible_environ(sdist_environ(os.environ, distribution, public),
                                        path_maps(source, work, None), commit_time(project_dir))
-        builder = build.ProjectBuilder(source, python_executable=str(python), runner=_runner(environ, timeout_s, work))
+        builder = build.ProjectBuilder(source, python_executable=str(python),
+                                       runner=hook_runner(environ, timeout_s, work))
         _log.info("building the sdist of %s with its own backend", what)
         try:
             install_build_requirements(python, list(builder.build_system_requires), what, timeout_s)

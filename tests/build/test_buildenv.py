@@ -27,6 +27,7 @@ from kiln.tasks.build.buildenv import (
     probe_torch,
 )
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
+from tests.helpers.hostile import Listener
 from tests.helpers.projects import copy_project
 from tests.helpers.sdists import evil_sdist_index, probing_sdist_index
 
@@ -125,29 +126,33 @@ def test_a_build_requirements_sdist_hook_runs_without_the_steps_secrets(tmp_path
 
 @pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
                     reason="needs Landlock and user namespaces (the sandbox the installer runs in)")
-def test_a_build_requirement_an_index_holds_as_an_sdist_is_refused_and_one_named_by_file_builds_in_the_sandbox(
+def test_a_build_requirement_an_index_holds_as_an_sdist_is_refused_and_one_named_by_file_builds_without_network(
         tmp_path, monkeypatch):
     """pip fills a build environment as a guest with the machine's network, taking only wheels from an index: an
-    sdist there is refused and its build hook never runs. An sdist the project names by file is built, its hook
-    reading no file of the user's, writing nothing beside it and seeing no credential."""
+    sdist there is refused and its build hook never runs. An sdist the project names by file is built by Kiln
+    first, sandboxed with no network: its hook reads no file of the user's, writes nothing beside it, sees no
+    credential and reaches no listener; the environment gets its wheel."""
     secret, outside = tmp_path / "home" / ".netrc", tmp_path / "home" / "planted.txt"
     secret.parent.mkdir()
     secret.write_text("machine pypi.org password hunter2")
     cache = tmp_path / "pip-cache"
     monkeypatch.setenv("PIP_CACHE_DIR", str(cache))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "step-secret")
-    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", probing_sdist_index(tmp_path / "probe", secret, outside))
-    with pytest.raises(BuildEnvironmentError, match="only wheels from an index") as refused:
-        ensure_env(tmp_path / "envs", ["probe-sdist"], "cu130", 600)
-    assert "probe-sdist" in str(refused.value) and not list(cache.glob("probe-*.json"))  # the hook never ran
-    sdist = tmp_path / "probe" / "simple" / "probe-sdist" / "probe_sdist-1.0.tar.gz"
-    with pytest.raises(BuildEnvironmentError):
-        ensure_env(tmp_path / "envs", [f"probe-sdist @ {sdist.as_uri()}"], "cu130", 600)  # its backend builds nothing
-    reports = [json.loads(p.read_text()) for p in cache.glob("probe-*.json")]
-    assert reports, "the premise: pip ran the named sdist's build hook and it could write its report to pip's cache"
-    for report in reports:
-        assert report.get("secret_error") == "PermissionError" and "secret" not in report, report
-        assert report["wrote_outside"] is False and "AWS_SECRET_ACCESS_KEY" not in report["environ"]
+    listener = Listener()
+    try:
+        index = probing_sdist_index(tmp_path / "probe", secret, outside, connect=(listener.host, listener.port))
+        monkeypatch.setenv("PIP_EXTRA_INDEX_URL", index)
+        with pytest.raises(BuildEnvironmentError, match="only wheels from an index") as refused:
+            ensure_env(tmp_path / "envs", ["probe-sdist"], "cu130", 600)
+        assert "probe-sdist" in str(refused.value) and not list(cache.glob("probe-*.json"))  # the hook never ran
+        sdist = tmp_path / "probe" / "simple" / "probe-sdist" / "probe_sdist-1.0.tar.gz"
+        made = ensure_env(tmp_path / "envs", [f"probe-sdist @ {sdist.as_uri()}"], "cu130", 600)
+    finally:
+        listener.close()
+    report = json.loads((venvs.site_packages(made.python) / "probe_sdist_report.json").read_text())
+    assert report.get("secret_error") == "PermissionError" and "secret" not in report, report
+    assert report["wrote_outside"] is False and "AWS_SECRET_ACCESS_KEY" not in report["environ"]
+    assert report["connected"] is False and listener.accepted == 0
     assert not outside.exists()
 
 

@@ -1,15 +1,18 @@
 """Kiln's installers take only wheels from an index: a build requirement published only as an sdist is refused
-with the way out named, and its build hook never runs (it would have had the machine's network)."""
+with the way out named, and its build hook never runs (it would have had the machine's network). One the project
+names by file is built by Kiln first, without network, and the installer is given its wheel."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.core.sandbox import support, wheels_only, wheels_only_hint
-from kiln.tasks.build.buildenv import install_build_requirements
-from tests.helpers.hostile import helper_sdist
+from kiln.tasks.build.guest_install import MAX_DEPTH, install_build_requirements, local_source, offline_wheels
+from tests.helpers.hostile import Listener, helper_sdist
 
 
 def test_pip_and_uv_installs_take_only_wheels_and_other_commands_run_as_they_came():
@@ -39,3 +42,46 @@ def test_a_build_requirement_an_index_holds_only_as_an_sdist_is_refused_and_neve
     assert "No matching distribution found for hostile-helper==0.1.0" in message  # pip's own refusal
     assert "only wheels from an index" in message and "find-links" in message
     assert venvs.unmet_requirements(python, ["hostile-helper==0.1.0"]) != []
+
+
+@pytest.mark.skipif(not (support().landlock_abi and support().namespaces),
+                    reason="this kernel allows no Landlock or no user namespaces: a build's network is not cut")
+def test_a_build_requirement_named_by_file_is_built_without_network_and_its_wheel_installed(tmp_path):
+    """A local sdist the project names is package code: Kiln builds it first with no network (its own build
+    requirements from the index, wheels only), then gives the installer its wheel. Its hook, run twice (its
+    requirements, its wheel), tries a listener on loopback and the files of the user and of this test."""
+    listener = Listener()
+    try:
+        targets = {"read": [str(tmp_path)], "write": [str(tmp_path)], "listeners": [[listener.host, listener.port]]}
+        sdist = helper_sdist(tmp_path / "helper-dist", targets)
+        python = venvs.make_build_env(tmp_path / "env")
+        install_build_requirements(python, [f"hostile-helper @ {sdist.as_uri()}"], "the fixture", 600)
+    finally:
+        listener.close()
+    assert venvs.unmet_requirements(python, ["hostile-helper==0.1.0"]) == []
+    site = venvs.site_packages(python)
+    report = json.loads((site / "hostile_helper" / "install_probe.json").read_text())
+    assert f"connect {listener.host}:{listener.port}" in report["tried"] and f"read {tmp_path}" in report["tried"]
+    assert report["done"] == [], report
+    assert listener.accepted == 0
+    direct = json.loads((site / "hostile_helper-0.1.0.dist-info" / "direct_url.json").read_text())
+    assert direct["url"].endswith(".whl"), direct  # the installer was given the wheel, never the sdist
+
+
+def test_a_local_source_is_told_from_a_name_a_wheel_and_a_remote_url(tmp_path):
+    sdist, folder, wheel = tmp_path / "a-1.0.tar.gz", tmp_path / "src", tmp_path / "a-1.0-py3-none-any.whl"
+    sdist.write_bytes(b""), folder.mkdir(), wheel.write_bytes(b"")
+    assert local_source(f"a @ {sdist.as_uri()}") == sdist
+    assert local_source(f"a[x] @ {folder.as_uri()} ; python_version >= '3'") == folder
+    assert local_source(str(folder)) == folder and local_source(sdist.as_uri()) == sdist
+    assert local_source(f"a @ {wheel.as_uri()}") is None and local_source("a>=1") is None
+    assert local_source("a @ https://example.org/a-1.0.tar.gz") is None
+    assert local_source(f"a @ {(tmp_path / 'gone.tar.gz').as_uri()}") is None
+
+
+def test_local_sources_nested_deeper_than_the_bound_are_refused_naming_the_requirement(tmp_path):
+    sdist = tmp_path / "a-1.0.tar.gz"
+    sdist.write_bytes(b"")
+    with pytest.raises(CompileError, match=rf"'a @ {sdist.as_uri()}' is nested {MAX_DEPTH} deep"):
+        offline_wheels([f"a @ {sdist.as_uri()}"], tmp_path / "python", tmp_path / "out", 10, depth=MAX_DEPTH)
+    assert not (tmp_path / "out").exists()

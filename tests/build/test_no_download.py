@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.tasks.build.backend import REFUSING_PROXY, without_network
+from kiln.tasks.build.guest_install import REFUSING_PROXY, without_network
 from tests.helpers.projects import copy_project
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import CompileError, ConfigError
-from kiln.tasks.build.backend import REFUSING_PROXY
+from kiln.tasks.build.guest_install import REFUSING_PROXY
 from kiln.tasks.build.sdist import build_sdist, sdist_environ
 from kiln.tasks.project.config import load_config
 

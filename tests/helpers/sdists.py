@@ -18,10 +18,11 @@ def evil_sdist_index(root: Path, markers: Path, name: str = "evil-sdist", versio
     return _sdist_index(root, backend, name, version)
 
 
-# A build backend that tries, when imported, to read ``secret`` and to write beside ``outside`` (what a hostile
-# hook would do to the user's files), and reports what it managed and the environment it saw under the one place
-# it may write that the test can find: the installer's cache ($UV_CACHE_DIR, else $PIP_CACHE_DIR).
-_PROBE = """import json, os, pathlib
+# A build backend that tries, when imported, to read ``secret``, to write beside ``outside`` (what a hostile hook
+# would do to the user's files) and to reach ``connect`` (a listener, or None), and reports what it managed and the
+# environment it saw: in the installer's cache ($UV_CACHE_DIR, else $PIP_CACHE_DIR) where it may write there, and in
+# the wheel it builds (``probe_sdist_report.json``, installed beside the package's other files).
+_PROBE = """import base64, hashlib, json, os, pathlib, socket, zipfile
 report = {"environ": dict(os.environ)}
 try:
     report["secret"] = pathlib.Path(%(secret)r).read_text()
@@ -32,15 +33,44 @@ try:
     report["wrote_outside"] = True
 except OSError as exc:
     report["wrote_outside"] = False
-cache = os.environ.get("UV_CACHE_DIR") or os.environ["PIP_CACHE_DIR"]
-pathlib.Path(cache, "probe-%%d.json" %% os.getpid()).write_text(json.dumps(report))
+if %(connect)r is not None:
+    try:
+        socket.create_connection(tuple(%(connect)r), timeout=5).close()
+        report["connected"] = True
+    except OSError:
+        report["connected"] = False
+try:
+    cache = os.environ.get("UV_CACHE_DIR") or os.environ["PIP_CACHE_DIR"]
+    pathlib.Path(cache, "probe-%%d.json" %% os.getpid()).write_text(json.dumps(report))
+except (KeyError, OSError):
+    pass
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    info = "%(stem)s.dist-info"
+    files = {"probe_sdist_report.json": json.dumps(report).encode(),
+             info + "/METADATA": b"Metadata-Version: 2.1\\nName: %(name)s\\nVersion: %(version)s\\n",
+             info + "/WHEEL": b"Wheel-Version: 1.0\\nGenerator: probe\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    lines = ["%%s,sha256=%%s,%%d" %% (name, base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+             .decode(), len(data)) for name, data in files.items()]
+    files[info + "/RECORD"] = ("\\n".join([*lines, info + "/RECORD,,"]) + "\\n").encode()
+    name = "%(stem)s-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return name
 """
 
 
-def probing_sdist_index(root: Path, secret: Path, outside: Path, name: str = "probe-sdist") -> str:
-    """A file:// index of one sdist whose build hook probes ``secret`` (read) and ``outside`` (write) and leaves
-    its report as ``probe-<pid>.json`` in the installer's cache."""
-    return _sdist_index(root, _PROBE % {"secret": str(secret), "outside": str(outside)}, name, "1.0")
+def probing_sdist_index(root: Path, secret: Path, outside: Path, name: str = "probe-sdist",
+                        connect: tuple[str, int] | None = None) -> str:
+    """A file:// index of one sdist whose build hook probes ``secret`` (read), ``outside`` (write) and ``connect``
+    (a TCP address, or None) and leaves its report as ``probe-<pid>.json`` in the installer's cache where it may
+    write there, and as ``probe_sdist_report.json`` in the wheel it builds."""
+    stem = f"{name.replace('-', '_')}-1.0"
+    probe = _PROBE % {"secret": str(secret), "outside": str(outside), "connect": list(connect) if connect else None,
+                      "stem": stem, "name": name, "version": "1.0"}
+    return _sdist_index(root, probe, name, "1.0")
 
 
 def write_sdist(folder: Path, name: str, version: str, members: Mapping[str, bytes]) -> Path:

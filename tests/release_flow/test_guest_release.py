@@ -12,6 +12,7 @@ import shutil
 import socket
 import zipfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -28,7 +29,7 @@ MINTED = "pypi-minted-for-the-upload-task-only"
 BEARER = "actions-request-bearer-of-the-worker"
 
 
-def _hostile(tmp_path: Path, upload_url: str, index_url: str, oidc_url: str, targets: dict[str, list[str]]) -> Path:
+def _hostile(tmp_path: Path, upload_url: str, index_url: str, oidc_url: str, targets: dict[str, list[Any]]) -> Path:
     """The hostile fixture with a PyPI target by Trusted Publishing and a hostile build requirement (an sdist by file,
     whose hook tries ``targets`` when installed)."""
     repo = tmp_path / "hostile"
@@ -65,18 +66,19 @@ def test_a_hostile_packages_release_with_trusted_publishing_shows_its_code_no_id
     listeners = [Listener(), Listener(own_address())]
     out = tmp_path / "out"
     out.mkdir()
-    targets = {"read": [str(canary), str(Path.home()), str(out), os.environ.get("PREFECT_HOME", str(Path.home()))],
-               "write": [str(out), str(tmp_path / "hostile" / ".kiln"), str(tmp_path)]}
+    targets: dict[str, list[Any]] = {
+        "read": [str(canary), str(Path.home()), str(out), os.environ.get("PREFECT_HOME", str(Path.home()))],
+        "write": [str(out), str(tmp_path / "hostile" / ".kiln"), str(tmp_path)]}
     try:
         with loopback_github_oidc_stand_in(monkeypatch, BEARER) as identity, \
                 loopback_mint_token_stand_in(MINTED, trusted=identity) as mint, \
                 pypi_server(tmp_path / "pypiserver", token=MINTED) as server:
-            config = _hostile(tmp_path, server.url, server.index_url, mint.url, targets)
             services = [_address(os.environ["ACTIONS_ID_TOKEN_REQUEST_URL"]), _address(mint.url)]
             for host, port in [(x.host, x.port) for x in listeners] + [(str(h), int(p)) for h, p in services]:
                 socket.create_connection((host, port), timeout=5).close()  # each answers outside the sandbox
-            monkeypatch.setenv("HOSTILE_TARGETS", json.dumps(
-                targets | {"listeners": [[x.host, x.port] for x in listeners] + services}))
+            targets |= {"listeners": [[x.host, x.port] for x in listeners] + services}
+            config = _hostile(tmp_path, server.url, server.index_url, mint.url, targets)
+            monkeypatch.setenv("HOSTILE_TARGETS", json.dumps(targets))
             monkeypatch.setenv("HOSTILE_ALLOWED", "yes")
             state = approved_release_flow(version="0.1.0", config_path=str(config), out=str(out), return_state=True)
             assert state.is_completed(), state.message
@@ -94,13 +96,13 @@ def test_a_hostile_packages_release_with_trusted_publishing_shows_its_code_no_id
         with zipfile.ZipFile(wheel) as archive:
             built = json.loads(archive.read("hostile/build_probe.json"))
         assert built["done"] == [] and {f"connect {h}:{p}" for h, p in services} <= set(built["tried"]), built
-        # the build requirement: its sdist's hook, run by the installer (no secret, no file of the user's, no Kiln
-        # home; the installer has the machine's network, for its index: not tried here), and its module imported
-        # by the build (nothing, the network included)
+        # the build requirement: its sdist's hook, run by Kiln before the installer is given its wheel (no secret,
+        # no file of the user's, no Kiln home, no network), and its module imported by the build (nothing either)
         installed, imported = built["requirement"]["installed"], built["requirement"]["imported"]
         assert installed["done"] == [] and imported["done"] == [], built["requirement"]
         assert {f"{how} {path}" for how in ("read", "write") for path in targets[how]} <= set(installed["tried"])
-        assert {f"connect {h}:{p}" for h, p in services} <= set(imported["tried"]), imported
+        reached = {f"connect {h}:{p}" for h, p in targets["listeners"]}
+        assert reached <= set(installed["tried"]) and reached <= set(imported["tried"]), built["requirement"]
     assert [listener.accepted for listener in listeners] == [1, 1]  # only the direct checks above
     assert not list(out.glob(".hostile-*")) and not list(config.parent.glob(".hostile-*"))
     secrets = (MINTED, identity, BEARER)
