@@ -14,7 +14,7 @@ naming the requirement pip could not find.
 Nothing from an extra index runs while checking: pip reads wheels only
 (``--only-binary :all:``; a dependency of which the indexes hold only an
 sdist is reported as such, never built) in the scrubbed environment of
-:mod:`kiln.release.installenv`. And a name the staged index holds (the
+:mod:`kiln.core.installenv`. And a name the staged index holds (the
 project, ``kiln-runtime``, pins) must resolve to one of its files: when pip's
 report takes it from another index (a higher version, a same-version wheel
 with a more specific tag) the check refuses, naming the file and the index

@@ -18,9 +18,9 @@ import tomllib
 from pathlib import Path
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.installenv import run_installer
 from kiln.core.venvs import uv_command
 from kiln.release.install import check_index_url
-from kiln.release.installenv import run_installer
 from kiln.release.provenance import Chosen
 
 UV = ("uv", "pip", "install")

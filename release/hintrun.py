@@ -9,7 +9,7 @@ higher release from an extra index instead of what was published; only
 running the hint shows which. :func:`run_hint` does so in a fresh virtual
 environment, with its interpreter in isolated mode (``-I``), in an empty
 working directory, with no pip configuration file, in the scrubbed
-environment of :mod:`kiln.release.installenv`, wheels only, every command
+environment of :mod:`kiln.core.installenv`, wheels only, every command
 under a timeout; :func:`check_hint` compares the installed version with the
 published one. Given what the index holds, each step is resolved first
 (``--dry-run --report``) and not run when it would take a name the index
@@ -46,9 +46,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.installenv import run_installer
 from kiln.release import hint_uv
 from kiln.release.install import check_index_url, python_command
-from kiln.release.installenv import run_installer
 from kiln.release.pipconfig import PipConfig
 from kiln.release.provenance import Resolution, foreign, pip_dry_run
 

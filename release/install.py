@@ -36,8 +36,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.installenv import run_installer
 from kiln.core.venvs import PURELIB_QUERY, layer, uv_command
-from kiln.release.installenv import run_installer
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def printed_uv(arguments: Sequence[str]) -> str:
     return shlex.join([*UV_ISOLATED, *arguments])
 
 
-# The same, for the installs Kiln runs itself: :func:`~kiln.release.installenv.scrubbed_env` already drops the
+# The same, for the installs Kiln runs itself: :func:`~kiln.core.installenv.scrubbed_env` already drops the
 # variables that add an index and points ``HOME`` away from the user's files; these null the configuration
 # files a variable can still name (and an overrides file), so no file adds a source either.
 ISOLATED_ENV = {"PIP_CONFIG_FILE": os.devnull, "UV_CONFIG_FILE": os.devnull, "UV_OVERRIDE": os.devnull}
@@ -165,7 +165,7 @@ def pip_steps(index_url: str, requirement: str, held: Sequence[str] = (),
 
 def _run(cmd: list[str], timeout: float, what: str, cwd: Path) -> str:
     """Run ``cmd`` in ``cwd`` (a directory of Kiln's own, never the caller's: see :func:`python_command`),
-    in the scrubbed environment every installer gets (:mod:`kiln.release.installenv`)."""
+    in the scrubbed environment every installer gets (:mod:`kiln.core.installenv`)."""
     try:
         done = run_installer(cmd, cwd, timeout, ISOLATED_ENV)
     except subprocess.TimeoutExpired:

@@ -3,7 +3,7 @@ indexes the command names.
 
 pip merges into every resolution the ``extra-index-url`` and ``find-links`` of its configuration files and of
 ``PIP_EXTRA_INDEX_URL``/``PIP_FIND_LINKS``. An install Kiln runs itself sees none of them (a private ``HOME``,
-the scrubbed environment of :mod:`kiln.release.installenv`), so ``kiln verify --hint`` judges a printed command
+the scrubbed environment of :mod:`kiln.core.installenv`), so ``kiln verify --hint`` judges a printed command
 a second time under what :func:`caller_pip_config` reads here, and names the setting whose source would win a
 name the Kiln index holds.
 

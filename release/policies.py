@@ -28,24 +28,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from kiln.core.errors import ConfigError
+from kiln.core.steps import (
+    BASELINE_STEP,
+    BUILD_LEDGER,
+    CHANNEL_OF_STEP,
+    DELETING_STEPS,
+    LEDGER_STEP,
+    STEPS,
+    prefix_problem,
+)
 from kiln.core.store import is_remote
 
-# The steps that get their own credentials and policy; kiln.toml [permissions.<step>] keys.
-Step = Literal["build", "test", "bench", "publish-nightly", "publish-release", "prune-nightly"]
-STEPS: tuple[Step, ...] = get_args(Step)
-# Which channel each publishing step owns; every other step owns none.
-CHANNEL_OF_STEP: Mapping[str, str] = {"publish-nightly": "nightly", "publish-release": "release",
-                                      "prune-nightly": "nightly"}
-# The one step that writes the release baseline (benchmark results of published releases).
-BASELINE_STEP = "publish-release"
-# The build ledger, in the artifact store: only the build step writes it (kiln.tasks.run.ledger).
-LEDGER_STEP = "build"
-BUILD_LEDGER = "build-ledger/"
-# The steps that may delete, only under their own write prefixes (kiln.release.prune); no step deletes a release.
-DELETING_STEPS = frozenset({"prune-nightly"})
 DELETE_ACTIONS = ("s3:DeleteObject",)
 
 READ_ACTIONS = ("s3:GetObject",)  # HeadObject is authorised as GetObject
@@ -74,19 +70,6 @@ class StepAccess:
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
-
-
-def prefix_problem(value: object) -> str | None:
-    """Why ``value`` is not a prefix IAM reads as written, or None. ``kiln.toml``
-    is checked with this at load, the policies again when they are generated."""
-    if not isinstance(value, str):
-        return f"{value!r} is not a string prefix"
-    bad = [c for c in ("*", "?", "$", "\\") if c in value]
-    parts = value.strip("/").split("/")
-    if bad or any(p in (".", "..") for p in parts) or value.startswith("/"):
-        return (f"prefix {value!r} must be a plain relative path such as 'nightly/' "
-                f"(no leading '/', '..', or IAM wildcards)")
-    return None
 
 
 def _prefix(value: str, where: str) -> str:

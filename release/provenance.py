@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.installenv import run_installer
 from kiln.release.install import index_options
-from kiln.release.installenv import run_installer
 
 _MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 _NO_SOURCE = re.compile(r"Skipping link: No (?:sources|binaries) permitted for ([A-Za-z0-9._-]+)")

@@ -46,8 +46,8 @@ from packaging.utils import canonicalize_name
 from kiln.core import venvs
 from kiln.core.errors import CompileError, KilnError, PermanentError, UnsafePathError
 from kiln.core.fsutil import polled_lock
+from kiln.core.installenv import scrubbed_env, user_cache
 from kiln.core.sandbox import installer_command, local_sources, wheels_only_hint
-from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.cache import digest
 from kiln.tasks.build.guest_install import offline_wheels, pip_env
 from kiln.tasks.build.nvcc import run_tool

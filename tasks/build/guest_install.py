@@ -28,8 +28,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
+from kiln.core.installenv import scrubbed_env, user_cache
 from kiln.core.sandbox import guest_command, guest_environ, installer_command, wheels_only_hint
-from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.nvcc import run_tool
 
 _log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def without_network(environ: Mapping[str, str]) -> dict[str, str]:
 
 def pip_env(home: Path) -> dict[str, str]:
     """pip's environment when it fills a build or test-base environment: scrubbed
-    (:mod:`kiln.release.installenv`), since a requirement from an index may be an sdist whose build hook is
+    (:mod:`kiln.core.installenv`), since a requirement from an index may be an sdist whose build hook is
     someone else's code, with the machine's own sources and pip's cache kept; ``HOME`` is ``home``."""
     sources = {key: os.environ[key] for key in _MACHINE_SOURCES if key in os.environ}
     return scrubbed_env(home, extra={**sources, "PIP_CACHE_DIR": user_cache("pip", "PIP_CACHE_DIR")})

@@ -45,7 +45,7 @@ from packaging.requirements import Requirement
 
 from kiln.core.errors import ToolchainMissingError
 from kiln.core.fsutil import atomic_write_text
-from kiln.release.installenv import resolver_env
+from kiln.core.installenv import resolver_env
 from kiln.tasks.build.buildenv import CellInterpreter, _complete, env_key, uv_source_options
 from kiln.tasks.project.config import KilnConfig, Variant
 

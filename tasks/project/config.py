@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kiln.core.errors import ConfigError
-from kiln.release.policies import STEPS, Step
+from kiln.core.steps import STEPS, Step
 from kiln.tasks.project.config_build import ArchPolicy, Build, Testing, Toolchain, check_build_env, one_of
 from kiln.tasks.project.config_matrix import Cell, Exclusion, expand, has_axes
 from kiln.tasks.project.config_permissions import Credentials, Permission, unchosen_credentials

@@ -17,8 +17,8 @@ from pydantic import AfterValidator
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.sandbox import credential_name
+from kiln.core.steps import prefix_problem
 from kiln.core.store import BACKENDS, check_key, scheme_of
-from kiln.release.policies import prefix_problem
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # S3's bucket naming rules (lowercase, 3-63 characters, no '..').

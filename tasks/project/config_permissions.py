@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from kiln.core.steps import CHANNEL_OF_STEP, STEPS, Step
 from kiln.core.store import is_remote
-from kiln.release.policies import CHANNEL_OF_STEP, STEPS, Step
 from kiln.tasks.project.config_fields import BlockName, Prefix, RoleArn
 
 _CHOICES = ('credentials = { block = "<AwsCredentials block>" }, '

@@ -18,7 +18,7 @@ from kiln.core.errors import AlreadyPublishedError, IntegrityError
 from kiln.core.manifest import Artifact
 from kiln.core.objects import Store, check_key
 from kiln.core.record import RunHeader
-from kiln.release.policies import BUILD_LEDGER
+from kiln.core.steps import BUILD_LEDGER
 
 log = logging.getLogger(__name__)
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core.errors import InfrastructureError, PermanentError
+from kiln.core.installenv import scrubbed_env, user_cache
 from kiln.core.sandbox import installer_command, wheels_only_hint
 from kiln.core.venvs import make_build_env as make_build_env  # a pep517 build's environment, kept here by name
 from kiln.core.venvs import run as _run
@@ -60,7 +61,6 @@ from kiln.core.venvs import site_packages as _site_packages
 from kiln.core.venvs import unmet_requirements as unmet_requirements  # kept here by name
 from kiln.core.venvs import uv_command
 from kiln.core.wheels import core_metadata
-from kiln.release.installenv import scrubbed_env, user_cache
 from kiln.tasks.build.buildenv import pip_sources
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
@@ -95,7 +95,7 @@ def _installer_home() -> Path:
 
 
 def installer_env() -> dict[str, str]:
-    """The environment uv installs a suite's dependencies with: :func:`~kiln.release.installenv.scrubbed_env`.
+    """The environment uv installs a suite's dependencies with: :func:`~kiln.core.installenv.scrubbed_env`.
 
     Resolving what a suite declares may build an sdist from an extra index, whose PEP 517 hook is
     someone else's code: it must see no cloud credentials, no Prefect API key and no user's home. uv's

@@ -30,9 +30,9 @@ from pydantic import ValidationError
 
 from kiln.core.errors import InfrastructureError, InvalidInputError, ToolchainMissingError
 from kiln.core.fsutil import atomic_write_bytes, atomic_write_text
+from kiln.core.installenv import resolver_env
 from kiln.core.manifest import Unit
 from kiln.core.venvs import uv_command
-from kiln.release.installenv import resolver_env
 from kiln.tasks.build.buildenv import BuildEnvironmentError, _complete, ensure_env, env_key, uv_source_options
 from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.project.config import KilnConfig, Suite, Variant

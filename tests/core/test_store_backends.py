@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kiln.core.errors import InvalidInputError
+from kiln.core.steps import STEPS
 from kiln.core.store import BACKENDS, LocalStore, Store, StoreBackend, backend_for, is_remote, open_store
-from kiln.release.policies import STEPS
 from kiln.tasks.project.config_permissions import s3_locations
 
 FAKE = "test-remote"

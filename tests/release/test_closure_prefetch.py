@@ -1,7 +1,7 @@
 """Dependency checks started ahead of their asker (a nightly starts them after its build): real pip, offline.
 
 The staged index and the ``file://`` dependency index are local, as in test_closure.py. pip's runs are
-counted from what :func:`kiln.release.installenv.run_installer` logs before each one.
+counted from what :func:`kiln.core.installenv.run_installer` logs before each one.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.tags import sys_tags
 
+from kiln.core.installenv import run_installer, scrubbed_env
 from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.core.wheels import read_wheel
@@ -28,7 +29,6 @@ from kiln.flows.cli import main
 from kiln.flows.summary import render_text
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, resolve
-from kiln.release.installenv import run_installer, scrubbed_env
 from kiln.release.plan import Plan
 from kiln.release.publish import publish
 from kiln.tasks.install_hint import install_facts
