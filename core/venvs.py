@@ -153,6 +153,30 @@ def layer_kiln(site: Path) -> None:
             (site / f"zzz_kiln_{distribution.replace('-', '_')}.pth").write_text(line)
 
 
+def venv_command(root: Path, python: str | Path | None = None, *, pip: bool = False, uv: bool = False) -> list[str]:
+    """The command that makes a fresh virtual environment at ``root``: the one way Kiln makes one.
+
+    ``python``: the interpreter it runs (default Kiln's; an environment's python makes one on its base).
+    ``uv``: by uv (about ten times faster than ``venv``; no pip in it). Else by the interpreter's own ``venv``,
+    isolated (``-I``: nothing of the working directory is imported in place of ``venv``), with pip from its
+    ``ensurepip`` (``pip``: offline), or without pip.
+    """
+    interpreter = str(python or sys.executable)
+    if uv:
+        if pip:
+            raise ValueError("uv venv makes no pip: ask for pip=False, or for the interpreter's venv")
+        return [*uv_command(), "venv", "--quiet", "--python", interpreter, str(root)]
+    return [interpreter, TOOL_ISOLATION, "-m", "venv", *(() if pip else ("--without-pip",)), str(root)]
+
+
+def create_env(root: Path, python: str | Path | None = None, *, pip: bool = False, uv: bool = False,
+               timeout: float = TIMEOUT_S) -> Path:
+    """A fresh virtual environment at ``root`` (:func:`venv_command`); its python. An
+    :class:`InfrastructureError` names ``root`` when it cannot be made."""
+    run(venv_command(root, python, pip=pip, uv=uv), f"creating the environment {root}", timeout)
+    return root / "bin" / "python"
+
+
 def make_build_env(root: Path) -> Path:
     """A fresh environment at ``root`` that sees this interpreter's packages after its own; its python.
 
@@ -161,8 +185,7 @@ def make_build_env(root: Path) -> Path:
     """
     if root.exists():
         shutil.rmtree(root)
-    run([*uv_command(), "venv", "--quiet", "--python", sys.executable, str(root)], f"creating {root}")
-    python = root / "bin" / "python"
+    python = create_env(root, uv=True)
     layer_kiln(site_packages(python))
     return python
 

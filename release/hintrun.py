@@ -35,7 +35,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from packaging.version import InvalidVersion, Version
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.installenv import run_installer
+from kiln.core.venvs import venv_command
 from kiln.release import hint_uv
 from kiln.release.install import check_index_url, python_command
 from kiln.release.pipconfig import PipConfig
@@ -273,7 +273,7 @@ def run_hint(hint: Hint, workdir: Path, timeout: float, held: Mapping[str, froze
     """
     venv, cwd = workdir / "venv", workdir / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
-    ok, out = _run([*python_command(sys.executable), "-m", "venv", str(venv)], cwd, timeout, "create a venv")
+    ok, out = _run(venv_command(venv, pip=True), cwd, timeout, "create a venv")
     python = venv / "bin" / "python"
     for step in hint.steps if ok else ():
         if held is not None:

@@ -24,7 +24,6 @@ import logging
 import os
 import shlex
 import subprocess
-import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from packaging.utils import canonicalize_name
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.installenv import run_installer
-from kiln.core.venvs import PURELIB_QUERY, layer, uv_command
+from kiln.core.venvs import PURELIB_QUERY, layer, uv_command, venv_command
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +228,7 @@ def install_and_import(tool: Tool, spec: InstallSpec, workdir: Path, timeout: fl
     """
     venv, cwd = workdir / f"{tool}-venv", workdir / f"{tool}-cwd"
     cwd.mkdir(exist_ok=True)
-    create = ([*python_command(sys.executable), "-m", "venv", str(venv)] if tool == "pip" else
-              [*uv_command(), "venv", "--python", sys.executable, str(venv)])
-    result = _run(create, timeout, f"{tool}: create venv", cwd)
+    result = _run(venv_command(venv, pip=tool == "pip", uv=tool != "pip"), timeout, f"{tool}: create venv", cwd)
     if result != "ok":
         return result
     python = venv / "bin" / "python"

@@ -172,7 +172,7 @@ def _make(tmp: Path, final: Path, requirements: Sequence[str], variant: str, tim
 
 def _fill_with_pip(tmp: Path, base: CellInterpreter | None, requirements: Sequence[str], timeout_s: float,
                    what: str) -> None:
-    made = run_tool([str(base.path) if base else sys.executable, "-I", "-m", "venv", str(tmp)], min(timeout_s, 600))
+    made = run_tool(venvs.venv_command(tmp, base.path if base else None, pip=True), min(timeout_s, 600))
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create {what}: python -m venv failed (exit {made.returncode}):\n"
                                     f"{_tail(made.stdout)}")
@@ -241,8 +241,7 @@ def _fill_with_uv(uv: str, tmp: Path, base: CellInterpreter, requirements: Seque
     """A matrix cell's environment, made by uv on the cell's interpreter from the machine's pip sources (its
     pip.conf and ``PIP_*`` find-links, indexes and constraints): ``python -m venv`` and pip took 25 s a cell
     here (ensurepip, then pip upgrading itself), uv about 2 s. Copies, never links into uv's cache."""
-    made = run_tool([uv, "venv", "--quiet", "--python", str(base.path), str(tmp)], min(timeout_s, 600),
-                    env=uv_env())
+    made = run_tool(venvs.venv_command(tmp, base.path, uv=True), min(timeout_s, 600), env=uv_env())
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create {what}: uv venv failed (exit {made.returncode}):\n"
                                     f"{_tail(made.stdout)}")
@@ -422,7 +421,7 @@ def overlay_env(root: Path, parent: BuildEnvironment, timeout_s: float = 300) ->
 
     A project build installs what it lacks into the overlay, so the shared environment is never changed.
     """
-    made = run_tool([str(parent.python), "-I", "-m", "venv", "--without-pip", str(root)], timeout_s)
+    made = run_tool(venvs.venv_command(root, parent.python), timeout_s)
     if made.returncode != 0:
         raise BuildEnvironmentError(f"cannot create a build environment at {root} on {parent.root}:\n"
                                     f"{_tail(made.stdout)}")

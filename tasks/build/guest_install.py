@@ -156,7 +156,7 @@ def build_offline(source: Path, python: Path, out: Path, timeout_s: float, depth
     with tempfile.TemporaryDirectory(prefix="kiln-local-build-") as tmp:
         work = Path(tmp)
         tree = _private_copy(source, work / "src")
-        made = run_tool([str(python), "-I", "-m", "venv", str(work / "env")], _VENV_TIMEOUT_S)
+        made = run_tool(venvs.venv_command(work / "env", python, pip=True), _VENV_TIMEOUT_S)
         if made.returncode != 0:
             raise CompileError(f"cannot make an environment to build {what}: {made.stdout[-_TAIL_CHARS:].strip()}")
         env_python = work / "env" / "bin" / "python"

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from kiln.core.errors import InfrastructureError, KilnError
 from kiln.core.fsutil import atomic_write_text, polled_lock
-from kiln.core.venvs import tool_python
+from kiln.core.venvs import venv_command
 from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir, pinned_version
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.testing.hostbase import HostDistributions, copy_into, host_distributions
@@ -162,7 +162,7 @@ def prepare_bases(variants: Iterable[tuple[str, Sequence[str]]]) -> threading.Th
 
 def _copy_host(host: HostDistributions, tmp: Path) -> None:
     """A base at ``tmp``: an environment of Kiln's interpreter, without pip, holding copies of ``host``'s files."""
-    done = run_tool([*tool_python(), "-m", "venv", "--without-pip", str(tmp)], COMPILE_TIMEOUT_S)
+    done = run_tool(venv_command(tmp), COMPILE_TIMEOUT_S)
     if done.returncode != 0:
         raise BuildEnvironmentError(f"cannot create the test base {tmp}: python -m venv failed (exit "
                                     f"{done.returncode}): {done.stdout.strip()[-1500:]}")

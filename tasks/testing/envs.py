@@ -45,7 +45,6 @@ import email.parser
 import functools
 import logging
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -59,7 +58,7 @@ from kiln.core.venvs import make_build_env as make_build_env  # a pep517 build's
 from kiln.core.venvs import run as _run
 from kiln.core.venvs import site_packages as _site_packages
 from kiln.core.venvs import unmet_requirements as unmet_requirements  # kept here by name
-from kiln.core.venvs import uv_command
+from kiln.core.venvs import uv_command, venv_command
 from kiln.core.wheels import core_metadata
 from kiln.tasks.build.buildenv import pip_sources
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
@@ -159,7 +158,7 @@ def make_env(root: Path, wheels: Sequence[Path], requirements: Sequence[str] = (
         base = base_env(base_pins(backend, build_requires), backend)
     if root.exists():
         shutil.rmtree(root)
-    _run([*uv_command(), "venv", "--quiet", "--python", str(python or sys.executable), str(root)], f"creating {root}")
+    _run(venv_command(root, python, uv=True), f"creating {root}")
     python = root / "bin" / "python"
     site = _site_packages(python)
     if base is not None:

@@ -336,3 +336,15 @@ def test_no_module_outside_the_store_layer_tests_a_store_url_scheme():
                     if _SCHEME_TEST.search(path.read_text(encoding="utf-8"))})
     assert [name for name in found if name not in STORE_LAYER | SCHEME_TESTS_ALLOWED] == []
     assert sorted(SCHEME_TESTS_ALLOWED - set(found)) == [], "no scheme test left: take them off SCHEME_TESTS_ALLOWED"
+
+
+# A virtual environment made by hand ('"-m", "venv"', 'uv ... "venv"'): every environment Kiln makes comes from
+# core/venvs.py (venv_command, create_env), so how one is made (its isolation, pip or not, uv or venv) is one rule.
+_VENV_BY_HAND = re.compile(r"""["']-m["'],\s*["']venv["']|\(\),\s*["']venv["']|uv,\s*["']venv["']""")
+
+
+def test_no_module_outside_core_venvs_makes_a_virtual_environment_by_hand():
+    folders = [ROOT / name for name in ("core", "tasks", "flows", "release")]
+    found = sorted(str(path.relative_to(ROOT)) for folder in folders for path in folder.rglob("*.py")
+                   if _VENV_BY_HAND.search(path.read_text(encoding="utf-8")))
+    assert found == ["core/venvs.py"]
