@@ -24,7 +24,9 @@ from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-BackendKind = Literal["cuda", "rocm", "cpu", "any"]
+# The GPU backends by the names kiln.toml gives them (a variant's backend = "cuda" | "hip" | "cpu"): "hip" is
+# AMD's, whose versions are ROCm's (--rocm 6.4, +rocm6.4, torch.version.hip).
+BackendKind = Literal["cuda", "hip", "cpu", "any"]
 Axis = Literal["python", "tags", "backend", "torch", "arch"]
 _AXES: tuple[Axis, ...] = ("python", "tags", "backend", "torch", "arch")
 # A Kiln variant's local label starts with its backend (the variant's name: cu130, rocm6.4, cpu), and may
@@ -39,7 +41,7 @@ class Backend:
     version: Version | None = None  # CUDA or ROCm version; None for cpu and any
 
     def __str__(self) -> str:
-        names = {"cuda": "CUDA", "rocm": "ROCm", "cpu": "no GPU backend (cpu)", "any": "any backend"}
+        names = {"cuda": "CUDA", "hip": "ROCm", "cpu": "no GPU backend (cpu)", "any": "any backend"}
         return f"{names[self.kind]} {self.version}" if self.version is not None else names[self.kind]
 
 
@@ -52,7 +54,7 @@ def label_backend(local: str | None) -> Backend:
         digits = cuda.group(1)
         return Backend("cuda", Version(f"{digits[:-1]}.{digits[-1]}"))
     if rocm := _ROCM_LABEL.match(local):
-        return Backend("rocm", Version(rocm.group(1)))
+        return Backend("hip", Version(rocm.group(1)))
     return Backend("cpu") if local.startswith("cpu") else Backend("any")
 
 
@@ -61,7 +63,7 @@ class Environment:
     python: Version  # major.minor[.micro]
     tags: tuple[Tag, ...]  # accepted tags, most preferred first
     torch: Version | None  # None: no torch installed (pip installs the one the wheel asks for)
-    backend: Backend  # cuda/rocm with a version, or cpu
+    backend: Backend  # cuda/hip with a version, or cpu
     arch: str | None = None  # "9.0"; None: no GPU visible, not checked
 
     def describe(self) -> str:
@@ -155,7 +157,7 @@ def _unchecked(env: Environment, candidate: Candidate) -> tuple[str, ...]:
     notes = []
     if env.torch is None and candidate.torch is not None:
         notes.append(f"no torch here: installing it brings torch{candidate.torch}")
-    if env.arch and candidate.archs is None and candidate.backend.kind in ("cuda", "rocm"):
+    if env.arch and candidate.archs is None and candidate.backend.kind in ("cuda", "hip"):
         notes.append(f"arch {env.arch} not checked: the index does not say which archs {candidate.filename} has")
     return tuple(notes)
 

@@ -85,7 +85,7 @@ def _running_backend(torch: Any | None) -> Backend:
     if torch is not None and getattr(torch.version, "cuda", None):
         return Backend("cuda", Version(torch.version.cuda))
     if torch is not None and getattr(torch.version, "hip", None):
-        return Backend("rocm", Version(Version(torch.version.hip.split("-")[0]).base_version))
+        return Backend("hip", Version(Version(torch.version.hip.split("-")[0]).base_version))
     return Backend("cpu")
 
 
@@ -99,7 +99,7 @@ def _running_arch(torch: Any | None) -> str | None:
 def _backend(asked: Asked, torch: Any | None) -> Backend:
     if asked.cuda is not None and asked.rocm is not None and NONE not in (asked.cuda, asked.rocm):
         raise InvalidInputError(f"--cuda {asked.cuda} and --rocm {asked.rocm}: give one backend")
-    for flag, kind, value in (("--cuda", "cuda", asked.cuda), ("--rocm", "rocm", asked.rocm)):
+    for flag, kind, value in (("--cuda", "cuda", asked.cuda), ("--rocm", "hip", asked.rocm)):
         if value is not None and value != NONE:
             return Backend(kind, _version(flag, value))  # type: ignore[arg-type]
     if NONE in (asked.cuda, asked.rocm):

@@ -106,7 +106,7 @@ def test_a_choice_says_what_it_could_not_check() -> None:
 
 @pytest.mark.parametrize(("label", "backend"), [
     ("cu130", Backend("cuda", Version("13.0"))), ("cu128", Backend("cuda", Version("12.8"))),
-    ("cu130torch2.14", Backend("cuda", Version("13.0"))), ("rocm6.4", Backend("rocm", Version("6.4"))),
+    ("cu130torch2.14", Backend("cuda", Version("13.0"))), ("rocm6.4", Backend("hip", Version("6.4"))),
     ("cpu", Backend("cpu")), ("cputorch2.13", Backend("cpu")), (None, Backend("any")), ("any", Backend("any")),
 ])
 def test_local_label_names_the_backend(label: str | None, backend: Backend) -> None:
