@@ -57,7 +57,16 @@ from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, ove
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
-from kiln.tasks.build.cross import CrossTarget, checked_wheel, cross_target_of, manylinux_tagged, unit_environ
+from kiln.tasks.build.cross import (
+    CrossTarget,
+    checked_wheel,
+    cross_target_of,
+    default_cache_dir,
+    exact_torch,
+    manylinux_tagged,
+    unit_environ,
+)
+from kiln.tasks.build.cross_torch import staged_torch, torch_environ
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.guest_install import install_build_requirements, without_network
 from kiln.tasks.build.nvcc import run_tool
@@ -237,6 +246,9 @@ class ProjectBuilder:
             if cross is not None:
                 _log.info("%s is cross-built for %s with %s", what, cross.platform, cross.tool("gcc"))
                 environ, reads = unit_environ(cross, environ, tmp / "cross")
+                if torch := _cross_torch(env, unit.variant):  # a torch extension: the target's torch, staged
+                    staged = staged_torch(cross, torch, default_cache_dir())
+                    environ, reads = torch_environ(staged, environ), [*reads, staged]
             stats_log = tmp / "compile-cache.log"
             # the compile cache's shims stand for the host's compilers; a cross build calls the target's by name
             if self.compile_cache is not None and cross is None:
@@ -374,6 +386,12 @@ def _cross_target(env: Any, variant: str) -> CrossTarget | None:
     """The CPU ``variant``'s wheel is cross-built for, read from the build's config (None: built natively)."""
     config = getattr(env, "config", None)
     return cross_target_of(config.variant(variant)) if config is not None else None
+
+
+def _cross_torch(env: Any, variant: str) -> str | None:
+    """The torch version a cross-built ``variant`` pins (its extension links that torch's target libraries)."""
+    config = getattr(env, "config", None)
+    return exact_torch(config.variant(variant).build_requires) if config is not None else None
 
 
 def _build_torch(environments: VariantEnvironments | None, variant: str, what: str) -> str:

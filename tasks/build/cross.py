@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from kiln.core.errors import CompileError, ConfigError, IntegrityError, InvalidInputError
@@ -335,6 +335,22 @@ def _torch_requirement(config: KilnConfig, variant: Variant) -> str:
     return ""
 
 
+def exact_torch(requirements: Sequence[str]) -> str | None:
+    """The version ``requirements`` pin torch to exactly (``torch==2.13.0``), or None (no torch, or a range)."""
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(requirement.name) != "torch":
+            continue
+        specs = list(requirement.specifier)
+        if len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version:
+            return specs[0].version
+        return None
+    return None
+
+
 def cross_refusal(config: KilnConfig, variant: Variant, machine: str | None = None) -> str:
     """Why the cross path cannot build ``variant``'s wheel here, or "" (it can, or it needs no cross build)."""
     machine = machine or platform.machine()
@@ -352,10 +368,11 @@ def cross_refusal(config: KilnConfig, variant: Variant, machine: str | None = No
     if variant.backend != "cpu":
         return (f"{wanted}: a {variant.backend} variant's host code needs its toolkit's {cpu} cross target, which"
                 f" Kiln does not drive; an {cpu} cell is a cpu variant (a plain C/C++ extension)")
-    if where := _torch_requirement(config, variant):
-        return (f"{wanted}: a torch extension ({where} name torch) compiles against torch's headers and links its"
-                f" libraries, and the cross build has no {cpu} torch to build against, only this builder's; build"
-                f" its {cpu} wheel on an {cpu} machine, or drop {cpu} from this variant")
+    where = _torch_requirement(config, variant)
+    if where and not (where == "its build_requires" and exact_torch(variant.build_requires)):
+        return (f"{wanted}: a torch extension ({where} name torch) compiles against its {cpu} torch's headers and"
+                f" links its libraries, which the cross build fetches for the one version the variant pins: pin"
+                f" torch exactly in the variant's build_requires (torch==X.Y.Z, the torch of this builder's build)")
     python = variant.cell.python if variant.cell is not None and variant.cell.python else _kiln_python()
     if python != _kiln_python():
         return (f"{wanted}: the {cpu} cross build drives Kiln's own CPython {_kiln_python()} with the target's build"
