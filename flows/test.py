@@ -15,6 +15,7 @@ Tests are never cached.
 from __future__ import annotations
 
 import os
+import platform
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,7 @@ from kiln.tasks.project.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing import quarantine, shards
 from kiln.tasks.testing.changes import suites_to_run
 from kiln.tasks.testing.devices import detect_gpu_count
+from kiln.tasks.testing.emulated import emulates, run_emulated_suite
 from kiln.tasks.testing.jobs import Isolation, RunOptions
 from kiln.tasks.testing.provenance import RunRecords, check_list
 from kiln.tasks.testing.reports import problem_rows
@@ -80,6 +82,16 @@ def select_suites_task(config: KilnConfig, suites: list[str] | None, changed_sin
 def wheels_task(run: RunRecord) -> dict[str, Path]:
     """Each variant's wheel from the run record, fetched into the local view and verified."""
     return {a.variant: run.fetch(a) for a in run.artifacts() if a.kind == "wheel" and a.variant}
+
+
+@task(name="test-suite-emulated", task_run_name="{target.unit_id} (emulated)", cache_policy=NO_CACHE,
+      on_completion=[progress.task_hook("test")], on_failure=[progress.task_hook("test")])
+def emulated_suite_task(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str) -> SuiteRun | State:
+    """Run one aarch64 cell's suite under emulation (:mod:`kiln.tasks.testing.emulated`); Failed if it failed."""
+    suite_run = run_emulated_suite(config, target, wheel, view, config.publish.extra_index_urls)
+    if suite_run.unit.state == "failed":
+        return Failed(message=f"{target.unit_id}: {suite_run.unit.message}", data=suite_run)
+    return suite_run
 
 
 @task(name="test-suite", task_run_name="{target.unit_id}", cache_policy=NO_CACHE,
@@ -195,6 +207,10 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
             continue
         if target.variant.name not in wheels:  # its build failed: that unit already fails the run
             record(run, target.unit("skipped", f"no {target.variant.name} wheel in run {run.run_id} to test"))
+            continue
+        if emulates(target, platform.machine()):  # an aarch64 cell's suite that asks to run under emulation
+            futures[target.unit_id] = (target, emulated_suite_task.submit(config, target, wheels[target.variant.name],
+                                                                          str(run.view)))
             continue
         chosen_options = suite_options(config, target.suite, isolate=cast(Isolation, options.isolate),
                                        timeout=options.timeout, retries=options.retries,

@@ -79,6 +79,9 @@ class Suite(_Model):
     shards: Annotated[int, Field(ge=1, le=64, strict=True)] | Literal["auto"] = 1
     # The recorded duration, in seconds, each shard of an "auto" suite is kept under.
     shard_target_s: float = Field(default=600, gt=0)
+    # An aarch64 cell's suite on an x86_64 machine runs under emulation (qemu-user, an arm64 Debian userland; root):
+    # slow, so each suite opts in. Without it, or where the machine cannot emulate, it is "not run".
+    emulate: bool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -50,21 +50,32 @@ class EmulationError(PermanentError):
 OPT_IN = "KILN_TEST_AARCH64"  # =1: the opt-in emulated check of an aarch64 wheel (tests/build/test_cross_emulated.py)
 
 
-def no_runner_reason(platforms: Sequence[str], machine: str | None = None) -> str:
+def no_runner_reason(platforms: Sequence[str], machine: str | None = None, emulate: bool = False) -> str:
     """Why a suite of a wheel for ``platforms`` (a variant's CPUs) does not run on this ``machine``, or "".
 
     A suite runs Kiln's test runner (pytest, its fork server, the wheel's dependencies from the indexes) in an
     environment of the cell's Python on the machine's own CPU; under emulation that is a whole aarch64 Python
     stack per suite, which Kiln does not make. So an aarch64 cell's suites are "not run" on an x86_64 machine
     (invariant 9), and say what proves its wheel here instead: the opt-in emulated check, which installs the
-    wheel into an emulated aarch64 Debian and runs its extension against the reference."""
+    wheel into an emulated aarch64 Debian and runs its extension against the reference. A suite that asks for
+    emulation (``emulate``) runs under it instead where this machine can (x86_64, root, qemu-user-static,
+    debootstrap), else says what it lacks."""
     machine = machine or platform.machine()
     if machine in platforms:
         return ""
     cpus = "/".join(platforms)
+    if emulate and machine == "x86_64" and tuple(platforms) == ("aarch64",):
+        why = cannot_emulate()  # else the suite runs under emulation (kiln.tasks.testing.emulated)
+        return f"not run: the suite asks to run under emulation (emulate = true), but {why}" if why else ""
     return (f"not run: no {cpus} runner (this machine is {machine}); the wheel is compiled and tagged here,"
             f" and run only by the opt-in emulated check ({OPT_IN}=1, as root with qemu-user-static and"
             " debootstrap), or by the suite on a worker of that CPU")
+
+
+def cannot_emulate() -> str:
+    """Why this machine cannot run aarch64 code under emulation (what it lacks), or ""."""
+    missing = missing_tools()
+    return f"this machine cannot emulate aarch64: no {', '.join(missing)}" if missing else ""
 
 
 def missing_tools() -> list[str]:

@@ -206,7 +206,7 @@ def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
         return f"not run: needs {suite.gpus} GPU{'s' if suite.gpus != 1 else ''}, {gpus_here} on this machine"
     if variant.backend != "cpu" and gpus_here == 0:
         return f"not run: the {variant.name} wheel needs a {variant.backend} GPU, none on this machine"
-    return no_runner_reason(built_for(variant))  # an aarch64 cell's wheel on this x86_64 machine
+    return no_runner_reason(built_for(variant), emulate=suite.emulate)  # an aarch64 cell's wheel on this x86_64 machine
 
 
 @dataclass(frozen=True)

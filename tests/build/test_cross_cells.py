@@ -139,3 +139,32 @@ def test_the_bench_stage_leaves_an_aarch64_cell_not_run_saying_its_cpu(tmp_path:
     [left] = bench_left(config, x86)
     assert (left.id, left.state) == (f"bench/{arm}", "not_run")
     assert "wheel is for aarch64 (this machine is x86_64)" in left.message
+
+
+def test_a_suite_that_asks_for_emulation_runs_where_the_machine_can_emulate_and_else_says_what_it_lacks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.tasks.testing import emulation
+
+    here = no_runner_reason(("aarch64",), "x86_64", emulate=True)
+    assert here == "" if not emulation.missing_tools() else "cannot emulate aarch64: no " in here, here
+    assert "no aarch64 runner" in no_runner_reason(("aarch64",), "x86_64")  # without emulate: not run
+    assert "no x86_64 runner" in no_runner_reason(("x86_64",), "aarch64", emulate=True)  # only aarch64 on x86_64
+    # fault injection: a machine without qemu-user-static
+    monkeypatch.setattr(emulation, "missing_tools", lambda: ["/usr/bin/qemu-aarch64-static (Debian's qemu-user-static)"])
+    reason = no_runner_reason(("aarch64",), "x86_64", emulate=True)
+    assert reason.startswith("not run: the suite asks to run under emulation (emulate = true), but this machine"
+                             " cannot emulate aarch64: no /usr/bin/qemu-aarch64-static"), reason
+
+
+def test_an_emulated_suites_results_are_read_from_pytests_junit_report(tmp_path: Path) -> None:
+    from kiln.tasks.testing.emulated import parse_junit
+
+    report = tmp_path / "report.xml"
+    report.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="test_ok" time="0.5"/>'
+                      '<testcase classname="tests.test_a" name="test_bad" time="1"><failure message="assert 1 == 2'
+                      '&#10;more">trace</failure></testcase><testcase classname="tests.test_a" name="test_skip">'
+                      '<skipped message="no GPU"/></testcase></testsuite></testsuites>')
+    results = [(r.nodeid, r.outcome, r.duration_s, r.message) for r in parse_junit(report)]
+    assert results == [("tests.test_a::test_ok", "passed", 0.5, ""), ("tests.test_a::test_bad", "failed", 1.0,
+                                                                        "assert 1 == 2"),
+                       ("tests.test_a::test_skip", "skipped", 0.0, "no GPU")]

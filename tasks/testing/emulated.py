@@ -1,0 +1,149 @@
+"""An aarch64 cell's suite run under emulation on this x86_64 machine, when the suite asks (``emulate = true``).
+
+Slow and opt-in per suite: the suite's tests run by pytest under Debian's arm64 CPython in the emulated userland
+(:mod:`kiln.tasks.testing.emulation`: qemu-user through binfmt_misc, root). What it holds:
+
+- the cell's wheel, what it requires and the suite's ``requires``, with pytest, installed by uv for the target
+  (``--target`` a folder of the userland, ``--python-platform aarch64-manylinux_2_28``, the cell's Python;
+  wheels only: uv evaluates the wheels' markers for aarch64, and nothing it installs runs here);
+- a copy of the suite's paths, run from that copy.
+
+pytest runs as a guest (:func:`kiln.core.sandbox.guest_command`): the chroot is entered inside the guest's own
+user and network namespaces (its loopback only), Landlock lets it read the userland and write only the suite's
+folder in it, and its environment is ``env -i`` with the userland's paths. Emulated suites run one at a time on
+a machine (a lock beside the userland): the binfmt_misc entry is the machine's, made and removed around each.
+Its results come from pytest's JUnit XML, as the suite's report; a suite whose pytest wrote none fails, naming
+pytest's output.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+
+from kiln.core.errors import InfrastructureError
+from kiln.core.fsutil import polled_lock
+from kiln.core.sandbox import guest_command, guest_environ, installer_command
+from kiln.core.venvs import uv_command
+from kiln.tasks.build.buildenv import pip_sources
+from kiln.tasks.build.cross import default_cache_dir
+from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.testing import emulation
+from kiln.tasks.testing.classify import Outcome, TestResult
+from kiln.tasks.testing.envs import installer_env
+from kiln.tasks.testing.suite import SuiteRun, SuiteTarget, suite_outcome
+
+_log = logging.getLogger(__name__)
+INSTALL_TIMEOUT_S = 900.0
+PLATFORM = "aarch64-manylinux_2_28"  # uv's --python-platform for an aarch64 cell
+
+
+def userland_cache() -> Path:
+    """Where the emulated userland is kept between runs (beside the cross build's cache)."""
+    return default_cache_dir().parent / "aarch64-userland"
+
+
+def emulates(target: SuiteTarget, machine: str) -> bool:
+    """Whether ``target`` runs under emulation here: its suite asks, its cell is aarch64, this is x86_64."""
+    return target.suite.emulate and machine == "x86_64" and target.variant.platform == ("aarch64",)
+
+
+def run_emulated_suite(config: KilnConfig, target: SuiteTarget, wheel: Path, view: str | Path,
+                       indexes: Sequence[str] = ()) -> SuiteRun:
+    """Run ``target``'s suite on ``wheel`` under emulation (see the module docs); its results and report."""
+    start = time.monotonic()
+    suite, deadline = target.suite, time.monotonic() + target.suite.deadline_s
+    cache = userland_cache()
+    with polled_lock(cache.parent / "aarch64-emulation.lock", deadline, f"the emulated suite {target.name}",
+                     InfrastructureError), emulation.aarch64_binfmt():
+        root = emulation.userland(cache)
+        inside = f"/opt/kiln/suites/{target.name}"
+        slot = root / inside.lstrip("/")
+        shutil.rmtree(slot, ignore_errors=True)
+        for folder in ("home", "site"):  # made here: the guests may write only folders that exist
+            (slot / folder).mkdir(parents=True)
+        _install(slot / "site", wheel, [*suite.requires, "pytest"], indexes, _python(target))
+        paths = _copy_paths(config, suite.paths, slot / "project")
+        cmd = ["/usr/sbin/chroot", str(root), "/usr/bin/env", "-i", "-C", f"{inside}/project",
+               "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home",
+               "/usr/bin/python3", "-s", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               f"--junitxml={inside}/report.xml", *(("-m", suite.markers) if suite.markers else ()), *paths]
+        guest = guest_command(cmd, read=[root], write=[slot, root / "dev" / "null"], network="loopback")
+        done = run_tool(guest, max(1.0, deadline - time.monotonic()), env=guest_environ(slot / "home"))
+        reports = Path(view).resolve() / "tests"
+        reports.mkdir(parents=True, exist_ok=True)
+        junit = reports / f"{target.name}.junit.xml"
+        if (slot / "report.xml").is_file():
+            shutil.copyfile(slot / "report.xml", junit)
+        shutil.rmtree(slot, ignore_errors=True)
+    elapsed = time.monotonic() - start
+    results = parse_junit(junit) if junit.is_file() else []
+    if not results:
+        unit = target.unit("failed", f"the emulated aarch64 pytest (exit {done.returncode}) reported no test;"
+                                     f" its output ends:\n{done.stdout[-2000:].strip()}", elapsed)
+        return SuiteRun(target.name, (), unit, (), elapsed)
+    state, message = suite_outcome(results)
+    unit = target.unit(state, f"{message} (under emulation: aarch64 CPython {_python(target)}, qemu-user)", elapsed)
+    _log.info("suite %s: %s", target.name, unit.message)
+    return SuiteRun(target.name, tuple(results), unit, (junit,), elapsed)
+
+
+def _python(target: SuiteTarget) -> str:
+    cell = target.variant.cell
+    return cell.python if cell is not None and cell.python else f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _install(site: Path, wheel: Path, requirements: Sequence[str], indexes: Sequence[str], python: str) -> None:
+    links, machine_indexes = pip_sources()  # uv reads no pip.conf: the machine's sources, as a suite's uv gets them
+    options = [option for url in (*indexes, *machine_indexes) for option in ("--extra-index-url", url)]
+    options += [option for link in links for option in ("--find-links", link)]
+    cmd = [*uv_command(), "pip", "install", "--quiet", "--target", str(site), "--python-platform", PLATFORM,
+           "--python-version", python, *options, str(wheel), *requirements]
+    guest, env = installer_command(cmd, sys.executable, installer_env(), read=[wheel.parent], write=[site])
+    done = run_tool(guest, INSTALL_TIMEOUT_S, env=env)
+    if done.returncode != 0:
+        raise InfrastructureError(f"uv could not install {wheel.name} and {list(requirements)} for an aarch64"
+                                  f" CPython {python}:\n{done.stdout[-3000:].strip()}")
+
+
+def _copy_paths(config: KilnConfig, paths: Sequence[str], dest: Path) -> list[str]:
+    """The suite's paths copied below ``dest`` as they lie below the project; their relative names."""
+    names = []
+    for name in paths:
+        source, target = config.path(name), dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copyfile(source, target)
+        names.append(name)
+    return names
+
+
+_OUTCOMES: dict[str, Outcome] = {"failure": "failed", "error": "error", "skipped": "skipped"}
+
+
+def parse_junit(path: Path) -> list[TestResult]:
+    """The tests of a pytest JUnit XML report, each with its outcome, duration and first line of message."""
+    results = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome: Outcome = "passed"
+        message = ""
+        for child in case:
+            if child.tag in _OUTCOMES:
+                text = child.get("message") or ""
+                outcome, message = _OUTCOMES[child.tag], (text.splitlines() or [""])[0]
+                break
+        nodeid = f"{case.get('classname', '')}::{case.get('name', '')}"
+        results.append(TestResult(nodeid=nodeid, outcome=outcome, duration_s=float(case.get("time") or 0.0),
+                                  message=message[:300]))
+    return results
+
+
+__all__ = ["emulates", "parse_junit", "run_emulated_suite", "userland_cache"]
