@@ -16,6 +16,7 @@ Pure: validation raises ``ValueError`` naming the key, which :mod:`kiln.tasks.pr
 
 from __future__ import annotations
 
+import fnmatch
 import platform as cpu_info
 import re
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,8 @@ class Variant(Protocol):
     def exclude(self) -> tuple[Exclusion, ...]: ...
     @property
     def platform(self) -> tuple[str, ...]: ...
+    @property
+    def select(self) -> tuple[str, ...]: ...
     @property
     def model_fields_set(self) -> set[str]: ...
     @property
@@ -189,7 +192,7 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
     of each (Python, torch), each with that CPU alone, the same label (its wheels differ by platform tag, so
     they share the variant's index) and a name that says the CPU (:func:`cell_name`)."""
     if not has_axes(variant):
-        return (variant,)
+        return selected(variant, (variant,))
     claims: tuple[str, ...] = ()
     if variant.abi == "stable" and len(variant.torch) > 1:
         claims = tuple(variant.torch)
@@ -209,7 +212,7 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
                     continue
                 update: dict[str, object] = {
                     "name": cell_name(variant.name, python, torch, variant.torch, platform), "python": (),
-                    "torch": (), "exclude": (),
+                    "torch": (), "exclude": (), "select": (),
                     "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label, claims=claims)}
                 if "platform" in variant.model_fields_set:  # a cell of a default platform keeps it unset
                     update["platform"] = (platform,)
@@ -219,7 +222,19 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
     if not cells:
         raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of python {list(variant.python)}"
                          f" x torch {list(variant.torch)}; remove an exclusion or the variant")
-    return tuple(cells)
+    return selected(variant, tuple(cells))
+
+
+def selected(variant: Variant, cells: tuple[Variant, ...]) -> tuple[Variant, ...]:
+    """The ``cells`` of ``variant`` its ``select`` patterns name (shell-style, over cell names; all without one).
+    A pattern that names no cell is an error naming it and the cells there are, as an exclusion's is."""
+    if not variant.select:
+        return cells
+    names = [cell.name for cell in cells]
+    unmatched = [pattern for pattern in variant.select if not fnmatch.filter(names, pattern)]
+    if unmatched:
+        raise ValueError(f"variant {variant.name!r}: select {unmatched} matches no cell; its cells are {names}")
+    return tuple(cell for cell in cells if any(fnmatch.fnmatchcase(cell.name, p) for p in variant.select))
 
 
 TORCH_ID = "/torch"  # a stable-ABI suite run's unit id ends with it and its torch: test/unit/cpu/torch2.14.1

@@ -65,6 +65,9 @@ class Variant(_Model):
     # The torch axis: one cell per requirement, e.g. ["==2.13.0", "==2.14.1"].
     torch: Annotated[tuple[str, ...], AfterValidator(check_torch_axis)] = ()
     exclude: tuple[Exclusion, ...] = ()  # cells of this variant's axes that are not built, each a table of axis values
+    # The cells built, by name: shell-style patterns over the cell names (cu130py312torch2141, cpupy311aarch64); each
+    # must match a cell. None: every cell the exclusions leave.
+    select: tuple[str, ...] = ()
     # The CPUs its wheels are built for; aarch64 wheels are cross-built on this x86_64 builder
     platform: Annotated[tuple[str, ...], AfterValidator(check_platforms)] = ("x86_64",)
     # Set by Kiln on each expanded cell (never in kiln.toml): the cell it stands for.

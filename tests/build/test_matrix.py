@@ -45,6 +45,17 @@ def test_the_axes_expand_into_cells_less_the_exclusions_each_with_its_name_label
         config.variant("cu130")
 
 
+def test_select_patterns_over_cell_names_keep_the_cells_they_name_and_one_naming_none_is_refused(tmp_path):
+    config = _config(tmp_path, python=["3.12", "3.13"], torch=["2.13.0", "2.14.1"],
+                     select=["*py313*", "cu130py312torch2141"])
+    assert [v.name for v in config.variants] == ["cu130py312torch2141", "cu130py313torch2130", "cu130py313torch2141"]
+    assert {v.select for v in config.variants} == {()}  # a cell is one cell: nothing left to select
+    assert [v.name for v in _config(tmp_path, select=["cu130"]).variants] == ["cu130"]  # no axes: its own name
+    with pytest.raises(ConfigError, match=r"variant 'cu130': select \['\*py311\*'\] matches no cell; its cells are"
+                                          r" \['cu130py312', 'cu130py313'\]"):
+        _config(tmp_path, python=["3.12", "3.13"], select=["*py311*", "*py312"])
+
+
 def test_one_torch_keeps_the_plain_label_and_two_of_one_minor_spell_the_release(tmp_path):
     assert {v.label for v in _config(tmp_path, torch=["2.14.1"]).variants} == {"cu130"}
     assert [v.label for v in _config(tmp_path, torch=["2.14.0", "2.14.1"]).variants] == \
