@@ -100,7 +100,7 @@ def run(cmd: list[str], what: str, timeout: float = TIMEOUT_S, env: dict[str, st
 
 
 def tool_python() -> list[str]:
-    """Kiln's own interpreter, isolated, to run a tool module with (``[*tool_python(), "-m", "venv", …]``)."""
+    """Kiln's own interpreter, isolated, to run a tool module with (``[*tool_python(), "-m", "pip", …]``)."""
     return [sys.executable, TOOL_ISOLATION]
 
 

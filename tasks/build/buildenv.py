@@ -147,7 +147,8 @@ def _tail(text: str) -> str:
 
 
 def uv_env() -> dict[str, str]:
-    """uv's environment when it fills a matrix cell's build environment: scrubbed, as :func:`pip_env`, with
+    """uv's environment when it fills a matrix cell's build environment: scrubbed, as
+    :func:`~kiln.tasks.build.guest_install.pip_env`, with
     uv's own cache kept (``HOME`` is a fresh empty directory, removed at exit with the process's temporaries)."""
     return scrubbed_env(Path(tempfile.mkdtemp(prefix="kiln-uv-home-")),
                         extra={"UV_CACHE_DIR": user_cache("uv", "UV_CACHE_DIR")})

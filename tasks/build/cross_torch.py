@@ -27,11 +27,13 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from kiln.core.errors import CompileError
+from kiln.core.fsutil import polled_lock
 from kiln.tasks.build.cross import CrossTarget
 from kiln.tasks.build.guest_install import pip_env
 from kiln.tasks.build.nvcc import run_tool
@@ -54,17 +56,20 @@ def staged_torch(cross: CrossTarget, version: str, cache_dir: Path, timeout_s: f
     final = cache_dir / f"torch-{version}-cp{_python_tag()}-{cross.platform}"
     if (final / _MARKER).is_file():
         return final
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".torch-") as tmp:
-        wheel = _fetch(cross, version, Path(tmp) / "download", timeout_s)
-        stage = Path(tmp) / "stage"
-        _unpack(wheel, stage, cross, version)
-        os.chmod(stage, 0o755)
-        try:
+    # one stager of a version at a time: the others wait for its folder instead of fetching the wheel again
+    with polled_lock(cache_dir / f".{final.name}.lock", time.monotonic() + timeout_s,
+                     f"staging the {cross.platform} torch {version}", CompileError):
+        if (final / _MARKER).is_file():
+            return final
+        for stale in cache_dir.glob(f".{final.name}-*"):  # a killed stager's (the lock says none runs)
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # a folder without its marker is a killed rename's remains
+        with tempfile.TemporaryDirectory(dir=cache_dir, prefix=f".{final.name}-") as tmp:
+            wheel = _fetch(cross, version, Path(tmp) / "download", timeout_s)
+            stage = Path(tmp) / "stage"
+            _unpack(wheel, stage, cross, version)
+            os.chmod(stage, 0o755)
             os.replace(stage, final)
-        except OSError:  # another build staged it first: the same files
-            if not (final / _MARKER).is_file():
-                raise
     _log.info("staged the %s torch %s headers and libraries in %s", cross.platform, version, final)
     return final
 

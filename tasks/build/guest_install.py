@@ -19,7 +19,7 @@ import subprocess
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -76,7 +76,7 @@ def hook_runner(environ: Mapping[str, str], timeout_s: float, work: Path) -> bui
     return run
 
 
-def hook_failure(what: str, exc: Exception) -> str:
+def hook_failure(exc: Exception) -> str:
     """What a failed PEP 517 hook call says: the error and the tail of the hook's output."""
     cause = getattr(exc, "exception", None)
     output = str(getattr(cause, "output", "") or "")[-_TAIL_CHARS:].strip()
@@ -132,6 +132,7 @@ def offline_wheels(requirements: Sequence[str], python: Path, out: Path, timeout
     for requirement in requirements:
         source = local_source(requirement)
         if source is None:
+            _refuse_remote_source(requirement)
             given.append(requirement)
             continue
         if depth >= MAX_DEPTH:
@@ -147,6 +148,19 @@ def offline_wheels(requirements: Sequence[str], python: Path, out: Path, timeout
         marker = f" ; {named.marker}" if named.marker else ""
         given.append(f"{named.name}{extras} @ {wheel.as_uri()}{marker}")
     return given
+
+
+def _refuse_remote_source(requirement: str) -> None:
+    """A CompileError for a requirement naming a source by a remote URL (an sdist, a VCS checkout): an installer
+    would build it with its network, and Kiln builds only a local copy without one."""
+    try:
+        url = Requirement(requirement).url or ""
+    except InvalidRequirement:
+        url = requirement.strip() if "://" in requirement else ""
+    if url and not url.startswith("file:") and not urlparse(url).path.endswith(".whl"):
+        raise CompileError(f"the build requirement {requirement!r} names a source by a remote URL, which an installer"
+                           " would build with the network; download it (an sdist, a checkout) and name the local"
+                           " file or folder, which Kiln builds without network, or name a wheel")
 
 
 def build_offline(source: Path, python: Path, out: Path, timeout_s: float, depth: int = 1) -> Path:
@@ -165,13 +179,16 @@ def build_offline(source: Path, python: Path, out: Path, timeout_s: float, depth
                                        runner=hook_runner(without_network(os.environ), timeout_s, work))
         _log.info("building %s without network, before the installer is given its wheel", what)
         try:
-            for requirements in (builder.build_system_requires, builder.get_requires_for_build("wheel")):
-                if requirements:  # a fresh environment: it holds none of them (nor packaging, to check)
-                    _pip_install(env_python, sorted(requirements), what, timeout_s, flag, depth)
+            # in order: the backend's own requirements before its hook is asked what else it needs
+            # (a fresh environment holds none of them, nor packaging to check them)
+            if builder.build_system_requires:
+                _pip_install(env_python, sorted(builder.build_system_requires), what, timeout_s, flag, depth)
+            if more := builder.get_requires_for_build("wheel"):
+                _pip_install(env_python, sorted(more), what, timeout_s, flag, depth)
             built = Path(builder.build("wheel", work / "dist"))
         except (build.BuildException, build.BuildBackendException) as exc:
             raise CompileError(f"{what} could not be built without network (a build that downloads must be given"
-                               f" its download as a build requirement): {hook_failure(what, exc)}") from exc
+                               f" its download as a build requirement): {hook_failure(exc)}") from exc
         out.mkdir(parents=True, exist_ok=True)
         final = out / built.name
         staged = out / f".{built.name}.part"
@@ -180,11 +197,20 @@ def build_offline(source: Path, python: Path, out: Path, timeout_s: float, depth
     return final
 
 
+def _top_build_dirs(root: Path) -> Callable[[str, list[str]], list[str]]:
+    """copytree's ignore: ``.git`` anywhere, and the build leftovers at the source's top (``build/``,
+    ``*.egg-info``), never a package's own ``build`` subpackage."""
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        top = Path(folder) == root
+        return [n for n in names if n == ".git" or (top and (n == "build" or n.endswith(".egg-info")))]
+    return ignore
+
+
 def _private_copy(source: Path, dest: Path) -> Path:
     """``source``'s tree copied (a directory) or unpacked (an sdist, no member outside it) at ``dest``; the
     folder holding its pyproject.toml or setup.py."""
     if source.is_dir():
-        shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info"))
+        shutil.copytree(source, dest, symlinks=True, ignore=_top_build_dirs(source))
     elif source.name.endswith(".zip"):
         with zipfile.ZipFile(source) as archive:
             for member in archive.namelist():
@@ -192,6 +218,9 @@ def _private_copy(source: Path, dest: Path) -> Path:
                     raise CompileError(f"the sdist {source} has a member outside its folder: {member!r}")
             archive.extractall(dest)
     else:
+        if not hasattr(tarfile, "data_filter"):
+            raise CompileError(f"unpacking the sdist {source} safely needs Python 3.11.4 or newer (tarfile's data"
+                               " filter); upgrade the interpreter Kiln runs on")
         with tarfile.open(source) as archive:
             try:
                 archive.extractall(dest, filter="data")

@@ -50,7 +50,7 @@ def sdist_environ(base: Mapping[str, str], distribution: str, version: str) -> d
 
 
 def _hook_failure(what: str, exc: Exception) -> CompileError:
-    return CompileError(f"the build backend could not make the sdist of {what}: {hook_failure(what, exc)}")
+    return CompileError(f"the build backend could not make the sdist of {what}: {hook_failure(exc)}")
 
 
 def check_sdist(path: Path, distribution: str, version: str) -> None:

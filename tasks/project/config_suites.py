@@ -89,6 +89,13 @@ class Suite(_Model):
     def _renamed(cls, data: Any) -> Any:
         return renamed_keys(data, SUITE_RENAMES, "[[suites]]")
 
+    @model_validator(mode="after")
+    def _emulated_whole(self) -> Suite:
+        if self.emulate and self.shards != 1:
+            raise ValueError(f"suite {self.name!r}: emulate = true runs the suite whole under emulation; give it"
+                             f" shards = 1 (it has shards = {self.shards!r})")
+        return self
+
 
 class RegressionPolicy(_Model):
     """How a run's case is judged against the stored history (``kiln history``): its baseline is the

@@ -12,14 +12,19 @@ pytest runs as a guest (:func:`kiln.core.sandbox.guest_command`): the chroot is 
 user and network namespaces (its loopback only), Landlock lets it read the userland and write only the suite's
 folder in it, and its environment is ``env -i`` with the userland's paths. Emulated suites run one at a time on
 a machine (a lock beside the userland): the binfmt_misc entry is the machine's, made and removed around each.
-Its results come from pytest's JUnit XML, as the suite's report; a suite whose pytest wrote none fails, naming
-pytest's output.
+Its results come from pytest's JUnit XML, opened without following a link, as a regular file of bounded size,
+and written again by Kiln as the suite's report; a suite whose pytest wrote none (or an unreadable one) fails,
+naming pytest's output. The userland is Debian bookworm's, whose CPython is 3.11: a cell of another Python is
+"not run" (:func:`kiln.tasks.testing.emulation.no_runner_reason`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import stat
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -37,11 +42,13 @@ from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing import emulation
 from kiln.tasks.testing.classify import Outcome, TestResult
 from kiln.tasks.testing.envs import installer_env
+from kiln.tasks.testing.reports import write_junit
 from kiln.tasks.testing.suite import SuiteRun, SuiteTarget, suite_outcome
 
 _log = logging.getLogger(__name__)
 INSTALL_TIMEOUT_S = 900.0
 PLATFORM = "aarch64-manylinux_2_28"  # uv's --python-platform for an aarch64 cell
+MAX_REPORT_BYTES = 16 << 20
 
 
 def userland_cache() -> Path:
@@ -58,40 +65,68 @@ def run_emulated_suite(config: KilnConfig, target: SuiteTarget, wheel: Path, vie
                        indexes: Sequence[str] = ()) -> SuiteRun:
     """Run ``target``'s suite on ``wheel`` under emulation (see the module docs); its results and report."""
     start = time.monotonic()
-    suite, deadline = target.suite, time.monotonic() + target.suite.deadline_s
+    junit = Path(view).resolve() / "tests" / f"{target.name}.junit.xml"
+    junit.unlink(missing_ok=True)  # a report is this run's or none
     cache = userland_cache()
-    with polled_lock(cache.parent / "aarch64-emulation.lock", deadline, f"the emulated suite {target.name}",
+    with polled_lock(cache.parent / "aarch64-emulation.lock", start + target.suite.deadline_s,
+                     f"the emulated suite {target.name}, waiting for another emulated suite",
                      InfrastructureError), emulation.aarch64_binfmt():
         root = emulation.userland(cache)
-        inside = f"/opt/kiln/suites/{target.name}"
-        slot = root / inside.lstrip("/")
-        shutil.rmtree(slot, ignore_errors=True)
-        for folder in ("home", "site"):  # made here: the guests may write only folders that exist
-            (slot / folder).mkdir(parents=True)
-        _install(slot / "site", wheel, [*suite.requires, "pytest"], indexes, _python(target))
-        paths = _copy_paths(config, suite.paths, slot / "project")
-        cmd = ["/usr/sbin/chroot", str(root), "/usr/bin/env", "-i", "-C", f"{inside}/project",
-               "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home",
-               "/usr/bin/python3", "-s", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               f"--junitxml={inside}/report.xml", *(("-m", suite.markers) if suite.markers else ()), *paths]
-        guest = guest_command(cmd, read=[root], write=[slot, root / "dev" / "null"], network="loopback")
-        done = run_tool(guest, max(1.0, deadline - time.monotonic()), env=guest_environ(slot / "home"))
-        reports = Path(view).resolve() / "tests"
-        reports.mkdir(parents=True, exist_ok=True)
-        junit = reports / f"{target.name}.junit.xml"
-        if (slot / "report.xml").is_file():
-            shutil.copyfile(slot / "report.xml", junit)
-        shutil.rmtree(slot, ignore_errors=True)
+        slot = _prepared(config, target, wheel, root, indexes)
+        try:
+            done = _pytest(root, slot, target)
+            data, problem = _report(slot / "report.xml")
+        finally:
+            shutil.rmtree(slot, ignore_errors=True)
     elapsed = time.monotonic() - start
-    results = parse_junit(junit) if junit.is_file() else []
+    results = parse_junit_bytes(data) if data is not None else []
     if not results:
-        unit = target.unit("failed", f"the emulated aarch64 pytest (exit {done.returncode}) reported no test;"
-                                     f" its output ends:\n{done.stdout[-2000:].strip()}", elapsed)
-        return SuiteRun(target.name, (), unit, (), elapsed)
+        why = problem or f"pytest (exit {done.returncode}) reported no test; its output ends:\n" \
+                         f"{done.stdout[-2000:].strip()}"
+        return SuiteRun(target.name, (), target.unit("failed", f"the emulated aarch64 suite: {why}", elapsed), (),
+                        elapsed)
+    write_junit(junit, target.name, results)
     state, message = suite_outcome(results)
     unit = target.unit(state, f"{message} (under emulation: aarch64 CPython {_python(target)}, qemu-user)", elapsed)
     _log.info("suite %s: %s", target.name, unit.message)
     return SuiteRun(target.name, tuple(results), unit, (junit,), elapsed)
+
+
+def _prepared(config: KilnConfig, target: SuiteTarget, wheel: Path, root: Path, indexes: Sequence[str]) -> Path:
+    """The suite's folder in the userland: the wheel and what it needs installed, its paths copied."""
+    slot = root / "opt" / "kiln" / "suites" / target.name
+    shutil.rmtree(slot, ignore_errors=True)
+    for folder in ("home", "site"):  # made here: the guests may write only folders that exist
+        (slot / folder).mkdir(parents=True)
+    _install(slot / "site", wheel, [*target.suite.requires, "pytest"], indexes, _python(target))
+    _copy_paths(config, target.suite.paths, slot / "project")
+    return slot
+
+
+def _pytest(root: Path, slot: Path, target: SuiteTarget) -> subprocess.CompletedProcess[str]:
+    """pytest on the suite's copied paths in the userland, as a guest, under the suite's deadline."""
+    suite, inside = target.suite, "/" + slot.relative_to(root).as_posix()
+    cmd = ["/usr/sbin/chroot", str(root), "/usr/bin/env", "-i", "-C", f"{inside}/project",
+           "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home",
+           "/usr/bin/python3", "-s", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           f"--junitxml={inside}/report.xml", *(("-m", suite.markers) if suite.markers else ()), *suite.paths]
+    guest = guest_command(cmd, read=[root], write=[slot, root / "dev" / "null"], network="loopback")
+    return run_tool(guest, suite.deadline_s, env=guest_environ(slot / "home"))
+
+
+def _report(path: Path) -> tuple[bytes | None, str]:
+    """The guest's report: a regular file, not a link, at most :data:`MAX_REPORT_BYTES`; else None and why."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, f"its report {path.name} could not be opened as a file ({exc.strerror}): not read"
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_REPORT_BYTES:
+            return None, f"its report {path.name} is not a regular file of at most {MAX_REPORT_BYTES} bytes: not read"
+        return handle.read(MAX_REPORT_BYTES), ""
 
 
 def _python(target: SuiteTarget) -> str:
@@ -118,10 +153,11 @@ def _copy_paths(config: KilnConfig, paths: Sequence[str], dest: Path) -> list[st
     for name in paths:
         source, target = config.path(name), dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # links copied as links, never followed here (outside the sandbox): inside the chroot they name the userland
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
-            shutil.copyfile(source, target)
+            shutil.copy2(source, target, follow_symlinks=False)
         names.append(name)
     return names
 
@@ -130,9 +166,19 @@ _OUTCOMES: dict[str, Outcome] = {"failure": "failed", "error": "error", "skipped
 
 
 def parse_junit(path: Path) -> list[TestResult]:
-    """The tests of a pytest JUnit XML report, each with its outcome, duration and first line of message."""
+    """The tests of a pytest JUnit XML report at ``path`` (:func:`parse_junit_bytes`)."""
+    return parse_junit_bytes(path.read_bytes())
+
+
+def parse_junit_bytes(data: bytes) -> list[TestResult]:
+    """The tests of a pytest JUnit XML report, each with its outcome, duration and first line of message; none
+    when the report cannot be read (a truncated or forged file is no result)."""
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError:
+        return []
     results = []
-    for case in ET.parse(path).getroot().iter("testcase"):
+    for case in root.iter("testcase"):
         outcome: Outcome = "passed"
         message = ""
         for child in case:
@@ -141,9 +187,12 @@ def parse_junit(path: Path) -> list[TestResult]:
                 outcome, message = _OUTCOMES[child.tag], (text.splitlines() or [""])[0]
                 break
         nodeid = f"{case.get('classname', '')}::{case.get('name', '')}"
-        results.append(TestResult(nodeid=nodeid, outcome=outcome, duration_s=float(case.get("time") or 0.0),
-                                  message=message[:300]))
+        try:
+            duration = float(case.get("time") or 0.0)
+        except ValueError:
+            duration = 0.0
+        results.append(TestResult(nodeid=nodeid, outcome=outcome, duration_s=duration, message=message[:300]))
     return results
 
 
-__all__ = ["emulates", "parse_junit", "run_emulated_suite", "userland_cache"]
+__all__ = ["emulates", "parse_junit", "parse_junit_bytes", "run_emulated_suite", "userland_cache"]

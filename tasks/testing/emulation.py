@@ -39,6 +39,7 @@ QEMU = "/usr/bin/qemu-aarch64-static"  # Debian's qemu-user-static
 _MAGIC = r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"
 _MASK = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
 SUITE = "bookworm"
+USERLAND_PYTHON = "3.11"  # bookworm's CPython: the one an emulated suite runs
 MIRROR = "http://deb.debian.org/debian"
 DEBOOTSTRAP_TIMEOUT_S = 1800
 
@@ -50,7 +51,8 @@ class EmulationError(PermanentError):
 OPT_IN = "KILN_TEST_AARCH64"  # =1: the opt-in emulated check of an aarch64 wheel (tests/build/test_cross_emulated.py)
 
 
-def no_runner_reason(platforms: Sequence[str], machine: str | None = None, emulate: bool = False) -> str:
+def no_runner_reason(platforms: Sequence[str], machine: str | None = None, emulate: bool = False,
+                     python: str = USERLAND_PYTHON) -> str:
     """Why a suite of a wheel for ``platforms`` (a variant's CPUs) does not run on this ``machine``, or "".
 
     A suite runs Kiln's test runner (pytest, its fork server, the wheel's dependencies from the indexes) in an
@@ -59,13 +61,15 @@ def no_runner_reason(platforms: Sequence[str], machine: str | None = None, emula
     (invariant 9), and say what proves its wheel here instead: the opt-in emulated check, which installs the
     wheel into an emulated aarch64 Debian and runs its extension against the reference. A suite that asks for
     emulation (``emulate``) runs under it instead where this machine can (x86_64, root, qemu-user-static,
-    debootstrap), else says what it lacks."""
+    debootstrap) and the cell's ``python`` is the userland's, else says why not."""
     machine = machine or platform.machine()
     if machine in platforms:
         return ""
     cpus = "/".join(platforms)
     if emulate and machine == "x86_64" and tuple(platforms) == ("aarch64",):
         why = cannot_emulate()  # else the suite runs under emulation (kiln.tasks.testing.emulated)
+        if python != USERLAND_PYTHON:
+            why = f"the emulated userland's CPython is {USERLAND_PYTHON} ({SUITE}); this cell is for Python {python}"
         return f"not run: the suite asks to run under emulation (emulate = true), but {why}" if why else ""
     return (f"not run: no {cpus} runner (this machine is {machine}); the wheel is compiled and tagged here,"
             f" and run only by the opt-in emulated check ({OPT_IN}=1, as root with qemu-user-static and"

@@ -206,7 +206,9 @@ def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
         return f"not run: needs {suite.gpus} GPU{'s' if suite.gpus != 1 else ''}, {gpus_here} on this machine"
     if variant.backend != "cpu" and gpus_here == 0:
         return f"not run: the {variant.name} wheel needs a {variant.backend} GPU, none on this machine"
-    return no_runner_reason(built_for(variant), emulate=suite.emulate)  # an aarch64 cell's wheel on this x86_64 machine
+    python = variant.cell.python if variant.cell is not None and variant.cell.python else \
+        f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return no_runner_reason(built_for(variant), emulate=suite.emulate, python=python)  # an aarch64 cell's wheel here
 
 
 @dataclass(frozen=True)

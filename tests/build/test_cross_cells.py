@@ -168,3 +168,21 @@ def test_an_emulated_suites_results_are_read_from_pytests_junit_report(tmp_path:
     assert results == [("tests.test_a::test_ok", "passed", 0.5, ""), ("tests.test_a::test_bad", "failed", 1.0,
                                                                         "assert 1 == 2"),
                        ("tests.test_a::test_skip", "skipped", 0.0, "no GPU")]
+
+
+def test_an_emulated_suite_of_a_python_the_userland_lacks_is_not_run_naming_both(tmp_path: Path) -> None:
+    from kiln.tasks.testing import emulation
+
+    reason = no_runner_reason(("aarch64",), "x86_64", emulate=True, python="3.12")
+    assert reason == ("not run: the suite asks to run under emulation (emulate = true), but the emulated userland's"
+                      f" CPython is {emulation.USERLAND_PYTHON} (bookworm); this cell is for Python 3.12")
+
+
+def test_an_emulated_suite_runs_whole_so_shards_are_refused_naming_the_suite(tmp_path: Path) -> None:
+    config = {**_BASE, "variants": [{"name": "cpu", "backend": "cpu"}],
+              "suites": [{"name": "unit", "paths": ["tests"], "emulate": True, "shards": 2}]}
+    (tmp_path / "pkg").mkdir(exist_ok=True)
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    with pytest.raises(ConfigError, match="suite 'unit': emulate = true runs the suite whole under emulation; give"
+                                          " it shards = 1"):
+        parse_config(config, tmp_path)

@@ -85,3 +85,26 @@ def test_local_sources_nested_deeper_than_the_bound_are_refused_naming_the_requi
     with pytest.raises(CompileError, match=rf"'a @ {sdist.as_uri()}' is nested {MAX_DEPTH} deep"):
         offline_wheels([f"a @ {sdist.as_uri()}"], tmp_path / "python", tmp_path / "out", 10, depth=MAX_DEPTH)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_local_source_of_another_backend_gets_its_backend_before_its_hook_is_asked(tmp_path):
+    """A local folder built by flit (not the setuptools the interpreter's ensurepip brings): its backend is
+    installed first, then asked what else it needs, then it builds without network."""
+    source = tmp_path / "flitpkg"
+    (source / "flitpkg").mkdir(parents=True)
+    (source / "flitpkg" / "__init__.py").write_text('"""A flit-built fixture."""\n__version__ = "0.2.0"\n')
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["flit_core>=3.4"]\nbuild-backend = "flit_core.buildapi"\n\n'
+        '[project]\nname = "flitpkg"\nversion = "0.2.0"\ndescription = "fixture"\n')
+    python = venvs.make_build_env(tmp_path / "env")
+    install_build_requirements(python, [f"flitpkg @ {source.as_uri()}"], "the fixture", 600)
+    assert venvs.unmet_requirements(python, ["flitpkg==0.2.0"]) == []
+
+
+@pytest.mark.parametrize("requirement", ["helper @ https://example.org/helper-1.0.tar.gz",
+                                         "helper @ git+https://example.org/helper.git@v1"])
+def test_a_build_requirement_naming_a_remote_source_is_refused_before_any_installer_runs(tmp_path, requirement):
+    with pytest.raises(CompileError, match="names a source by a remote URL"):
+        offline_wheels([requirement], tmp_path / "python", tmp_path / "out", 10)
+    assert offline_wheels(["w @ https://example.org/w-1.0-py3-none-any.whl"], tmp_path / "python", tmp_path, 10) == [
+        "w @ https://example.org/w-1.0-py3-none-any.whl"]

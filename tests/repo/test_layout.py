@@ -340,7 +340,7 @@ def test_no_module_outside_the_store_layer_tests_a_store_url_scheme():
 
 # A virtual environment made by hand ('"-m", "venv"', 'uv ... "venv"'): every environment Kiln makes comes from
 # core/venvs.py (venv_command, create_env), so how one is made (its isolation, pip or not, uv or venv) is one rule.
-_VENV_BY_HAND = re.compile(r"""["']-m["'],\s*["']venv["']|\(\),\s*["']venv["']|uv,\s*["']venv["']""")
+_VENV_BY_HAND = re.compile(r"""["']-m["'],\s*["']venv["']|\(\),\s*["']venv["']|uv["']?,\s*["']venv["']""")
 
 
 def test_no_module_outside_core_venvs_makes_a_virtual_environment_by_hand():
