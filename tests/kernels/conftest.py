@@ -10,11 +10,15 @@ environment they expect."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
 
+import kiln_kernels
 from kiln_kernels import platform  # imports no Triton kernel module
+
+KERNEL_MODULES = ("_decode_tl", "_quant_tl", "_router_tl")  # each a module of @triton.jit kernels
 
 HAS_CUDA = torch.cuda.is_available()
 _SAVED = os.environ.get("TRITON_INTERPRET")
@@ -38,12 +42,24 @@ def _restore_interpret_setting():
     if not HAS_CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
         platform.reset()
+        _forget_kernel_modules()
     yield
     if _SAVED is None:
         os.environ.pop("TRITON_INTERPRET", None)
     else:
         os.environ["TRITON_INTERPRET"] = _SAVED
     platform.reset()
+    _forget_kernel_modules()
+
+
+def _forget_kernel_modules() -> None:
+    """Drop the Triton kernel modules, so the next import makes them in the mode then set: ``@triton.jit`` picks
+    JIT or interpreter when its module is imported, and a test of another package in this worker (the registry's
+    specializations) may have imported them with the other."""
+    for name in KERNEL_MODULES:
+        sys.modules.pop(f"kiln_kernels.{name}", None)
+        if hasattr(kiln_kernels, name):
+            delattr(kiln_kernels, name)
 
 
 @pytest.fixture(autouse=True)

@@ -23,11 +23,11 @@ from .test_closure import ABSENT, _dependency_index
 
 @pytest.fixture
 def messages() -> Iterator[list[str]]:
-    """What kiln.release logs (from any thread) while the test runs."""
+    """What Kiln logs (from any thread) while the test runs."""
     found: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: found.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("kiln.release")
+    logger = logging.getLogger("kiln")  # kiln.release.closure, and the installer runs of kiln.core.installenv
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
