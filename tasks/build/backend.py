@@ -53,7 +53,7 @@ from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env
+from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pinned_version
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
@@ -62,7 +62,6 @@ from kiln.tasks.build.cross import (
     checked_wheel,
     cross_target_of,
     default_cache_dir,
-    exact_torch,
     manylinux_tagged,
     unit_environ,
 )
@@ -391,7 +390,7 @@ def _cross_target(env: Any, variant: str) -> CrossTarget | None:
 def _cross_torch(env: Any, variant: str) -> str | None:
     """The torch version a cross-built ``variant`` pins (its extension links that torch's target libraries)."""
     config = getattr(env, "config", None)
-    return exact_torch(config.variant(variant).build_requires) if config is not None else None
+    return pinned_version(config.variant(variant).build_requires) if config is not None else None
 
 
 def _build_torch(environments: VariantEnvironments | None, variant: str, what: str) -> str:

@@ -46,15 +46,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kiln.core.errors import CompileError, ConfigError, IntegrityError, InvalidInputError
 from kiln.core.fsutil import atomic_write_bytes
+from kiln.tasks.build.buildenv import pinned_version
 from kiln.tasks.build.manylinux import EXCLUDES
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.project.config import Backend, KilnConfig, Variant
-from kiln.tasks.project.config_matrix import built_for
+from kiln.tasks.project.config_matrix import built_for, cell_python
 
 _log = logging.getLogger(__name__)
 
@@ -335,22 +336,6 @@ def _torch_requirement(config: KilnConfig, variant: Variant) -> str:
     return ""
 
 
-def exact_torch(requirements: Sequence[str]) -> str | None:
-    """The version ``requirements`` pin torch to exactly (``torch==2.13.0``), or None (no torch, or a range)."""
-    for text in requirements:
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(requirement.name) != "torch":
-            continue
-        specs = list(requirement.specifier)
-        if len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version:
-            return specs[0].version
-        return None
-    return None
-
-
 def cross_refusal(config: KilnConfig, variant: Variant, machine: str | None = None) -> str:
     """Why the cross path cannot build ``variant``'s wheel here, or "" (it can, or it needs no cross build)."""
     machine = machine or platform.machine()
@@ -369,11 +354,11 @@ def cross_refusal(config: KilnConfig, variant: Variant, machine: str | None = No
         return (f"{wanted}: a {variant.backend} variant's host code needs its toolkit's {cpu} cross target, which"
                 f" Kiln does not drive; an {cpu} cell is a cpu variant (a plain C/C++ extension)")
     where = _torch_requirement(config, variant)
-    if where and not (where == "its build_requires" and exact_torch(variant.build_requires)):
+    if where and not (where == "its build_requires" and pinned_version(variant.build_requires)):
         return (f"{wanted}: a torch extension ({where} name torch) compiles against its {cpu} torch's headers and"
                 f" links its libraries, which the cross build fetches for the one version the variant pins: pin"
                 f" torch exactly in the variant's build_requires (torch==X.Y.Z, the torch of this builder's build)")
-    python = variant.cell.python if variant.cell is not None and variant.cell.python else _kiln_python()
+    python = cell_python(variant)
     if python != _kiln_python():
         return (f"{wanted}: the {cpu} cross build drives Kiln's own CPython {_kiln_python()} with the target's build"
                 f" variables, so an {cpu} cell is for Python {_kiln_python()}; this one is for Python {python}:"

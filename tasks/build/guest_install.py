@@ -106,13 +106,18 @@ def _pip_install(python: Path, wanted: Sequence[str], what: str, timeout_s: floa
                            f"{wheels_only_hint(done.stdout)}:\n{done.stdout[-_TAIL_CHARS:].strip()}")
 
 
+def _location(requirement: str) -> str:
+    """The URL or path ``requirement`` names (``name @ URL``, or a bare URL or path), else ""."""
+    try:
+        return Requirement(requirement).url or ""
+    except InvalidRequirement:
+        return requirement.strip()
+
+
 def local_source(requirement: str) -> Path | None:
     """The directory or sdist on this machine that ``requirement`` names (``name @ file:///…``, ``file:///…``,
     an absolute path), else None: a name, a wheel file, a remote URL."""
-    try:
-        location = Requirement(requirement).url or ""
-    except InvalidRequirement:
-        location = requirement.strip()
+    location = _location(requirement)
     if location.startswith("file:"):
         path = Path(unquote(urlparse(location).path))
     elif location.startswith("/"):
@@ -153,11 +158,8 @@ def offline_wheels(requirements: Sequence[str], python: Path, out: Path, timeout
 def _refuse_remote_source(requirement: str) -> None:
     """A CompileError for a requirement naming a source by a remote URL (an sdist, a VCS checkout): an installer
     would build it with its network, and Kiln builds only a local copy without one."""
-    try:
-        url = Requirement(requirement).url or ""
-    except InvalidRequirement:
-        url = requirement.strip() if "://" in requirement else ""
-    if url and not url.startswith("file:") and not urlparse(url).path.endswith(".whl"):
+    url = _location(requirement)
+    if "://" in url and not url.startswith("file:") and not urlparse(url).path.endswith(".whl"):
         raise CompileError(f"the build requirement {requirement!r} names a source by a remote URL, which an installer"
                            " would build with the network; download it (an sdist, a checkout) and name the local"
                            " file or folder, which Kiln builds without network, or name a wheel")

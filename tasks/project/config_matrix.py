@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import platform as cpu_info
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, Protocol
@@ -142,6 +143,13 @@ def built_for(variant: Variant, machine: str | None = None) -> tuple[str, ...]:
     if "platform" in variant.model_fields_set:
         return tuple(variant.platform)
     return (machine or cpu_info.machine(),)
+
+
+def cell_python(variant: Variant) -> str:
+    """The CPython ``variant``'s wheel is built and tested for (``"3.12"``): its cell's, else Kiln's own."""
+    if variant.cell is not None and variant.cell.python:
+        return variant.cell.python
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def has_axes(variant: Variant) -> bool:

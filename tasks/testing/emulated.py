@@ -35,10 +35,11 @@ from kiln.core.errors import InfrastructureError
 from kiln.core.fsutil import polled_lock
 from kiln.core.sandbox import guest_command, guest_environ, installer_command
 from kiln.core.venvs import uv_command
-from kiln.tasks.build.buildenv import pip_sources
+from kiln.tasks.build.buildenv import uv_source_options
 from kiln.tasks.build.cross import default_cache_dir
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.project.config_matrix import cell_python
 from kiln.tasks.testing import emulation
 from kiln.tasks.testing.classify import Outcome, TestResult
 from kiln.tasks.testing.envs import installer_env
@@ -87,7 +88,8 @@ def run_emulated_suite(config: KilnConfig, target: SuiteTarget, wheel: Path, vie
                         elapsed)
     write_junit(junit, target.name, results)
     state, message = suite_outcome(results)
-    unit = target.unit(state, f"{message} (under emulation: aarch64 CPython {_python(target)}, qemu-user)", elapsed)
+    python = cell_python(target.variant)
+    unit = target.unit(state, f"{message} (under emulation: aarch64 CPython {python}, qemu-user)", elapsed)
     _log.info("suite %s: %s", target.name, unit.message)
     return SuiteRun(target.name, tuple(results), unit, (junit,), elapsed)
 
@@ -98,7 +100,7 @@ def _prepared(config: KilnConfig, target: SuiteTarget, wheel: Path, root: Path, 
     shutil.rmtree(slot, ignore_errors=True)
     for folder in ("home", "site"):  # made here: the guests may write only folders that exist
         (slot / folder).mkdir(parents=True)
-    _install(slot / "site", wheel, [*target.suite.requires, "pytest"], indexes, _python(target))
+    _install(slot / "site", wheel, [*target.suite.requires, "pytest"], indexes, cell_python(target.variant))
     _copy_paths(config, target.suite.paths, slot / "project")
     return slot
 
@@ -129,15 +131,9 @@ def _report(path: Path) -> tuple[bytes | None, str]:
         return handle.read(MAX_REPORT_BYTES), ""
 
 
-def _python(target: SuiteTarget) -> str:
-    cell = target.variant.cell
-    return cell.python if cell is not None and cell.python else f"{sys.version_info[0]}.{sys.version_info[1]}"
-
-
 def _install(site: Path, wheel: Path, requirements: Sequence[str], indexes: Sequence[str], python: str) -> None:
-    links, machine_indexes = pip_sources()  # uv reads no pip.conf: the machine's sources, as a suite's uv gets them
-    options = [option for url in (*indexes, *machine_indexes) for option in ("--extra-index-url", url)]
-    options += [option for link in links for option in ("--find-links", link)]
+    # uv reads no pip.conf: the machine's sources, as a cell's build environment gets them, and the run's indexes
+    options = [*uv_source_options(), *(option for url in indexes for option in ("--extra-index-url", url))]
     cmd = [*uv_command(), "pip", "install", "--quiet", "--target", str(site), "--python-platform", PLATFORM,
            "--python-version", python, *options, str(wheel), *requirements]
     guest, env = installer_command(cmd, sys.executable, installer_env(), read=[wheel.parent], write=[site])

@@ -36,7 +36,7 @@ from kiln.core.venvs import uv_command
 from kiln.tasks.build.buildenv import BuildEnvironmentError, _complete, ensure_env, env_key, uv_source_options
 from kiln.tasks.build.interpreters import cell_interpreters
 from kiln.tasks.project.config import KilnConfig, Suite, Variant
-from kiln.tasks.project.config_matrix import TORCH_ID, built_for, claimed_torches, host_torch
+from kiln.tasks.project.config_matrix import TORCH_ID, built_for, cell_python, claimed_torches, host_torch
 from kiln.tasks.testing.baseenv import CREATE_TIMEOUT_S, BaseEnv, site_packages
 from kiln.tasks.testing.classify import TestResult, suite_state, summary_line
 from kiln.tasks.testing.devices import detect_gpu_count
@@ -206,9 +206,7 @@ def not_run_reason(target: SuiteTarget, gpus_here: int) -> str:
         return f"not run: needs {suite.gpus} GPU{'s' if suite.gpus != 1 else ''}, {gpus_here} on this machine"
     if variant.backend != "cpu" and gpus_here == 0:
         return f"not run: the {variant.name} wheel needs a {variant.backend} GPU, none on this machine"
-    python = variant.cell.python if variant.cell is not None and variant.cell.python else \
-        f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return no_runner_reason(built_for(variant), emulate=suite.emulate, python=python)  # an aarch64 cell's wheel here
+    return no_runner_reason(built_for(variant), emulate=suite.emulate, python=cell_python(variant))  # aarch64 here
 
 
 @dataclass(frozen=True)

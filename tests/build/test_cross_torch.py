@@ -22,7 +22,8 @@ from packaging.requirements import Requirement
 from kiln.core.errors import ConfigError
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build import cross
-from kiln.tasks.build.cross import check_cross_cells, exact_torch
+from kiln.tasks.build.buildenv import pinned_version
+from kiln.tasks.build.cross import check_cross_cells
 from kiln.tasks.project.config import load_config
 from tests.helpers.cuda_torch import link_shared_envs, shared_envs_root
 from tests.helpers.gitrepo import git_project
@@ -42,9 +43,9 @@ def _aarch64_cell(pin: str) -> Callable[[Path], None]:
 
 
 def test_the_torch_a_cross_build_links_is_the_one_its_variant_pins_exactly():
-    assert exact_torch(["setuptools", "torch==2.13.0"]) == "2.13.0"
-    assert exact_torch(["torch>=2.13"]) is None and exact_torch(["torch==2.13.*"]) is None
-    assert exact_torch(["numpy==2.0"]) is None and exact_torch([]) is None
+    assert pinned_version(["setuptools", "torch==2.13.0"]) == "2.13.0"
+    assert pinned_version(["torch>=2.13"]) is None and pinned_version(["torch==2.13.*"]) is None
+    assert pinned_version(["numpy==2.0"]) is None and pinned_version([]) is None
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the fixture's aarch64 cell is for CPython 3.11")
