@@ -175,7 +175,7 @@ def bench_s3_requests(work: Path, existing: int) -> dict:
     from kiln.core.s3 import S3Store, make_client
     from kiln.release.index import HTML_TYPE, JSON_TYPE, generate
     from kiln.release.pages import PAGE_CACHE
-    from kiln.release.publish import publish
+    from kiln.release.publish import PublishRequest, publish
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -206,7 +206,8 @@ def bench_s3_requests(work: Path, existing: int) -> dict:
             for step in ("add", "rerun"):
                 counts.clear()
                 start = time.perf_counter()
-                plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"])
+                plan = publish(run, store,
+                               PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]))
                 result[f"{semantics}_{step}"] = {
                     "requests": dict(sorted(counts.items())), "total": sum(counts.values()),
                     "added": len(plan.keys("added")), "pages_changed": plan.pages,

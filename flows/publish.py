@@ -44,7 +44,15 @@ from kiln.release.pages import PAGE_CACHE, page_cache, page_max_age, publish_pag
 from kiln.release.pins import fetch_pins, load_pins
 from kiln.release.plan import COMBINED, ClosureStep, Plan, Upload, UploadResult, closure_queries, collect, index_prefix
 from kiln.release.public import PublicReport, check_public, published_expectations
-from kiln.release.publish import PagesStep, UploadStep, publish, upload_file
+from kiln.release.publish import (
+    DependencyCheck,
+    PagesStep,
+    PublishRequest,
+    PublishSteps,
+    UploadStep,
+    publish,
+    upload_file,
+)
 from kiln.release.staging import StagingStore
 from kiln.tasks import releasing
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
@@ -243,6 +251,15 @@ def start_dependency_checks(run: RunRecord, config: KilnConfig, channel: str = "
                      daemon=True).start()
 
 
+def dependency_check(run: RunRecord, config: KilnConfig) -> DependencyCheck | None:
+    """The publish's dependency check as ``[publish] check_dependencies`` asks for it (``off``: none)."""
+    check = config.publish.check_dependencies
+    if check == "off":
+        return None
+    refuse = check == "refuse"
+    return DependencyCheck(closure_task(run, refuse=refuse), config.publish.extra_index_urls, refuses=refuse)
+
+
 def pages_task(run: RunRecord, channel: str) -> PagesStep:
     """The pages step as its task run (pages cached as ``channel``'s, :func:`~kiln.release.pages.page_cache`);
     a failure is the publish/pages unit's, and no page changed."""
@@ -340,14 +357,13 @@ def publish_flow(config_path: str = "kiln.toml", out: str = "out", target: str |
         return finish_stage(run, "publish", "Publish")
     store, extra, allowed = prepare_publish(run, config, target, channel, dry_run)
     variants, held = releasing.variants_to_publish(config, run.manifest())  # [publish] publish_untested
-    check = config.publish.check_dependencies
-    plan = publish(run.manifest(), store, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
-                   variants=variants, extra=extra, untested_ok=allowed, dry_run=dry_run,
-                   upload=upload_tasks(run, channel), pages=pages_task(run, channel),
-                   commit=publish_commit(run, channel), statuses=project_statuses(config),
-                   closure=None if check == "off" else closure_task(run, refuse=check == "refuse"),
-                   dependency_indexes=config.publish.extra_index_urls, closure_refuses=check == "refuse",
-                   indexes=releasing.publish_indexes(config))
+    request = PublishRequest(channel, releasing.channel_prefix(config, channel), variants, extra=extra,
+                             untested_ok=allowed, commit=publish_commit(run, channel),
+                             statuses=project_statuses(config), indexes=releasing.publish_indexes(config),
+                             dry_run=dry_run)
+    steps = PublishSteps(upload=upload_tasks(run, channel), pages=pages_task(run, channel),
+                         dependencies=dependency_check(run, config))
+    plan = publish(run.manifest(), store, request, steps)
     plan.skipped.update(held)
     report_plan(run, config, plan)
     check_public_url(run, config, target, store, plan)

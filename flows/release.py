@@ -55,7 +55,7 @@ from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.summary import coverage_markdown
 from kiln.flows.test import test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, publish
 from kiln.release.verify import verify_published
 from kiln.tasks import releasing, uploading
 from kiln.tasks.project.config import Channel, KilnConfig, load_config
@@ -139,9 +139,9 @@ def plan_publish(config: KilnConfig, run: RunRecord, channel: str, dry_run: bool
     staging = open_publish_target(run, config, None, channel, dry_run=True)  # the target is only read
     extra, allowed = publish_inputs(run, config)
     variants, held = releasing.variants_to_publish(config, run.manifest())  # as publish_flow holds them back
-    plan = publish(run.manifest(), staging, channel=channel, channel_prefix=releasing.channel_prefix(config, channel),
-                   variants=variants, extra=extra, untested_ok=allowed, dry_run=True,
-                   statuses=project_statuses(config), indexes=releasing.publish_indexes(config))
+    plan = publish(run.manifest(), staging, PublishRequest(
+        channel, releasing.channel_prefix(config, channel), variants, extra=extra, untested_ok=allowed,
+        statuses=project_statuses(config), indexes=releasing.publish_indexes(config), dry_run=True))
     plan.skipped.update(held)
     plan.dry_run, plan.preview = dry_run, not dry_run  # a real release's plan is a preview, not a dry run
     markdown = plan.to_markdown()

@@ -85,7 +85,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kiln.core.errors import AlreadyPublishedError, IntegrityError
@@ -150,51 +150,85 @@ def upload_each(store: Store, uploads: Sequence[Upload]) -> list[UploadResult]:
     return [upload_file(store, u) for u in uploads]
 
 
-def publish(
-    run: RunManifest, store: Store, *, channel: str, channel_prefix: str, variants: Sequence[str],
-    clock: Callable[[], float] = time.time, extra: Sequence[tuple[str | None, Path]] = (), dry_run: bool = False,
-    untested_ok: Iterable[str] = (), upload: UploadStep = upload_each, pages: PagesStep | None = None,
-    commit: str = "", statuses: Mapping[str, ProjectStatus] | None = None, closure: ClosureStep | None = None,
-    dependency_indexes: Sequence[str] = (), closure_refuses: bool = True, indexes: Mapping[str, str] | None = None,
-) -> Plan:
+@dataclass(frozen=True)
+class PublishRequest:
+    """What a publish puts where: which of a run's wheels go to which channel, and what goes beside them."""
+
+    channel: str  # the channel's name: its pages' cache policy (page_cache) and the plan's heading
+    channel_prefix: str  # where the channel's indexes live in the target ([publish].channels)
+    variants: Sequence[str]  # the variants (or matrix cells) to publish; a wheel of any other is not published
+    # verified files published beside the wheels (pins, kiln-runtime): (variant, or None for every index; path)
+    extra: Sequence[tuple[str | None, Path]] = ()
+    untested_ok: Iterable[str] = ()  # the suites whose variants may go out untested ([publish] publish_untested)
+    commit: str = ""  # a nightly's full sha: each variant's per-commit index is written too; "" (a release): none
+    statuses: Mapping[str, ProjectStatus] | None = None  # PEP 792 status of projects by normalised name; else active
+    # the index of each variant by name (collect): a matrix variant's cells share one; any other: its own
+    indexes: Mapping[str, str] | None = None
+    dry_run: bool = False  # said in the plan; the caller passes a StagingStore, so the target is untouched
+
+
+@dataclass(frozen=True)
+class DependencyCheck:
+    """Before anything is uploaded, each variant's wheel must resolve with its dependencies (:func:`check_closure`)."""
+
+    step: ClosureStep  # answers every dependency question at once (the flow runs it as a cached task)
+    indexes: Sequence[str] = ()  # the indexes dependencies come from, behind each variant's staged index
+    # a variant that does not resolve is held back and named; False: it is published, listed in ``uninstallable``
+    refuses: bool = True
+
+
+@dataclass(frozen=True)
+class PublishSteps:
+    """How a publish does what it does: the side effects, injected so that the flow and the tests supply their own."""
+
+    # puts the wheels then their sidecars; what it returns is what reached the target (a failure is left off pages)
+    upload: UploadStep = upload_each
+    pages: PagesStep | None = None  # writes the pages; None: publish_pages with the channel's cache policy
+    dependencies: DependencyCheck | None = None  # None: every variant is published unchecked
+    clock: Callable[[], float] = time.time  # the upload time the pages record
+
+
+def publish(run: RunManifest, store: Store, request: PublishRequest, steps: PublishSteps = PublishSteps()) -> Plan:
     """The whole protocol — verify, upload wheel then sidecar, then pages — in one call.
 
     The one path every publish takes: the publish flow passes ``upload`` and
     ``pages`` steps that run as Prefect tasks (retries, one task run per
-    wheel); what a step returns is what reached the target, so a failed
-    upload is left off the pages. Conflicting files are reported in the plan
-    and left off the pages; every other file is published. ``commit`` (a
-    nightly's full sha) also writes each variant's per-commit index;
-    ``statuses`` are the PEP 792 statuses of projects by normalised name. ``closure``: before anything
-    is uploaded, each variant's wheel must resolve with its dependencies from its staged index and
-    ``dependency_indexes`` (:func:`check_closure`); a variant that does not is held back, named (with
-    ``closure_refuses`` False it is published and listed in the plan's ``uninstallable``). Against a
+    wheel). Conflicting files are reported in the plan and left off the
+    pages; every other file is published. Against a
     :class:`~kiln.release.staging.StagingStore` it is the plan of a publish
-    (what the release shows its approver), with the target untouched. ``indexes``: the index of each variant
-    by name (:func:`collect`): a matrix variant's cells share one.
+    (what the release shows its approver), with the target untouched.
     """
-    uploads, skipped = collect(run, channel_prefix, variants, clock, extra, untested_ok, commit, statuses, indexes)
+    uploads, skipped = collect(run, request.channel_prefix, request.variants, steps.clock, request.extra,
+                               request.untested_ok, request.commit, request.statuses, request.indexes)
     uploads, frozen = hold_frozen(store, uploads)
-    unresolved = check_closure(uploads, dependency_indexes, closure) if closure is not None else {}
-    uninstallable = {} if closure_refuses else unresolved
-    if closure_refuses:
-        skipped.update(unresolved)
-        if unresolved and any(u.variant == COMBINED for u in uploads):
-            skipped[COMBINED] = f"not published: variants {', '.join(sorted(unresolved))} would not install (above)"
-        uploads = hold_unresolvable(uploads, unresolved)
+    uploads, uninstallable = hold_uninstallable(uploads, skipped, steps.dependencies)
     uploads, refused = refuse_conflicting_labels(store, uploads)
-    plan = Plan(store.url, channel, uploads, skipped, dry_run=dry_run, variants_refused=refused,
+    plan = Plan(store.url, request.channel, uploads, skipped, dry_run=request.dry_run, variants_refused=refused,
                 uninstallable=uninstallable, frozen=frozen)
-    plan.results = upload(store, uploads)
+    plan.results = steps.upload(store, uploads)
     ready, plan.commit_held = complete_commit_indexes(uploads, plan.results)
-    if refused and commit:  # a commit's combined index would lack the refused project: complete or absent
+    if refused and request.commit:  # a commit's combined index would lack the refused project: complete or absent
         ready = [replace(r, upload=replace(r.upload, commit_index="")) if r.upload.variant == COMBINED else r
                  for r in ready]
         plan.commit_held[COMBINED] = f"{', '.join(sorted(refused))} refused (see above)"
-    plan.pages = (pages or functools.partial(publish_pages, cache_control=page_cache(channel)))(store, ready)
+    pages = steps.pages or functools.partial(publish_pages, cache_control=page_cache(request.channel))
+    plan.pages = pages(store, ready)
     written = sorted({r.upload.commit_index for r in ready if r.upload.commit_index})
     plan.commit_indexes = [index for index in written if store.get_page(f"{index}/{JSON_PAGE}") is not None]
     return plan
+
+
+def hold_uninstallable(uploads: list[Upload], skipped: dict[str, str], check: DependencyCheck | None
+                       ) -> tuple[list[Upload], dict[str, str]]:
+    """The uploads left once ``check`` holds back what would not install (each named in ``skipped``), and the
+    variants published although they would not (a check that does not refuse): ``uninstallable``."""
+    unresolved = check_closure(uploads, check.indexes, check.step) if check is not None else {}
+    if check is not None and not check.refuses:
+        return uploads, unresolved
+    skipped.update(unresolved)
+    if unresolved and any(u.variant == COMBINED for u in uploads):
+        skipped[COMBINED] = f"not published: variants {', '.join(sorted(unresolved))} would not install (above)"
+    return hold_unresolvable(uploads, unresolved), {}
 
 
 def complete_commit_indexes(uploads: Sequence[Upload], results: Sequence[UploadResult]
@@ -216,4 +250,7 @@ def complete_commit_indexes(uploads: Sequence[Upload], results: Sequence[UploadR
     return ready, held
 
 
-__all__ = ["PagesStep", "UploadStep", "complete_commit_indexes", "publish", "upload_each", "upload_file"]
+__all__ = [
+    "DependencyCheck", "PagesStep", "PublishRequest", "PublishSteps", "UploadStep",
+    "complete_commit_indexes", "hold_uninstallable", "publish", "upload_each", "upload_file",
+]

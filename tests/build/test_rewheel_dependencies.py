@@ -17,7 +17,7 @@ from kiln.core.errors import CompileError
 from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.flows.summary import render_text
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, publish
 from kiln.tasks.build import rewheel
 from kiln.tasks.build.rewheel import merged_requires, rewrite_wheel
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
@@ -54,7 +54,8 @@ def _rewrite(tmp_path: Path, dependencies: list[str] | None) -> Path:
 def _summary(tmp_path: Path, wheel: Path) -> str:
     run = RunManifest(tmp_path / "run", "r1", flow="nightly", version="1.0.0.dev5")
     run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
-    plan = publish(run, LocalStore(tmp_path / "index"), channel="nightly", channel_prefix="nightly", variants=["cpu"])
+    plan = publish(run, LocalStore(tmp_path / "index"),
+                   PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]))
     install = install_facts("plaincuda", [], plan, check=False)
     run.info["index_url"] = list(install["indexes"])
     run.info["install"] = install

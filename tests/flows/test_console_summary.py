@@ -18,7 +18,7 @@ from kiln.core.store import LocalStore
 from kiln.flows.console import TABLE_WIDTH, variant_index
 from kiln.flows.hint import install_command
 from kiln.flows.summary import render_console, render_text
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, publish
 from kiln.tasks.install_hint import install_facts
 from tests.flows.test_install_hint import _pip_install, extra_index
 from tests.helpers.wheelkit import make_wheel
@@ -56,8 +56,9 @@ def nightly_run(tmp_path: Path) -> RunManifest:
                            requires=("demo-runtime==1.0",), tag=tag)
         run.add_artifact(wheel, step="build", kind="wheel", variant=variant)
     runtime = make_wheel(tmp_path / "runtime", "demo-runtime", "1.0")
-    plan = publish(run, LocalStore(tmp_path / "index"), channel="nightly", channel_prefix="nightly",
-                   variants=list(VARIANTS), extra=[(None, runtime)], untested_ok=["kernels-gpu"])
+    plan = publish(run, LocalStore(tmp_path / "index"),
+                   PublishRequest(channel="nightly", channel_prefix="nightly", variants=list(VARIANTS),
+                                  extra=[(None, runtime)], untested_ok=["kernels-gpu"]))
     run.info["index_url"] = sorted({f"{plan.target}/{u.index}/" for u in plan.uploads})
     pypi = extra_index(tmp_path / "pypi", ["0.0.1"]).as_uri()  # stands for PyPI: nothing leaves the machine
     run.info["install"] = install_facts("demo-kernels", [pypi], plan, check=False)

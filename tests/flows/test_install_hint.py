@@ -23,7 +23,7 @@ from kiln.core.store import LocalStore
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.flows.summary import render_markdown, render_text
 from kiln.release.plan import Plan
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, publish
 from kiln.release.remote import Lookup, newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.install_hint import CHECK_ENV, extra_index_check, install_facts, requires_dist
@@ -41,8 +41,8 @@ def publish_run(tmp_path: Path, channel: str = "nightly", version: str = NIGHTLY
     wheel = make_wheel(tmp_path / "run" / "wheels" / "cpu", "demo-kernels", f"{version}+cpu", requires=requires)
     run.add_artifact(wheel, step="build", kind="wheel", variant="cpu")
     runtime = make_wheel(tmp_path / "runtime", "demo-runtime", "1.0")
-    plan = publish(run, LocalStore(tmp_path / "index"), channel=channel, channel_prefix=channel, variants=["cpu"],
-                   extra=[(None, runtime)])
+    plan = publish(run, LocalStore(tmp_path / "index"),
+                   PublishRequest(channel=channel, channel_prefix=channel, variants=["cpu"], extra=[(None, runtime)]))
     return run, plan, wheel
 
 

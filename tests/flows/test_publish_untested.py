@@ -11,7 +11,7 @@ from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.flows.summary import render_text
 from kiln.release.plan import Plan
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, publish
 from kiln.tasks.bench.harness import nothing_to_bench
 from kiln.tasks.project.config import Publish
 from kiln.tasks.releasing import held_untested, publish_facts, untested_ok, variants_to_publish, without_suite
@@ -67,8 +67,9 @@ def test_the_setting_is_read_from_kiln_toml_publish_and_defaults_to_publishing_w
 
 
 def _published(tmp_path: Path, run: RunManifest, untested_ok: tuple[str, ...] = ()) -> Plan:
-    return publish(run, LocalStore(tmp_path / "index"), channel="nightly", channel_prefix="nightly",
-                   variants=["cu130", "cpu"], untested_ok=untested_ok)
+    return publish(run, LocalStore(tmp_path / "index"),
+                   PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"],
+                                  untested_ok=untested_ok))
 
 
 def test_a_published_variant_no_suite_ran_on_is_in_the_summarys_first_lines(tmp_path):

@@ -17,7 +17,7 @@ from kiln.core.s3 import S3Store
 from kiln.flows.credentials import session_for
 from kiln.release.policies import policies_from_config, render
 from kiln.release.prune import Retention, prune
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from kiln.tasks.build.ccache_bridge import Bridge
 from kiln.tasks.build.compile_tier import COMPILE_PREFIX
 from kiln.tasks.project.config_build import BuildCacheSettings
@@ -137,8 +137,9 @@ def test_the_prune_step_deletes_nightly_objects_only(enforced, tmp_path):
     publisher = S3Store(server.client_as("publish-nightly"), BUCKET, "simple")
     for n in (1, 2):
         run = make_run(tmp_path / f"run{n}", {"cpu": [("demo", f"1.0.dev{n}")]})
-        publish(run, publisher, channel="nightly", channel_prefix="nightly", variants=["cpu"],
-                commit=f"{n}" * 40, clock=lambda: 1_700_000_000.0)
+        publish(run, publisher,
+                PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"], commit=f"{n}" * 40),
+                PublishSteps(clock=lambda: 1_700_000_000.0))
     s3 = server.client_as("prune-nightly")
     plan = prune(S3Store(s3, BUCKET, "simple"), channel="nightly", channel_prefix="nightly",
                  retention=Retention(1, 0))

@@ -17,7 +17,7 @@ import boto3
 
 from kiln.core.manifest import RunManifest
 from kiln.core.s3 import S3Store, make_client
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from tests.helpers.faults import kill_after
 
 
@@ -31,8 +31,9 @@ def main() -> int:
     session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
     client = make_client(session, "us-east-1", args.endpoint)
     sent = kill_after(client, int(os.environ.get("KILN_TEST_KILL_AFTER_REQUESTS", "1000000000")))
-    plan = publish(RunManifest.load(Path(args.run)), S3Store(client, args.bucket, "site"), channel="nightly",
-                   channel_prefix="nightly", variants=args.variants.split(","), clock=lambda: 1_700_000_000.0)
+    plan = publish(RunManifest.load(Path(args.run)), S3Store(client, args.bucket, "site"),
+                   PublishRequest(channel="nightly", channel_prefix="nightly", variants=args.variants.split(",")),
+                   PublishSteps(clock=lambda: 1_700_000_000.0))
     json.dump({"requests": sent[0], "added": plan.keys("added"), "present": plan.keys("present"),
                "pages": plan.pages}, sys.stdout)
     return 0

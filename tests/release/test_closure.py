@@ -19,7 +19,7 @@ from kiln.flows.hint import first_lines
 from kiln.flows.publish import publish_flow
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, read_refusal, resolve_all
-from kiln.release.publish import publish
+from kiln.release.publish import DependencyCheck, PublishRequest, PublishSteps, publish
 from tests.helpers.runkit import make_record
 from tests.helpers.wheelkit import make_wheel
 
@@ -46,8 +46,9 @@ def _dependency_index(tmp: Path) -> str:
 
 
 def _publish(run: RunManifest, store: LocalStore, variants: list[str], indexes: list[str], extra=()):
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=variants, clock=lambda: 1e9,
-                   closure=resolve_all, dependency_indexes=indexes, extra=extra)
+    return publish(run, store,
+                   PublishRequest(channel="nightly", channel_prefix="nightly", variants=variants, extra=extra),
+                   PublishSteps(clock=lambda: 1e9, dependencies=DependencyCheck(resolve_all, indexes=indexes)))
 
 
 def test_a_wheel_whose_dependency_no_index_has_is_refused_before_anything_is_written(tmp_path: Path) -> None:
@@ -125,8 +126,9 @@ def test_conflicting_pins_are_named_and_warn_publishes_the_variant_marked(tmp_pa
     why = refused.skipped["cpu"]
     assert "conflicting pins:" in why and "depends on helper==2.0" in why and "other 1.0 depends on helper==1.0" in why
     store = LocalStore(tmp_path / "b")
-    warned = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"], clock=lambda: 1e9,
-                     closure=resolve_all, dependency_indexes=deps, closure_refuses=False)
+    warned = publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]),
+                     PublishSteps(clock=lambda: 1e9,
+                                  dependencies=DependencyCheck(resolve_all, indexes=deps, refuses=False)))
     assert warned.skipped == {} and list(warned.uninstallable) == ["cpu"] and warned.keys("added")
     assert "published although it will not install" in warned.to_markdown()
     assert first_lines({"published_uninstallable": warned.uninstallable})[0].startswith(

@@ -13,7 +13,7 @@ from kiln.core.errors import InvalidInputError, TransientStoreError
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.store import LocalStore, Store
 from kiln.release.plan import UploadResult, commit_index_prefix
-from kiln.release.publish import publish, upload_each
+from kiln.release.publish import PublishRequest, PublishSteps, publish, upload_each
 from tests.helpers.faults import HookedLocalStore
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.pageparse import parse_html, parse_json
@@ -23,9 +23,10 @@ COMMIT_A, COMMIT_B = "a1b2c3d4e5f6" + "0" * 28, "0123456789ab" + "f" * 28
 CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - an injected, fixed clock
 
 
-def _publish(run, store, commit: str = COMMIT_A, variants=("cpu",), **kw):
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=list(variants), clock=CLOCK,
-                   commit=commit, **kw)
+def _publish(run, store, commit: str = COMMIT_A, variants=("cpu",), extra=(), upload=upload_each):
+    return publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=list(variants),
+                                              extra=extra, commit=commit),
+                   PublishSteps(upload=upload, clock=CLOCK))
 
 
 def _json_links(store: Store, page_key: str) -> list[tuple[str, str]]:
@@ -145,15 +146,17 @@ def test_a_rerun_of_the_same_commit_changes_no_page(tmp_path: Path) -> None:
     run = make_run(tmp_path / "a", {"cpu": [("demo", "1.0.dev1")]})
     store = LocalStore(tmp_path / "index")
     _publish(run, store)
-    again = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"], clock=lambda: 2e9,
-                    commit=COMMIT_A)
+    again = publish(run, store,
+                    PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"], commit=COMMIT_A),
+                    PublishSteps(clock=lambda: 2e9))
     assert again.pages == [] and again.commit_indexes == ["nightly/cpu/commits/a1b2c3d4e5f6/simple"]
 
 
 def test_a_release_writes_no_commit_index(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "index")
-    plan = publish(make_run(tmp_path / "a", {"cpu": [("demo", "1.0")]}), store, channel="release",
-                   channel_prefix="release", variants=["cpu"], clock=CLOCK)
+    plan = publish(make_run(tmp_path / "a", {"cpu": [("demo", "1.0")]}), store,
+                   PublishRequest(channel="release", channel_prefix="release", variants=["cpu"]),
+                   PublishSteps(clock=CLOCK))
     assert plan.commit_indexes == [] and all("/commits/" not in k for k in store.list(""))
 
 

@@ -27,7 +27,7 @@ from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
 from kiln.release.plan import commit_index_prefix
 from kiln.release.prune import LEDGER, Retention, prune
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from tests.helpers.pageparse import parse_html, parse_json
 from tests.helpers.runkit import CU130, make_run, make_variant_run, run_at_once
 from tests.helpers.s3 import S3_ENV
@@ -47,8 +47,10 @@ def _publish(tmp: Path, store: Any, n: int, variants: tuple[str, ...] = ("cpu",)
     wheels = {v: [("demo", f"1.0.dev{n}" + ("" if v == "cpu" else f"+{v}"))] for v in variants}
     run = make_run(tmp / f"run{n}", wheels)
     pins = make_run(tmp / f"pins{n}", {"cpu": [("helper", "2.0")]})
-    publish(run, store, channel="nightly", channel_prefix="nightly", variants=list(variants),
-            clock=lambda: T0 + n, commit=COMMITS[n - 1], extra=[(None, pins.root / pins.artifacts[0].path)])
+    publish(run, store,
+            PublishRequest(channel="nightly", channel_prefix="nightly", variants=list(variants),
+                           extra=[(None, pins.root / pins.artifacts[0].path)], commit=COMMITS[n - 1]),
+            PublishSteps(clock=lambda: T0 + n))
 
 
 def _prune(store: Any, keep: int = 1, grace_days: float = 0, now: float = T0 + 10, **kw: Any):
@@ -315,12 +317,15 @@ def test_a_prune_racing_a_publish_loses_no_new_entry(tmp_path: Path) -> None:
 
 def test_the_combined_index_loses_an_old_version_with_every_copy_of_its_variants_file(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "index")
-    publish(make_variant_run(tmp_path / "a", "k", "1.0.dev1", {"cpu": {}}), store, channel="nightly",
-            channel_prefix="nightly", variants=["cpu"], clock=lambda: T0)
+    publish(make_variant_run(tmp_path / "a", "k", "1.0.dev1", {"cpu": {}}), store,
+            PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]),
+            PublishSteps(clock=lambda: T0))
     publish(make_variant_run(tmp_path / "b", "k", "1.0.dev1", {"cu130": CU130, "cpu": {}}), store,  # a label more
-            channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=lambda: T0)
+            PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"]),
+            PublishSteps(clock=lambda: T0))
     publish(make_variant_run(tmp_path / "c", "k", "1.0.dev2", {"cu130": CU130, "cpu": {}}), store,
-            channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=lambda: T0)
+            PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"]),
+            PublishSteps(clock=lambda: T0))
     copies = [k for k in store.list("nightly/wheel-variants/simple/k/variants/") if "1.0.dev1" in k]
     assert len(copies) == 2  # one immutable copy per content the file had
     plan = _prune(store)

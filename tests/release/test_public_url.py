@@ -27,7 +27,7 @@ from kiln.release.fetch import StoreSettings
 from kiln.release.pages import IMMUTABLE_CACHE, NIGHTLY_PAGE_CACHE, RELEASE_PAGE_CACHE
 from kiln.release.plan import Plan
 from kiln.release.public import check_public, published_expectations
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from tests.helpers.runkit import CU130, make_run, make_variant_run
 
 
@@ -83,8 +83,8 @@ def _head(store: S3Store, key: str) -> dict[str, Any]:
 
 
 def _publish(store: S3Store, run: Any, channel: str, variants: list[str]) -> Plan:
-    return publish(run, store, channel=channel, channel_prefix=channel, variants=variants,
-                   clock=lambda: 1_700_000_000.0)
+    return publish(run, store, PublishRequest(channel=channel, channel_prefix=channel, variants=variants),
+                   PublishSteps(clock=lambda: 1_700_000_000.0))
 
 
 def test_s3_objects_carry_cache_control_by_kind_and_channel_and_their_sha256(s3_store: S3Store,

@@ -17,7 +17,7 @@ from kiln.core.store import LocalStore
 from kiln.core.swap import CAS_ATTEMPTS
 from kiln.release.pages import update_pages
 from kiln.release.plan import gate
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from kiln.release.staging import StagingStore
 from tests.helpers.faults import CorruptingStore
 from tests.helpers.pageparse import parse_html, parse_json
@@ -85,9 +85,10 @@ def plant_sidecar_with_other_bytes(run: RunManifest, store, index: str, wheel_pr
     return key + ".metadata"
 
 
-def _publish(run: RunManifest, store, **kw):
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], clock=CLOCK,
-                   **kw)
+def _publish(run: RunManifest, store, dry_run: bool = False):
+    return publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"],
+                                              dry_run=dry_run),
+                   PublishSteps(clock=CLOCK))
 
 
 def test_publish_writes_per_variant_indexes_that_resolve(tmp_path: Path) -> None:
@@ -111,7 +112,8 @@ def test_rerun_uploads_nothing_and_changes_no_bytes(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "target")
     _publish(run, store)
     before = _snapshot(tmp_path / "target")
-    plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 2e9)
+    plan = publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
+                   PublishSteps(clock=lambda: 2e9))
     assert plan.keys("added") == [] and len(plan.keys("present")) == 1 and plan.pages == []
     assert _snapshot(tmp_path / "target") == before
 
@@ -162,13 +164,15 @@ def test_wheels_of_a_variant_kiln_toml_does_not_name_are_not_published_and_are_n
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "rocm": [("k", "1.0+rocm")]})
     store = LocalStore(tmp_path / "target")
     with caplog.at_level(logging.WARNING, logger="kiln.release.plan"):
-        plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=CLOCK)
+        plan = publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
+                       PublishSteps(clock=CLOCK))
     assert plan.keys("added") == ["nightly/cu130/simple/k/k-1.0+cu130-py3-none-any.whl"]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "wheels of variants ['rocm'] are not in kiln.toml's variants ['cu130']; not published"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kiln.release.plan"):
-        publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "rocm"], clock=CLOCK)
+        publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "rocm"]),
+                PublishSteps(clock=CLOCK))
     assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
@@ -194,17 +198,21 @@ def test_a_release_conflict_fails_its_upload_unit_saying_bump_the_version_once(t
 
     target = LocalStore(tmp_path / "target")
     first = make_run(tmp_path / "run1", {"cu130": [("k", "1.0")]})
-    publish(first, target, channel="release", channel_prefix="release", variants=["cu130"], clock=CLOCK)
+    publish(first, target, PublishRequest(channel="release", channel_prefix="release", variants=["cu130"]),
+            PublishSteps(clock=CLOCK))
     second = make_run(tmp_path / "run2", {"cu130": [("k", "1.0")]}, payload="other bytes")
-    plan = publish(second, LocalStore(tmp_path / "staging"), channel="release", channel_prefix="release",
-                   variants=["cu130"], clock=CLOCK)
+    plan = publish(second, LocalStore(tmp_path / "staging"),
+                   PublishRequest(channel="release", channel_prefix="release", variants=["cu130"]),
+                   PublishSteps(clock=CLOCK))
     with pytest.raises(IntegrityError) as raised:
         upload_wheel.fn(target, plan.uploads[0], "release")
     message = str(raised.value)
     assert "already holds sha256" in message
     assert message.count("bump the version instead") == 1 and message.endswith("bump the version instead"), message
-    present = upload_wheel.fn(target, publish(first, LocalStore(tmp_path / "s2"), channel="release",
-                                              channel_prefix="release", variants=["cu130"], clock=CLOCK).uploads[0],
+    present = upload_wheel.fn(target, publish(first, LocalStore(tmp_path / "s2"),
+                                              PublishRequest(channel="release", channel_prefix="release",
+                                                             variants=["cu130"]),
+                                              PublishSteps(clock=CLOCK)).uploads[0],
                               "release")
     assert present.outcome == "present"
 
@@ -215,8 +223,9 @@ def test_a_wheel_changed_after_its_plan_with_its_metadata_intact_is_refused_at_u
     from kiln.release.publish import upload_file
 
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]}, payload="planned")
-    plan = publish(run, LocalStore(tmp_path / "staging"), channel="nightly", channel_prefix="nightly",
-                   variants=["cu130"], clock=CLOCK)
+    plan = publish(run, LocalStore(tmp_path / "staging"),
+                   PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
+                   PublishSteps(clock=CLOCK))
     (upload,) = plan.uploads
     make_wheel(upload.source.parent, "k", "1.0", payload="swapped after the plan")  # same name, same METADATA
     target = LocalStore(tmp_path / "target")

@@ -11,7 +11,7 @@ from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.flows.hint import install_command, install_reason
 from kiln.release.closure import resolve_all
-from kiln.release.publish import complete_commit_indexes, publish
+from kiln.release.publish import DependencyCheck, PublishRequest, PublishSteps, complete_commit_indexes, publish
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.wheelkit import make_wheel
 
@@ -35,10 +35,11 @@ def _run(root: Path, units: list[Unit] = ()) -> RunManifest:
     return run
 
 
-def _publish(run: RunManifest, store: LocalStore, tmp_path: Path, **kw):
+def _publish(run: RunManifest, store: LocalStore, tmp_path: Path, dependencies: DependencyCheck | None = None):
     pin = make_wheel(tmp_path / "pins", "helper", "2.0")
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=[*CELLS, "cu130"],
-                   clock=lambda: 1e9, extra=[(None, pin)], commit=COMMIT, indexes=INDEXES, **kw)
+    return publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=[*CELLS, "cu130"],
+                                              extra=[(None, pin)], commit=COMMIT, indexes=INDEXES),
+                   PublishSteps(clock=lambda: 1e9, dependencies=dependencies))
 
 
 def _files(store: LocalStore, index: str) -> list[str]:
@@ -48,7 +49,7 @@ def _files(store: LocalStore, index: str) -> list[str]:
 def test_every_cell_goes_into_its_variants_one_index_with_its_commit_index_and_one_hint(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "index")
     # the dependency check asks pip as each cell's Python would install (pip --python-version), from the shared index
-    plan = _publish(_run(tmp_path / "run"), store, tmp_path, closure=resolve_all)
+    plan = _publish(_run(tmp_path / "run"), store, tmp_path, DependencyCheck(resolve_all))
     assert plan.skipped == {} and plan.commit_held == {}
     assert sorted(p.name for p in (tmp_path / "index" / "nightly").iterdir()) == ["cpu", "cu130"]
     assert _files(store, "nightly/cpu/simple") == [f"demo-1.0.dev1+cpu-{t}-{t}-linux_x86_64.whl"

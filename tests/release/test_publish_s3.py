@@ -15,7 +15,7 @@ import pytest
 
 from kiln.core.errors import IntegrityError
 from kiln.core.s3 import S3Store, make_client
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from tests.helpers.faults import echo_checksums, inject_throttling
 from tests.helpers.runkit import make_run, run_at_once
 from tests.helpers.s3 import S3_ENV
@@ -43,8 +43,8 @@ def _store(endpoint: str, session: Any, bucket: str) -> S3Store:
 
 
 def _publish(run, store: S3Store):
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"],
-                   clock=lambda: 1_700_000_000.0)
+    return publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"]),
+                   PublishSteps(clock=lambda: 1_700_000_000.0))
 
 
 def _fresh(endpoint: str, session: Any, bucket: str) -> S3Store:
@@ -107,8 +107,9 @@ def test_concurrent_publishers_in_threads_lose_no_entry(
     publishers = [(run, _store(s3_endpoint, s3_session, s3_bucket)) for run in runs]
 
     errors = run_at_once(
-        lambda pair: publish(pair[0], pair[1], channel="nightly", channel_prefix="nightly", variants=["cu130"],
-                             clock=lambda: 1.7e9),
+        lambda pair: publish(pair[0], pair[1],
+                             PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
+                             PublishSteps(clock=lambda: 1.7e9)),
         publishers,
     )
 
@@ -123,7 +124,8 @@ def test_publish_completes_with_throttling_on_a_fraction_of_calls(
     run = make_run(tmp_path / "run", {"cu130": [("a", "1.0"), ("b", "1.0"), ("c", "1.0")]})
     store = _store(s3_endpoint, s3_session, s3_bucket)
     hits = inject_throttling(store.client, fraction=0.25, seed=7)
-    plan = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 1.7e9)
+    plan = publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
+                   PublishSteps(clock=lambda: 1.7e9))
     assert hits[0] > 0 and len(plan.keys("added")) == 3
     assert assert_index_consistent(_store(s3_endpoint, s3_session, s3_bucket), "nightly/cu130/simple") == 3
 

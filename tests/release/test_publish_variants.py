@@ -18,7 +18,7 @@ from kiln.core.store import LocalStore, Store
 from kiln.flows.hint import install_command, install_reason
 from kiln.release.index import group, parse_project_json, project_pages, variants_file_path
 from kiln.release.plan import COMBINED
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from kiln.release.variants import dumps
 from kiln.release.verify import verify_index
 from kiln.tasks.install_hint import install_facts
@@ -34,9 +34,10 @@ VERSION = "1.0.dev1"
 CU126 = {"nvidia": {"cuda_version_lower_bound": ["12.6"], "sm_arch": ["80_real"]}}
 
 
-def _publish(run, store: Store, variants=("cu130", "cpu"), **kw: Any):
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=list(variants), clock=CLOCK,
-                   **kw)
+def _publish(run, store: Store, variants=("cu130", "cpu"), commit: str = ""):
+    return publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=list(variants),
+                                              commit=commit),
+                   PublishSteps(clock=CLOCK))
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -109,8 +110,9 @@ def test_a_rerun_publishes_nothing_new_and_changes_no_byte(tmp_path: Path) -> No
     store = LocalStore(tmp_path / "target")
     _publish(run, store, commit=COMMIT)
     before = _snapshot(tmp_path / "target")
-    again = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"],
-                    clock=lambda: 2e9, commit=COMMIT)
+    again = publish(run, store,
+                    PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"], commit=COMMIT),
+                    PublishSteps(clock=lambda: 2e9))
     assert again.keys("added") == [] and again.pages == [] and again.variants_refused == {}
     assert _snapshot(tmp_path / "target") == before
 

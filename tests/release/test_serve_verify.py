@@ -11,7 +11,7 @@ import pytest
 from kiln.core.s3 import S3Store
 from kiln.core.store import LocalStore
 from kiln.release.index import JSON_TYPE
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from kiln.release.serve import IndexServer, wants_json
 from kiln.release.verify import verify_index
 from tests.helpers.runkit import make_run
@@ -43,7 +43,8 @@ def test_accept_negotiation_follows_pep691_qualities(accept: str | None, json: b
 def published(tmp_path: Path) -> LocalStore:
     run = make_run(tmp_path / "run", {"cu130": [("kiln-kernels", "0.1.0+cu130"), ("kiln-kernels", "0.2.0+cu130")]})
     store = LocalStore(tmp_path / "target")
-    publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cu130"], clock=lambda: 1.7e9)
+    publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
+            PublishSteps(clock=lambda: 1.7e9))
     return store
 
 
@@ -90,7 +91,8 @@ def test_pip_and_uv_install_the_newest_version_from_a_served_local_index(publish
 @pytest.mark.slow
 def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) -> None:
     run = make_run(tmp_path / "run", {"cpu": [("demo-pkg", "1.0+cpu")]})
-    publish(run, s3_store, channel="nightly", channel_prefix="nightly", variants=["cpu"], clock=lambda: 1.7e9)
+    publish(run, s3_store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]),
+            PublishSteps(clock=lambda: 1.7e9))
     with IndexServer(s3_store, "nightly/cpu/simple") as server:
         report = verify_index(server.url, install=True, timeout=240, tools=("uv",))
     assert report.ok, report.summary()
@@ -114,7 +116,8 @@ def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path
     config = load_config(tmp_path / "kiln.toml")
     out = tmp_path / "out"
     run = make_run(out, {"cu130": [("demo-pkg", "1.0+cu130")], "cpu": [("demo-pkg", "1.0+cpu")]})
-    publish(run, LocalStore(out / "index"), channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"])
+    publish(run, LocalStore(out / "index"),
+            PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "cpu"]))
     store, prefix = open_target(config, str(out)), channel_prefix(config, "nightly")  # as the release flow opens it
     variants = [v.name for v in config.variants]
     reports = verify_published(store, prefix, variants, install=False)

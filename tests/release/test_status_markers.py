@@ -11,7 +11,7 @@ from kiln.core.dists import make_distribution
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.core.store import LocalStore
 from kiln.release.index import ProjectStatus, generate, project_pages
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, publish
 from kiln.tasks.project.config import parse_config
 from tests.helpers.pageparse import parse_html, parse_json
 from tests.helpers.runkit import make_run
@@ -91,9 +91,9 @@ def test_a_publish_writes_the_configured_status_on_its_project_and_active_on_the
     run = make_run(tmp_path / "run", {"cpu": [("demo", "1.0")]})
     pinned = make_run(tmp_path / "pins", {"cpu": [("helper", "2.0")]}).artifacts_of("wheel")[0]
     store = LocalStore(tmp_path / "index")
-    publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"],
-            extra=[(None, tmp_path / "pins" / pinned.path)],
-            statuses={"demo": ProjectStatus("deprecated", "moved to demo2")})
+    publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"],
+                                       extra=[(None, tmp_path / "pins" / pinned.path)],
+                                       statuses={"demo": ProjectStatus("deprecated", "moved to demo2")}))
     demo = store.get("nightly/cpu/simple/demo/index.json")
     helper = store.get("nightly/cpu/simple/helper/index.json")
     assert demo is not None and helper is not None
@@ -108,15 +108,16 @@ def test_an_archived_or_quarantined_project_takes_no_new_file_but_its_pages_stat
         tmp_path: Path, status: str) -> None:
     store = LocalStore(tmp_path / "index")
     first = make_run(tmp_path / "one", {"cpu": [("demo", "1.0")]})
-    publish(first, store, channel="nightly", channel_prefix="nightly", variants=["cpu"])
+    publish(first, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]))
     frozen = {"demo": ProjectStatus(status, "moved to demo2")}
-    newer = publish(make_run(tmp_path / "two", {"cpu": [("demo", "1.1")]}), store, channel="nightly",
-                    channel_prefix="nightly", variants=["cpu"], statuses=frozen)
+    newer = publish(make_run(tmp_path / "two", {"cpu": [("demo", "1.1")]}), store,
+                    PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"], statuses=frozen))
     assert newer.frozen == {"cpu/demo-1.1-py3-none-any.whl": f"demo is {status} ([project] status, PEP 792): it "
                                                               "takes no new files"}
     assert newer.keys("added") == [] and store.get("nightly/cpu/simple/demo/demo-1.1-py3-none-any.whl") is None
     assert "`cpu/demo-1.1-py3-none-any.whl` not uploaded" in newer.to_markdown()
-    again = publish(first, store, channel="nightly", channel_prefix="nightly", variants=["cpu"], statuses=frozen)
+    again = publish(first, store,
+                    PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"], statuses=frozen))
     assert again.keys("present") and not again.frozen  # what it already holds stays, its page states the status
     page = parse_json(store.get("nightly/cpu/simple/demo/index.json") or b"{}")
     assert page["project-status"]["status"] == status and page["versions"] == ["1.0"]
@@ -125,9 +126,9 @@ def test_an_archived_or_quarantined_project_takes_no_new_file_but_its_pages_stat
 def test_a_changed_status_rewrites_the_page_of_an_already_published_project(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", {"cpu": [("demo", "1.0")]})
     store = LocalStore(tmp_path / "index")
-    publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"])
-    again = publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"],
-                    statuses={"demo": ProjectStatus("deprecated")})
+    publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]))
+    again = publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"],
+                                               statuses={"demo": ProjectStatus("deprecated")}))
     assert again.keys("present") and not again.keys("added")
     assert "nightly/cpu/simple/demo/index.json" in again.pages
     page = store.get("nightly/cpu/simple/demo/index.json")

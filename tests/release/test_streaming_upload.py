@@ -15,7 +15,6 @@ import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import pytest
@@ -27,7 +26,7 @@ from kiln.core.objects import ObjectInfo, Store
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
 from kiln.release.plan import Plan, Upload, UploadResult
-from kiln.release.publish import publish, upload_each
+from kiln.release.publish import PublishRequest, PublishSteps, UploadStep, publish, upload_each
 from kiln.release.staging import StagingStore
 from tests.helpers.faults import ForwardingStore
 from tests.helpers.s3 import S3_ENV
@@ -69,9 +68,9 @@ def _wheel(run: RunManifest) -> Path:
     return run.root / run.artifacts[0].path
 
 
-def _publish(run: RunManifest, store: Store, **kwargs: Any) -> Plan:
-    return publish(run, store, channel="nightly", channel_prefix="nightly", variants=["cpu"],
-                   clock=lambda: 1_700_000_000.0, **kwargs)
+def _publish(run: RunManifest, store: Store, upload: UploadStep = upload_each) -> Plan:
+    return publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]),
+                   PublishSteps(upload=upload, clock=lambda: 1_700_000_000.0))
 
 
 @pytest.fixture(scope="module")

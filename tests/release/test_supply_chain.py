@@ -30,7 +30,7 @@ from kiln.flows.summary import render_text
 from kiln.release.cli import index_command
 from kiln.release.closure import ClosureQuery, Staged, resolve
 from kiln.release.plan import Plan
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.runkit import variant_document
 from tests.helpers.sdists import evil_sdist_index
@@ -80,8 +80,10 @@ def kiln_publish(root: Path, channel: str) -> tuple[RunManifest, Plan]:
                              variant_json=variant_document("null", {}) if label else None)
         run.add_artifact(variant, step="build", kind="variant-wheel", variant="cpu")
     runtime = make_wheel(root / "runtime", "kiln-runtime", RUNTIME, module="kiln_rt", payload="kiln")
-    plan = publish(run, LocalStore(root / "index"), channel=channel, channel_prefix=channel, variants=["cpu"],
-                   extra=[(None, runtime)], clock=lambda: 1e9, commit="ab" * 20 if channel == "nightly" else "")
+    plan = publish(run, LocalStore(root / "index"),
+                   PublishRequest(channel=channel, channel_prefix=channel, variants=["cpu"], extra=[(None, runtime)],
+                                  commit="ab" * 20 if channel == "nightly" else ""),
+                   PublishSteps(clock=lambda: 1e9))
     return run, plan
 
 

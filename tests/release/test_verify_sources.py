@@ -20,7 +20,7 @@ from kiln.flows.cli import main
 from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command
 from kiln.release.fetch import StoreSettings
 from kiln.release.install import index_options
-from kiln.release.publish import publish
+from kiln.release.publish import PublishRequest, PublishSteps, publish
 from kiln.release.serve import IndexServer
 from kiln.release.verify import verify_index
 from tests.helpers.runkit import make_run
@@ -184,7 +184,8 @@ def _s3_config(tmp_path: Path, bucket: str, endpoint: str) -> Path:
 @pytest.fixture
 def s3_index(tmp_path: Path, s3_store: S3Store) -> str:
     run = make_run(tmp_path / "run", {"cpu": [("demo-pkg", "1.0+cpu")]})
-    publish(run, s3_store, channel="nightly", channel_prefix="nightly", variants=["cpu"], clock=lambda: 1.7e9)
+    publish(run, s3_store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cpu"]),
+            PublishSteps(clock=lambda: 1.7e9))
     return f"s3://{s3_store.bucket}/simple/nightly/cpu/simple/"
 
 
