@@ -24,7 +24,7 @@ import re
 import struct
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -236,6 +236,32 @@ def warm_worker(config_path: str) -> None:
     _registry(config_path)
 
 
+@contextmanager
+def cell_compilers(environ: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, Triton runs the compilers a cell's axes name (``TRITON_PTXAS_PATH``: the ``cuda``
+    axis's release), and its backend's key is read again: Triton caches the ``ptxas`` version per arch for the
+    life of the process, and a worker compiles for cells of several releases in turn."""
+    if not environ:
+        yield
+        return
+    from triton.backends.nvidia import compiler as nvidia
+
+    # Triton 3.6-3.9 cache it so; a Triton that does not has nothing to forget
+    forget = getattr(getattr(nvidia, "get_ptxas_version", None), "cache_clear", lambda: None)
+    before = {name: os.environ.get(name) for name in environ}
+    os.environ.update(environ)
+    forget()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        forget()
+
+
 def compile_in_worker(request: dict[str, Any]) -> dict[str, Any]:
     """Compile one unit; returns ``{"binary", "metadata", "kind", "asm_name"}``.
 
@@ -266,7 +292,7 @@ def compile_in_worker(request: dict[str, Any]) -> dict[str, Any]:
     options = dict(spec.options)
     target = _target(request["backend"], request["arch"])
     try:
-        with fixed_address_layout(), compiler_scratch():
+        with fixed_address_layout(), compiler_scratch(), cell_compilers(request.get("environ") or {}):
             compiled = triton.compile(source, target=target, options=options)
     except (TritonError, RuntimeError) as exc:  # RuntimeError: an MLIR pass of Triton's pipeline failed
         what = f"kernel {request['kernel']!r} specialization {spec.name!r} for {request['backend']} {request['arch']}"

@@ -53,7 +53,7 @@ from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env, pinned_version
+from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
 from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
@@ -75,6 +75,7 @@ from kiln.tasks.build.sources import copy_project
 from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config_build import Toolchain
+from kiln.tasks.project.config_project import pinned_version
 
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit

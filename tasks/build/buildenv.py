@@ -85,17 +85,6 @@ def env_key(requirements: Sequence[str], interpreter: str | None = None) -> str:
     return digest(ENV_FORMAT, interpreter, *CELL_SEED, *sorted(str(Requirement(r)) for r in requirements))
 
 
-def pinned_version(requirements: Sequence[str], name: str = "torch") -> str | None:
-    """The version ``requirements`` pin ``name`` to exactly (``torch==2.14.1`` -> ``2.14.1``), else None."""
-    for text in requirements:
-        req = Requirement(text)
-        specs = list(req.specifier)
-        if canonicalize_name(req.name) == name and len(specs) == 1 and specs[0].operator in ("==", "===") \
-                and "*" not in specs[0].version:
-            return specs[0].version
-    return None
-
-
 def requires(requirements: Sequence[str], name: str) -> bool:
     return any(canonicalize_name(Requirement(r).name) == name for r in requirements)
 

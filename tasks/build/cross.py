@@ -51,11 +51,11 @@ from packaging.utils import canonicalize_name
 
 from kiln.core.errors import CompileError, ConfigError, IntegrityError, InvalidInputError
 from kiln.core.fsutil import atomic_write_bytes
-from kiln.tasks.build.buildenv import pinned_version
 from kiln.tasks.build.manylinux import EXCLUDES
 from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.project.config import Backend, KilnConfig, Variant
 from kiln.tasks.project.config_matrix import built_for, cell_python
+from kiln.tasks.project.config_project import pinned_version
 
 _log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash, source_closure
 from kiln.tasks.project import archs as arch_rules
 from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.project.config_axes import AXES
 from kiln.tasks.project.registry_types import CudaSourceRecord, KernelRecord, OpaqueValue, SpecializationRecord
 
 # Bump when the layout of cached artifacts changes: old entries then miss.
@@ -131,6 +132,14 @@ def _scalar(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def toolchain_axes(variant: Variant) -> tuple[str, ...]:
+    """The cell's values of the axes that change its compilers (``cuda=12.8``): in its Triton units' keys, so
+    each CUDA release's kernels are compiled and cached apart; () otherwise (keys as before the axis)."""
+    if variant.cell is None:
+        return ()
+    return tuple(f"{a.key}={variant.cell.value(a.key)}" for a in AXES if a.toolchain and variant.cell.value(a.key))
+
+
 def _triton_units(variant: Variant, spec: KernelRecord, resolved: tuple[Any, ...],
                   batch: str) -> tuple[list[CompileUnit], list[Skip]]:
     units: list[CompileUnit] = []
@@ -152,7 +161,7 @@ def _triton_units(variant: Variant, spec: KernelRecord, resolved: tuple[Any, ...
                     continue
                 key = digest(batch, entry.name, repr(sorted(special.signature.items())),
                              repr(sorted(special.constexprs.items())), repr(sorted(special.options.items())),
-                             repr(special.aligned), variant.backend, target.arch)
+                             repr(special.aligned), variant.backend, target.arch, *toolchain_axes(variant))
                 units.append(CompileUnit(uid, variant.name, variant.backend, target.arch, target.requested, spec.name,
                                          entry.name, special.name, "triton", batch, key, launch=launch_info(special)))
     return units, skips

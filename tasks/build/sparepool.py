@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.tasks.build.cuda_toolkits import toolkits_root
 from kiln.tasks.build.pool import WorkerPool
 
 _log = logging.getLogger(__name__)
@@ -56,10 +57,11 @@ def _scratch_root() -> str | None:
 def new_pool(size: int, project: Path) -> CompilePool:
     """Workers for one build of the project in ``project`` (which they read), with a Triton cache of their own:
     Kiln's cache decides what is reused, and a cold build is really cold. The cache directory also holds the
-    files Triton hands ``ptxas``, at a path of the same length wherever the pool starts."""
+    files Triton hands ``ptxas``, at a path of the same length wherever the pool starts. The workers also read
+    the staged CUDA compilers (a ``cuda`` axis cell's ptxas: :mod:`kiln.tasks.build.cuda_toolkits`)."""
     cache = tempfile.TemporaryDirectory(prefix="kiln-triton-", dir=_scratch_root())
     return CompilePool(WorkerPool(size, {"TRITON_INTERPRET": None, "TRITON_CACHE_DIR": cache.name},
-                                  read=(str(project),), write=(cache.name,)), cache)
+                                  read=(str(project), str(toolkits_root())), write=(cache.name,)), cache)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from kiln.core.record import Checkout
 from kiln.tasks.build import plancache, sparepool
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
-from kiln.tasks.build.buildenv import VariantEnvironments, pinned_version, requires
+from kiln.tasks.build.buildenv import VariantEnvironments, requires
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.cache_remote import RemoteTier
 from kiln.tasks.build.compile_cache import compilations_noun, open_compile_cache
@@ -41,6 +41,7 @@ from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
 from kiln.tasks.project.config_matrix import abi3_served
+from kiln.tasks.project.config_project import pinned_version
 from kiln.tasks.project.registry_guest import RegistryData, load_registry_data
 from kiln.tasks.project.registry_types import CudaSourceRecord
 from kiln.tasks.run.versioning import check_build_version, variant_version

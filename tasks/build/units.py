@@ -10,6 +10,7 @@ timed, and its seconds kept in the unit's entry, so a later hit says what it sav
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import time
@@ -27,7 +28,8 @@ from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileStats
 from kiln.tasks.build.compile_seconds import CompileSeconds, entry_info, measured, on_compile, on_hit
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, Skip
 from kiln.tasks.build.pool import WorkerPool, WorkerTimeout
-from kiln.tasks.project.config import KilnConfig
+from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.project.config_axes import AXES
 
 _log = logging.getLogger(__name__)
 
@@ -75,9 +77,25 @@ def unit_dir(unit: CompileUnit) -> str:
     return "." if unit.kind in ("nvcc", "pep517") else f"{unit.arch}/{unit.kernel}"
 
 
+def cell_toolchain(variant: Variant | None) -> dict[str, str]:
+    """The environment a cell's compilers run with, from each axis of the table that says how
+    (:attr:`~kiln.tasks.project.config_axes.Axis.toolchain`: the ``cuda`` axis's ptxas); {} for any other."""
+    if variant is None or variant.cell is None:
+        return {}
+    environ: dict[str, str] = {}
+    for axis in AXES:
+        value = variant.cell.value(axis.key)
+        if axis.toolchain and value is not None:
+            module, _, attr = axis.toolchain.partition(":")
+            environ |= getattr(importlib.import_module(module), attr)(value)
+    return environ
+
+
 def _compile_triton(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
+    variant = env.config.variant(unit.variant) if env.config is not None else None
     request = {"config": env.config_path, "kernel": unit.kernel, "entry": unit.entry,
-               "specialization": unit.specialization, "backend": unit.backend, "arch": unit.arch}
+               "specialization": unit.specialization, "backend": unit.backend, "arch": unit.arch,
+               "environ": cell_toolchain(variant)}
     what = (f"kernel {unit.kernel!r} specialization {unit.specialization!r} for {unit.backend} {unit.arch} "
             f"(variant {unit.variant})")
     _log.info("compiling %s", what)
@@ -94,10 +112,28 @@ def _compile_triton(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
     return {f"{name}.{kind}": result["binary"], f"{name}.json": result["metadata"]}
 
 
+def _check_release(unit: CompileUnit, env: CompileContext) -> None:
+    """A native unit of a ``cuda`` axis cell builds with this machine's nvcc, so only when it is the cell's
+    release: its nvcc and CUDA headers of another release are not fetched (Triton units are: their ptxas)."""
+    variant = env.config.variant(unit.variant) if env.config is not None else None
+    release = variant.cell.value("cuda") if variant is not None and variant.cell is not None else None
+    if release is None:
+        return
+    from kiln.tasks.build.cuda_toolkits import machine_release
+
+    have = ".".join(env.nvcc.version.split(".")[:2]) if env.nvcc is not None else machine_release()
+    if have != release:
+        raise CompileError(f"{unit.id}: the cell is for CUDA {release} and this machine's nvcc is "
+                           f"{have or 'missing'}: its native code builds only with CUDA {release}'s toolkit"
+                           f" installed (its Triton kernels build anywhere); install it or drop {release} from"
+                           f" the variant's cuda axis")
+
+
 def _compile(unit: CompileUnit, env: CompileContext) -> tuple[dict[str, bytes], float]:
     """The unit's files and the seconds its builder took."""
     if unit.kind == "triton":
         return _timed(_compile_triton, unit, env)
+    _check_release(unit, env)
     if unit.kind == "pep517":
         if env.project is None:
             raise CompileError(f"{unit.id}: kiln.toml's [build] backend is not 'pep517'")

@@ -13,8 +13,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kiln.tasks.project.config_axes import check_python_axis
 from kiln.tasks.project.config_fields import LocalPath, PassEnv, ProjectPath, StorePrefix
-from kiln.tasks.project.config_matrix import check_python_axis
 
 _log = logging.getLogger(__name__)
 

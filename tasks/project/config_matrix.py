@@ -17,17 +17,21 @@ Pure: validation raises ``ValueError`` naming the key, which :mod:`kiln.tasks.pr
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import platform as cpu_info
-import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Protocol
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, model_validator
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict
+
+from kiln.tasks.project.config_axes import AXES, AXIS_KEYS, python_minor
+from kiln.tasks.project.config_project import pinned_version
 
 
 class Variant(Protocol):
@@ -40,7 +44,9 @@ class Variant(Protocol):
     @property
     def torch(self) -> tuple[str, ...]: ...
     @property
-    def exclude(self) -> tuple[Exclusion, ...]: ...
+    def cuda(self) -> tuple[str, ...]: ...
+    @property
+    def exclude(self) -> tuple[str | dict[str, str], ...]: ...
     @property
     def platform(self) -> tuple[str, ...]: ...
     @property
@@ -58,82 +64,86 @@ class Variant(Protocol):
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Variant: ...
 
-_PYTHON = re.compile(r"^3\.(?:[0-9]|[1-9][0-9])$")
-# The oldest CPython Kiln builds for: its own floor (requires-python of kiln-runtime).
-MIN_PYTHON_MINOR = 8
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Exclusion(_Model):
-    """One ``exclude`` entry: every cell matching all the keys it gives is not built."""
+@dataclass(frozen=True)
+class Exclusion:
+    """One ``exclude`` entry: a table of axis values (every cell matching all the keys it gives is not built,
+    ``{python = "3.13", torch = "2.13.0"}``) or a shell-style pattern over cell names (``"*py313torch2130"``)."""
 
-    python: str | None = None  # the Python of the cells left out (e.g. "3.13")
-    torch: str | None = None  # the torch of the cells left out (e.g. "2.13.0")
-    platform: str | None = None  # the CPU of the cells left out (e.g. "aarch64"), one of the variant's platform
+    values: Mapping[str, str]  # axis key -> the value of the cells left out
+    pattern: str = ""  # a pattern over cell names, as select's
 
-    @model_validator(mode="after")
-    def _something(self) -> Exclusion:
-        if self.python is None and self.torch is None and self.platform is None:
-            raise ValueError("an exclude entry names no axis: give python, torch, platform or several"
-                             " (e.g. {python = \"3.13\", torch = \"2.13.0\"})")
-        return self
+    def matches(self, name: str, values: Mapping[str, str | None]) -> bool:
+        if self.pattern:
+            return fnmatch.fnmatchcase(name, self.pattern)
+        return all(values.get(key) == value for key, value in self.values.items())
 
-    def matches(self, python: str | None, torch: str | None, platform: str | None = None) -> bool:
-        return (self.python is None or self.python == python) and (self.torch is None or self.torch == torch) \
-            and (self.platform is None or self.platform == platform)
+
+def exclusion(entry: str | Mapping[str, str]) -> Exclusion:
+    """The exclusion ``entry`` (as kiln.toml spells it) stands for; ValueError naming what is wrong with it."""
+    if isinstance(entry, str):
+        if not entry:
+            raise ValueError("an exclude pattern is empty: give a shell-style pattern over cell names")
+        return Exclusion({}, entry)
+    unknown = sorted(set(entry) - set(AXIS_KEYS))
+    if unknown:
+        raise ValueError(f"an exclude entry names {unknown}, not an axis: the axes are {list(AXIS_KEYS)}")
+    if not entry:
+        raise ValueError("an exclude entry names no axis: give python, torch, cuda, platform or several"
+                         " (e.g. {python = \"3.13\", torch = \"2.13.0\"}), or a pattern over cell names")
+    return Exclusion(dict(entry))
+
+
+def check_exclusion(entry: str | dict[str, str]) -> str | dict[str, str]:
+    """``entry`` as written, once :func:`exclusion` takes it (the model keeps kiln.toml's spelling)."""
+    exclusion(entry)
+    return entry
 
 
 class Cell(_Model):
-    """What one expanded variant stands for: ``matrix`` is the ``[[variants]]`` name it came from."""
+    """What one expanded variant stands for: ``matrix`` is the ``[[variants]]`` name it came from, ``values``
+    its value of each axis the variant has (:data:`~kiln.tasks.project.config_axes.AXES`)."""
 
     matrix: str
-    python: str | None = None  # a cell's Python (e.g. "3.12")
-    torch: str | None = None  # a cell's torch requirement
+    values: dict[str, str] = {}  # axis key -> the cell's value, e.g. {"python": "3.12", "cuda": "12.8"}
     label: str
     # abi = "stable" with a torch axis: every torch of the axis, which its one wheel (built against the newest)
     # claims; the test stage runs its suites under each
     claims: tuple[str, ...] = ()
 
+    def value(self, key: str) -> str | None:
+        return self.values.get(key)
 
-def python_minor(version: str) -> int:
-    return int(version.split(".")[1])
+    @property
+    def python(self) -> str | None:
+        """The cell's Python (e.g. "3.12")."""
+        return self.values.get("python")
 
-
-def check_python_axis(values: Sequence[str]) -> tuple[str, ...]:
-    for value in values:
-        if not _PYTHON.match(value):
-            raise ValueError(f"{value!r} is not a CPython 'major.minor' version (e.g. \"3.12\")")
-        if python_minor(value) < MIN_PYTHON_MINOR:
-            raise ValueError(f"{value!r} is older than Python 3.{MIN_PYTHON_MINOR}, the oldest Kiln builds for")
-    if len(set(values)) != len(values):
-        raise ValueError(f"duplicate Pythons in {list(values)}")
-    return tuple(sorted(values, key=python_minor))
+    @property
+    def torch(self) -> str | None:
+        """The cell's torch release (e.g. "2.14.1")."""
+        return self.values.get("torch")
 
 
-def check_torch_axis(values: Sequence[str]) -> tuple[str, ...]:
-    for value in values:
-        try:
-            parsed = Version(value)
-        except InvalidVersion as exc:
-            raise ValueError(f"{value!r} is not a torch version (PEP 440, e.g. \"2.14.1\")") from exc
-        if parsed.local or len(parsed.release) < 2:
-            raise ValueError(f"{value!r}: give a torch release without a local part (e.g. \"2.14.1\", not"
-                             " \"2.14.1+cu130\"); the variant's backend picks the build")
-    if len({Version(v) for v in values}) != len(values):
-        raise ValueError(f"duplicate torches in {list(values)}")
-    return tuple(sorted(values, key=Version))
+def axis_values(variant: Variant) -> dict[str, tuple[str, ...]]:
+    """The axes ``variant`` has, each with its values, in table order (``platform`` only when it names several)."""
+    have = {a.key: tuple(getattr(variant, a.key)) for a in AXES}
+    return {key: values for key, values in have.items() if values and (key != "platform" or len(values) > 1
+                                                                       or "platform" in variant.model_fields_set)}
 
 
-def check_exclusions(pythons: Sequence[str], torches: Sequence[str], exclude: Sequence[Exclusion]) -> None:
+def check_exclusions(variant: Variant) -> None:
     """Each exclusion names values of the axes the variant has (a typo would silently exclude nothing)."""
-    for index, entry in enumerate(exclude):
-        for axis, value, values in (("python", entry.python, pythons), ("torch", entry.torch, torches)):
-            if value is not None and value not in values:
-                have = f"the variant's {axis} axis is {list(values)}" if values else f"the variant has no {axis} axis"
-                raise ValueError(f"exclude[{index}].{axis} = {value!r} matches no cell: {have}")
+    have = axis_values(variant)
+    for index, entry in enumerate(variant.exclude):
+        for key, value in exclusion(entry).values.items():
+            values = have.get(key, ())
+            if value not in values:
+                said = f"the variant's {key} axis is {list(values)}" if values else f"the variant has no {key} axis"
+                raise ValueError(f"exclude[{index}].{key} = {value!r} matches no cell: {said}")
 
 
 def built_for(variant: Variant, machine: str | None = None) -> tuple[str, ...]:
@@ -153,30 +163,17 @@ def cell_python(variant: Variant) -> str:
 
 
 def has_axes(variant: Variant) -> bool:
-    """Whether ``variant`` is a matrix of cells: a Python or torch axis, or several CPUs."""
-    return bool(variant.python or variant.torch or len(variant.platform) > 1)
+    """Whether ``variant`` is a matrix of cells: an axis of the table, or several CPUs."""
+    return any(getattr(variant, a.key) for a in AXES if a.key != "platform") or len(variant.platform) > 1
 
 
-def _torch_label(torch: str, torches: Sequence[str]) -> str:
-    """``torch2.14``; the whole release when another torch of the axis shares its major.minor."""
-    release = Version(torch).release
-    short = ".".join(map(str, release[:2]))
-    if sum(".".join(map(str, Version(t).release[:2])) == short for t in torches) > 1:
-        short = ".".join(map(str, release))
-    return f"torch{short}"
+def cell_name(variant: str, values: Mapping[str, str], axes: Mapping[str, Sequence[str]]) -> str:
+    """``variant`` followed by each axis's fragment of the cell's value, in table order (``cpupy312torch2141``)."""
+    return variant + "".join(a.fragment(values[a.key], axes[a.key]) for a in AXES if a.key in values)
 
 
-# The CPU a cell is for when its name says none: cells of any other CPU (``platform = [..., "aarch64"]``) end with
-# it (``cpupy311aarch64``), so the x86_64 cells keep the names, unit ids and cache keys they had before the axis.
-UNNAMED_PLATFORM = "x86_64"
-
-
-def cell_name(variant: str, python: str | None, torch: str | None, torches: Sequence[str],
-              platform: str = UNNAMED_PLATFORM) -> str:
-    name = variant + (f"py3{python_minor(python)}" if python else "")
-    if torch and len(torches) > 1:
-        name += "torch" + "".join(map(str, Version(torch).release))
-    return name + ("" if platform == UNNAMED_PLATFORM else platform)
+def _label(variant: str, values: Mapping[str, str], axes: Mapping[str, Sequence[str]]) -> str:
+    return variant + "".join(a.label(values[a.key], axes[a.key]) for a in AXES if a.key in values)
 
 
 def _with_torch(requirements: Sequence[str], torch: str) -> tuple[str, ...]:
@@ -188,16 +185,30 @@ def _stable_once(variant: Variant) -> Variant:
     """An ``abi = "stable"`` variant builds once per Python, not once per torch: against the newest torch of its
     axis, targeting the oldest (its ``torch_target`` unless it declares one), so its one wheel requires
     ``torch>=<oldest>`` and loads under each (:mod:`kiln.tasks.build.stable_abi`)."""
-    oldest = Version(variant.torch[0]).release  # check_torch_axis sorted the axis
+    oldest = Version(variant.torch[0]).release  # the torch axis's check sorted it
     target = variant.torch_target or f"{oldest[0]}.{oldest[1]}"
     return variant.model_copy(update={"torch": variant.torch[-1:], "torch_target": target})
 
 
+def _cell(variant: Variant, values: dict[str, str], axes: Mapping[str, Sequence[str]],
+          claims: tuple[str, ...]) -> Variant:
+    """The variant of one cell: no axis of its own but the CPU it keeps, its cell, its name and its torch."""
+    update: dict[str, object] = {a.key: () for a in AXES if not a.keeps}
+    update |= {"name": cell_name(variant.name, values, axes), "exclude": (), "select": (),
+               "cell": Cell(matrix=variant.name, values=values, label=_label(variant.name, values, axes),
+                            claims=claims)}
+    update |= {a.key: (values[a.key],) for a in AXES if a.keeps and a.key in values}
+    if "torch" in values:
+        update["build_requires"] = _with_torch(variant.build_requires, values["torch"])
+    return variant.model_copy(update=update)
+
+
 def expand(variant: Variant) -> tuple[Variant, ...]:
-    """The variant's cells in axis order (Python, torch, then CPU), exclusions left out; itself without axes.
+    """The variant's cells in axis order (:data:`~kiln.tasks.project.config_axes.AXES`), exclusions left out;
+    itself without axes.
 
     A variant of several CPUs (``platform = ["x86_64", "aarch64"]``) is expanded with its axes: one cell per CPU
-    of each (Python, torch), each with that CPU alone, the same label (its wheels differ by platform tag, so
+    of each of its other cells, each with that CPU alone, the same label (its wheels differ by platform tag, so
     they share the variant's index) and a name that says the CPU (:func:`cell_name`)."""
     if not has_axes(variant):
         return selected(variant, (variant,))
@@ -205,31 +216,19 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
     if variant.abi == "stable" and len(variant.torch) > 1:
         claims = tuple(variant.torch)
         variant = _stable_once(variant)
-    pythons: Sequence[str | None] = variant.python or (None,)
-    torches: Sequence[str | None] = variant.torch or (None,)
-    for index, entry in enumerate(variant.exclude):
-        if entry.platform is not None and entry.platform not in variant.platform:
-            raise ValueError(f"variant {variant.name!r}: exclude[{index}].platform = {entry.platform!r} matches no"
-                             f" cell: the variant's platform is {list(variant.platform)}")
+    axes = axis_values(variant)
+    check_exclusions(variant)
+    exclusions = [exclusion(entry) for entry in variant.exclude]
     cells = []
-    for python in pythons:
-        for torch in torches:
-            label = variant.name + (_torch_label(torch, variant.torch) if torch and len(variant.torch) > 1 else "")
-            for platform in variant.platform:
-                if any(entry.matches(python, torch, platform) for entry in variant.exclude):
-                    continue
-                update: dict[str, object] = {
-                    "name": cell_name(variant.name, python, torch, variant.torch, platform), "python": (),
-                    "torch": (), "exclude": (), "select": (),
-                    "cell": Cell(matrix=variant.name, python=python, torch=torch, label=label, claims=claims)}
-                if "platform" in variant.model_fields_set:  # a cell of a default platform keeps it unset
-                    update["platform"] = (platform,)
-                if torch:
-                    update["build_requires"] = _with_torch(variant.build_requires, torch)
-                cells.append(variant.model_copy(update=update))
+    for combination in itertools.product(*axes.values()):
+        values = dict(zip(axes, combination, strict=True))
+        name = cell_name(variant.name, values, axes)
+        if not any(entry.matches(name, values) for entry in exclusions):
+            cells.append(_cell(variant, values, axes, claims))
     if not cells:
-        raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of python {list(variant.python)}"
-                         f" x torch {list(variant.torch)}; remove an exclusion or the variant")
+        said = " x ".join(f"{key} {list(values)}" for key, values in axes.items())
+        raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of {said}; remove an"
+                         " exclusion or the variant")
     return selected(variant, tuple(cells))
 
 
@@ -256,16 +255,6 @@ def host_torch() -> str | None:
         return None
 
 
-def _pinned_torch(requirements: Sequence[str]) -> str | None:
-    for text in requirements:
-        req = Requirement(text)
-        specs = list(req.specifier)
-        if canonicalize_name(req.name) == "torch" and len(specs) == 1 and specs[0].operator == "==" \
-                and "*" not in specs[0].version:
-            return specs[0].version
-    return None
-
-
 def claimed_torches(variant: Variant) -> tuple[str, ...]:
     """The torches an ``abi = "stable"`` variant's one wheel claims, each run by its suites: its
     torch axis (:attr:`Cell.claims`), else the torch it builds against and its target torch (the host's when it
@@ -280,7 +269,7 @@ def claimed_torches(variant: Variant) -> tuple[str, ...]:
         target = variant.torch_target
         at_target = host if host and target and Version(host).release[:2] == Version(target).release[:2] \
             else (f"{target}.0" if target else None)
-        wanted = (_pinned_torch(variant.build_requires) or host, at_target)
+        wanted = (pinned_version(variant.build_requires) or host, at_target)
     floor = Version(variant.torch_target) if variant.torch_target else None
     return tuple(sorted({Version(t).public for t in wanted if t and (floor is None or Version(t) >= floor)},
                         key=Version))

@@ -5,6 +5,7 @@ Part of :class:`kiln.tasks.project.config.KilnConfig`, validated with it at load
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -118,3 +119,14 @@ class Project(_Model):
         if not module or not attr or not _dotted_name(module) or not _dotted_name(attr):
             raise ValueError(f"{value!r} must be 'module:attribute' (dotted Python names)")
         return value
+
+
+def pinned_version(requirements: Sequence[str], name: str = "torch") -> str | None:
+    """The version ``requirements`` pin ``name`` to exactly (``torch==2.14.1`` -> ``2.14.1``), else None."""
+    for text in requirements:
+        req = Requirement(text)
+        specs = list(req.specifier)
+        if canonicalize_name(req.name) == name and len(specs) == 1 and specs[0].operator in ("==", "===") \
+                and "*" not in specs[0].version:
+            return specs[0].version
+    return None

@@ -12,8 +12,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from kiln.core.errors import InvalidInputError
 from kiln.tasks.project.archs import validate_arch
+from kiln.tasks.project.config_axes import check_cuda_axis, check_python_axis, check_torch_axis
 from kiln.tasks.project.config_build import ArchPolicy, check_build_env, one_of
-from kiln.tasks.project.config_matrix import Cell, Exclusion, check_exclusions, check_python_axis, check_torch_axis
+from kiln.tasks.project.config_matrix import Cell, check_exclusion, check_exclusions
 from kiln.tasks.project.config_project import requirement
 
 # Closed sets, each spelled once: argparse choices and run-time checks derive from them (get_args).
@@ -64,7 +65,13 @@ class Variant(_Model):
     python: Annotated[tuple[str, ...], AfterValidator(check_python_axis)] = ()
     # The torch axis: one cell per requirement, e.g. ["==2.13.0", "==2.14.1"].
     torch: Annotated[tuple[str, ...], AfterValidator(check_torch_axis)] = ()
-    exclude: tuple[Exclusion, ...] = ()  # cells of this variant's axes that are not built, each a table of axis values
+    # The CUDA axis: one cell per CUDA release its device code is compiled with (e.g. ["12.8", "13.0"]), for
+    # code that needs no torch of that CUDA (ahead-of-time Triton kernels, a plain CUDA library): its ptxas
+    # (and nvcc) from NVIDIA's CUDA wheels on PyPI where this machine's toolkit is another release.
+    cuda: Annotated[tuple[str, ...], AfterValidator(check_cuda_axis)] = ()
+    # Cells of this variant's axes that are not built: tables of axis values ({python = "3.13", torch =
+    # "2.13.0"}: every cell matching all the keys given) or shell-style patterns over cell names ("*py313cu128").
+    exclude: tuple[Annotated[str | dict[str, str], AfterValidator(check_exclusion)], ...] = ()
     # The cells built, by name: shell-style patterns over the cell names (cu130py312torch2141, cpupy311aarch64); each
     # must match a cell. None: every cell the exclusions leave.
     select: tuple[str, ...] = ()
@@ -81,7 +88,7 @@ class Variant(_Model):
     @model_validator(mode="after")
     def _axes(self) -> Variant:
         try:
-            check_exclusions(self.python, self.torch, self.exclude)
+            check_exclusions(self)
         except ValueError as exc:
             raise ValueError(f"variant {self.name!r}: {exc}") from exc
         return self

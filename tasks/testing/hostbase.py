@@ -38,7 +38,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from kiln.tasks.build.buildenv import SEED, pinned_version
+from kiln.tasks.build.buildenv import SEED
+from kiln.tasks.project.config_project import pinned_version
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from kiln.tasks.build.buildenv import (
     ensure_env,
     env_key,
     overlay_env,
-    pinned_version,
     probe_torch,
 )
 from kiln.tasks.build.wheel import WheelStamp, write_wheel
+from kiln.tasks.project.config_project import pinned_version
 from tests.helpers.hostile import Listener
 from tests.helpers.projects import copy_project
 from tests.helpers.sdists import evil_sdist_index, probing_sdist_index

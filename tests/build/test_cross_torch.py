@@ -22,9 +22,9 @@ from packaging.requirements import Requirement
 from kiln.core.errors import ConfigError
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build import cross
-from kiln.tasks.build.buildenv import pinned_version
 from kiln.tasks.build.cross import check_cross_cells
 from kiln.tasks.project.config import load_config
+from kiln.tasks.project.config_project import pinned_version
 from tests.helpers.cuda_torch import link_shared_envs, shared_envs_root
 from tests.helpers.gitrepo import git_project
 

@@ -51,7 +51,7 @@ def test_the_config_reference_has_every_table_and_every_key_with_its_default():
     page = config_reference.render()
     tables = list(config_reference.tables())
     headers = [t.header for t in tables]
-    for header in ("[project]", "[[variants]]", "[[variants.exclude]]", "[build.toolchain]", "[[suites]]",
+    for header in ("[project]", "[[variants]]", "[build.toolchain]", "[[suites]]",
                    "[testing.quarantine]", "[bench.regression]", "[publish.retention]",
                    '[publish.targets.<name>] with kind = "upload"', "[permissions.<step>.credentials]"):
         assert header in headers and f"## `{header}`" in page
