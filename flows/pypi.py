@@ -5,9 +5,10 @@ approver reads both; a refusal stops the release before anything moves) and
 :func:`upload_release` after Kiln's own indexes are published and verified.
 Each file is its own task run and ``publish/<target>/<file>`` unit: one
 refused or failed upload does not stop the others, and only Kiln's retryable
-errors (no answer, 5xx, throttling) are retried. The API token is read from
-its Prefect Secret block inside the upload task run, so it is never a task
-parameter, a log line or a record entry.
+errors (no answer, 5xx, throttling) are retried. The target's uploader reads
+its credentials (an API token from its Prefect Secret block) or mints them
+inside the upload task run, so they are never a task parameter, a log line or
+a record entry.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def _secret(name: str) -> Callable[[str], str]:
 
 
 def _credentials(config: KilnConfig, name: str) -> IndexCredentials:
-    """Read (a Secret block) or minted (Trusted Publishing) inside the upload task run, for that upload only."""
-    return uploading.credentials(uploading.upload_target(config, name), name, _secret(name))
+    """Read (a Secret block) or minted by the target's uploader inside the upload task run, for that upload only."""
+    return uploading.credentials(config, name, _secret(name))
 
 
 @task(name="upload-to-index", cache_policy=NO_CACHE, retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S,

@@ -1,4 +1,4 @@
-"""kiln.toml's upload targets ([publish.targets.<name>] kind = "upload") as the release library's requests.
+"""kiln.toml's upload targets ([publish.targets.<name>] with a kind) as the release library's requests.
 
 Plain functions (no Prefect): :mod:`kiln.flows.pypi` wraps them in task runs.
 """
@@ -15,17 +15,18 @@ from kiln.release import trusted_publishing
 from kiln.release.pypi_plan import GIB, MIB, Limits
 from kiln.release.pypi_release import UploadRequest
 from kiln.release.upload import Endpoint, IndexCredentials
-from kiln.release.uploaders import Uploader, uploader_for
+from kiln.release.upload_kinds import UploadTargetConfig
+from kiln.release.uploaders import PyPITargetConfig, Uploader, oidc_base, uploader_for
 from kiln.tasks.build.plan import kiln_state
 from kiln.tasks.build.sdist import build_sdist
-from kiln.tasks.project.config import KilnConfig, UploadTarget
+from kiln.tasks.project.config import KilnConfig
 
 
-def upload_target(config: KilnConfig, name: str) -> UploadTarget:
+def upload_target(config: KilnConfig, name: str) -> UploadTargetConfig:
     targets = config.publish.upload_targets
     if name not in targets:
         raise ConfigError(f"unknown upload target {name!r}; kiln.toml defines {sorted(targets) or 'none'}"
-                          " ([publish.targets.<name>] with kind = \"upload\")")
+                          " ([publish.targets.<name>] with a kind, e.g. kind = \"upload\")")
     return targets[name]
 
 
@@ -66,24 +67,27 @@ def build_release_sdist(config: KilnConfig, version: str, out_dir: Path) -> Path
                        config.build.backend_timeout_s, kiln_state(config))
 
 
+def _token_targets(config: KilnConfig) -> list[tuple[str, PyPITargetConfig]]:
+    """The targets whose credentials come from a token block or the worker's identity (the ``upload`` kind's
+    keys); a kind whose uploader finds its credentials otherwise has nothing to check before the build."""
+    return [(name, target) for name, target in sorted(config.publish.upload_targets.items())
+            if isinstance(target, PyPITargetConfig)]
+
+
 def missing_tokens(config: KilnConfig) -> list[str]:
     """One line per upload target with neither a Secret block for its API token nor Trusted Publishing (a
     real release refuses)."""
     return [f"publish.targets.{name}: no token_block names the Prefect Secret block holding its API token;"
             f" a release cannot upload there (create the block, then set token_block = \"<block name>\"; or set"
             f" trusted_publishing = true where the worker has an OIDC identity)"
-            for name, target in sorted(config.publish.upload_targets.items())
+            for name, target in _token_targets(config)
             if target.token_block is None and not target.trusted_publishing]
-
-
-def oidc_base(target: UploadTarget) -> str:
-    return trusted_publishing.oidc_base(target.url, target.oidc_url)
 
 
 def check_identities(config: KilnConfig) -> None:
     """NoIdentityError (naming the target and the identities that work) when a Trusted Publishing target's
     worker has no OIDC identity; the identity token detected here is dropped (the upload mints its own)."""
-    for name, target in sorted(config.publish.upload_targets.items()):
+    for name, target in _token_targets(config):
         if target.trusted_publishing:
             try:
                 with identity.exposed():
@@ -92,12 +96,7 @@ def check_identities(config: KilnConfig) -> None:
                 raise trusted_publishing.NoIdentityError(f"publish.targets.{name}.trusted_publishing: {exc}") from exc
 
 
-def credentials(target: UploadTarget, name: str, secret: Callable[[str], str]) -> IndexCredentials:
-    """The upload's credentials: a token minted from the worker's identity, or the API token ``secret`` reads
-    from the target's Secret block. Called inside the upload task only: the token is held for that upload."""
-    if target.trusted_publishing:
-        with identity.exposed():  # the CI's identity is in the environment for this exchange alone
-            return trusted_publishing.mint_credentials(oidc_base(target))
-    if target.token_block is None:
-        raise ConfigError(f"publish.targets.{name}: no token_block and trusted_publishing is off")
-    return IndexCredentials(target.username, secret(target.token_block))
+def credentials(config: KilnConfig, name: str, secret: Callable[[str], str]) -> IndexCredentials:
+    """Target ``name``'s credentials, as its kind's uploader reads (``secret``: a Secret block by name) or mints
+    them. Called inside the upload task only: they are held for that upload."""
+    return uploader(config, name).credentials(upload_target(config, name), name, secret)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from kiln.core.store import is_remote, scheme_of
-from kiln.release.upload_kinds import UPLOAD_KINDS
+from kiln.release.upload_kinds import UPLOAD_KINDS, UploadTargetConfig, load
 from kiln.tasks.project.config_fields import (
     BlockName,
     Endpoint,
@@ -71,7 +71,7 @@ class UploadTarget(_Model):
     Only the release flow uploads there, after Kiln's own indexes: the ``pypi_variant``'s wheel under the
     release's public version, judged first by PyPI's rules (kiln.release.pypi_plan)."""
 
-    kind: str  # an upload kind of kiln.release.upload_kinds ("upload": a PyPI-compatible upload API), checked at load
+    kind: Literal["upload"]  # the kind (kiln.release.upload_kinds) whose model this is: a PyPI-compatible upload API
     url: IndexUrl  # the legacy upload API, e.g. https://upload.pypi.org/legacy/
     index_url: IndexUrl  # its simple API, read for what the project already holds, e.g. https://pypi.org/simple/
     pypi_variant: str  # the one variant that goes there (PyPI refuses local versions such as +cu130)
@@ -98,7 +98,7 @@ class UploadTarget(_Model):
 
 # Any: the raw TOML table, before the model validates it
 def _split_upload_targets(data: Any) -> Any:
-    """``kind = "upload"`` tables of [publish.targets] become ``upload_targets``: every other reader of
+    """Tables of [publish.targets] with a ``kind`` become ``upload_targets``: every other reader of
     ``targets`` (stores, policies, credentials) keeps seeing file:// and s3:// targets only."""
     if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
         return data
@@ -120,6 +120,34 @@ def _check_upload_kind(name: str, kind: object) -> None:
                      + (f" (did you mean {hint[0]!r}?)" if hint else "")
                      + f"; the kinds are {sorted(UPLOAD_KINDS)} (\"upload\": a PyPI-compatible index);"
                      " file:// and s3:// targets are told by their url")
+
+
+def upload_target_model(kind: str) -> type[BaseModel]:
+    """The model of ``kind``'s targets, named by its entry in the kinds table: imported, never its uploader."""
+    spec = UPLOAD_KINDS[kind].config
+    model = load(spec)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ValueError(f"upload kind {kind!r}: {spec!r} names no pydantic model of its targets")
+    return model
+
+
+def upload_target_models() -> dict[str, type[BaseModel]]:
+    """Every kind's target model, by kind (the reference documents each)."""
+    return {kind: upload_target_model(kind) for kind in UPLOAD_KINDS}
+
+
+# Any: the raw TOML table, or a target a config validated again already holds
+def _by_kind(table: Any) -> UploadTargetConfig:
+    """``table`` validated by its kind's own model, so each kind refuses the keys it does not know; a table
+    whose kind is unknown never gets here (:func:`_split_upload_targets` names it first)."""
+    if isinstance(table, dict):
+        kind = table.get("kind")
+        if not isinstance(kind, str) or kind not in UPLOAD_KINDS:
+            raise ValueError(f"kind {kind!r} is not a target kind; the kinds are {sorted(UPLOAD_KINDS)}")
+        table = upload_target_model(kind).model_validate(table)
+    if not isinstance(table, UploadTargetConfig):
+        raise ValueError(f"not an upload target (a table with a kind of {sorted(UPLOAD_KINDS)}): {table!r}")
+    return table
 
 
 class PublishRetention(_Model):
@@ -148,8 +176,9 @@ class Publish(_Model):
     # install; "off": no check.
     check_dependencies: Literal["refuse", "warn", "off"] = "refuse"
     retention: PublishRetention = PublishRetention()  # what kiln prune keeps of a nightly channel
-    # [publish.targets.<name>] tables with kind = "upload" (PyPI-compatible indexes), split out at load.
-    upload_targets: dict[str, UploadTarget] = {}
+    # [publish.targets.<name>] tables with a kind (another index's upload API; "upload": PyPI-compatible), split
+    # out at load and each validated by its kind's own model.
+    upload_targets: dict[str, Annotated[UploadTargetConfig, PlainValidator(_by_kind)]] = {}
 
     @model_validator(mode="before")
     @classmethod

@@ -23,7 +23,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from kiln.release.upload_kinds import UploadTargetConfig
 from kiln.tasks.project.config import SUITE_RENAMES, KilnConfig, Suite
+from kiln.tasks.project.config_publish import upload_target_models
 
 # Deprecated spellings each model still accepts (old -> new), from the tables the loader itself applies.
 DEPRECATED: dict[type[BaseModel], dict[str, str]] = {Suite: SUITE_RENAMES}
@@ -59,11 +61,11 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
 
 
 def tables(model: type[BaseModel] = KilnConfig, path: str = "", array: bool = False,
-           names: tuple[str, ...] = ()) -> Iterator[Table]:
+           names: tuple[str, ...] = (), kind: str = "") -> Iterator[Table]:
     """Every table of ``model``, depth first in the models' order, as the file spells its header."""
     if path:
         spelled = _SPELLING.get(path, path)
-        note = ' with kind = "upload"' if spelled != path else ""
+        note = f' with kind = "{kind}"' if kind else ""
         yield Table((f"[[{spelled}]]" if array else f"[{spelled}]") + note, model, path, names)
     for name, info in model.model_fields.items():
         if info.exclude or (path, name) in _INTERNAL:
@@ -71,7 +73,10 @@ def tables(model: type[BaseModel] = KilnConfig, path: str = "", array: bool = Fa
         key = f"{path}.{name}" if path else name
         annotation = _strip(info.annotation)
         origin, args = get_origin(annotation), get_args(annotation)
-        if _model_of(annotation):
+        if origin is dict and len(args) == 2 and _strip(args[1]) is UploadTargetConfig:
+            for kind, kind_model in upload_target_models().items():  # each kind's model: its own table
+                yield from tables(kind_model, f"{key}.<name>", kind=kind)
+        elif _model_of(annotation):
             yield from tables(_strip(annotation), key)
         elif origin is tuple and args and _model_of(args[0]):
             yield from tables(_strip(args[0]), key, array=True)
@@ -92,6 +97,8 @@ def _type(annotation: Any) -> str:
         return f"array of {_plural(_type(args[0]))}" if args else "array"
     if origin is dict:
         return f"table of {_plural(_type(args[1]))}"
+    if annotation is UploadTargetConfig:  # a table whose kind chooses its model
+        return "table"
     if _model_of(annotation):
         return "table" if origin is None else "array of tables"
     names = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
