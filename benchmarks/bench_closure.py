@@ -1,7 +1,7 @@
 """Dependency-closure check cost: Kiln's check of one variant's wheel vs the plain pip dry run it wraps.
 
 - **check** (what every publish runs per variant unless the Prefect task cache answers):
-  :func:`kiln.release.closure.resolve` — stage the variant's index (pages, sidecars, links to the files),
+  :func:`kiln.release.publish.closure.resolve` — stage the variant's index (pages, sidecars, links to the files),
   then ``pip install --isolated --dry-run --report`` of the wheel from it plus the dependency indexes.
 - **baseline** (measured in the same run, alternating): the plain ``pip install --isolated --dry-run`` of the
   wheel's requirements alone from the same dependency indexes, without ``fast-deps``: where an index serves no
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers.wheelkit, for the fixture wheel
 
 from kiln.core.wheels import read_wheel
-from kiln.release.closure import ClosureQuery, Staged, resolve
+from kiln.release.publish.closure import ClosureQuery, Staged, resolve
 from tests.helpers.wheelkit import make_wheel
 
 REQUIRES = ["torch>=2.6", "triton>=3.6; platform_system == 'Linux'", "numpy", "kiln-runtime"]

@@ -11,7 +11,7 @@
    100k more files) is timed once with ``--dumb-default``. The ratio uses the
    faster dumb-pypi mode.
 2. Incremental: one wheel added to an existing project — pages rendered by
-   ``kiln.release.index.regenerate`` and pages rewritten on disk by ``kiln index``.
+   ``kiln.release.index.render.regenerate`` and pages rewritten on disk by ``kiln index``.
 3. S3 requests of a publish that adds one wheel to a channel already listing
    ``--s3-files`` files, and of re-running that publish, against moto's S3
    server on 127.0.0.1 (ephemeral port), counted per operation with a botocore
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kiln.core.dists import from_record  # noqa: E402
-from kiln.release.index import regenerate  # noqa: E402
+from kiln.release.index.render import regenerate  # noqa: E402
 
 TIMEOUT_S = 600
 KILN_INDEX = ("import sys; from kiln.release.cli import index_command;"
@@ -173,9 +173,9 @@ def bench_s3_requests(work: Path, existing: int) -> dict:
     from kiln.core.dists import make_distribution
     from kiln.core.manifest import RunManifest
     from kiln.core.s3 import S3Store, make_client
-    from kiln.release.index import HTML_TYPE, JSON_TYPE, generate
-    from kiln.release.pages import PAGE_CACHE
-    from kiln.release.publish import PublishRequest, publish
+    from kiln.release.index.render import HTML_TYPE, JSON_TYPE, generate
+    from kiln.release.publish.pages import PAGE_CACHE
+    from kiln.release.publish.protocol import PublishRequest, publish
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -5,8 +5,8 @@ Each variant's wheel carries the ``Requires-Dist`` the build writes for it from 
 the toolchain, so a GPU variant pins both), and the real ``kiln-runtime`` wheel is staged beside it; the
 dependency index is PyPI (``[publish] extra_index_urls``), so every side is network-bound.
 
-- **one at a time**: :func:`kiln.release.closure.resolve` of each variant after the other.
-- **at once** (what ``check_closure`` asks of its step): :func:`kiln.release.closure.resolve_all` — every
+- **one at a time**: :func:`kiln.release.publish.closure.resolve` of each variant after the other.
+- **at once** (what ``check_closure`` asks of its step): :func:`kiln.release.publish.closure.resolve_all` — every
   distinct question in its own pip at the same time, a question two variants share asked once.
 
 Both use the check's own pip HTTP cache (warmed by one untimed round first, as the nightly before leaves it);
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.helpers.wheelkit, for the fixture wheels
 
 from kiln.core.wheels import read_wheel  # noqa: E402
-from kiln.release.closure import ClosureQuery, Staged, resolve, resolve_all  # noqa: E402
+from kiln.release.publish.closure import ClosureQuery, Staged, resolve, resolve_all  # noqa: E402
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel  # noqa: E402
 from kiln.tasks.build.wheel import requirements  # noqa: E402
 from kiln.tasks.project.config import load_config  # noqa: E402

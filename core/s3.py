@@ -270,7 +270,7 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (S3 answers success for a missing one). Only a prune deletes
-        (:mod:`kiln.release.prune`), with credentials whose policy allows it under one prefix."""
+        (:mod:`kiln.release.publish.prune`), with credentials whose policy allows it under one prefix."""
         try:
             self._call("delete_object", f"{self.url}/{key}", **self._params(key))
         except _Missing:

@@ -1,7 +1,7 @@
 """The pipeline's steps: the names each gets its own credentials and policy under (``[permissions.<step>]``), the
 channel each publishing step owns, the prefixes only one step writes, and what a permission prefix may be.
 
-The configuration validates against this vocabulary and the policies (``kiln.release.policies``) are generated
+The configuration validates against this vocabulary and the policies (``kiln.release.stores.policies``) are generated
 from it; both read it here, below them.
 """
 
@@ -21,7 +21,8 @@ BASELINE_STEP = "publish-release"
 # The build ledger, in the artifact store: only the build step writes it (kiln.tasks.run.ledger).
 LEDGER_STEP = "build"
 BUILD_LEDGER = "build-ledger/"
-# The steps that may delete, only under their own write prefixes (kiln.release.prune); no step deletes a release.
+# The steps that may delete, only under their own write prefixes (kiln.release.publish.prune); no step deletes
+# a release.
 DELETING_STEPS = frozenset({"prune-nightly"})
 
 

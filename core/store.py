@@ -19,7 +19,7 @@ an S3 ``bucket/prefix``). Two kinds of writes exist, and nothing else:
 
 The protocol has no delete: nothing that publishes may remove a published
 object. The local and S3 stores have a ``delete`` beside it that only a
-prune calls (:mod:`kiln.release.prune`, its own credentials).
+prune calls (:mod:`kiln.release.publish.prune`, its own credentials).
 
 The protocol itself (:class:`Store`, :class:`ObjectInfo`, :func:`check_key`) is
 :mod:`kiln.core.objects`, re-exported here. Backends register themselves
@@ -33,7 +33,7 @@ are resolved against ``root`` unless absolute (``file:///abs/dir``).
 The local store keeps no content type, no ``Cache-Control`` and no metadata: a
 file has no headers, so the ``content_type`` and ``cache_control`` its writes
 are given are dropped (an HTTP server in front derives the type from the
-extension, see :mod:`kiln.release.serve`, and its caching is that server's
+extension, see :mod:`kiln.release.read.serve`, and its caching is that server's
 configuration); its ETag is the SHA-256 of the content,
 and its compare-and-swap holds an ``flock`` on the key's directory so two
 processes publishing into the same directory serialise their page updates.
@@ -173,7 +173,7 @@ class LocalStore:
         return ObjectInfo(key, len(data), digest, digest)
 
     def delete(self, key: str) -> None:
-        """Remove ``key``; gone already is success. Only a prune deletes (:mod:`kiln.release.prune`); no
+        """Remove ``key``; gone already is success. Only a prune deletes (:mod:`kiln.release.publish.prune`); no
         link below the root is followed. Directories stay: a publisher may be writing into one."""
         parts = check_key(key).split("/")
         self._check_root()

@@ -281,7 +281,8 @@ def _measure_all(config: KilnConfig, size: str | None, metric: str,
 def store_release_baseline(config: KilnConfig, run: RunRecord, channel: str) -> str:
     """Keep a published release's benchmark results as the baseline of ``channel``'s next release.
 
-    With the release publisher's credentials: no other step's policy may write ``published/`` (release/policies.py),
+    With the release publisher's credentials: no other step's policy may write ``published/``
+    (release/stores/policies.py),
     and :func:`kiln.tasks.bench.history.store_results` keeps only a release run's own results there."""
     recorded = [a for a in run.artifacts() if a.kind == "bench" and a.path == RESULTS.as_posix()]
     if not recorded:

@@ -21,7 +21,7 @@ from kiln.core.objects import Store
 from kiln.core.record import RunHeader, open_record
 from kiln.flows.build import build_flow
 from kiln.flows.common import store_session, sync_state, unwalked
-from kiln.release.readonly import ReadOnlyStore
+from kiln.release.stores.readonly import ReadOnlyStore
 from kiln.tasks.bench.compare import compare_case
 from kiln.tasks.bench.measure import run_measure
 from kiln.tasks.bench.results import CaseResult

@@ -18,7 +18,7 @@ from typing import Any
 
 from kiln.core.manifest import RunManifest, Unit
 from kiln.flows.hint import install_command
-from kiln.release.plan import COMBINED
+from kiln.release.publish.plan import COMBINED
 from kiln.tasks.run.coverage import COVERAGE_INFO
 
 TABLE_WIDTH = 100  # the table's widest line: an 80-100 column terminal shows it unwrapped

@@ -23,8 +23,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from kiln.core.errors import AccessDeniedError, ConfigError, TransientStoreError
 from kiln.core.store import is_remote
-from kiln.release.policies import policies_from_config, s3_target, session_policy
-from kiln.release.policies import read_only as read_only_policy
+from kiln.release.stores.policies import policies_from_config, s3_target, session_policy
+from kiln.release.stores.policies import read_only as read_only_policy
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.config_permissions import Permission
 

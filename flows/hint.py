@@ -14,7 +14,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.release.install import held_requirements, index_options, pip_steps, printed_pip, printed_uv
+from kiln.release.install.installer import held_requirements, index_options, pip_steps, printed_pip, printed_uv
 
 
 def first_lines(info: Mapping[str, Any]) -> list[str]:
@@ -45,12 +45,14 @@ UV_VARIANTS = ("--preview-features", "wheel-variants")
 def install_command(index_url: str, install: Mapping[str, Any]) -> str:
     """The command that installs what the run published to ``index_url``, every name the index holds from it only.
 
-    pip for a variant's index, in the steps of :func:`kiln.release.install.pip_steps` (pip merges every index's
+    pip for a variant's index, in the steps of :func:`kiln.release.install.installer.pip_steps` (pip merges
+    every index's
     candidates, so the names the index holds go in from it alone first); for the combined index of variant
     wheels (PEP 825), uv with its ``wheel-variants`` preview and its first-index strategy, which chooses the
     variant wheel the machine supports (pip, which knows no variants, would take the default CPU wheel
     there). A nightly's requirement is pinned to the exact version it published. Each command is isolated from
-    the caller's pip or uv configuration (:func:`kiln.release.install.printed_pip`), which could otherwise add an
+    the caller's pip or uv configuration (:func:`kiln.release.install.installer.printed_pip`), which could
+    otherwise add an
     index or find-links behind Kiln's.
     """
     facts = _facts(index_url, install) or {}

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from kiln.core.fsutil import atomic_write_text
-from kiln.release.policies import policies_from_config, render
+from kiln.release.stores.policies import policies_from_config, render
 from kiln.tasks.project.config import KilnConfig, load_config
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """``kiln prune``: the retention of a nightly channel as a flow (and the ``prune`` deployment's schedule).
 
-The work is :func:`kiln.release.prune.prune`; this flow opens the target with
+The work is :func:`kiln.release.publish.prune.prune`; this flow opens the target with
 the ``prune-<channel>`` step's own credentials (the only step whose policy
 allows deleting, and only under its channel's prefix), names the run, and
 leaves the plan as a markdown artifact the UI shows.
@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.flows.common import markdown_report, store_session
 from kiln.flows.runname import name_this_run
-from kiln.release.prune import PrunePlan, Retention, open_for_prune, prune
+from kiln.release.publish.prune import PrunePlan, Retention, open_for_prune, prune
 from kiln.tasks import releasing
 from kiln.tasks.project.config import KilnConfig, load_config
 

@@ -1,7 +1,7 @@
 """The publish stage as a flow: one task run per wheel upload, then the pages.
 
 The protocol itself (order, verification, merging, CAS) is
-:func:`kiln.release.publish.publish`, the same call the crash and race tests
+:func:`kiln.release.publish.protocol.publish`, the same call the crash and race tests
 drive; this module hands it upload and pages steps that run as Prefect tasks,
 so the UI shows which upload failed, retries what is retryable, and leaves
 the plan and the index link as an artifact.
@@ -38,13 +38,21 @@ from kiln.flows.common import (
     unit_from_state,
 )
 from kiln.flows.runname import current_step_name, name_this_run, run_name
-from kiln.release.closure import ClosureQuery, ClosureResult, prefetch, resolve_shared, unique_queries
-from kiln.release.index import ProjectStatus
-from kiln.release.pages import PAGE_CACHE, page_cache, page_max_age, publish_pages
-from kiln.release.pins import fetch_pins, load_pins
-from kiln.release.plan import COMBINED, ClosureStep, Plan, Upload, UploadResult, closure_queries, collect, index_prefix
-from kiln.release.public import PublicReport, check_public, published_expectations
-from kiln.release.publish import (
+from kiln.release.index.pins import fetch_pins, load_pins
+from kiln.release.index.render import ProjectStatus
+from kiln.release.publish.closure import ClosureQuery, ClosureResult, prefetch, resolve_shared, unique_queries
+from kiln.release.publish.pages import PAGE_CACHE, page_cache, page_max_age, publish_pages
+from kiln.release.publish.plan import (
+    COMBINED,
+    ClosureStep,
+    Plan,
+    Upload,
+    UploadResult,
+    closure_queries,
+    collect,
+    index_prefix,
+)
+from kiln.release.publish.protocol import (
     DependencyCheck,
     PagesStep,
     PublishRequest,
@@ -53,7 +61,8 @@ from kiln.release.publish import (
     publish,
     upload_file,
 )
-from kiln.release.staging import StagingStore
+from kiln.release.read.public import PublicReport, check_public, published_expectations
+from kiln.release.stores.staging import StagingStore
 from kiln.tasks import releasing
 from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
@@ -171,7 +180,7 @@ class UnresolvedDependencies(PermanentError):
 
 
 # The same requirements from the same indexes give the same answer for a while: nightly after nightly
-# asks it again (kiln.release.closure). Only an answer that resolved is kept; a refusal is asked again.
+# asks it again (kiln.release.publish.closure). Only an answer that resolved is kept; a refusal is asked again.
 @task(name="check-dependencies", cache_key_fn=lambda _, params: params["query"].cache_key,
       cache_expiration=DEPENDENCY_CACHE, task_run_name="dependencies of {query.requirement} ({query.variant})",
       retries=UPLOAD_RETRIES, retry_delay_seconds=RETRY_DELAY_S, retry_jitter_factor=RETRY_JITTER,
@@ -228,7 +237,7 @@ def answered_by_cache(query: ClosureQuery) -> bool:
 
 def start_dependency_checks(run: RunRecord, config: KilnConfig, channel: str = "nightly") -> None:
     """Start the publish stage's dependency checks in the background, now that the wheels are built
-    (:func:`kiln.release.closure.prefetch`): :func:`check_dependencies` takes their answers. Never fails, never
+    (:func:`kiln.release.publish.closure.prefetch`): :func:`check_dependencies` takes their answers. Never fails, never
     changes the run: what goes wrong here is logged, and the publish stage then resolves as it would have."""
     try:
         if config.publish.check_dependencies == "off" or refusal(run, dry_run=False):
@@ -261,7 +270,7 @@ def dependency_check(run: RunRecord, config: KilnConfig) -> DependencyCheck | No
 
 
 def pages_task(run: RunRecord, channel: str) -> PagesStep:
-    """The pages step as its task run (pages cached as ``channel``'s, :func:`~kiln.release.pages.page_cache`);
+    """The pages step as its task run (pages cached as ``channel``'s, :func:`~kiln.release.publish.pages.page_cache`);
     a failure is the publish/pages unit's, and no page changed."""
     def pages(store: Store, results: list[UploadResult]) -> list[str]:
         future = publish_index_pages.submit(store, results, page_cache(channel))
@@ -316,7 +325,7 @@ def report_plan(run: RunRecord, config: KilnConfig, plan: Plan) -> None:
 @task(name="verify-public-url", cache_policy=NO_CACHE, task_run_name="verify through {public_url}")
 def verify_public_url(store: Store, plan: Plan, public_url: str) -> PublicReport:
     """Every new file and changed page downloaded through the CDN in front of the target, by hash; a changed
-    page may take its channel's max-age to show there (kiln.release.public.check_public)."""
+    page may take its channel's max-age to show there (kiln.release.read.public.check_public)."""
     return check_public(public_url, published_expectations(store, plan), page_grace_s=page_max_age(plan.channel))
 
 

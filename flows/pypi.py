@@ -27,8 +27,8 @@ from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord
 from kiln.flows.common import markdown_report, record, retry_on_retryable, unit_from_state
 from kiln.flows.publish import RETRY_DELAY_S, RETRY_JITTER, UPLOAD_RETRIES
-from kiln.release.pypi_release import PreparedUpload
-from kiln.release.upload import Endpoint, IndexCredentials, Outcome
+from kiln.release.upload.pypi_release import PreparedUpload
+from kiln.release.upload.twine import Endpoint, IndexCredentials, Outcome
 from kiln.tasks import uploading
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.promotion import PROMOTED_INFO

@@ -55,8 +55,8 @@ from kiln.flows.stages import build_stage, start_suites, wait_suites
 from kiln.flows.summary import coverage_markdown
 from kiln.flows.test import test_flow
 from kiln.flows.waiting import cancel_dispatched_on_exit
-from kiln.release.publish import PublishRequest, publish
-from kiln.release.verify import verify_published
+from kiln.release.publish.protocol import PublishRequest, publish
+from kiln.release.read.verify import verify_published
 from kiln.tasks import releasing, uploading
 from kiln.tasks.project.config import Channel, KilnConfig, load_config
 from kiln.tasks.run.runs import artifact_store

@@ -19,11 +19,11 @@ from kiln.core.dists import Distribution, from_records
 from kiln.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, IntegrityError, InvalidInputError, KilnError
 from kiln.core.fsutil import write_new_tree
 from kiln.core.owneronly import owner_only_dir
-from kiln.release.index import generate
+from kiln.release.index.render import generate
 
 if TYPE_CHECKING:  # urllib.request and http.client cost ~25 ms of every `kiln index` start
-    from kiln.release.fetch import StoreSettings
-    from kiln.release.whichenv import Asked
+    from kiln.release.read.fetch import StoreSettings
+    from kiln.release.which.environment import Asked
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +179,10 @@ def verify_command(url: str, install: bool = True, extra_index_urls: Sequence[st
     ``extra_index_urls`` are where the dependencies resolve from; ``settings``
     opens an ``s3://`` URL (the publish target's region, endpoint and owner); ``hints`` are printed install
     commands to run, each of which must install the published version. ``public_url``: the CDN in front of
-    ``url``, through which every page and file must be served with the index's bytes (:mod:`kiln.release.public`).
+    ``url``, through which every page and file must be served with the index's bytes (:mod:`kiln.release.read.public`).
     """
-    from kiln.release.public import public_root, verify_public
-    from kiln.release.verify import verify_index  # http and subprocess machinery only when verifying
+    from kiln.release.read.public import public_root, verify_public
+    from kiln.release.read.verify import verify_index  # http and subprocess machinery only when verifying
 
     try:
         if public_url is not None:
@@ -202,9 +202,9 @@ def verify_command(url: str, install: bool = True, extra_index_urls: Sequence[st
 def which_command(url: str, project: str | None, version: str | None, asked: Asked,
                   extra_index_urls: Sequence[str] = (), timeout: float = 60.0) -> int:
     """``kiln which URL``: print the install command of the wheel that fits the environment, or why none does."""
-    from kiln.release.which import Choice, select
-    from kiln.release.whichenv import environment
-    from kiln.release.whichindex import install_command, read_listing
+    from kiln.release.which.environment import environment
+    from kiln.release.which.pick import Choice, select
+    from kiln.release.which.reading import install_command, read_listing
 
     try:
         env = environment(asked)

@@ -8,7 +8,7 @@ A nightly's hint pins the exact version it published, because pip and uv
 merge the candidates of every index they are given, and an unpinned name takes
 the newest final release on any of them (PyPI's ``0.8.5`` over a nightly
 ``0.8.2.dev…``). Whether an extra index holds such a release is looked up
-(:func:`kiln.release.remote.newest_release`) and recorded, so the summary can
+(:func:`kiln.release.read.remote.newest_release`) and recorded, so the summary can
 say "raise [project] version above 0.8.5".
 
 The facts are a plain dict in ``run.json`` (info ``install``);
@@ -28,9 +28,9 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from kiln.core.wheels import core_metadata
-from kiln.release.plan import COMBINED, Plan, Upload
-from kiln.release.remote import Lookup, newest_release
-from kiln.release.variants import wheel_variant_label
+from kiln.release.index.variants import wheel_variant_label
+from kiln.release.publish.plan import COMBINED, Plan, Upload
+from kiln.release.read.remote import Lookup, newest_release
 
 log = logging.getLogger(__name__)
 

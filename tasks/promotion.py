@@ -3,7 +3,7 @@
 :func:`promotion_refusals` says why a run cannot be promoted (not a nightly, did
 not complete, a wheel that was not tested or not published, each named);
 :func:`promote` re-versions each of its wheels with
-:func:`kiln.release.reversion.reversioned_wheel` (``0.3.0.dev20261206010203+cpu``
+:func:`kiln.release.upload.reversion.reversioned_wheel` (``0.3.0.dev20261206010203+cpu``
 → ``0.3.0+cpu``), and the PEP 825 variant wheels built beside them
 (``variant-wheel`` artifacts, :mod:`kiln.tasks.build.variants`:
 ``…-0.3.0.dev20261206010203-…-cu130.whl`` → ``…-0.3.0-…-cu130.whl``, label and
@@ -36,7 +36,7 @@ from kiln.core.manifest import Artifact, ArtifactKind, RunManifest, Unit
 from kiln.core.objects import Store
 from kiln.core.record import Checkout
 from kiln.core.wheels import open_wheel
-from kiln.release.reversion import reversioned_wheel
+from kiln.release.upload.reversion import reversioned_wheel
 from kiln.tasks.build.variants import VARIANT_WHEELS_DIR
 from kiln.tasks.releasing import RAN
 from kiln.tasks.run.ledger import vouched

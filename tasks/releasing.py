@@ -24,11 +24,11 @@ from kiln.core.manifest import RunManifest
 from kiln.core.objects import BotoSession
 from kiln.core.store import Store, is_remote, open_store
 from kiln.core.swap import put_until_swapped
-from kiln.release.fetch import StoreSettings
-from kiln.release.index import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
-from kiln.release.pages import PAGE_CACHE
-from kiln.release.plan import COMBINED, Plan, untested
-from kiln.release.remote import newest_release
+from kiln.release.index.render import HTML_PAGE, HTML_TYPE, JSON_PAGE, JSON_TYPE, parse_project_json
+from kiln.release.publish.pages import PAGE_CACHE
+from kiln.release.publish.plan import COMBINED, Plan, untested
+from kiln.release.read.fetch import StoreSettings
+from kiln.release.read.remote import newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.bisect import runs_by_commit
@@ -93,7 +93,7 @@ def without_suite(run: RunManifest, variants: Iterable[str]) -> dict[str, str]:
     """Variants no test suite ran on (none covers them, or every one that does was not run), with the reason.
 
     A test unit without a variant tested every variant. Required suites that were
-    not run are :func:`kiln.release.plan.untested`'s; they are named there.
+    not run are :func:`kiln.release.publish.plan.untested`'s; they are named there.
     """
     tests = [u for u in run.units if u.stage == "test"]
     found: dict[str, str] = {}

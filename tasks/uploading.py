@@ -11,12 +11,12 @@ from pathlib import Path
 from kiln.core import identity
 from kiln.core.errors import ConfigError
 from kiln.core.manifest import RunManifest
-from kiln.release import trusted_publishing
-from kiln.release.pypi_plan import GIB, MIB, Limits
-from kiln.release.pypi_release import UploadRequest
-from kiln.release.upload import Endpoint, IndexCredentials
-from kiln.release.upload_kinds import UploadTargetConfig
-from kiln.release.uploaders import PyPITargetConfig, Uploader, oidc_base, uploader_for
+from kiln.release.upload import trusted_publishing
+from kiln.release.upload.kinds import UploadTargetConfig
+from kiln.release.upload.pypi_plan import GIB, MIB, Limits
+from kiln.release.upload.pypi_release import UploadRequest
+from kiln.release.upload.twine import Endpoint, IndexCredentials
+from kiln.release.upload.uploaders import PyPITargetConfig, Uploader, oidc_base, uploader_for
 from kiln.tasks.build.plan import kiln_state
 from kiln.tasks.build.sdist import build_sdist
 from kiln.tasks.project.config import KilnConfig
@@ -31,7 +31,7 @@ def upload_target(config: KilnConfig, name: str) -> UploadTargetConfig:
 
 
 def uploader(config: KilnConfig, name: str) -> Uploader:
-    """The implementation of target ``name``'s kind (:data:`kiln.release.uploaders.UPLOADERS`)."""
+    """The implementation of target ``name``'s kind (:data:`kiln.release.upload.uploaders.UPLOADERS`)."""
     return uploader_for(upload_target(config, name).kind)
 
 

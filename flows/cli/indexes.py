@@ -10,7 +10,7 @@ from kiln.core.errors import EXIT_FAILED, EXIT_OK
 from kiln.flows.cli.args import Commands, runs
 
 if TYPE_CHECKING:
-    from kiln.release.fetch import StoreSettings
+    from kiln.release.read.fetch import StoreSettings
 
 
 def add_index(sub: Commands) -> None:
@@ -101,7 +101,7 @@ def _verify_command(ns: argparse.Namespace) -> int:
 
 def _which_command(ns: argparse.Namespace) -> int:
     from kiln.release.cli import which_command
-    from kiln.release.whichenv import Asked
+    from kiln.release.which.environment import Asked
 
     asked = Asked(python=ns.python, platform=ns.platform, torch=ns.torch, cuda=ns.cuda, rocm=ns.rocm, arch=ns.arch)
     return which_command(ns.url, ns.project, ns.version, asked, ns.extra_index_urls)

@@ -1,7 +1,7 @@
 """Where the compile cache's shared tier lives: the unit cache's tier in the artifact store, ``compile/`` below it.
 
 ``[build.cache] remote = "artifacts"`` gives both caches a shared tier under the same prefix, so one rule of the
-generated access policies covers both (:mod:`kiln.release.policies`: only the build step writes
+generated access policies covers both (:mod:`kiln.release.stores.policies`: only the build step writes
 ``<prefix>/``; other steps read it or nothing). The compile cache is ccache's remote storage
 (:class:`~kiln.tasks.build.compile_cache.SharedTier`):
 

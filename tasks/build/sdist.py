@@ -34,7 +34,7 @@ from packaging.version import Version
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError
-from kiln.release.pypi_release import public_version
+from kiln.release.upload.pypi_release import public_version
 from kiln.tasks.build.guest_install import hook_failure, hook_runner, install_build_requirements, without_network
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project

@@ -16,7 +16,7 @@ The CPU build (the first ``cpu``-backend variant) becomes the ``null`` variant, 
 that variant-aware installers choose when nothing else fits, and also a plain wheel of the public version
 with no label: the default an installer that knows nothing of variants (pip) installs from the same page.
 Every file carries the build's stamp, so two builds give identical bytes. The index-level
-``{name}-{version}-variants.json`` is :func:`kiln.release.variants.merge_variants` of these wheels.
+``{name}-{version}-variants.json`` is :func:`kiln.release.index.variants.merge_variants` of these wheels.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from packaging.version import Version
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.wheels import renamed_member
-from kiln.release.variants import NULL_LABEL, VARIANT_JSON, VARIANT_SCHEMA, dumps, variant_filename
+from kiln.release.index.variants import NULL_LABEL, VARIANT_JSON, VARIANT_SCHEMA, dumps, variant_filename
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.rewheel import read_members
 from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom

@@ -132,7 +132,7 @@ class BuildCacheSettings(_Model):
     Objects are written create-only under their sha256 and every read is re-hashed, so a damaged or forged
     object is a miss that rebuilds; an unreachable store is a warning and a local-only build. ``read_only``
     (for builds of untrusted branches) reads the shared tier and never writes it. Only the build step's
-    credentials may write ``prefix`` (kiln.release.policies denies it to every other step).
+    credentials may write ``prefix`` (kiln.release.stores.policies denies it to every other step).
     """
 
     # "artifacts": the artifact store ([artifacts]) is the unit and compile caches' second tier, shared by every

@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
 from kiln.core.errors import InvalidInputError
-from kiln.release.index import ProjectStatus, Status
+from kiln.release.index.render import ProjectStatus, Status
 from kiln.tasks.project.config_fields import ProjectPath
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from kiln.core.store import is_remote, scheme_of
-from kiln.release.upload_kinds import UPLOAD_KINDS, UploadTargetConfig, load
+from kiln.release.upload.kinds import UPLOAD_KINDS, UploadTargetConfig, load
 from kiln.tasks.project.config_fields import (
     BlockName,
     Endpoint,
@@ -45,7 +45,7 @@ class Target(_Model):
     # another user's web server serves.
     public: bool = False
     # The CDN or web server in front of this store (its root), where users download: after a publish, every new
-    # file and changed page is downloaded through it and must have the index's sha256 (kiln.release.public).
+    # file and changed page is downloaded through it and must have the index's sha256 (kiln.release.read.public).
     public_url: IndexUrl | None = None
 
     @property
@@ -66,12 +66,12 @@ class Target(_Model):
 
 
 class UploadTarget(_Model):
-    """``[publish.targets.<name>]`` with ``kind = "upload"``: a PyPI-compatible index (kiln.release.upload).
+    """``[publish.targets.<name>]`` with ``kind = "upload"``: a PyPI-compatible index (kiln.release.upload.twine).
 
     Only the release flow uploads there, after Kiln's own indexes: the ``pypi_variant``'s wheel under the
-    release's public version, judged first by PyPI's rules (kiln.release.pypi_plan)."""
+    release's public version, judged first by PyPI's rules (kiln.release.upload.pypi_plan)."""
 
-    kind: Literal["upload"]  # the kind (kiln.release.upload_kinds) whose model this is: a PyPI-compatible upload API
+    kind: Literal["upload"]  # the kind (kiln.release.upload.kinds) whose model this is: a PyPI-compatible upload API
     url: IndexUrl  # the legacy upload API, e.g. https://upload.pypi.org/legacy/
     index_url: IndexUrl  # its simple API, read for what the project already holds, e.g. https://pypi.org/simple/
     pypi_variant: str  # the one variant that goes there (PyPI refuses local versions such as +cu130)
@@ -79,7 +79,7 @@ class UploadTarget(_Model):
     quota_gib: float = Field(default=10, gt=0)  # the project's total on the index
     token_block: BlockName | None = None  # the Prefect Secret block holding the API token
     # Instead of a token: the worker's OIDC identity (GitHub Actions, GitLab, Google Cloud) exchanged at the
-    # index for a short-lived upload token inside the upload task (kiln.release.trusted_publishing).
+    # index for a short-lived upload token inside the upload task (kiln.release.upload.trusted_publishing).
     trusted_publishing: bool = False
     oidc_url: IndexUrl | None = None  # where /_/oidc/audience and /_/oidc/mint-token are; default: url's host
     username: str = "__token__"  # the upload's user name; PyPI's API tokens go with __token__
@@ -151,7 +151,7 @@ def _by_kind(table: Any) -> UploadTargetConfig:
 
 
 class PublishRetention(_Model):
-    """``[publish.retention]``: what ``kiln prune`` keeps of a nightly channel (kiln.release.prune)."""
+    """``[publish.retention]``: what ``kiln prune`` keeps of a nightly channel (kiln.release.publish.prune)."""
 
     keep: int = Field(default=60, ge=1)  # newest versions kept per project and variant index
     grace_days: float = Field(default=7, ge=0)  # yanked this long before removal
@@ -165,7 +165,7 @@ class Publish(_Model):
     # Where the project's dependencies come from when installing from a Kiln index (which holds only the
     # project's own wheels): named in the install hint of every run and used by `kiln verify` on request.
     extra_index_urls: tuple[IndexUrl, ...] = ("https://pypi.org/simple",)
-    # Pinned third-party wheels re-published in every index (see kiln.release.pins), relative to kiln.toml.
+    # Pinned third-party wheels re-published in every index (see kiln.release.index.pins), relative to kiln.toml.
     pins: ProjectPath | None = None
     # A variant no suite ran on is published marked "PUBLISHED UNTESTED"; false holds it back instead,
     # and also every variant whose suite could not run here, whatever that suite's publish_untested says.

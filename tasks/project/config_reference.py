@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kiln.release.upload_kinds import UploadTargetConfig
+from kiln.release.upload.kinds import UploadTargetConfig
 from kiln.tasks.project.config import SUITE_RENAMES, KilnConfig, Suite
 from kiln.tasks.project.config_publish import upload_target_models
 

@@ -5,7 +5,7 @@ writes its reports there), so they cannot vouch for a wheel that bisect is about
 a release promotes (``kiln release --from-run``). The build step therefore also writes, create-only,
 ``build-ledger/<commit>/<variant>/<wheel name>.sha256`` for every wheel (and PEP 825 variant wheel) it
 builds from a clean commit; on S3 no other step's policy may write that prefix
-(:mod:`kiln.release.policies`). Two builds of one commit give byte-identical wheels, so a second build
+(:mod:`kiln.release.stores.policies`). Two builds of one commit give byte-identical wheels, so a second build
 writes the same bytes (success); a build that does not reproduce keeps the first build's hash and says so.
 """
 

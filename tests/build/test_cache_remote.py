@@ -162,7 +162,7 @@ def test_a_shared_directory_is_a_tier_too(tmp_path):
 
 def test_a_store_that_refuses_writes_is_read_and_never_fails_the_build(tmp_path, caplog):
     """A role without the prefix's write right (here a store open read-only): reads go on, writes stop."""
-    from kiln.release.readonly import ReadOnlyStore
+    from kiln.release.stores.readonly import ReadOnlyStore
 
     shared = LocalStore(tmp_path / "shared")
     BuildCache(tmp_path / "w1", RemoteTier(shared)).put("batch", "k1", FILES)

@@ -14,7 +14,7 @@ import pytest
 
 from kiln.core.errors import ConfigError
 from kiln.core.record import Checkout
-from kiln.release.closure import target_python
+from kiln.release.publish.closure import target_python
 from kiln.tasks.build.cross import check_cross_cells, cross_refusal, cross_target_of
 from kiln.tasks.project.config import KilnConfig, parse_config
 from kiln.tasks.project.config_matrix import built_for

@@ -203,7 +203,7 @@ def _assert_manylinux(wheel: Path, backend: Backend) -> str:
 def _default_project(dest: Path) -> Path:
     """The repository's default project (kiln.toml, kernels/ and what kiln.toml names, as tracked) committed in a fresh repository; its
     cu130 and rocm arch lists cut to one arch each (CI's time), the same edit in the one commit both clones take."""
-    paths = ["kiln.toml", "kernels", "release/pins.json", "tests/kernels", "tests/distributed", "tests/bench"]
+    paths = ["kiln.toml", "kernels", "release/index/pins.json", "tests/kernels", "tests/distributed", "tests/bench"]
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", *paths], check=True, timeout=60,
                              capture_output=True).stdout.decode().split("\0")
     for name in filter(None, tracked):

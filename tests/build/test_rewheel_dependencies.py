@@ -17,7 +17,7 @@ from kiln.core.errors import CompileError
 from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.flows.summary import render_text
-from kiln.release.publish import PublishRequest, publish
+from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.build import rewheel
 from kiln.tasks.build.rewheel import merged_requires, rewrite_wheel
 from kiln.tasks.build.wheel import WheelStamp, write_wheel

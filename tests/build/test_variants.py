@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import InvalidInputError
-from kiln.release.variants import (
+from kiln.release.index.variants import (
     VARIANT_SCHEMA,
     merge_variants,
     read_wheel_variant,
@@ -229,7 +229,7 @@ def test_assembling_a_variant_records_its_variant_wheels_beside_its_wheel(tmp_pa
 
 def test_a_variants_file_that_is_not_an_object_is_refused_by_name():
     from kiln.core.errors import InvalidInputError
-    from kiln.release.variants import merge_variants
+    from kiln.release.index.variants import merge_variants
 
     for raw in ("x", [1]):
         with pytest.raises(InvalidInputError, match="published variants file: variant metadata must be a JSON object"):

@@ -18,7 +18,7 @@ from kiln.core.store import LocalStore
 from kiln.flows.console import TABLE_WIDTH, variant_index
 from kiln.flows.hint import install_command
 from kiln.flows.summary import render_console, render_text
-from kiln.release.publish import PublishRequest, publish
+from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.install_hint import install_facts
 from tests.flows.test_install_hint import _pip_install, extra_index
 from tests.helpers.wheelkit import make_wheel

@@ -22,9 +22,9 @@ from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.flows.hint import first_lines, install_command, install_reason
 from kiln.flows.summary import render_markdown, render_text
-from kiln.release.plan import Plan
-from kiln.release.publish import PublishRequest, publish
-from kiln.release.remote import Lookup, newest_release
+from kiln.release.publish.plan import Plan
+from kiln.release.publish.protocol import PublishRequest, publish
+from kiln.release.read.remote import Lookup, newest_release
 from kiln.tasks import install_hint
 from kiln.tasks.install_hint import CHECK_ENV, extra_index_check, install_facts, requires_dist
 from tests.helpers.wheelkit import make_wheel

@@ -19,7 +19,7 @@ import pytest
 from kiln.core.manifest import RunManifest
 from kiln.flows.cli import main
 from kiln.flows.summary import render_text
-from kiln.release.hintrun import parse_hint, run_hint
+from kiln.release.install.hintrun import parse_hint, run_hint
 from kiln.tasks.install_hint import CHECK_ENV
 from tests.helpers.gitrepo import git_project
 from tests.helpers.wheelkit import make_wheel
@@ -76,12 +76,12 @@ def nightly(prefect_server, tmp_path_factory):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    watched = [logging.getLogger(name) for name in ("prefect.flow_runs", "kiln.tasks.install_hint", "kiln.release.closure")]
+    watched = [logging.getLogger(name) for name in ("prefect.flow_runs", "kiln.tasks.install_hint", "kiln.release.publish.closure")]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CHECK_ENV, "on")  # a file:// extra index only
         for logger in watched:
             logger.addHandler(handler)
-        closure_log = logging.getLogger("kiln.release.closure")
+        closure_log = logging.getLogger("kiln.release.publish.closure")
         level = closure_log.level
         closure_log.setLevel(logging.INFO)  # its info: which check answered the publish stage
         try:

@@ -10,8 +10,8 @@ import pytest
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.flows.summary import render_text
-from kiln.release.plan import Plan
-from kiln.release.publish import PublishRequest, publish
+from kiln.release.publish.plan import Plan
+from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.bench.harness import nothing_to_bench
 from kiln.tasks.project.config import Publish
 from kiln.tasks.releasing import held_untested, publish_facts, untested_ok, variants_to_publish, without_suite

@@ -1,6 +1,6 @@
 """An independent reader of index pages (html.parser + json), for conformance checks.
 
-It shares no code with kiln.release.index on purpose: a bug in the generator must
+It shares no code with kiln.release.index.render on purpose: a bug in the generator must
 not be mirrored by the reader that checks it.
 """
 

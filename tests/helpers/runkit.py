@@ -11,7 +11,7 @@ from typing import Any
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.record import Checkout, RunHeader, RunRecord, create_record
 from kiln.core.store import open_store
-from kiln.release.variants import VARIANT_SCHEMA, dumps
+from kiln.release.index.variants import VARIANT_SCHEMA, dumps
 from tests.helpers.wheelkit import make_wheel
 
 NVIDIA = {"plugin-api": "nvidia_variant_provider.plugin:NvidiaVariantPlugin",

@@ -15,9 +15,9 @@ from botocore.exceptions import ClientError
 from kiln.core.errors import ConfigError
 from kiln.core.s3 import S3Store
 from kiln.flows.credentials import session_for
-from kiln.release.policies import policies_from_config, render
-from kiln.release.prune import Retention, prune
-from kiln.release.publish import PublishRequest, PublishSteps, publish
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.publish.prune import Retention, prune
+from kiln.release.stores.policies import policies_from_config, render
 from kiln.tasks.build.ccache_bridge import Bridge
 from kiln.tasks.build.compile_tier import COMPILE_PREFIX
 from kiln.tasks.project.config_build import BuildCacheSettings

@@ -19,7 +19,7 @@ import boto3
 
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
-from kiln.release.prune import Retention, prune
+from kiln.release.publish.prune import Retention, prune
 from tests.helpers.faults import HookedLocalStore, kill_after
 
 NEVER = 1 << 40

@@ -17,7 +17,7 @@ import boto3
 
 from kiln.core.manifest import RunManifest
 from kiln.core.s3 import S3Store, make_client
-from kiln.release.publish import PublishRequest, PublishSteps, publish
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
 from tests.helpers.faults import kill_after
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from kiln.flows.cli import main
 from kiln.release.cli import index_command
-from kiln.release.install import pip_steps
+from kiln.release.install.installer import pip_steps
 from tests.helpers.wheelkit import make_wheel
 from tests.release.test_supply_chain import TIMEOUT_S, attacker, installed, kiln_publish, printed_commands
 

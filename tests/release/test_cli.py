@@ -11,7 +11,7 @@ import pytest
 from kiln.core.fsutil import sha256_bytes, sha256_file
 from kiln.core.store import LocalStore
 from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command, verify_command
-from kiln.release.serve import IndexServer
+from kiln.release.read.serve import IndexServer
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.wheelkit import make_wheel
 

@@ -18,8 +18,8 @@ from kiln.core.wheels import read_wheel
 from kiln.flows.hint import first_lines
 from kiln.flows.publish import publish_flow
 from kiln.release.cli import index_command
-from kiln.release.closure import ClosureQuery, Staged, read_refusal, resolve_all
-from kiln.release.publish import DependencyCheck, PublishRequest, PublishSteps, publish
+from kiln.release.publish.closure import ClosureQuery, Staged, read_refusal, resolve_all
+from kiln.release.publish.protocol import DependencyCheck, PublishRequest, PublishSteps, publish
 from tests.helpers.runkit import make_record
 from tests.helpers.wheelkit import make_wheel
 

@@ -14,8 +14,8 @@ import pytest
 
 from kiln.core.errors import InfrastructureError
 from kiln.core.wheels import read_wheel
-from kiln.release import closure
-from kiln.release.closure import ClosureQuery, Staged, prefetch, resolve_shared
+from kiln.release.publish import closure
+from kiln.release.publish.closure import ClosureQuery, Staged, prefetch, resolve_shared
 from tests.helpers.wheelkit import make_wheel
 
 from .test_closure import ABSENT, _dependency_index
@@ -27,7 +27,7 @@ def messages() -> Iterator[list[str]]:
     found: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: found.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("kiln")  # kiln.release.closure, and the installer runs of kiln.core.installenv
+    logger = logging.getLogger("kiln")  # kiln.release.publish.closure, and the installer runs of kiln.core.installenv
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -12,8 +12,8 @@ import pytest
 from kiln.core.errors import InvalidInputError, TransientStoreError
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.store import LocalStore, Store
-from kiln.release.plan import UploadResult, commit_index_prefix
-from kiln.release.publish import PublishRequest, PublishSteps, publish, upload_each
+from kiln.release.publish.plan import UploadResult, commit_index_prefix
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish, upload_each
 from tests.helpers.faults import HookedLocalStore
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.pageparse import parse_html, parse_json

@@ -11,8 +11,8 @@ from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
 from kiln.flows.hint import UV_VARIANTS
 from kiln.release.cli import EXIT_USAGE
-from kiln.release.hintrun import parse_hint
-from kiln.release.install import UV_UNSET, index_options, pip_steps, printed_pip, printed_uv
+from kiln.release.install.hintrun import parse_hint
+from kiln.release.install.installer import UV_UNSET, index_options, pip_steps, printed_pip, printed_uv
 
 
 def test_a_printed_hint_parses_into_its_options_and_one_requirement():

@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from kiln.core.dists import from_record, make_distribution, to_record
 from kiln.core.errors import IntegrityError, InvalidInputError
-from kiln.release.index import JSON_PAGE, generate, group, parse_project_json, parse_root_json, regenerate
+from kiln.release.index.render import JSON_PAGE, generate, group, parse_project_json, parse_root_json, regenerate
 from tests.helpers.pageparse import parse_html, parse_json
 
 SHA_A, SHA_B, SHA_M = "a" * 64, "b" * 64, "c" * 64

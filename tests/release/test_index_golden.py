@@ -29,7 +29,7 @@ from kiln.core.dists import from_record, from_records, make_distribution
 from kiln.core.errors import InvalidInputError
 from kiln.core.fsutil import journaled, write_new_tree
 from kiln.release.cli import EXIT_OK, index_command, read_list
-from kiln.release.index import file_url, generate, group, project_pages
+from kiln.release.index.render import file_url, generate, group, project_pages
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 # sha256 over (path NUL sha256-of-page) of every page of the benchmark's 100k list: fe15310's pages

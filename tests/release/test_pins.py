@@ -9,7 +9,7 @@ import pytest
 
 from kiln.core.errors import IntegrityError, InvalidInputError
 from kiln.core.fsutil import sha256_file
-from kiln.release.pins import DEFAULT_PINS, fetch_pins, load_pins
+from kiln.release.index.pins import DEFAULT_PINS, fetch_pins, load_pins
 from tests.helpers.wheelkit import make_wheel
 
 

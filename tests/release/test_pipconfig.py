@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kiln.release.pipconfig import Source, caller_pip_config
+from kiln.release.install.pipconfig import Source, caller_pip_config
 
 EVIL = "http://127.0.0.1:9/simple/"
 

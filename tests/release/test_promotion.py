@@ -17,7 +17,7 @@ from kiln.core.errors import IntegrityError
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.record import Checkout, RunHeader
 from kiln.core.store import LocalStore
-from kiln.release.variants import read_wheel_variant
+from kiln.release.index.variants import read_wheel_variant
 from kiln.tasks.promotion import (
     FINAL_STATE_INFO,
     PromotedWheel,

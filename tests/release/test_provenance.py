@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import InvalidInputError
-from kiln.release.install import pip_steps
-from kiln.release.provenance import Chosen, foreign, read_report, sdist_only
+from kiln.release.install.installer import pip_steps
+from kiln.release.install.provenance import Chosen, foreign, read_report, sdist_only
 
 KILN, EVIL = "http://127.0.0.1:8000/nightly/cpu/simple/", "http://127.0.0.1:9000/simple/"
 HELD = {"kiln-runtime": frozenset({"a" * 64}), "kiln-kernels": frozenset({"b" * 64})}

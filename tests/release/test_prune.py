@@ -25,9 +25,9 @@ import pytest
 from kiln.core.errors import InvalidInputError
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
-from kiln.release.plan import commit_index_prefix
-from kiln.release.prune import LEDGER, Retention, prune
-from kiln.release.publish import PublishRequest, PublishSteps, publish
+from kiln.release.publish.plan import commit_index_prefix
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.publish.prune import LEDGER, Retention, prune
 from tests.helpers.pageparse import parse_html, parse_json
 from tests.helpers.runkit import CU130, make_run, make_variant_run, run_at_once
 from tests.helpers.s3 import S3_ENV

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.core.store import LocalStore
 from kiln.flows.cli import main
-from kiln.release.prune import Retention, prune
+from kiln.release.publish.prune import Retention, prune
 from tests.helpers.staticserver import static_server
 
 from .test_prune import CPU, T0, _files, _local_read, _publish, _snapshot, broken_links

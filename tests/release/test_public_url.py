@@ -23,11 +23,11 @@ from kiln.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.s3 import S3Store
 from kiln.release.cli import verify_command
-from kiln.release.fetch import StoreSettings
-from kiln.release.pages import IMMUTABLE_CACHE, NIGHTLY_PAGE_CACHE, RELEASE_PAGE_CACHE
-from kiln.release.plan import Plan
-from kiln.release.public import check_public, published_expectations
-from kiln.release.publish import PublishRequest, PublishSteps, publish
+from kiln.release.publish.pages import IMMUTABLE_CACHE, NIGHTLY_PAGE_CACHE, RELEASE_PAGE_CACHE
+from kiln.release.publish.plan import Plan
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.read.fetch import StoreSettings
+from kiln.release.read.public import check_public, published_expectations
 from tests.helpers.runkit import CU130, make_run, make_variant_run
 
 
@@ -247,8 +247,8 @@ def test_the_publish_flow_checks_what_the_target_public_url_serves_and_fails_nam
 def test_a_release_page_a_cache_still_holds_is_looked_at_again_within_its_max_age_and_a_file_never_waits(
     s3_store: S3Store, s3_endpoint: str, tmp_path: Path,
 ) -> None:
-    from kiln.release.pages import page_max_age
-    from kiln.release.public import PAGE_POLL_S
+    from kiln.release.publish.pages import page_max_age
+    from kiln.release.read.public import PAGE_POLL_S
 
     _publish(s3_store, make_run(tmp_path / "one", {"cu130": [("demo", "1.0+cu130")]}), "release", ["cu130"])
     base = f"/{s3_store.prefix}release/cu130/simple"

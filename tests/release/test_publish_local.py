@@ -15,10 +15,10 @@ from kiln.core.fsutil import sha256_bytes
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.core.swap import CAS_ATTEMPTS
-from kiln.release.pages import update_pages
-from kiln.release.plan import gate
-from kiln.release.publish import PublishRequest, PublishSteps, publish
-from kiln.release.staging import StagingStore
+from kiln.release.publish.pages import update_pages
+from kiln.release.publish.plan import gate
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.stores.staging import StagingStore
 from tests.helpers.faults import CorruptingStore
 from tests.helpers.pageparse import parse_html, parse_json
 from tests.helpers.runkit import make_run, run_at_once
@@ -163,14 +163,14 @@ def test_wheels_of_a_variant_kiln_toml_does_not_name_are_not_published_and_are_n
 ) -> None:
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0+cu130")], "rocm": [("k", "1.0+rocm")]})
     store = LocalStore(tmp_path / "target")
-    with caplog.at_level(logging.WARNING, logger="kiln.release.plan"):
+    with caplog.at_level(logging.WARNING, logger="kiln.release.publish.plan"):
         plan = publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130"]),
                        PublishSteps(clock=CLOCK))
     assert plan.keys("added") == ["nightly/cu130/simple/k/k-1.0+cu130-py3-none-any.whl"]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         "wheels of variants ['rocm'] are not in kiln.toml's variants ['cu130']; not published"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="kiln.release.plan"):
+    with caplog.at_level(logging.WARNING, logger="kiln.release.publish.plan"):
         publish(run, store, PublishRequest(channel="nightly", channel_prefix="nightly", variants=["cu130", "rocm"]),
                 PublishSteps(clock=CLOCK))
     assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
@@ -220,7 +220,7 @@ def test_a_release_conflict_fails_its_upload_unit_saying_bump_the_version_once(t
 def test_a_wheel_changed_after_its_plan_with_its_metadata_intact_is_refused_at_upload(tmp_path: Path) -> None:
     """The planned wheel is rewritten between the plan and its upload with other module bytes and the same METADATA:
     its sha256 alone no longer matches, and the upload refuses it, writing nothing."""
-    from kiln.release.publish import upload_file
+    from kiln.release.publish.protocol import upload_file
 
     run = make_run(tmp_path / "run", {"cu130": [("k", "1.0")]}, payload="planned")
     plan = publish(run, LocalStore(tmp_path / "staging"),

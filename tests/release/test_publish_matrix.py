@@ -10,8 +10,14 @@ from pathlib import Path
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.flows.hint import install_command, install_reason
-from kiln.release.closure import resolve_all
-from kiln.release.publish import DependencyCheck, PublishRequest, PublishSteps, complete_commit_indexes, publish
+from kiln.release.publish.closure import resolve_all
+from kiln.release.publish.protocol import (
+    DependencyCheck,
+    PublishRequest,
+    PublishSteps,
+    complete_commit_indexes,
+    publish,
+)
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.wheelkit import make_wheel
 

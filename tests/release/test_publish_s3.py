@@ -15,7 +15,7 @@ import pytest
 
 from kiln.core.errors import IntegrityError
 from kiln.core.s3 import S3Store, make_client
-from kiln.release.publish import PublishRequest, PublishSteps, publish
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
 from tests.helpers.faults import echo_checksums, inject_throttling
 from tests.helpers.runkit import make_run, run_at_once
 from tests.helpers.s3 import S3_ENV

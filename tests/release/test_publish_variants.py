@@ -16,11 +16,11 @@ from kiln.core.fsutil import sha256_bytes
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore, Store
 from kiln.flows.hint import install_command, install_reason
-from kiln.release.index import group, parse_project_json, project_pages, variants_file_path
-from kiln.release.plan import COMBINED
-from kiln.release.publish import PublishRequest, PublishSteps, publish
-from kiln.release.variants import dumps
-from kiln.release.verify import verify_index
+from kiln.release.index.render import group, parse_project_json, project_pages, variants_file_path
+from kiln.release.index.variants import dumps
+from kiln.release.publish.plan import COMBINED
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.read.verify import verify_index
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.faults import HookedLocalStore
 from tests.helpers.indexcheck import check_local_index

@@ -12,9 +12,9 @@ import pytest
 
 from kiln.core.errors import InvalidInputError, RecordMismatchError
 from kiln.core.wheels import check_record, core_metadata
-from kiln.release.pypi_plan import MIB, Candidate, IndexFile, Limits, plan_upload
-from kiln.release.reversion import public_wheel
-from kiln.release.upload import candidate
+from kiln.release.upload.pypi_plan import MIB, Candidate, IndexFile, Limits, plan_upload
+from kiln.release.upload.reversion import public_wheel
+from kiln.release.upload.twine import candidate
 from kiln.tasks.project.config import load_config
 from tests.helpers.wheelkit import make_wheel
 

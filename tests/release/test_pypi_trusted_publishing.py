@@ -1,4 +1,4 @@
-"""Trusted Publishing's exchange (kiln.release.trusted_publishing) against loopback stand-ins: the identity
+"""Trusted Publishing's exchange (kiln.release.upload.trusted_publishing) against loopback stand-ins: the identity
 comes from the ``id`` library's own GitHub Actions detection (its token service a loopback stand-in) or its
 GitLab detection (an environment variable); the minting endpoint is a loopback stand-in for PyPI's."""
 
@@ -9,14 +9,14 @@ import logging
 import pytest
 
 from kiln.core.errors import ThrottledError, TransientStoreError, is_retryable
-from kiln.release.trusted_publishing import (
+from kiln.release.upload.trusted_publishing import (
     MintRefusedError,
     NoIdentityError,
     check_identity,
     mint_credentials,
     oidc_base,
 )
-from kiln.release.upload import IndexCredentials, twine_env
+from kiln.release.upload.twine import IndexCredentials, twine_env
 from tests.helpers.loopback_oidc import (
     AUDIENCE,
     jwt,

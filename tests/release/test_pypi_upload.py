@@ -24,9 +24,9 @@ from kiln.core.errors import (
     TransientStoreError,
     is_retryable,
 )
-from kiln.release.pypi_index import JSON_TYPE, read_index
-from kiln.release.pypi_release import UploadRequest, prepare_upload
-from kiln.release.upload import Endpoint, IndexCredentials, UploadRefusedError, classify, send_file, twine_upload
+from kiln.release.upload.pypi_index import JSON_TYPE, read_index
+from kiln.release.upload.pypi_release import UploadRequest, prepare_upload
+from kiln.release.upload.twine import Endpoint, IndexCredentials, UploadRefusedError, classify, send_file, twine_upload
 from tests.helpers.loopback_pypi import PypiServer, pypi_server
 from tests.helpers.processes import free_port
 from tests.helpers.wheelkit import make_wheel

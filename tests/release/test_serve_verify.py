@@ -10,10 +10,10 @@ import pytest
 
 from kiln.core.s3 import S3Store
 from kiln.core.store import LocalStore
-from kiln.release.index import JSON_TYPE
-from kiln.release.publish import PublishRequest, PublishSteps, publish
-from kiln.release.serve import IndexServer, wants_json
-from kiln.release.verify import verify_index
+from kiln.release.index.render import JSON_TYPE
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.read.serve import IndexServer, wants_json
+from kiln.release.read.verify import verify_index
 from tests.helpers.runkit import make_run
 
 
@@ -101,7 +101,7 @@ def test_uv_installs_from_a_served_s3_prefix(tmp_path: Path, s3_store: S3Store) 
 
 def test_verify_published_checks_every_variant_index_of_a_channel(tmp_path: Path) -> None:
     from kiln.core.errors import IntegrityError
-    from kiln.release.verify import verify_published
+    from kiln.release.read.verify import verify_published
     from kiln.tasks.project.config import load_config
     from kiln.tasks.releasing import channel_prefix, open_target
 

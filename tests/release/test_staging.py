@@ -9,7 +9,7 @@ import pytest
 from kiln.core.errors import ConflictError, IntegrityError
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.store import LocalStore
-from kiln.release.staging import StagingStore
+from kiln.release.stores.staging import StagingStore
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -10,8 +10,8 @@ import pytest
 from kiln.core.dists import make_distribution
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.core.store import LocalStore
-from kiln.release.index import ProjectStatus, generate, project_pages
-from kiln.release.publish import PublishRequest, publish
+from kiln.release.index.render import ProjectStatus, generate, project_pages
+from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.project.config import parse_config
 from tests.helpers.pageparse import parse_html, parse_json
 from tests.helpers.runkit import make_run

@@ -197,8 +197,8 @@ def test_bytes_corrupted_in_transit_are_caught_by_the_read_back(s3_store: S3Stor
 
 
 def test_pages_and_wheels_carry_their_content_type_and_cache_control(s3_store: S3Store, tmp_path) -> None:
-    from kiln.release.pages import IMMUTABLE_CACHE, PAGE_CACHE
-    from kiln.release.publish import PublishRequest, publish
+    from kiln.release.publish.pages import IMMUTABLE_CACHE, PAGE_CACHE
+    from kiln.release.publish.protocol import PublishRequest, publish
     from tests.helpers.runkit import make_run
 
     run = make_run(tmp_path / "run", {"cu130": [("demo", "1.0+cu130")]})

@@ -25,9 +25,9 @@ from kiln.core.manifest import RunManifest
 from kiln.core.objects import ObjectInfo, Store
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
-from kiln.release.plan import Plan, Upload, UploadResult
-from kiln.release.publish import PublishRequest, PublishSteps, UploadStep, publish, upload_each
-from kiln.release.staging import StagingStore
+from kiln.release.publish.plan import Plan, Upload, UploadResult
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, UploadStep, publish, upload_each
+from kiln.release.stores.staging import StagingStore
 from tests.helpers.faults import ForwardingStore
 from tests.helpers.s3 import S3_ENV
 from tests.helpers.wheelkit import make_wheel

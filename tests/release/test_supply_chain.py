@@ -1,6 +1,6 @@
 """Dependency confusion and sdist hooks, as an attacker would run them (issue 40, DESIGN invariant 12).
 
-Real parts: an index from a real publish (:func:`kiln.release.publish.publish`: a ``kiln-kernels`` nightly or
+Real parts: an index from a real publish (:func:`kiln.release.publish.protocol.publish`: a ``kiln-kernels`` nightly or
 release wheel requiring ``kiln-runtime==0.1.0`` and ``helper``, ``kiln-runtime`` beside it, each variant's and
 the combined index); an attacker's index (``kiln index`` pages) served by ``http.server`` on loopback holding
 ``helper`` (it stands where PyPI stands), ``kiln-runtime 99.0``, a ``kiln-runtime 0.1.0`` wheel with this
@@ -28,9 +28,9 @@ from kiln.core.wheels import read_wheel
 from kiln.flows.cli import main
 from kiln.flows.summary import render_text
 from kiln.release.cli import index_command
-from kiln.release.closure import ClosureQuery, Staged, resolve
-from kiln.release.plan import Plan
-from kiln.release.publish import PublishRequest, PublishSteps, publish
+from kiln.release.publish.closure import ClosureQuery, Staged, resolve
+from kiln.release.publish.plan import Plan
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
 from kiln.tasks.install_hint import install_facts
 from tests.helpers.runkit import variant_document
 from tests.helpers.sdists import evil_sdist_index

@@ -22,9 +22,9 @@ import pytest
 
 from kiln.core.wheels import read_wheel
 from kiln.release.cli import EXIT_OK, index_command
-from kiln.release.fetch import FetchLimits
-from kiln.release.index import JSON_TYPE, generate
-from kiln.release.verify import verify_index
+from kiln.release.index.render import JSON_TYPE, generate
+from kiln.release.read.fetch import FetchLimits
+from kiln.release.read.verify import verify_index
 from tests.helpers.wheelkit import make_wheel, rewrite_members
 
 MIB = 1 << 20

@@ -18,11 +18,11 @@ from kiln.core.s3 import S3Store
 from kiln.core.store import LocalStore
 from kiln.flows.cli import main
 from kiln.release.cli import EXIT_OK, EXIT_USAGE, index_command
-from kiln.release.fetch import StoreSettings
-from kiln.release.install import index_options
-from kiln.release.publish import PublishRequest, PublishSteps, publish
-from kiln.release.serve import IndexServer
-from kiln.release.verify import verify_index
+from kiln.release.install.installer import index_options
+from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
+from kiln.release.read.fetch import StoreSettings
+from kiln.release.read.serve import IndexServer
+from kiln.release.read.verify import verify_index
 from tests.helpers.runkit import make_run
 from tests.helpers.staticserver import static_server
 from tests.helpers.wheelkit import make_wheel

@@ -9,8 +9,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kiln.core.errors import InvalidInputError
-from kiln.release.which import Backend, Candidate, Choice, Miss, label_backend, select
-from kiln.release.whichenv import Asked, environment, platforms
+from kiln.release.which.environment import Asked, environment, platforms
+from kiln.release.which.pick import Backend, Candidate, Choice, Miss, label_backend, select
 
 
 def wheel(filename: str, requires_python: str | None = ">=3.10", torch: str | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.release.which import Choice, Miss, select
+from kiln.release.which.pick import Choice, Miss, select
 from tests.release.test_which import env, wheel
 
 PY = {p: wheel(f"cmatrix-1.0.0+cpu-cp3{p}-cp3{p}-manylinux_2_5_x86_64.whl") for p in ("10", "11", "12", "13")}

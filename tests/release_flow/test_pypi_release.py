@@ -23,7 +23,7 @@ from kiln.core.record import RunRecord
 from kiln.flows.common import open_run
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.release import approved_release_flow
-from kiln.release.upload import Endpoint, IndexCredentials, send_file
+from kiln.release.upload.twine import Endpoint, IndexCredentials, send_file
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_pypi import PypiServer, pypi_server

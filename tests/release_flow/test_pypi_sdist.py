@@ -17,7 +17,7 @@ from prefect import flow
 
 from kiln.flows.common import open_run
 from kiln.flows.pypi import plan_uploads, upload_release
-from kiln.release.pypi_index import read_index
+from kiln.release.upload.pypi_index import read_index
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_pypi import PypiServer, pypi_server

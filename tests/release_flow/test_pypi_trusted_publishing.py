@@ -18,7 +18,7 @@ from kiln.core.errors import ConfigError
 from kiln.core.record import RunRecord
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.release import approved_release_flow
-from kiln.release.trusted_publishing import NoIdentityError
+from kiln.release.upload.trusted_publishing import NoIdentityError
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
 from tests.helpers.loopback_oidc import (

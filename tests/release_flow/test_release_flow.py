@@ -22,7 +22,7 @@ from kiln.core.dists import make_distribution
 from kiln.core.errors import IntegrityError
 from kiln.core.store import LocalStore
 from kiln.flows.release import approved_release_flow, release_flow
-from kiln.release.index import generate
+from kiln.release.index.render import generate
 from kiln.tasks.bench.harness import stats_of
 from tests.helpers.gitrepo import init_repo
 from tests.helpers.moto_iam import BUCKET, moto_server  # noqa: F401 (fixture)

@@ -12,7 +12,7 @@ from packaging.version import Version
 from kiln.core.dists import make_distribution
 from kiln.core.errors import ConfigError, InvalidInputError
 from kiln.core.store import LocalStore
-from kiln.release.index import generate
+from kiln.release.index.render import generate
 from kiln.tasks import releasing
 from kiln.tasks.bench.compare import compare_results, comparison_record
 from kiln.tasks.project.config import load_config

@@ -28,11 +28,11 @@ from kiln.core.errors import ConfigError
 from kiln.core.fsutil import sha256_file
 from kiln.core.record import RunRecord
 from kiln.flows.pypi import plan_uploads, upload_release
-from kiln.release.pypi_plan import IndexFile, PlannedFile, UploadPlan
-from kiln.release.pypi_release import PreparedUpload, UploadRequest
-from kiln.release.upload import Endpoint, IndexCredentials, Outcome, candidate
-from kiln.release.upload_kinds import UPLOAD_KINDS, UploadKind, UploadTargetConfig
-from kiln.release.uploaders import PyPIUploader, Uploader, uploader_for
+from kiln.release.upload.kinds import UPLOAD_KINDS, UploadKind, UploadTargetConfig
+from kiln.release.upload.pypi_plan import IndexFile, PlannedFile, UploadPlan
+from kiln.release.upload.pypi_release import PreparedUpload, UploadRequest
+from kiln.release.upload.twine import Endpoint, IndexCredentials, Outcome, candidate
+from kiln.release.upload.uploaders import PyPIUploader, Uploader, uploader_for
 from kiln.tasks import uploading
 from kiln.tasks.project.config import KilnConfig, load_config
 from tests.helpers.gitrepo import commit_all, init_repo
@@ -111,7 +111,7 @@ def fake_kind() -> Iterator[DirectoryUploader]:
 
 def _config(tmp_path: Path, folder: Path, block: str, kind: str = FAKE_KIND) -> tuple[Path, KilnConfig]:
     """tiny's kiln.toml with one upload target of ``kind``: the loader takes its kinds from
-    :data:`~kiln.release.upload_kinds.UPLOAD_KINDS`, so the table entry is all a new kind needs."""
+    :data:`~kiln.release.upload.kinds.UPLOAD_KINDS`, so the table entry is all a new kind needs."""
     path = _write_config(tmp_path, folder, kind, f'token_block = "{block}"')
     return path, load_config(path)
 
@@ -187,7 +187,7 @@ def test_loading_a_config_with_an_upload_target_imports_no_uploader_nor_twine_no
              f"config = load_config({str(path)!r})\n"
              "assert config.publish.upload_targets['folder'].kind == 'upload'\n"
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('twine', 'wheel')"
-             " or m == 'kiln.release.uploaders'))\n")
+             " or m == 'kiln.release.upload.uploaders'))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

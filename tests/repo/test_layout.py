@@ -218,6 +218,17 @@ def test_no_two_packages_of_tasks_import_each_other():
     assert not cycles, "package cycles in tasks/: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def test_no_two_rooms_of_release_import_each_other():
+    """release/'s rooms are layers (index and install below publish, read and upload; which above read), and
+    only its command bodies stay loose beside them."""
+    cycles = find_cycles(package_graph(GRAPH, "kiln.release"))
+    assert not cycles, "package cycles in release/: " + "; ".join(" -> ".join(c) for c in cycles)
+    loose = sorted(p.name for p in (ROOT / "release").glob("*.py") if p.name != "__init__.py")
+    assert loose == ["cli.py"], loose
+    rooms = {p.name for p in (ROOT / "release").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == {"index", "install", "publish", "read", "stores", "upload", "which"}
+
+
 def test_package_graph_makes_each_subpackage_one_node():
     graph = {"kiln.tasks.a.x": {"kiln.tasks.b.y", "kiln.core.z"}, "kiln.tasks.b.y": {"kiln.tasks.a.w"},
              "kiln.tasks.loose": {"kiln.tasks.a.x"}, "kiln.core.z": set()}
@@ -324,10 +335,10 @@ _SCHEME_TEST = re.compile(r"""startswith\(\s*["'](?:s3|file)://|len\(\s*["'](?:s
 STORE_LAYER = {"core/store.py", "core/s3.py", "core/objects.py"}
 # Known debt: the config model's ``kind`` (owned elsewhere); flows/common.py's
 # store_session, which takes that ``kind``; the config's per-scheme URL validation; the S3 bucket/prefix split of
-# the IAM policy generator (S3's own policy language); and release/fetch.py's join of an s3:// index URL
+# the IAM policy generator (S3's own policy language); and release/read/fetch.py's join of an s3:// index URL
 # (urllib joins only the schemes it knows).
 SCHEME_TESTS_ALLOWED = {"tasks/project/config_publish.py", "flows/common.py", "tasks/project/config_fields.py",
-                        "release/policies.py", "release/fetch.py"}
+                        "release/stores/policies.py", "release/read/fetch.py"}
 
 
 def test_no_module_outside_the_store_layer_tests_a_store_url_scheme():

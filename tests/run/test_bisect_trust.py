@@ -19,8 +19,8 @@ from kiln.core.fsutil import sha256_bytes
 from kiln.core.record import Checkout, RunHeader, RunRecord, create_record
 from kiln.core.store import LocalStore
 from kiln.flows.bisect import _read_only, try_commit
-from kiln.release.policies import policies_from_config, read_only, s3_target, session_policy
-from kiln.release.readonly import ReadOnlyStore
+from kiln.release.stores.policies import policies_from_config, read_only, s3_target, session_policy
+from kiln.release.stores.readonly import ReadOnlyStore
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.run import bisect, ledger
 from kiln.tasks.run.runs import artifact_store

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.release.plan import COMBINED
-from kiln.release.verify import verify_index
+from kiln.release.publish.plan import COMBINED
+from kiln.release.read.verify import verify_index
 from tests.helpers.gitrepo import git, git_project
 from tests.helpers.indexcheck import check_local_index
 

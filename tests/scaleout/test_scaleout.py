@@ -121,7 +121,7 @@ def _a_local_build_and_its_witness_give_the_dispatched_wheels(made: Cluster, pro
 
 def _pip_installs_from_the_published_index(endpoint: str, tmp_path: Path) -> None:
     from kiln.core.store import open_store
-    from kiln.release.serve import IndexServer
+    from kiln.release.read.serve import IndexServer
 
     store = open_store(f"s3://{INDEX}/simple", root=tmp_path, region="us-east-1", endpoint=endpoint)
     with IndexServer(store, "nightly/cpu/simple") as served:
