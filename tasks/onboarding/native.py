@@ -128,7 +128,7 @@ def native_build(root: Path, pyproject: dict[str, Any], setup_py: str, why: str,
     cmake = _cmake_text(root)
     config = _text(root / "pyproject.toml") + "\n" + _text(root / "setup.cfg")
     switches = read_switches(setup_py, parse_setup_py(setup_py), cmake, config, defaults.extension_archs,
-                             _cuda_of(defaults.cuda_variant))
+                             _cuda_of(defaults.cuda_variant), top_cmake=_text(root / "CMakeLists.txt"))
     if switches.role("build_ops") and _IMPORTS_TORCH.search(setup_py):  # its ops build against torch's headers
         torch_ext = True
     cuda, cpu, notes = _variants(root, switches, torch_ext, cmake)

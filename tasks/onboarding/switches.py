@@ -48,6 +48,10 @@ KILN_SETS = frozenset({"TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDA
                        "HIPARCHS", "MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL", "CUDA_HOME", "NVCC_APPEND_FLAGS"})
 _CMAKE_ENV = re.compile(r"\$?ENV\{(\w+)\}")
 _CMAKE_OPTION = re.compile(r"\boption\s*\(\s*(\w+)")
+# option(NAME "help" OFF): a switch scikit-build-core sets from SKBUILD_CMAKE_DEFINE ("NAME=ON;OTHER=ON")
+_CMAKE_OPTION_OFF = re.compile(r"""\boption\s*\(\s*(\w+)\s+(?:"[^"]*"|\S+)\s+OFF\s*\)""", re.I)
+_SKBUILD = re.compile(r"""build-backend\s*=\s*["']scikit_build_core""")
+SKBUILD_DEFINE = "SKBUILD_CMAKE_DEFINE"
 _CMAKE_ARCH_VAR = re.compile(r"CUDA_ARCHITECTURES\s+\"?\$\{(\w+)\}")
 _CMAKE_SET_FROM_ENV = re.compile(r"\bset\s*\(\s*(\w+)\s+\"?\$ENV\{(\w+)\}")
 # A CMake variable of CUDA_ARCHITECTURES that no $ENV sets: it says how a variable setup.py reads under the same
@@ -60,6 +64,7 @@ _CUDART = re.compile(r"""["']cudart(_static)?["']|-lcudart|CUDA::cudart""")
 # An arch variable whose default is no CUDA arch list (ROCm's gfx names, "native"): not the CUDA build's.
 _NOT_CUDA_ARCHS = re.compile(r"gfx|native", re.I)
 _TRUE = ("1", "TRUE", "ON", "YES")
+_OPENS_CUDA = ("cuda_toggle", "force_cuda", "build_ops")
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,17 @@ def _cmake_options(cmake: str, setup_py: str) -> list[EnvRead]:
             if f"-D{n}=" in setup_py]
 
 
+def _skbuild_defines(cmake: str, config: str) -> tuple[list[str], list[str]]:
+    """The CMake options a scikit-build-core project keeps off unless told, that open its CUDA build or its ops:
+    (names, reasons). scikit-build-core takes -D settings from ``SKBUILD_CMAKE_DEFINE`` (``NAME=ON``), so these
+    are written, where setup.py's -D options are only listed."""
+    if not _SKBUILD.search(config):
+        return [], []
+    names = [n for n in dict.fromkeys(_CMAKE_OPTION_OFF.findall(cmake)) if classify(n) in _OPENS_CUDA]
+    return names, [f"build_env {SKBUILD_DEFINE} {n}=ON: the CMake option(), off by default, that compiles its CUDA"
+                   " code (scikit-build-core passes it on as -D)" for n in names]
+
+
 def _merge(reads: list[EnvRead]) -> tuple[EnvRead, ...]:
     """One entry per variable: the first place it is read, with what any other read adds."""
     merged: dict[str, EnvRead] = {}
@@ -239,10 +255,11 @@ def arch_value(archs: tuple[str, ...], default: str | None) -> str:
 
 
 def read_switches(setup_py: str, tree: ast.Module | None, cmake: str = "", config: str = "",
-                  archs: tuple[str, ...] = ("9.0",), cuda: str = "13.0") -> Switches:
+                  archs: tuple[str, ...] = ("9.0",), cuda: str = "13.0", top_cmake: str = "") -> Switches:
     """The build switches and extension kinds of a package: ``setup_py`` (and ``tree``, its syntax tree, None if
     unparsable), the text of its CMake files and of its pyproject.toml/setup.cfg; ``archs`` and ``cuda``: the GPU
-    variant's archs and CUDA version (what its arch and CUDA-version variables are set from)."""
+    variant's archs and CUDA version (what its arch and CUDA-version variables are set from); ``top_cmake``: its
+    top CMakeLists.txt, whose options are the project's own (a vendored library's are not)."""
     reads = _merge([*(_setup_py_reads(tree) if tree is not None else []), *_cmake_reads(cmake),
                     *_cmake_options(cmake, setup_py),
                     *(EnvRead(n, "pyproject.toml/setup.cfg", role=classify(n)) for n in _CONFIG_ENV.findall(config))])
@@ -284,6 +301,10 @@ def read_switches(setup_py: str, tree: ast.Module | None, cmake: str = "", confi
             reasons.append(f"build_env {read.name}={gpu[read.name]}: {where} {must} the CUDA version (the variant's)")
             assumed.append(f"{read.name}={gpu[read.name]}: the CUDA version of kiln init's default GPU variant; set it"
                            " to the toolkit your GPU builders have")
+    defines, why = _skbuild_defines(top_cmake, config)
+    if defines:
+        gpu[SKBUILD_DEFINE] = ";".join(f"{n}=ON" for n in defines)
+        reasons += why
     also = tuple(f"{r.name} ({_DESCRIBE[r.role]}, {r.where})" for r in reads
                  if r.name not in gpu and r.name not in cpu and r.name not in KILN_SETS)
     if not gpu and _DOWNLOAD.search(setup_py):

@@ -162,3 +162,16 @@ def test_a_switch_compared_with_its_off_value_or_on_by_default_is_never_written_
     found = read_switches(setup_py, parse_setup_py(setup_py))
     assert dict(found.gpu_env) == {"Q_FORCE_CUDA": "1"}  # "== '0'" tests for off; on is the other value
     assert found.also_read == ("M_WITH_OPS (builds the ops ahead of time, setup.py)",)  # built unless switched off
+
+
+def test_a_scikit_build_core_cmake_option_that_opens_cuda_is_written_through_skbuild_cmake_define():
+    config = '[build-system]\nrequires = ["scikit-build-core"]\nbuild-backend = "scikit_build_core.build"\n'
+    top = ('option(USE_CUDA "Enable CUDA-accelerated training " OFF)\noption(USE_OPENMP "OpenMP" ON)\n'
+           'option(BUILD_CLI "the command line" OFF)\n')
+    vendored = 'option(NANOARROW_DEVICE_WITH_CUDA "a vendored library\'s" OFF)\n'
+    switches = read_switches("", None, top + vendored, config, top_cmake=top)
+    assert dict(switches.gpu_env) == {"SKBUILD_CMAKE_DEFINE": "USE_CUDA=ON"}  # its own CUDA option, nothing else
+    assert any("SKBUILD_CMAKE_DEFINE USE_CUDA=ON" in reason for reason in switches.reasons)
+    setuptools = read_switches("", None, top, "[build-system]\nbuild-backend = \"setuptools.build_meta\"\n",
+                               top_cmake=top)
+    assert "SKBUILD_CMAKE_DEFINE" not in dict(setuptools.gpu_env)  # only scikit-build-core reads that variable
