@@ -35,6 +35,8 @@ _log = logging.getLogger(__name__)
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 ENTRY = "kiln-qemu-aarch64"
 QEMU = "/usr/bin/qemu-aarch64-static"  # Debian's qemu-user-static
+# The process that registered ENTRY: in /run (a tmpfs, cleared at boot as binfmt_misc's entries are)
+OWNER = Path("/run") / f"{ENTRY}.owner"
 # aarch64 ELF executables and shared objects, as Debian's qemu-user-static registers them (its binfmt.d file)
 _MAGIC = r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"
 _MASK = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
@@ -99,22 +101,50 @@ def _run(cmd: list[str], timeout_s: float, what: str) -> str:
 
 
 @contextlib.contextmanager
-def aarch64_binfmt(timeout_s: float = 30) -> Iterator[None]:
-    """qemu-aarch64-static registered for aarch64 ELF files (flag F) for the span of the ``with``; undone after."""
+def aarch64_binfmt(timeout_s: float = 30, owner: Path = OWNER) -> Iterator[None]:
+    """qemu-aarch64-static registered for aarch64 ELF files (flag F) for the span of the ``with``; undone after.
+
+    The registration outlives a run killed by SIGKILL (its ``finally`` never runs), so the run that registers
+    writes its process to ``owner`` (in ``/run``: gone at boot, as the registration is). An entry whose owner
+    process is gone is a killed run's: the next run takes it over and undoes it. An entry with no owner record
+    is someone else's and is left as it is."""
     mounted = False
     if not (BINFMT / "register").exists():
         _run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], timeout_s, "mounting binfmt_misc")
         mounted = True
-    ours = not (BINFMT / ENTRY).exists()
+    ours = not (BINFMT / ENTRY).exists() or _stale(owner)
     try:
         if ours:
-            (BINFMT / "register").write_text(f":{ENTRY}:M::{_MAGIC}:{_MASK}:{QEMU}:F")
+            owner.write_text(_process_id(os.getpid()))
+            if not (BINFMT / ENTRY).exists():
+                (BINFMT / "register").write_text(f":{ENTRY}:M::{_MAGIC}:{_MASK}:{QEMU}:F")
         yield
     finally:
         if ours and (BINFMT / ENTRY).exists():
             (BINFMT / ENTRY).write_text("-1")
+        if ours:
+            owner.unlink(missing_ok=True)
         if mounted:
             _run(["umount", str(BINFMT)], timeout_s, "unmounting binfmt_misc")
+
+
+def _process_id(pid: int) -> str:
+    """``pid`` and its start time (a reused pid is another process): ``"1234 567890"``, or the pid alone."""
+    try:
+        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return str(pid)
+    return f"{pid} {started}"
+
+
+def _stale(owner: Path) -> bool:
+    """Whether ``owner`` names a registering process that is gone (a run killed before it undid its entry)."""
+    try:
+        recorded = owner.read_text().strip()
+    except FileNotFoundError:
+        return False
+    pid = int(recorded.split()[0]) if recorded.split() and recorded.split()[0].isdigit() else 0
+    return pid <= 0 or not _alive(pid) or _process_id(pid) != recorded
 
 
 def _alive(pid: int) -> bool:
