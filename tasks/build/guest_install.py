@@ -12,6 +12,7 @@ the wheel it made: a build that downloads fails instead of fetching, as the proj
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -129,6 +130,38 @@ def local_source(requirement: str) -> Path | None:
     return None
 
 
+# The PEP 508 marker environment of an interpreter, from the standard library alone (the environment of a fresh
+# venv has no packaging to ask): the keys packaging.markers.default_environment gives.
+_MARKER_ENV = r"""
+import json, os, platform, sys
+def version(info):
+    text = f"{info.major}.{info.minor}.{info.micro}"
+    return text if info.releaselevel == "final" else text + info.releaselevel[0] + str(info.serial)
+print(json.dumps({"implementation_name": sys.implementation.name,
+                  "implementation_version": version(sys.implementation.version), "os_name": os.name,
+                  "platform_machine": platform.machine(), "platform_release": platform.release(),
+                  "platform_system": platform.system(), "platform_version": platform.version(),
+                  "python_full_version": platform.python_version(),
+                  "platform_python_implementation": platform.python_implementation(),
+                  "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform}))
+"""
+
+
+def _marker_holds(requirement: str, python: Path, timeout_s: float) -> bool:
+    """Whether ``requirement``'s marker holds for ``python`` (True without one): a local source whose marker is
+    false for the target is neither built nor installed, as an installer would skip it."""
+    try:
+        marker = Requirement(requirement).marker
+    except InvalidRequirement:
+        return True
+    if marker is None:
+        return True
+    done = run_tool([str(python), "-I", "-c", _MARKER_ENV], timeout_s)
+    if done.returncode != 0:
+        raise CompileError(f"{python} could not say its marker environment (for {requirement!r}):\n{done.stdout}")
+    return marker.evaluate({**json.loads(done.stdout.strip().splitlines()[-1]), "extra": ""})
+
+
 def offline_wheels(requirements: Sequence[str], python: Path, out: Path, timeout_s: float,
                    depth: int = 0) -> list[str]:
     """``requirements`` with each local source (:func:`local_source`) replaced by the wheel it builds for
@@ -139,6 +172,9 @@ def offline_wheels(requirements: Sequence[str], python: Path, out: Path, timeout
         if source is None:
             _refuse_remote_source(requirement)
             given.append(requirement)
+            continue
+        if not _marker_holds(requirement, python, timeout_s):
+            _log.info("not building %r: its marker is false for %s", requirement, python)
             continue
         if depth >= MAX_DEPTH:
             raise CompileError(f"the local build requirement {requirement!r} is nested {depth} deep in local"
@@ -208,9 +244,8 @@ def _top_build_dirs(root: Path) -> Callable[[str, list[str]], list[str]]:
     return ignore
 
 
-def _private_copy(source: Path, dest: Path) -> Path:
-    """``source``'s tree copied (a directory) or unpacked (an sdist, no member outside it) at ``dest``; the
-    folder holding its pyproject.toml or setup.py."""
+def _unpack(source: Path, dest: Path) -> None:
+    """``source``'s tree copied (a directory) or unpacked (an sdist, no member outside it) at ``dest``."""
     if source.is_dir():
         shutil.copytree(source, dest, symlinks=True, ignore=_top_build_dirs(source))
     elif source.name.endswith(".zip"):
@@ -228,6 +263,15 @@ def _private_copy(source: Path, dest: Path) -> Path:
                 archive.extractall(dest, filter="data")
             except tarfile.FilterError as exc:
                 raise CompileError(f"the sdist {source} has a member that may not be unpacked: {exc}") from exc
+
+
+def _private_copy(source: Path, dest: Path) -> Path:
+    """``source``'s tree copied (a directory) or unpacked (an sdist, no member outside it) at ``dest``; the
+    folder holding its pyproject.toml or setup.py."""
+    try:
+        _unpack(source, dest)
+    except (tarfile.TarError, zipfile.BadZipFile) as exc:  # FilterError is a TarError: said by _unpack itself
+        raise CompileError(f"the local build requirement {source} is not an sdist Kiln can unpack: {exc}") from exc
     if (dest / "pyproject.toml").exists() or (dest / "setup.py").exists():
         return dest
     tops = [p for p in dest.iterdir() if p.is_dir()]

@@ -87,6 +87,19 @@ def test_local_sources_nested_deeper_than_the_bound_are_refused_naming_the_requi
     assert not (tmp_path / "out").exists()
 
 
+def test_a_local_source_whose_marker_is_false_for_the_target_is_neither_built_nor_passed_on(tmp_path):
+    """An empty "sdist" would fail any build: a requirement the target's marker rules out is skipped before that,
+    as an installer skips it; one whose marker holds goes on to be built (and fails here, showing it was)."""
+    sdist = tmp_path / "a-1.0.tar.gz"
+    sdist.write_bytes(b"")
+    python = venvs.create_env(tmp_path / "env")
+    skipped = [f'a @ {sdist.as_uri()} ; python_version < "3"', f'a @ {sdist.as_uri()} ; sys_platform == "win32"']
+    assert offline_wheels([*skipped, "numpy"], python, tmp_path / "out", 60) == ["numpy"]
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(CompileError, match=rf"{sdist} is not an sdist Kiln can unpack"):
+        offline_wheels([f'a @ {sdist.as_uri()} ; python_version >= "3"'], python, tmp_path / "out", 60)
+
+
 def test_a_local_source_of_another_backend_gets_its_backend_before_its_hook_is_asked(tmp_path):
     """A local folder built by flit (not the setuptools the interpreter's ensurepip brings): its backend is
     installed first, then asked what else it needs, then it builds without network."""
