@@ -66,6 +66,7 @@ from kiln.tasks.build.cross import (
     unit_environ,
 )
 from kiln.tasks.build.cross_torch import staged_torch, torch_environ
+from kiln.tasks.build.cuda_toolkits import cell_cuda_home, toolkit_environ
 from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.guest_install import install_build_requirements, without_network
 from kiln.tasks.build.nvcc import run_tool
@@ -249,6 +250,9 @@ class ProjectBuilder:
                 if torch := _cross_torch(env, unit.variant):  # a torch extension: the target's torch, staged
                     staged = staged_torch(cross, torch, default_cache_dir())
                     environ, reads = torch_environ(staged, environ), [*reads, staged]
+            if unit.backend == "cuda" and (home := _cell_cuda_home(env, unit.variant)) is not None:
+                _log.info("%s compiles with the CUDA toolkit at %s (its cell's release)", what, home)
+                environ, reads = toolkit_environ(home, environ), [*reads, home]
             stats_log = tmp / "compile-cache.log"
             # the compile cache's shims stand for the host's compilers; a cross build calls the target's by name
             if self.compile_cache is not None and cross is None:
@@ -386,6 +390,15 @@ def _cross_target(env: Any, variant: str) -> CrossTarget | None:
     """The CPU ``variant``'s wheel is cross-built for, read from the build's config (None: built natively)."""
     config = getattr(env, "config", None)
     return cross_target_of(config.variant(variant)) if config is not None else None
+
+
+def _cell_cuda_home(env: Any, variant: str) -> Path | None:
+    """The CUDA toolkit of a ``cuda`` axis cell whose release this machine's toolkit is not (the staged wheels'),
+    else None (:func:`kiln.tasks.build.cuda_toolkits.cell_cuda_home`)."""
+    config = getattr(env, "config", None)
+    cell = config.variant(variant).cell if config is not None else None
+    release = cell.value("cuda") if cell is not None else None
+    return cell_cuda_home(release) if release is not None else None
 
 
 def _cross_torch(env: Any, variant: str) -> str | None:

@@ -1,15 +1,17 @@
 """A CUDA release's compilers for a cell of the ``cuda`` axis: this machine's toolkit when it is that release,
-else NVIDIA's CUDA compiler wheel of that release from the machine's index.
+else NVIDIA's CUDA compiler wheels of that release from the machine's index.
 
-A cell of ``cuda = ["12.8", "13.0"]`` compiles its device code with that release's ``ptxas``: Triton's
-ahead-of-time kernels take it through ``TRITON_PTXAS_PATH`` (their PTX ISA follows the ``ptxas`` release, so
-the 12.8 cell's kernels load on a driver of CUDA 12.8, the 13.0 cell's need 13.0). The compilers come from
+A cell of ``cuda = ["12.8", "13.0"]`` compiles its device code with that release's compilers. Triton's
+ahead-of-time kernels take its ``ptxas`` through ``TRITON_PTXAS_PATH`` (their PTX ISA follows the ``ptxas``
+release, so the 12.8 cell's kernels load on a driver of CUDA 12.8, the 13.0 cell's need 13.0); a package's own
+native build (a plain CUDA library) gets its ``nvcc`` as ``CUDA_HOME``, ``CUDACXX`` and first on ``PATH``. They
+come from
 
 - the machine's toolkit (the ``nvcc`` on PATH and the ``ptxas`` beside it) when its release is the cell's;
-- else ``nvidia-cuda-nvcc-cu12==<release>.*`` (CUDA 12: ``ptxas`` and NVVM, no ``nvcc``) or
-  ``nvidia-cuda-nvcc==<release>.*`` (CUDA 13 and newer: the whole compiler driver), fetched by pip as a wheel
-  with no code of it run (``pip download --only-binary :all: --no-deps``: pip checks the sha256 the index
-  states), unpacked once per release in Kiln's cache and renamed into place whole.
+- else :func:`wheel_requirements`: CUDA 12's ``nvidia-cuda-nvcc-cu12`` (``ptxas`` and NVVM, no ``nvcc``), or
+  CUDA 13's four wheels that unpack into one toolkit tree (``nvcc``, ``cicc``, its headers, the runtime),
+  fetched by pip with no code of them run (``pip download --only-binary :all: --no-deps``: pip checks the sha256
+  the index states), unpacked once per release in Kiln's cache and renamed into place whole.
 
 :func:`toolchain_env` is the ``cuda`` entry's :attr:`~kiln.tasks.project.config_axes.Axis.toolchain`.
 """
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from kiln.core.errors import CompileError, ToolchainMissingError
@@ -40,10 +43,14 @@ _MARKER = "kiln-cuda-toolkit.json"
 _TOOLS = ("ptxas", "nvcc")
 
 
-def wheel_requirement(release: str) -> str:
-    """The compiler wheel of CUDA ``release`` (``"12.8"``): CUDA 12's carries a ``-cu12`` suffix, 13's none."""
-    major = int(release.split(".")[0])
-    return f"nvidia-cuda-nvcc{'-cu12' if major == 12 else ''}=={release}.*"
+def wheel_requirements(release: str) -> list[str]:
+    """NVIDIA's compiler wheels of CUDA ``release`` (``"12.8"``): CUDA 12's one ``-cu12`` wheel (``ptxas`` and NVVM,
+    no ``nvcc``); CUDA 13's toolkit, split over four wheels that unpack into one tree (``nvcc``, NVVM's ``cicc``,
+    the headers ``nvcc`` includes, the runtime it links)."""
+    if int(release.split(".")[0]) == 12:
+        return [f"nvidia-cuda-nvcc-cu12=={release}.*"]
+    return [f"{name}=={release}.*" for name in ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt",
+                                                "nvidia-cuda-runtime")]
 
 
 def machine_release() -> str | None:
@@ -80,32 +87,37 @@ def staged_toolkit(release: str, cache_dir: Path, timeout_s: float = FETCH_TIMEO
             shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)  # a folder without its marker is a killed rename's remains
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=f".{final.name}-") as tmp:
-            wheel = _fetch(release, Path(tmp) / "download", timeout_s)
             stage = Path(tmp) / "stage"
-            _unpack(wheel, stage, release)
+            wheels = _fetch(release, Path(tmp) / "download", timeout_s)
+            for wheel in wheels:
+                _unpack(wheel, stage)
+            if not (stage / "bin" / "ptxas").is_file():
+                raise CompileError(f"{[w.name for w in wheels]} hold no bin/ptxas: not NVIDIA's CUDA compiler wheels")
+            (stage / _MARKER).write_text(json.dumps({"cuda": release, "wheels": [w.name for w in wheels]}, indent=1,
+                                                    sort_keys=True) + "\n")
             os.chmod(stage, 0o755)
             os.replace(stage, final)
     _log.info("staged the CUDA %s compilers in %s", release, final)
     return final
 
 
-def _fetch(release: str, folder: Path, timeout_s: float) -> Path:
-    requirement = wheel_requirement(release)
+def _fetch(release: str, folder: Path, timeout_s: float) -> list[Path]:
+    requirements = wheel_requirements(release)
     cmd = [sys.executable, "-I", "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-           "--only-binary", ":all:", "--dest", str(folder), requirement]
-    _log.info("fetching %s for the CUDA %s cells", requirement, release)
+           "--only-binary", ":all:", "--dest", str(folder), *requirements]
+    _log.info("fetching %s for the CUDA %s cells", requirements, release)
     with tempfile.TemporaryDirectory(prefix="kiln-pip-home-") as home:
         done = run_tool(cmd, timeout_s, env=pip_env(Path(home)))
-    wheels = sorted(folder.glob("nvidia_cuda_nvcc*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
+    wheels = sorted(folder.glob("nvidia_*.whl"))
+    if done.returncode != 0 or len(wheels) != len(requirements):
         raise CompileError(f"no CUDA {release} compilers: this machine's toolkit is another release and pip found"
-                           f" no {requirement} wheel on the machine's index (exit {done.returncode}); install"
+                           f" no {requirements} wheels on the machine's index (exit {done.returncode}); install"
                            f" CUDA {release} or drop {release} from the variant's cuda axis. pip's output ends:\n"
                            f"{done.stdout[-2000:].strip()}")
-    return wheels[0]
+    return wheels
 
 
-def _unpack(wheel: Path, stage: Path, release: str) -> None:
+def _unpack(wheel: Path, stage: Path) -> None:
     """The wheel's ``nvidia/<folder>/`` tree into ``stage`` (members checked), its programs made executable."""
     with zipfile.ZipFile(wheel) as archive:
         members = [info for info in archive.infolist() if re.match(r"^nvidia/[^/]+/", info.filename)
@@ -120,9 +132,6 @@ def _unpack(wheel: Path, stage: Path, release: str) -> None:
                 shutil.copyfileobj(source, out)
             if (info.external_attr >> 16) & stat.S_IXUSR:
                 os.chmod(target, 0o755)
-    if not (stage / "bin" / "ptxas").is_file():
-        raise CompileError(f"{wheel.name} holds no bin/ptxas: not NVIDIA's CUDA compiler wheel")
-    (stage / _MARKER).write_text(json.dumps({"cuda": release, "wheel": wheel.name}, indent=1, sort_keys=True) + "\n")
 
 
 def toolkits_root() -> Path:
@@ -141,10 +150,34 @@ def tools(release: str, cache_dir: Path | None = None) -> dict[str, Path]:
     return {tool: staged / "bin" / tool for tool in _TOOLS if (staged / "bin" / tool).is_file()}
 
 
+def cell_cuda_home(release: str) -> Path | None:
+    """The CUDA home a native build of a cell of ``release`` compiles with: None where this machine's toolkit is
+    that release (the build finds its own, as any variant's does), else the staged wheels' tree; a CompileError
+    naming why for a release whose wheels hold no ``nvcc`` (CUDA 12)."""
+    if machine_release() == release:
+        return None
+    found = tools(release)
+    if "nvcc" not in found:
+        raise CompileError(f"CUDA {release}: this machine's nvcc is {machine_release() or 'missing'} and NVIDIA's"
+                           f" {wheel_requirements(release)} wheels hold no nvcc (ptxas only), so its native code"
+                           f" builds only with CUDA {release}'s toolkit installed (its Triton kernels build anywhere);"
+                           f" install it or drop {release} from the variant's cuda axis")
+    return found["nvcc"].parent.parent
+
+
+def toolkit_environ(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` compiling with the CUDA toolkit at ``home``: its ``nvcc`` first on ``PATH`` and named by the
+    variables builds read (``CUDA_HOME``, ``CUDA_PATH``, ``CUDACXX``)."""
+    env = dict(environ) | {"CUDA_HOME": str(home), "CUDA_PATH": str(home), "CUDACXX": str(home / "bin" / "nvcc")}
+    env["PATH"] = os.pathsep.join(filter(None, [str(home / "bin"), environ.get("PATH", "")]))
+    return env
+
+
 def toolchain_env(release: str) -> dict[str, str]:
     """What a cell of CUDA ``release`` compiles with: Triton's ``ptxas`` (both of its slots) set to the release's."""
     ptxas = str(tools(release)["ptxas"])
     return {"TRITON_PTXAS_PATH": ptxas, "TRITON_PTXAS_BLACKWELL_PATH": ptxas}
 
 
-__all__ = ["machine_release", "staged_toolkit", "toolchain_env", "toolkits_root", "tools", "wheel_requirement"]
+__all__ = ["cell_cuda_home", "machine_release", "staged_toolkit", "toolchain_env", "toolkit_environ", "toolkits_root",
+           "tools", "wheel_requirements"]

@@ -113,18 +113,17 @@ def _compile_triton(unit: CompileUnit, env: CompileContext) -> dict[str, bytes]:
 
 
 def _check_release(unit: CompileUnit, env: CompileContext) -> None:
-    """A native unit of a ``cuda`` axis cell builds with this machine's nvcc, so only when it is the cell's
-    release: its nvcc and CUDA headers of another release are not fetched (Triton units are: their ptxas)."""
+    """Kiln's own nvcc units of a ``cuda`` axis cell build with this machine's nvcc, so only when it is the cell's
+    release (a package's own build gets its cell's toolkit: :func:`kiln.tasks.build.cuda_toolkits.cell_cuda_home`,
+    which names what it lacks)."""
     variant = env.config.variant(unit.variant) if env.config is not None else None
     release = variant.cell.value("cuda") if variant is not None and variant.cell is not None else None
-    if release is None:
+    if release is None or unit.kind != "nvcc":
         return
-    from kiln.tasks.build.cuda_toolkits import machine_release
-
-    have = ".".join(env.nvcc.version.split(".")[:2]) if env.nvcc is not None else machine_release()
+    have = ".".join(env.nvcc.version.split(".")[:2]) if env.nvcc is not None else None
     if have != release:
         raise CompileError(f"{unit.id}: the cell is for CUDA {release} and this machine's nvcc is "
-                           f"{have or 'missing'}: its native code builds only with CUDA {release}'s toolkit"
+                           f"{have or 'missing'}: Kiln's CUDA C++ kernels build only with CUDA {release}'s toolkit"
                            f" installed (its Triton kernels build anywhere); install it or drop {release} from"
                            f" the variant's cuda axis")
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 import shutil
+import zipfile
 
 import pytest
 
 from kiln.core.errors import CompileError, ConfigError
 from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.cuda_toolkits import toolkits_root, tools, wheel_requirement
+from kiln.tasks.build.cuda_toolkits import toolkits_root, tools, wheel_requirements
 from kiln.tasks.build.pool import WorkerPool
 from kiln.tasks.build.stage import prepare_build, worker_config
 from kiln.tasks.build.units import CompileContext, build_unit
@@ -34,8 +35,9 @@ def test_the_cuda_axis_is_one_entry_of_the_table():
     assert [a.key for a in AXES] == ["python", "torch", "cuda", "platform"]
     cuda = next(a for a in AXES if a.key == "cuda")
     assert cuda.toolchain == "kiln.tasks.build.cuda_toolkits:toolchain_env"
-    assert wheel_requirement("12.8") == "nvidia-cuda-nvcc-cu12==12.8.*"
-    assert wheel_requirement("13.2") == "nvidia-cuda-nvcc==13.2.*"
+    assert wheel_requirements("12.8") == ["nvidia-cuda-nvcc-cu12==12.8.*"]  # ptxas and NVVM only
+    assert wheel_requirements("13.2") == ["nvidia-cuda-nvcc==13.2.*", "nvidia-nvvm==13.2.*", "nvidia-cuda-crt==13.2.*",
+                                          "nvidia-cuda-runtime==13.2.*"]
 
 
 def test_cuda_cells_are_named_and_labelled_by_release_and_excluded_by_pattern(tmp_path):
@@ -100,15 +102,50 @@ def test_each_cuda_cell_is_assembled_by_its_release_s_ptxas(tmp_path):
     assert keys["gpucu128"] != keys["gpucu130"]  # cached apart
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_a_native_unit_of_another_release_than_the_machine_s_nvcc_is_refused_naming_both(tmp_path):
+_PROBE = ('\n#define KILN_S2(x) #x\n#define KILN_S(x) KILN_S2(x)\nextern "C" const char kiln_nvcc[] = "nvcc-"'
+          ' KILN_S(__CUDACC_VER_MAJOR__) "." KILN_S(__CUDACC_VER_MINOR__);\n')
+
+
+def _plaincuda(tmp_path, releases: str):
+    """The plain CUDA library (setup.py runs nvcc), its source saying which nvcc compiled it."""
+    config = copy_project("plaincuda", tmp_path / "plaincuda")
+    config.write_text(config.read_text().replace('archs = ["8.0", "9.0"]\n', f'archs = ["9.0"]\ncuda = {releases}\n'))
+    source = config.parent / "csrc" / "fill.cu"
+    source.write_text(source.read_text() + _PROBE)
+    return config
+
+
+def _compiled_by(files) -> set[str]:
+    """The nvcc releases the built wheel's libraries say compiled them."""
+    found = set()
+    for path in files:
+        members = zipfile.ZipFile(path).namelist() if path.suffix == ".whl" else []
+        datas = [zipfile.ZipFile(path).read(m) for m in members] if members else [path.read_bytes()]
+        found |= {m.decode() for data in datas for m in re.findall(rb"nvcc-(\d+\.\d+)", data)}
+    return found
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the 13.0 cell's toolkit)")
+def test_a_plain_cuda_library_is_compiled_by_each_cells_nvcc_the_other_release_from_nvidia_s_wheels(tmp_path):
     from kiln.tasks.build.stage import compile_context
 
-    config = copy_project("plaincuda", tmp_path / "plaincuda")
-    config.write_text(config.read_text().replace('archs = ["8.0", "9.0"]\n', 'archs = ["9.0"]\ncuda = ["12.8"]\n'))
-    setup = prepare_build(str(config), "1.0.0", None)
+    setup = prepare_build(str(_plaincuda(tmp_path, '["13.0", "13.2"]')), "1.0.0", None)
+    compiled = {}
+    with compile_context(setup, tmp_path / "out") as env:
+        for cell in ("cu130cu130", "cu130cu132"):
+            unit = next(u for u in setup.plan.units if u.variant == cell)
+            compiled[cell] = _compiled_by(build_unit(unit, env).files)
+    assert compiled == {"cu130cu130": {"13.0"}, "cu130cu132": {"13.2"}}  # 13.2: nvcc from the staged wheels
+    assert (toolkits_root() / "cuda-13.2" / "bin" / "nvcc").is_file()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_a_native_build_of_a_release_whose_wheels_hold_no_nvcc_is_refused_naming_why(tmp_path):
+    from kiln.tasks.build.stage import compile_context
+
+    setup = prepare_build(str(_plaincuda(tmp_path, '["12.8"]')), "1.0.0", None)
     unit = next(u for u in setup.plan.units if u.variant == "cu130cu128")
     with compile_context(setup, tmp_path / "out") as env, pytest.raises(CompileError) as info:
         build_unit(unit, env)
-    assert "the cell is for CUDA 12.8 and this machine's nvcc is 13.0" in str(info.value)
-    assert "drop 12.8 from the variant's cuda axis" in str(info.value)
+    assert "CUDA 12.8: this machine's nvcc is 13.0" in str(info.value)
+    assert "hold no nvcc (ptxas only)" in str(info.value) and "drop 12.8 from the variant's cuda axis" in str(info.value)
