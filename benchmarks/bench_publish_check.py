@@ -1,7 +1,7 @@
 """The publish stage's dependency check of the default project: its variants one at a time vs all at once.
 
 Each variant's wheel carries the ``Requires-Dist`` the build writes for it from this repository's
-``kiln.toml`` (:func:`kiln.tasks.build.wheel.requirements`, with the torch and Triton installed here as
+``kiln.toml`` (:func:`kiln.tasks.wheel.assemble.requirements`, with the torch and Triton installed here as
 the toolchain, so a GPU variant pins both), and the real ``kiln-runtime`` wheel is staged beside it; the
 dependency index is PyPI (``[publish] extra_index_urls``), so every side is network-bound.
 
@@ -37,9 +37,9 @@ sys.path.insert(0, str(REPO))  # tests.helpers.wheelkit, for the fixture wheels
 
 from kiln.core.wheels import read_wheel  # noqa: E402
 from kiln.release.publish.closure import ClosureQuery, Staged, resolve, resolve_all  # noqa: E402
-from kiln.tasks.build.runtime_wheel import build_runtime_wheel  # noqa: E402
-from kiln.tasks.build.wheel import requirements  # noqa: E402
 from kiln.tasks.project.config import load_config  # noqa: E402
+from kiln.tasks.wheel.assemble import requirements  # noqa: E402
+from kiln.tasks.wheel.runtime_wheel import build_runtime_wheel  # noqa: E402
 from tests.helpers.wheelkit import make_wheel  # noqa: E402
 
 

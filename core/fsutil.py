@@ -246,3 +246,12 @@ def polled_lock(path: Path, deadline: float, what: str, error: Callable[[str], E
         yield
     finally:
         os.close(fd)
+
+
+def digest(*parts: str) -> str:
+    """A stable hash of ordered string parts (for keys and batch ids)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()

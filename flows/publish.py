@@ -64,8 +64,8 @@ from kiln.release.publish.protocol import (
 from kiln.release.read.public import PublicReport, check_public, published_expectations
 from kiln.release.stores.staging import StagingStore
 from kiln.tasks import releasing
-from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.wheel.runtime_wheel import build_runtime_wheel
 
 UPLOAD_RETRIES = 3
 RETRY_DELAY_S = 5

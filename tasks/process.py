@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 
-from kiln.core.errors import PermanentError
+from kiln.core.errors import CompileError, PermanentError
 
 logger = logging.getLogger(__name__)
 
@@ -420,3 +420,20 @@ def signal_name(returncode: int | None) -> str | None:
         return signal.Signals(-returncode).name
     except ValueError:
         return f"signal {-returncode}"
+
+
+# How long a tool (a compiler, an installer) has between SIGTERM and SIGKILL when its deadline passes.
+TOOL_GRACE_S = 5.0
+
+
+def run_tool(cmd: list[str], timeout: float, cwd: Path | None = None,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an external tool in its own process group, logged, held to its deadline by the shared ladder.
+
+    ``env``: the tool's whole environment (default: this process's).
+    """
+    ladder, out = run_in_group(cmd, timeout, cwd, env, grace_s=TOOL_GRACE_S)  # no stacks: not a Python process
+    if ladder.timed_out:
+        raise CompileError(f"{cmd[0]} ran past its {timeout:g} s deadline; process group ended by"
+                           f" {ladder.escalation}:\n{out[-2000:]}")
+    return subprocess.CompletedProcess(cmd, ladder.returncode if ladder.returncode is not None else -9, out, "")

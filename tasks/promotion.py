@@ -5,7 +5,7 @@ not complete, a wheel that was not tested or not published, each named);
 :func:`promote` re-versions each of its wheels with
 :func:`kiln.release.upload.reversion.reversioned_wheel` (``0.3.0.dev20261206010203+cpu``
 → ``0.3.0+cpu``), and the PEP 825 variant wheels built beside them
-(``variant-wheel`` artifacts, :mod:`kiln.tasks.build.variants`:
+(``variant-wheel`` artifacts, :mod:`kiln.tasks.wheel.variants`:
 ``…-0.3.0.dev20261206010203-…-cu130.whl`` → ``…-0.3.0-…-cu130.whl``, label and
 ``variant.json`` kept) for the release's combined index, and checks every
 non-metadata member's sha256 against the nightly's wheel: the binaries a
@@ -37,9 +37,9 @@ from kiln.core.objects import Store
 from kiln.core.record import Checkout
 from kiln.core.wheels import open_wheel
 from kiln.release.upload.reversion import reversioned_wheel
-from kiln.tasks.build.variants import VARIANT_WHEELS_DIR
 from kiln.tasks.releasing import RAN
 from kiln.tasks.run.ledger import vouched
+from kiln.tasks.wheel.variants import VARIANT_WHEELS_DIR
 
 FINAL_STATE_INFO = "final_state"  # the nightly's end, as its flow concluded it (kiln.flows.nightly.conclude)
 PROMOTED_INFO = "promoted_from"  # in the release's record: the run whose bytes it published

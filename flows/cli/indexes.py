@@ -108,7 +108,7 @@ def _which_command(ns: argparse.Namespace) -> int:
 
 
 def _audit_abi_command(wheels: list[str], stable: bool) -> int:
-    from kiln.tasks.build.abi_audit import audit_wheel
+    from kiln.tasks.wheel.abi_audit import audit_wheel
 
     audits = [audit_wheel(Path(wheel), torch_stable=stable) for wheel in wheels]
     for audit in audits:

@@ -35,7 +35,7 @@ lists every cell's wheel or is not written.
 
 Combined index (PEP 825). Beside the per-variant indexes, a channel whose run
 built variant wheels (``variant-wheel`` artifacts, see
-:mod:`kiln.tasks.build.variants`) gets one index for every variant,
+:mod:`kiln.tasks.wheel.variants`) gets one index for every variant,
 ``<channel>/wheel-variants/simple/`` (a variant's name has no '-', so no
 variant's index can take the name). Its project page lists only what an
 installer may choose between: every publishable variant's variant wheel

@@ -16,7 +16,7 @@ installed into it. The variant's filtered arch list is exported in the forms
 the ecosystem reads, the toolchain settings through the compilers' own
 variables (:func:`build_environ`), the variant's ``build_env`` as it is; no
 download host is reachable from the build (:func:`~kiln.tasks.build.guest_install.without_network`). The
-wheel then goes through :func:`kiln.tasks.build.devicecode.check_wheel` under
+wheel then goes through :func:`kiln.tasks.wheel.devicecode.check_wheel` under
 the variant's ``arch_policy``; the archs it holds travel with the wheel as
 :data:`DEVICE_CODE`, so the build results record them on a hit too.
 
@@ -55,7 +55,6 @@ from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.build import stagedir
 from kiln.tasks.build.buildenv import BuildEnvironment, VariantEnvironments, overlay_env
 from kiln.tasks.build.compile_cache import COMPILE_STATS, CompileCache
-from kiln.tasks.build.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
 from kiln.tasks.build.cross import (
     CrossTarget,
@@ -67,16 +66,17 @@ from kiln.tasks.build.cross import (
 )
 from kiln.tasks.build.cross_torch import staged_torch, torch_environ
 from kiln.tasks.build.cuda_toolkits import cell_cuda_home, toolkit_environ
-from kiln.tasks.build.devicecode import check_wheel, held
 from kiln.tasks.build.guest_install import install_build_requirements, without_network
-from kiln.tasks.build.nvcc import run_tool
 from kiln.tasks.build.nvcc_narrow import narrowed, narrowed_cuda_home
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
 from kiln.tasks.build.sources import copy_project
-from kiln.tasks.build.stable_abi import build_target, stable_environ, target_hex
+from kiln.tasks.process import run_tool
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.config_build import Toolchain
 from kiln.tasks.project.config_project import pinned_version
+from kiln.tasks.wheel.compiled_here import BUILD_DIR, build_dir_options, foreign_out_of_tree, out_of_tree
+from kiln.tasks.wheel.devicecode import check_wheel, held
+from kiln.tasks.wheel.stable_abi import build_target, stable_environ, target_hex
 
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit
@@ -359,7 +359,7 @@ class ProjectBuilder:
     def _built_here(self, wheel: Path, source: Path, dist: Path, what: str, tree: Path | None = None) -> None:
         """Refuse a wheel whose libraries this build did not make: setuptools' build tree (the prebuilt-wheel
         download is a ``bdist_wheel`` pattern), else the CMake or meson build ``tree`` Kiln named
-        (:mod:`kiln.tasks.build.compiled_here`); other backends are not checked."""
+        (:mod:`kiln.tasks.wheel.compiled_here`); other backends are not checked."""
         if not _setuptools(source) and tree is not None:
             foreign = foreign_out_of_tree(wheel, tree)
             if foreign:

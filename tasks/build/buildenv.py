@@ -41,16 +41,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from kiln.core import venvs
 from kiln.core.errors import CompileError, KilnError, PermanentError, UnsafePathError
-from kiln.core.fsutil import polled_lock
+from kiln.core.fsutil import digest, polled_lock
 from kiln.core.installenv import scrubbed_env, user_cache
 from kiln.core.sandbox import installer_command, local_sources, wheels_only_hint
-from kiln.tasks.build.cache import digest
 from kiln.tasks.build.guest_install import offline_wheels, pip_env
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.process import run_tool
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,10 +81,6 @@ def env_key(requirements: Sequence[str], interpreter: str | None = None) -> str:
     if interpreter is None:
         return digest(ENV_FORMAT, interpreter_id(), *SEED, *sorted(str(Requirement(r)) for r in requirements))
     return digest(ENV_FORMAT, interpreter, *CELL_SEED, *sorted(str(Requirement(r)) for r in requirements))
-
-
-def requires(requirements: Sequence[str], name: str) -> bool:
-    return any(canonicalize_name(Requirement(r).name) == name for r in requirements)
 
 
 @dataclass(frozen=True)

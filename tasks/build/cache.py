@@ -6,7 +6,7 @@ Layout under ``root`` (a local directory or a mounted shared volume):
 - ``entries/<batch>/<key>.json`` — one entry per build unit: the files it
   produced with their sha256 and size;
 - ``entries/wheels/<key>.json`` — one per written wheel, keyed by its members
-  (``kiln.tasks.build.wheel.wheel_key``), so a warm build copies it;
+  (``kiln.tasks.wheel.assemble.wheel_key``), so a warm build copies it;
 - ``unit-seconds/<digest(unit id)>.json`` — the last full compile's seconds of a build unit, whatever its
   key: the basis of what a later partial compile (some translation units from the compile cache) saved.
 
@@ -31,7 +31,6 @@ is a miss, never a drift of the local batch, and its silence is a local-only bui
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -41,19 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.core.errors import CacheDriftError
-from kiln.core.fsutil import atomic_write_bytes, atomic_write_text, sha256_bytes, sha256_file
+from kiln.core.fsutil import atomic_write_bytes, atomic_write_text, digest, sha256_bytes, sha256_file
 from kiln.tasks.build.cache_remote import RemoteTier
 
 _log = logging.getLogger(__name__)
-
-
-def digest(*parts: str) -> str:
-    """A stable hash of ordered string parts (for keys and batch ids)."""
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode("utf-8"))
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

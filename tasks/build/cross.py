@@ -51,11 +51,11 @@ from packaging.utils import canonicalize_name
 
 from kiln.core.errors import CompileError, ConfigError, IntegrityError, InvalidInputError
 from kiln.core.fsutil import atomic_write_bytes
-from kiln.tasks.build.manylinux import EXCLUDES
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.process import run_tool
 from kiln.tasks.project.config import Backend, KilnConfig, Variant
 from kiln.tasks.project.config_matrix import built_for, cell_python
 from kiln.tasks.project.config_project import pinned_version
+from kiln.tasks.wheel.manylinux import EXCLUDES
 
 _log = logging.getLogger(__name__)
 
@@ -265,12 +265,12 @@ def audited_policy(wheel: Path, cross: CrossTarget, backend: Backend = "cpu", ta
                    timeout_s: float = AUDITWHEEL_TIMEOUT_S) -> str:
     """The ``manylinux_*_<cpu>`` policy ``wheel``'s binaries allow, by auditwheel's analysis (what ``auditwheel
     show`` reports; it reads the ELF machine from the wheel, so an aarch64 wheel is judged as one here), run in
-    a child as :mod:`kiln.tasks.build.manylinux` runs it; with ``target_glibc`` (``"2_28"``), that target's
+    a child as :mod:`kiln.tasks.wheel.manylinux` runs it; with ``target_glibc`` (``"2_28"``), that target's
     policy, or a :class:`CompileError` naming what needs a newer one."""
     with tempfile.TemporaryDirectory(prefix="kiln-auditwheel-") as tmp:
         report_file = Path(tmp) / "report.json"
         # libc named: an extension that calls only the C-API links no libc for auditwheel to read it from
-        cmd = [sys.executable, "-P", "-m", "kiln.tasks.build.manylinux", str(wheel), str(report_file), "glibc",
+        cmd = [sys.executable, "-P", "-m", "kiln.tasks.wheel.manylinux", str(wheel), str(report_file), "glibc",
                *EXCLUDES[backend]]
         result = run_tool(cmd, timeout_s)
         if result.returncode != 0 or not report_file.is_file():

@@ -36,7 +36,7 @@ from kiln.core.errors import CompileError
 from kiln.core.fsutil import polled_lock
 from kiln.tasks.build.cross import CrossTarget
 from kiln.tasks.build.guest_install import pip_env
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.process import run_tool
 
 _log = logging.getLogger(__name__)
 LINKED = ("libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_python.so")

@@ -35,7 +35,8 @@ from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.core.fsutil import polled_lock
 from kiln.tasks.build.cross import default_cache_dir
 from kiln.tasks.build.guest_install import pip_env
-from kiln.tasks.build.nvcc import find_nvcc, run_tool
+from kiln.tasks.build.nvcc import find_nvcc
+from kiln.tasks.process import run_tool
 
 _log = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 900.0

@@ -31,7 +31,7 @@ from kiln.core import venvs
 from kiln.core.errors import CompileError
 from kiln.core.installenv import scrubbed_env, user_cache
 from kiln.core.sandbox import guest_command, guest_environ, installer_command, wheels_only_hint
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.process import run_tool
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 4000

@@ -39,9 +39,10 @@ from kiln.tasks.build.compile_cache import (
     read_stats_log,
     warn_shared_faults,
 )
-from kiln.tasks.process import run_in_group
+from kiln.tasks.process import run_tool
 from kiln.tasks.project.archs import parse_cuda_arch
 from kiln.tasks.project.registry_types import CudaSourceRecord
+from kiln.tasks.wheel.devicecode import embedded_archs, expected_contents
 
 if TYPE_CHECKING:
     from kiln.tasks.build.plan import CompileUnit
@@ -49,24 +50,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 _VERSION_TIMEOUT_S = 30
-_LIST_TIMEOUT_S = 60
-_GRACE_S = 5.0
-_ELF = re.compile(r"^ELF file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.cubin\s*$", re.M)
-_PTX = re.compile(r"^PTX file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.ptx\s*$", re.M)
-_NO_DEVICE_CODE = "does not contain device code"
-
-
-def run_tool(cmd: list[str], timeout: float, cwd: Path | None = None,
-             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run an external tool in its own process group, logged, held to its deadline by the shared ladder.
-
-    ``env``: the tool's whole environment (default: this process's).
-    """
-    ladder, out = run_in_group(cmd, timeout, cwd, env, grace_s=_GRACE_S)  # no stacks: not a Python process
-    if ladder.timed_out:
-        raise CompileError(f"{cmd[0]} ran past its {timeout:g} s deadline; process group ended by"
-                           f" {ladder.escalation}:\n{out[-2000:]}")
-    return subprocess.CompletedProcess(cmd, ladder.returncode if ladder.returncode is not None else -9, out, "")
 
 
 @dataclass(frozen=True)
@@ -118,23 +101,6 @@ def gencode_flags(archs: tuple[str, ...]) -> list[str]:
         code = f"[{arch.sm},{arch.compute}]" if arch.ptx else arch.sm
         flags += ["-gencode", f"arch={arch.compute},code={code}"]
     return flags
-
-
-def expected_contents(archs: tuple[str, ...]) -> tuple[set[str], set[str]]:
-    """(SASS archs, PTX archs) a library built with :func:`gencode_flags` must embed."""
-    parsed = [parse_cuda_arch(a) for a in archs]
-    return {a.sm for a in parsed}, {a.sm for a in parsed if a.ptx}
-
-
-def embedded_archs(library: Path, cuobjdump: str) -> tuple[set[str], set[str]]:
-    """(SASS archs, PTX archs) embedded in ``library``, read with cuobjdump."""
-    elf = run_tool([cuobjdump, "--list-elf", str(library)], _LIST_TIMEOUT_S)
-    ptx = run_tool([cuobjdump, "--list-ptx", str(library)], _LIST_TIMEOUT_S)
-    if elf.returncode != 0 and _NO_DEVICE_CODE in elf.stdout:
-        return set(), set()  # host code only: the caller judges whether that is allowed
-    if elf.returncode != 0:
-        raise CompileError(f"cuobjdump could not read {library.name}: {elf.stdout[-500:]}")
-    return set(_ELF.findall(elf.stdout)), set(_PTX.findall(ptx.stdout)) if ptx.returncode == 0 else set()
 
 
 @dataclass(frozen=True)

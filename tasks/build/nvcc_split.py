@@ -181,7 +181,7 @@ def _rewrite_depfile(written: Path, wanted: str, part_obj: str, obj: str) -> Non
 
 
 def _tool(cmd: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """One combining tool, in this process's group (not :func:`kiln.tasks.build.nvcc.run_tool`'s group of its own):
+    """One combining tool, in this process's group (not :func:`kiln.tasks.process.run_tool`'s group of its own):
     the unit's deadline ends the build's whole process group, and with it this tool."""
     return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout, check=False)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from packaging.requirements import Requirement
 
+from kiln.core.fsutil import digest
 from kiln.runtime.archs import at_least
-from kiln.tasks.build.cache import digest
 from kiln.tasks.build.reproducible import BUILD_RECIPE
 from kiln.tasks.build.sources import project_hash, source_closure
 from kiln.tasks.project import archs as arch_rules

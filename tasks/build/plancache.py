@@ -44,8 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.core.fsutil import atomic_write_text, sha256_file
-from kiln.tasks.build.cache import digest
+from kiln.core.fsutil import atomic_write_text, digest, sha256_file
 from kiln.tasks.build.nvcc import NvccSettings
 from kiln.tasks.build.plan import CACHE_FORMAT, BuildPlan, CompileUnit, Skip, VariantPlan, kiln_state
 from kiln.tasks.build.reproducible import BUILD_RECIPE

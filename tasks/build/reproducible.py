@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kiln.core.errors import CompileError
-from kiln.tasks.build.wheel import ZIP_EPOCH  # a wheel's stamp outside git: the build's epoch then too
+from kiln.tasks.wheel.assemble import ZIP_EPOCH  # a wheel's stamp outside git: the build's epoch then too
 
 _log = logging.getLogger(__name__)
 _GIT_TIMEOUT_S = 60

@@ -25,26 +25,26 @@ from kiln.core.record import Checkout
 from kiln.tasks.build import plancache, sparepool
 from kiln.tasks.build.aot import toolchain_versions
 from kiln.tasks.build.backend import ProjectBuilder, cuda_home
-from kiln.tasks.build.buildenv import VariantEnvironments, requires
+from kiln.tasks.build.buildenv import VariantEnvironments
 from kiln.tasks.build.cache import BuildCache
 from kiln.tasks.build.cache_remote import RemoteTier
 from kiln.tasks.build.compile_cache import compilations_noun, open_compile_cache
 from kiln.tasks.build.compile_seconds import total
 from kiln.tasks.build.compile_tier import shared_tier
 from kiln.tasks.build.interpreters import cell_interpreters, check_cells_resolve
-from kiln.tasks.build.manylinux import why_not_manylinux
 from kiln.tasks.build.nvcc import NvccBuilder, NvccSettings, find_cuobjdump, find_nvcc, missing_reason, settings_for
 from kiln.tasks.build.plan import BuildPlan, CompileUnit, VariantPlan, kiln_state, plan_build
-from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.units import CompileContext, UnitResult
-from kiln.tasks.build.variants import VARIANT_WHEELS_DIR, write_variant_wheels
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import KilnConfig, Variant, load_config
 from kiln.tasks.project.config_matrix import abi3_served
-from kiln.tasks.project.config_project import pinned_version
+from kiln.tasks.project.config_project import pinned_version, requires
 from kiln.tasks.project.registry_guest import RegistryData, load_registry_data
 from kiln.tasks.project.registry_types import CudaSourceRecord
 from kiln.tasks.run.versioning import check_build_version, variant_version
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel
+from kiln.tasks.wheel.manylinux import why_not_manylinux
+from kiln.tasks.wheel.rewheel import rewrite_wheel
+from kiln.tasks.wheel.variants import VARIANT_WHEELS_DIR, write_variant_wheels
 
 _log = logging.getLogger(__name__)
 

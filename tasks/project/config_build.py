@@ -181,7 +181,7 @@ class Build(_Model):
     interpreters: dict[str, LocalPath] = Field(default_factory=dict)
     # The manylinux a native wheel must meet ("2_28": glibc 2.28 and the libstdc++ of that policy): the wheel
     # is tagged for it, and one whose binaries need newer symbol versions fails its unit naming them
-    # (kiln.tasks.build.manylinux). None: the tag is whatever the binaries allow on the build host.
+    # (kiln.tasks.wheel.manylinux). None: the tag is whatever the binaries allow on the build host.
     manylinux: str | None = None
     # Variables of the step's environment the package's build may see, each by name (its backend runs as a
     # guest: an allow-list, never a credential, identity or Prefect variable).

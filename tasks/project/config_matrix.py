@@ -184,7 +184,7 @@ def _with_torch(requirements: Sequence[str], torch: str) -> tuple[str, ...]:
 def _stable_once(variant: Variant) -> Variant:
     """An ``abi = "stable"`` variant builds once per Python, not once per torch: against the newest torch of its
     axis, targeting the oldest (its ``torch_target`` unless it declares one), so its one wheel requires
-    ``torch>=<oldest>`` and loads under each (:mod:`kiln.tasks.build.stable_abi`)."""
+    ``torch>=<oldest>`` and loads under each (:mod:`kiln.tasks.wheel.stable_abi`)."""
     oldest = Version(variant.torch[0]).release  # the torch axis's check sorted it
     target = variant.torch_target or f"{oldest[0]}.{oldest[1]}"
     return variant.model_copy(update={"torch": variant.torch[-1:], "torch_target": target})

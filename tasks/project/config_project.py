@@ -130,3 +130,8 @@ def pinned_version(requirements: Sequence[str], name: str = "torch") -> str | No
                 and "*" not in specs[0].version:
             return specs[0].version
     return None
+
+
+def requires(requirements: Sequence[str], name: str) -> bool:
+    """Whether ``requirements`` name the distribution ``name`` (canonical), whatever version they ask."""
+    return any(canonicalize_name(Requirement(r).name) == name for r in requirements)

@@ -20,7 +20,7 @@ from kiln.tasks.project.config_project import requirement
 # Closed sets, each spelled once: argparse choices and run-time checks derive from them (get_args).
 Backend = Literal["cuda", "hip", "cpu"]
 # A variant's torch ABI claim: "exact" pins the torch it was built against; "stable" promises the LibTorch
-# stable ABI only (no at::/c10:: symbols), which the build's audit checks (kiln.tasks.build.abi_audit).
+# stable ABI only (no at::/c10:: symbols), which the build's audit checks (kiln.tasks.wheel.abi_audit).
 TorchAbi = Literal["exact", "stable"]
 # The CPUs a variant's wheels are built for: the builder's own (x86_64), and aarch64 (NVIDIA Grace), cross-built
 # on it (kiln.tasks.build.cross).
@@ -58,7 +58,7 @@ class Variant(_Model):
     # "stable": one wheel over torch's stable ABI for every torch of the axis (torch>= in its metadata).
     abi: TorchAbi = "exact"
     # abi = "stable" only: the oldest torch (major.minor) its one wheel claims, passed to its build as
-    # TORCH_TARGET_VERSION (kiln.tasks.build.stable_abi); default: the torch it builds against.
+    # TORCH_TARGET_VERSION (kiln.tasks.wheel.stable_abi); default: the torch it builds against.
     torch_target: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
     # Matrix axes (kiln.tasks.project.config_matrix): the Pythons and torches this variant is built for, less
     # the cells `exclude` names. Expanded at load into one variant per cell; none: one wheel, as before.

@@ -58,7 +58,7 @@ from kiln.core.errors import InfrastructureError, KilnError
 from kiln.core.fsutil import atomic_write_text, polled_lock
 from kiln.core.venvs import venv_command
 from kiln.tasks.build.buildenv import BuildEnvironmentError, ensure_env, owner_only_dir
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.process import run_tool
 from kiln.tasks.project.config_project import pinned_version
 from kiln.tasks.testing.hostbase import HostDistributions, copy_into, host_distributions
 

@@ -37,7 +37,7 @@ from kiln.core.sandbox import guest_command, guest_environ, installer_command
 from kiln.core.venvs import uv_command
 from kiln.tasks.build.buildenv import uv_source_options
 from kiln.tasks.build.cross import default_cache_dir
-from kiln.tasks.build.nvcc import run_tool
+from kiln.tasks.process import run_tool
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.project.config_matrix import cell_python
 from kiln.tasks.testing import emulation
@@ -100,20 +100,25 @@ def _prepared(config: KilnConfig, target: SuiteTarget, wheel: Path, root: Path, 
     shutil.rmtree(slot, ignore_errors=True)
     for folder in ("home", "site"):  # made here: the guests may write only folders that exist
         (slot / folder).mkdir(parents=True)
-    _install(slot / "site", wheel, [*target.suite.requires, "pytest"], indexes, cell_python(target.variant))
+    _install(slot / "site", wheel, [*target.suite.requires, "pytest", "pytest-timeout"], indexes,
+             cell_python(target.variant))
     _copy_paths(config, target.suite.paths, slot / "project")
     return slot
 
 
 def _pytest(root: Path, slot: Path, target: SuiteTarget) -> subprocess.CompletedProcess[str]:
-    """pytest on the suite's copied paths in the userland, as a guest, under the suite's deadline."""
+    """pytest on the suite's copied paths in the userland, as a guest, under the suite's deadline, each test under
+    its ``test_timeout_s`` (pytest-timeout), with the variables its ``pass_env`` names (never a credential's)."""
     suite, inside = target.suite, "/" + slot.relative_to(root).as_posix()
+    environ = guest_environ(slot / "home", pass_env=suite.pass_env)
+    passed = [f"{name}={environ[name]}" for name in suite.pass_env if name in environ]
     cmd = ["/usr/sbin/chroot", str(root), "/usr/bin/env", "-i", "-C", f"{inside}/project",
-           "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home",
+           "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home", *passed,
            "/usr/bin/python3", "-s", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           f"--junitxml={inside}/report.xml", *(("-m", suite.markers) if suite.markers else ()), *suite.paths]
+           f"--timeout={suite.test_timeout_s:g}", f"--junitxml={inside}/report.xml",
+           *(("-m", suite.markers) if suite.markers else ()), *suite.paths]
     guest = guest_command(cmd, read=[root], write=[slot, root / "dev" / "null"], network="loopback")
-    return run_tool(guest, suite.deadline_s, env=guest_environ(slot / "home"))
+    return run_tool(guest, suite.deadline_s, env=environ)
 
 
 def _report(path: Path) -> tuple[bytes | None, str]:

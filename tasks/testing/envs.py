@@ -61,9 +61,9 @@ from kiln.core.venvs import unmet_requirements as unmet_requirements  # kept her
 from kiln.core.venvs import uv_command, venv_command
 from kiln.core.wheels import core_metadata
 from kiln.tasks.build.buildenv import pip_sources
-from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.testing import layers
 from kiln.tasks.testing.baseenv import BaseEnv, base_env, base_pins
+from kiln.tasks.wheel.runtime_wheel import build_runtime_wheel
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ import pytest
 
 from kiln.core.errors import AbiAuditError, ConfigError
 from kiln.flows.cli import main
-from kiln.tasks.build import abi_audit
-from kiln.tasks.build.abi_audit import abi3_claim, audit_members, audit_wheel
 from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.manylinux import linux_platform
-from kiln.tasks.build.rewheel import rewrite_wheel
 from kiln.tasks.build.stage import assemble_variant, prepare_build
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.wheel import abi_audit
+from kiln.tasks.wheel.abi_audit import abi3_claim, audit_members, audit_wheel
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel, write_wheel
+from kiln.tasks.wheel.manylinux import linux_platform
+from kiln.tasks.wheel.rewheel import rewrite_wheel
 from tests.helpers.projects import copy_project
 
 STAMP = WheelStamp.for_commit("c" * 40, 1764450423, {"torch": "2.13.0"}, environ={})

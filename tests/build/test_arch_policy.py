@@ -10,8 +10,8 @@ import pytest
 
 from kiln.core.errors import CompileError
 from kiln.tasks.build.backend import device_code_json
-from kiln.tasks.build.devicecode import check_wheel, held
-from kiln.tasks.build.wheel import WheelStamp, write_wheel
+from kiln.tasks.wheel.assemble import WheelStamp, write_wheel
+from kiln.tasks.wheel.devicecode import check_wheel, held
 
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"
 

@@ -13,11 +13,11 @@ import pytest
 from kiln.core.errors import CompileError
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build.backend import build_environ, cmake_arch, hide_cuda_toolkit
-from kiln.tasks.build.devicecode import check_wheel, rocm_targets
-from kiln.tasks.build.rewheel import rewrite_metadata, rewrite_wheel
-from kiln.tasks.build.wheel import WheelInput, write_wheel
 from kiln.tasks.project.config import load_config
 from kiln.tasks.project.config_build import Toolchain
+from kiln.tasks.wheel.assemble import WheelInput, write_wheel
+from kiln.tasks.wheel.devicecode import check_wheel, rocm_targets
+from kiln.tasks.wheel.rewheel import rewrite_metadata, rewrite_wheel
 from tests.helpers.projects import copy_project
 
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"
@@ -94,7 +94,7 @@ def _wheel(tmp_path: Path, files: dict[str, bytes], name: str = "plaincuda-1.0.0
 
 
 def _stamp():
-    from kiln.tasks.build.wheel import WheelStamp
+    from kiln.tasks.wheel.assemble import WheelStamp
 
     return WheelStamp.for_commit("c" * 40, 1764536823, {"triton": "3.9.0", "torch": "2.13.0+cpu"}, environ={})
 
@@ -170,8 +170,8 @@ CUDA_UNIT = "build/cu130/sm_80+sm_90/plaincuda/pep517"
 
 @needs_nvcc
 def test_a_backend_build_uses_the_exported_archs_and_its_wheel_holds_exactly_them(prefect_server, tmp_path):
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
 
     state, units, run = _build(tmp_path)
     assert state.is_completed(), state.message

@@ -25,8 +25,8 @@ from kiln.tasks.build.buildenv import (
     overlay_env,
     probe_torch,
 )
-from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config_project import pinned_version
+from kiln.tasks.wheel.assemble import WheelStamp, write_wheel
 from tests.helpers.hostile import Listener
 from tests.helpers.projects import copy_project
 from tests.helpers.sdists import evil_sdist_index, probing_sdist_index

@@ -18,10 +18,10 @@ import pytest
 
 from kiln.tasks.build.compile_cache import CompileCache, CompileStats, find_ccache, open_compile_cache
 from kiln.tasks.build.compiler_shims import ACTIVE, cached_compilers, unit_stats
-from kiln.tasks.build.devicecode import rocm_targets
 from kiln.tasks.build.nvcc import find_cuobjdump
 from kiln.tasks.build.stage import compile_context, prepare_build
 from kiln.tasks.build.units import UnitResult, build_unit, unit_record
+from kiln.tasks.wheel.devicecode import rocm_targets
 from tests.helpers.projects import FIXTURES
 
 needs_toolchain = pytest.mark.skipif(shutil.which("gcc") is None or find_ccache() is None,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.tasks.build.compiled_here import code_digest
+from kiln.tasks.wheel.compiled_here import code_digest
 from tests.helpers.projects import copy_project
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("cmake") is None,

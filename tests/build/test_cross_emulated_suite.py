@@ -61,12 +61,22 @@ def test_the_host_stays_out_of_reach_even_out_of_the_chroot():
 
 def test_that_fails_under_emulation():
     assert crossdot.dot([1.0], [1.0]) == 3.0
+
+
+def test_the_suite_s_pass_env_reaches_it():
+    assert os.environ.get("KILN_EMU_PROBE") == "seen"
+
+
+def test_that_hangs_past_its_test_timeout():
+    import time
+    time.sleep(600)
 '''
 
 
 def _emulated(project: Path, port: int, canary: Path) -> None:
     text = KILN_TOML.replace('publish_untested = true  # its aarch64 cell\'s suite cannot run on this x86_64 machine',
-                             "emulate = true\nrequired = false")
+                             "emulate = true\nrequired = false\npass_env = [\"KILN_EMU_PROBE\"]\n"
+                             "test_timeout_s = 30")
     assert "emulate = true" in text, "the cross nightly's kiln.toml changed"
     (project / "kiln.toml").write_text(text)
     (project / "tests").mkdir()
@@ -77,11 +87,12 @@ def _emulated(project: Path, port: int, canary: Path) -> None:
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(os.environ.get(emulation.OPT_IN) != "1",
                     reason="emulated aarch64 suite: set KILN_TEST_AARCH64=1 (root, network, minutes the first time)")
-def test_an_aarch64_cells_suite_runs_under_emulation_when_it_asks(prefect_server, tmp_path):
+def test_an_aarch64_cells_suite_runs_under_emulation_when_it_asks(prefect_server, tmp_path, monkeypatch):
     from kiln.flows.test import test_flow
 
     if why := emulation.cannot_emulate() or ("" if cross.compiler(cross.target("aarch64")) else "no cross gcc"):
         pytest.skip(why)
+    monkeypatch.setenv("KILN_EMU_PROBE", "seen")  # named by the suite's pass_env: it reaches the emulated tests
     canary = tmp_path / "credentials"  # a file of the host's, outside the userland
     canary.write_text("[default]\naws_secret_access_key = canary\n")
     listener = Listener()  # on the host's loopback: the suite has a loopback of its own
@@ -95,11 +106,13 @@ def test_an_aarch64_cells_suite_runs_under_emulation_when_it_asks(prefect_server
     run = RunManifest.load(out / str(state.state_details.flow_run_id))
     units = {u.id: u for u in run.units}
     arm, x86 = units["test/unit/cpupy311aarch64"], units["test/unit/cpupy311"]
-    assert arm.state == "failed" and arm.message.startswith("2 passed, 1 failed"), arm.message
+    assert arm.state == "failed" and arm.message.startswith("3 passed, 2 failed"), arm.message
     assert "under emulation: aarch64 CPython 3.11" in arm.message, arm.message
-    assert x86.state == "failed" and x86.message.startswith("1 passed, 2 failed"), x86.message  # not aarch64 here
+    assert x86.state == "failed" and x86.message.startswith("2 passed, 3 failed"), x86.message  # not aarch64 here
     [report] = [run.root / a.path for a in run.artifacts_of("report") if a.variant == "cpupy311aarch64"]
     outcomes = {r.nodeid.rsplit("::", 1)[1]: r.outcome for r in parse_junit(report)}
     assert outcomes == {"test_dot_on_aarch64": "passed", "test_the_host_stays_out_of_reach_even_out_of_the_chroot":
-                        "passed", "test_that_fails_under_emulation": "failed"}
+                        "passed", "test_that_fails_under_emulation": "failed",
+                        "test_the_suite_s_pass_env_reaches_it": "passed",
+                        "test_that_hangs_past_its_test_timeout": "failed"}  # ended by its test_timeout_s
     assert not (emulation.BINFMT / emulation.ENTRY).exists()  # the registration was undone

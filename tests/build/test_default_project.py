@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.tasks.build.runtime_wheel import build_runtime_wheel
 from kiln.tasks.build.stage import assemble_variant, prepare_build
+from kiln.tasks.wheel.runtime_wheel import build_runtime_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

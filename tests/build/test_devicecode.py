@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import InvalidInputError, MemberTooLargeError
-from kiln.tasks.build.devicecode import wheel_contents
+from kiln.tasks.wheel.devicecode import wheel_contents
 from tests.helpers.wheelkit import claim_member_size
 
 MIB = 1 << 20

@@ -47,8 +47,8 @@ def _wheel(path: Path) -> tuple[dict[str, bytes], str]:
 def test_ember_cu130_builds_against_the_cuda_torch_with_exactly_the_planned_sass(prefect_server, cuda_torch_envs,
                                                                                  tmp_path):
     from kiln.flows.build import build_flow
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
 
     config = git_project("ember", tmp_path)
     link_shared_envs(config.parent, cuda_torch_envs)
@@ -93,11 +93,12 @@ def test_an_nvcc_torch_unit_of_a_variant_with_build_requires_compiles_against_th
     """Kiln's own nvcc units (a registry's csrc with [build.toolchain] torch = true): torch's include and
     library dirs come from the variant's build environment, read with its python."""
     from kiln.tasks.build.buildenv import VariantEnvironments
-    from kiln.tasks.build.nvcc import NvccBuilder, embedded_archs, find_nvcc
+    from kiln.tasks.build.nvcc import NvccBuilder, find_nvcc
     from kiln.tasks.build.plan import CompileUnit
     from kiln.tasks.build.units import CompileContext, _compile
     from kiln.tasks.project.config import load_config
     from kiln.tasks.project.registry_types import CudaSourceRecord
+    from kiln.tasks.wheel.devicecode import embedded_archs
     from tests.helpers.projects import copy_project
 
     config_path = copy_project("tiny", tmp_path)

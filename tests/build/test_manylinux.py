@@ -20,7 +20,9 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.manylinux import (
+from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel, write_wheel
+from kiln.tasks.wheel.manylinux import (
     EXCLUDES,
     linux_platform,
     most_compatible,
@@ -28,10 +30,8 @@ from kiln.tasks.build.manylinux import (
     wheel_file_tagged,
     why_not_manylinux,
 )
-from kiln.tasks.build.rewheel import rewrite_wheel
-from kiln.tasks.build.variants import write_variant_wheels
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
-from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.wheel.rewheel import rewrite_wheel
+from kiln.tasks.wheel.variants import write_variant_wheels
 from tests.helpers.projects import copy_project
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -223,7 +223,7 @@ def test_the_elf_machine_read_from_the_header_is_what_pyelftools_reads(data):
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
-    from kiln.tasks.build.manylinux import _machine
+    from kiln.tasks.wheel.manylinux import _machine
 
     try:
         expected = str(ELFFile(BytesIO(data)).header["e_machine"]) if data[:4] == b"\x7fELF" else None

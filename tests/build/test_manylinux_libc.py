@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from packaging.utils import parse_wheel_filename
 
-from kiln.tasks.build.manylinux import linux_platform, why_not_manylinux
-from kiln.tasks.build.rewheel import rewrite_wheel
-from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config import load_config
+from kiln.tasks.wheel.assemble import WheelStamp, write_wheel
+from kiln.tasks.wheel.manylinux import linux_platform, why_not_manylinux
+from kiln.tasks.wheel.rewheel import rewrite_wheel
 from tests.helpers.projects import copy_project
 
 pytestmark = [pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),

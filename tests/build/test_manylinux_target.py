@@ -20,10 +20,10 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 from kiln.core.errors import AbiAuditError, ConfigError
-from kiln.tasks.build.manylinux import linux_platform
-from kiln.tasks.build.rewheel import rewrite_wheel
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import KilnConfig, load_config
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel, write_wheel
+from kiln.tasks.wheel.manylinux import linux_platform
+from kiln.tasks.wheel.rewheel import rewrite_wheel
 from tests.helpers.projects import copy_project
 
 pytestmark = [pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),

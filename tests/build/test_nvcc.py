@@ -9,8 +9,9 @@ import pytest
 
 from kiln.core.errors import CompileError, ToolchainMissingError
 from kiln.tasks.build import nvcc as nvcc_mod
-from kiln.tasks.build.nvcc import build_library, embedded_archs, expected_contents, find_nvcc, gencode_flags
+from kiln.tasks.build.nvcc import build_library, find_nvcc, gencode_flags
 from kiln.tasks.build.stage import prepare_build
+from kiln.tasks.wheel.devicecode import embedded_archs, expected_contents
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "kernels" / "kiln_kernels" / "csrc" / "silu_and_mul.cu"

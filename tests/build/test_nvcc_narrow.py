@@ -127,8 +127,8 @@ def _own_archs(policy: str, archs: str = '["8.0", "9.0"]'):
 
 @needs_nvcc
 def test_narrow_builds_a_hard_coded_gencode_list_for_the_variants_archs_only(prefect_server, tmp_path):
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
 
     state, units, run = _build(tmp_path, _own_archs("narrow"))
     assert state.is_completed(), state.message

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from kiln.tasks.build.compile_cache import CompileStats, open_compile_cache
-from kiln.tasks.build.nvcc import build_library_counted, embedded_archs, find_nvcc
+from kiln.tasks.build.nvcc import build_library_counted, find_nvcc
+from kiln.tasks.wheel.devicecode import embedded_archs
 from tests.helpers.projects import copy_project
 
 KERNEL = """__global__ void scale(float* x, float a, int n) {

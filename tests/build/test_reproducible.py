@@ -22,10 +22,10 @@ import pytest
 from kiln.core.errors import CompileError
 from kiln.core.manifest import RunManifest
 from kiln.tasks.build import stagedir
-from kiln.tasks.build.manylinux import EXCLUDES, most_compatible
 from kiln.tasks.build.reproducible import commit_time, path_maps, reproducible_environ
-from kiln.tasks.build.wheel import ZIP_EPOCH
 from kiln.tasks.project.config import Backend
+from kiln.tasks.wheel.assemble import ZIP_EPOCH
+from kiln.tasks.wheel.manylinux import EXCLUDES, most_compatible
 from tests.helpers.cuda_torch import link_shared_envs, shared_cuda_torch_envs
 from tests.helpers.gitrepo import COMMIT_TIME, git, git_project, init_repo
 

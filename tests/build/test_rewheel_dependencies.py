@@ -18,11 +18,11 @@ from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.flows.summary import render_text
 from kiln.release.publish.protocol import PublishRequest, publish
-from kiln.tasks.build import rewheel
-from kiln.tasks.build.rewheel import merged_requires, rewrite_wheel
-from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.install_hint import install_facts, requires_dist
 from kiln.tasks.project.config import load_config
+from kiln.tasks.wheel import rewheel
+from kiln.tasks.wheel.assemble import WheelStamp, write_wheel
+from kiln.tasks.wheel.rewheel import merged_requires, rewrite_wheel
 from tests.helpers.projects import copy_project
 
 OWN = ("numpy>=1.20", 'pytest; extra == "test"')

@@ -7,7 +7,7 @@ import sys
 import zipfile
 from importlib import metadata
 
-from kiln.tasks.build.runtime_wheel import build_runtime_wheel
+from kiln.tasks.wheel.runtime_wheel import build_runtime_wheel
 
 TIMEOUT_S = 300
 
@@ -51,8 +51,8 @@ def test_pip_installs_the_runtime_wheel_into_a_bare_venv_and_it_imports(tmp_path
 def test_a_built_wheel_requires_exactly_the_kiln_runtime_published_beside_it():
     from pathlib import Path
 
-    from kiln.tasks.build.wheel import requirements
     from kiln.tasks.project.config import load_config
+    from kiln.tasks.wheel.assemble import requirements
 
     config = load_config(Path(__file__).parents[1] / "fixtures" / "projects" / "tiny" / "kiln.toml")
     assert config.project.ships_runtime

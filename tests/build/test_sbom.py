@@ -11,10 +11,10 @@ from pathlib import Path
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
-from kiln.tasks.build.rewheel import rewrite_wheel
-from kiln.tasks.build.sbom import is_binary
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, write_wheel
 from kiln.tasks.project.config import load_config
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel, write_wheel
+from kiln.tasks.wheel.rewheel import rewrite_wheel
+from kiln.tasks.wheel.sbom import is_binary
 from tests.helpers.projects import copy_project
 
 STAMP = WheelStamp.for_commit("c" * 40, 1764450423, {"triton": "3.9.0", "nvcc": "13.0"}, environ={})
@@ -82,7 +82,7 @@ def test_a_backend_built_wheel_gets_the_sbom_of_what_it_ships(tmp_path):
 
 def test_a_stored_sbom_is_the_bytes_a_fresh_one_has_and_any_input_changes_its_key(tmp_path):
     from kiln.tasks.build.cache import BuildCache
-    from kiln.tasks.build.sbom import wheel_sbom
+    from kiln.tasks.wheel.sbom import wheel_sbom
 
     variant = load_config(copy_project("tiny", tmp_path)).variant("cu130")
     members = [("tinyk/_aot/8.0/add/a.cubin", b"\x7fELF cubin"), ("tinyk/__init__.py", b"x = 1\n")]

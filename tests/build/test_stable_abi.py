@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.tasks.build.stable_abi import (
+from kiln.tasks.project.config import Variant
+from kiln.tasks.wheel.stable_abi import (
     build_target,
     series,
     stable_environ,
@@ -15,7 +16,6 @@ from kiln.tasks.build.stable_abi import (
     untied_tag,
     wheel_file_retagged,
 )
-from kiln.tasks.project.config import Variant
 
 
 @pytest.mark.parametrize(("version", "value"), [("2.13", "0x020d000000000000"), ("2.14.1+cu130", "0x020e000000000000"),

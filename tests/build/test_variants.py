@@ -23,9 +23,9 @@ from kiln.release.index.variants import (
     wheels_variants,
 )
 from kiln.tasks.build.stage import assemble_variant, prepare_build
-from kiln.tasks.build.variants import cuda_lower_bound, sm_arch_values, write_variant_wheels
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel
 from kiln.tasks.project.config import load_config
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel
+from kiln.tasks.wheel.variants import cuda_lower_bound, sm_arch_values, write_variant_wheels
 from tests.helpers.projects import copy_project
 
 VERSION = "0.1.0.dev20261129"

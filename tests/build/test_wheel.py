@@ -20,8 +20,8 @@ from packaging.utils import parse_wheel_filename
 
 import kiln.runtime
 from kiln.core.errors import InvalidInputError
-from kiln.tasks.build.wheel import WheelInput, WheelStamp, build_wheel, platform_tag, wheel_filename
 from kiln.tasks.project.config import load_config
+from kiln.tasks.wheel.assemble import WheelInput, WheelStamp, build_wheel, platform_tag, wheel_filename
 from tests.helpers.projects import copy_project
 
 
@@ -163,7 +163,7 @@ def test_vendored_libraries_and_data_are_kept_and_exclusions_warned(tmp_path, ca
     config_path.write_text(config_path.read_text().replace('unit_timeout_s = 120', 'unit_timeout_s = 120\nexclude = ["*.tmp"]'))
     config = load_config(config_path)
     stamp = WheelStamp.for_commit("c" * 40, 1764450423, environ={})
-    with caplog.at_level(logging.WARNING, logger="kiln.tasks.build.wheel"):
+    with caplog.at_level(logging.WARNING, logger="kiln.tasks.wheel.assemble"):
         cpu = build_wheel(config, "0.1.0+cpu", [], [], tmp_path / "wheels", variant=config.variant("cpu"), stamp=stamp)
     with zipfile.ZipFile(cpu) as archive:
         names = set(_record_ok(archive))
@@ -179,8 +179,8 @@ def test_a_stored_wheel_is_copied_when_its_members_are_unchanged(tmp_path, monke
     bytes (no rewrite), changed members a new wheel, and a damaged copy is rewritten, never served."""
     import logging
 
-    from kiln.tasks.build import wheel as wheel_module
     from kiln.tasks.build.cache import BuildCache
+    from kiln.tasks.wheel import assemble as wheel_module
 
     stamp = WheelStamp.for_commit("c" * 40, 1764450423, environ={})
     members = [("pkg/__init__.py", b"x = 1\n"), ("pkg-1.0.dist-info/METADATA", b"Metadata-Version: 2.1\nName: pkg\n"

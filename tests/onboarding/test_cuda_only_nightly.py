@@ -32,8 +32,8 @@ _PROBE = ("import json, torch, coops, cuda_only_ops_C as ext;"
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_a_cuda_only_package_with_a_prebuilt_wheel_switch_goes_through_kiln_init_and_the_nightly(
         prefect_server, tmp_path):
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
 
     cuda_torch = shared_cuda_torch_env()
     repo = tmp_path / "cudaonly"

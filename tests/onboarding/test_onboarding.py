@@ -111,8 +111,8 @@ def test_a_torch_cpp_extension_package_built_by_its_own_backend_goes_through_the
 
     from kiln.flows.nightly import nightly_flow
     from kiln.tasks.build.buildenv import ensure_env
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
     from tests.helpers.cuda_torch import CUDA_TORCH, link_shared_envs, shared_cuda_torch_envs
 
     config = git_project("ember", tmp_path)

@@ -95,8 +95,8 @@ def test_torchsort_as_published_goes_through_kiln_init_and_the_nightly_and_insta
     wheels = {a.variant: run.root / a.path for a in run.artifacts_of("wheel")}
     assert set(wheels) == {"cu130", "cpu"}
 
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
 
     cuobjdump = find_cuobjdump()
     contents = {name: (c.sass, c.ptx) for name, c in wheel_contents(wheels["cu130"], cuobjdump).items()}

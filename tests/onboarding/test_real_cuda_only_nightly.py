@@ -39,8 +39,8 @@ _PROBE = ("import json, torch, causal_conv1d as m, causal_conv1d_cuda as ext;"
 
 @pytest.mark.timeout(5400)
 def test_causal_conv1d_as_published_goes_through_kiln_init_and_the_nightly_at_one_arch(prefect_server, tmp_path):
-    from kiln.tasks.build.devicecode import wheel_contents
     from kiln.tasks.build.nvcc import find_cuobjdump
+    from kiln.tasks.wheel.devicecode import wheel_contents
 
     cuda_torch = shared_cuda_torch_env()
     pin = load_pin("causal-conv1d")

@@ -14,7 +14,7 @@ import pytest
 
 from kiln.flows.cli import main
 from kiln.release.cli import index_command
-from kiln.tasks.build.runtime_wheel import build_runtime_wheel
+from kiln.tasks.wheel.runtime_wheel import build_runtime_wheel
 from tests.helpers.wheelkit import make_wheel
 
 pytestmark = pytest.mark.slow  # six venvs, pip and uv

@@ -20,9 +20,9 @@ from kiln.core.record import RunHeader, RunRecord, create_record
 from kiln.core.store import LocalStore
 from kiln.flows.common import coverage_report
 from kiln.flows.summary import render_markdown, render_text
-from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.coverage import COVERAGE_INFO, wheel_platform
+from kiln.tasks.wheel.assemble import WheelStamp, write_wheel
 from tests.helpers.projects import copy_project
 
 VERSION = "0.1.0.dev1"

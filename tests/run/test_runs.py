@@ -187,7 +187,7 @@ def test_a_failed_upload_is_failed_in_the_record_and_in_prefect(prefect_server, 
 def test_the_test_stage_fails_on_a_wheel_missing_a_module_the_checkout_has(prefect_server, tinycpu, tmp_path,
                                                                           monkeypatch):
     from kiln.flows.test import test_flow
-    from kiln.tasks.build import wheel
+    from kiln.tasks.wheel import assemble as wheel
 
     sources = wheel.package_files
 

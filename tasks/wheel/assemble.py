@@ -13,7 +13,7 @@ member (RECORD included) carries one timestamp — ``SOURCE_DATE_EPOCH`` when
 set, else the commit's time — and members are written in sorted order. The
 platform tag is honest and the same on every worker: the manylinux tag
 ``auditwheel``'s analysis of the wheel's binaries allows
-(:mod:`kiln.tasks.build.manylinux`), else ``linux_<machine>``.
+(:mod:`kiln.tasks.wheel.manylinux`), else ``linux_<machine>``.
 
 Given the build cache, a wheel is written once per content: its key hashes the
 file name, the stamp and every member's name and sha256 in order, and a warm
@@ -44,13 +44,13 @@ from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
 from kiln.core.errors import ConfigError, InvalidInputError
-from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
-from kiln.tasks.build.abi_audit import audit_members, check_claims
-from kiln.tasks.build.cache import BuildCache, digest
-from kiln.tasks.build.manylinux import linux_platform, manylinux_tag
-from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
-from kiln.tasks.build.stable_abi import torch_specifier
+from kiln.core.fsutil import atomic_write_bytes, digest, sha256_bytes
 from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.wheel.abi_audit import audit_members, check_claims
+from kiln.tasks.wheel.manylinux import linux_platform, manylinux_tag
+from kiln.tasks.wheel.sbom import sbom_arcname, wheel_sbom
+from kiln.tasks.wheel.stable_abi import torch_specifier
+from kiln.tasks.wheel.stored import ResultCache
 
 _log = logging.getLogger(__name__)
 ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time a zip member can carry
@@ -90,7 +90,7 @@ class WheelStamp:
 
 def platform_tag() -> str:
     """``linux_x86_64`` style: what the build machine is, claiming no manylinux compatibility (until
-    :func:`kiln.tasks.build.manylinux.manylinux_tag` has judged the wheel's binaries)."""
+    :func:`kiln.tasks.wheel.manylinux.manylinux_tag` has judged the wheel's binaries)."""
     return linux_platform()
 
 
@@ -120,7 +120,7 @@ def requirements(config: KilnConfig, variant: Variant, toolchain: dict[str, str]
     loads under it), one with a torch extension the torch release series it was built against (``==2.14.*``:
     torch's C++ ABI holds within one), or for an ``abi = "stable"`` variant ``>=`` its floor (its target or
     ``audited_torch``, the minimum torch the ABI audit found, whichever is higher:
-    :func:`kiln.tasks.build.stable_abi.torch_specifier`)."""
+    :func:`kiln.tasks.wheel.stable_abi.torch_specifier`)."""
     # Validated when kiln.toml was loaded; str() spells each one the canonical way.
     project = config.project.dependencies if base is None else base
     reqs = [Requirement(r) for r in (*project, *variant.dependencies)]
@@ -218,7 +218,7 @@ class _StampedWheelFile(WheelFile):  # type: ignore[misc]  # the wheel package s
 
 def build_wheel(config: KilnConfig, version: str, binaries: list[WheelInput], entries: list[dict[str, Any]],
                 out_dir: Path, *, variant: Variant, stamp: WheelStamp = WheelStamp(),
-                cache: BuildCache | None = None) -> Path:
+                cache: ResultCache | None = None) -> Path:
     """Write the variant's wheel into ``out_dir`` atomically and return its path."""
     sources = package_files(config)
     pure = variant.backend == "cpu" and not ships_binaries(sources)
@@ -269,7 +269,7 @@ def wheel_key(filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp
 
 
 def write_wheel(out_dir: Path, filename: str, members: list[tuple[str, bytes]], stamp: WheelStamp,
-                cache: BuildCache | None = None) -> Path:
+                cache: ResultCache | None = None) -> Path:
     """Write ``members`` (arcname, bytes), in order, as ``out_dir/filename`` atomically; RECORD by WheelFile.
 
     With ``cache``, a wheel of the same key is copied from it (verified) and a new one is stored there.

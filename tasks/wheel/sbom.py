@@ -1,7 +1,7 @@
 """A CycloneDX SBOM in every wheel (PEP 770): what built it, from which commit, and every binary it holds.
 
 Written as ``<name>-<version>.dist-info/sboms/kiln.cdx.json`` by the build's wheel writers
-(:func:`kiln.tasks.build.wheel.build_wheel`, :func:`kiln.tasks.build.rewheel.rewrite_wheel`) with
+(:func:`kiln.tasks.wheel.assemble.build_wheel`, :func:`kiln.tasks.wheel.rewheel.rewrite_wheel`) with
 cyclonedx-python-lib (CycloneDX 1.6 JSON). It is reproducible like the wheel around it: its time is the
 wheel's stamp (the commit time or ``SOURCE_DATE_EPOCH``), its serial number is derived from the wheel's
 name, version and commit, and every list in it is sorted; nothing names the machine or the checkout's path.
@@ -23,8 +23,9 @@ from cyclonedx.output import make_outputter
 from cyclonedx.schema import OutputFormat, SchemaVersion
 from packageurl import PackageURL
 
-from kiln.tasks.build.cache import BuildCache, digest
+from kiln.core.fsutil import digest
 from kiln.tasks.project.config import Variant
+from kiln.tasks.wheel.stored import ResultCache
 
 #: Where PEP 770 puts SBOMs inside a wheel, below its ``.dist-info`` directory.
 SBOM_DIR = "sboms"
@@ -58,7 +59,7 @@ def _binary(arcname: str, sha256: str, size: int) -> Component:
 
 def wheel_sbom(distribution: str, version: str, variant: Variant, commit: str, epoch: int,
                toolchain: Sequence[tuple[str, str]], members: Sequence[tuple[str, bytes]],
-               cache: BuildCache | None = None) -> bytes:
+               cache: ResultCache | None = None) -> bytes:
     """The SBOM of a wheel of ``distribution`` ``version`` built for ``variant`` from ``commit``.
 
     ``toolchain``: (tool, version) pairs the binaries were compiled with (nvcc, Triton, torch);

@@ -2,7 +2,7 @@
 
 For every GPU variant the build's finished wheel (``tiny_kernels-0.1.0.dev…+cu130-py3-none-manylinux_2_5_x86_64.whl``)
 is written again as ``tiny_kernels-0.1.0.dev…-py3-none-manylinux_2_5_x86_64-cu130.whl``: the same members (the
-platform tag too: :mod:`kiln.tasks.build.manylinux`) under the
+platform tag too: :mod:`kiln.tasks.wheel.manylinux`) under the
 public version (no ``+local`` label), its SBOM made again for that version, and a ``*.dist-info/variant.json``
 mapping the label (the variant's name) to properties from the variant's backend, toolkit and archs:
 
@@ -31,11 +31,11 @@ from packaging.version import Version
 from kiln.core.errors import InvalidInputError
 from kiln.core.wheels import renamed_member
 from kiln.release.index.variants import NULL_LABEL, VARIANT_JSON, VARIANT_SCHEMA, dumps, variant_filename
-from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.rewheel import read_members
-from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
-from kiln.tasks.build.wheel import WheelStamp, write_wheel
 from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.wheel.assemble import WheelStamp, write_wheel
+from kiln.tasks.wheel.rewheel import read_members
+from kiln.tasks.wheel.sbom import sbom_arcname, wheel_sbom
+from kiln.tasks.wheel.stored import ResultCache
 
 _log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _with_version(metadata: bytes, version: str, wheel: str) -> bytes:
 
 
 def public_members(config: KilnConfig, variant: Variant, built: Path, stamp: WheelStamp,
-                   cache: BuildCache | None = None) -> tuple[str, str, list[tuple[str, bytes]]]:
+                   cache: ResultCache | None = None) -> tuple[str, str, list[tuple[str, bytes]]]:
     """(public version, dist-info directory, members) of ``built`` under its public version: the same members
     in the same order (RECORD and signatures left to the writer), METADATA's Version line and the SBOM made again."""
     dist_info, members = read_members(built)
@@ -167,7 +167,7 @@ def public_members(config: KilnConfig, variant: Variant, built: Path, stamp: Whe
 
 
 def write_variant_wheels(config: KilnConfig, variant: Variant, built: Path, out_dir: Path, stamp: WheelStamp,
-                         cache: BuildCache | None = None) -> list[Path]:
+                         cache: ResultCache | None = None) -> list[Path]:
     """``variant``'s variant wheel (and, for the null variant, the plain default wheel) from its finished
     ``built`` wheel, in ``out_dir``; none for a variant that gets no variant wheel."""
     document = variant_json(config, variant, dict(stamp.toolchain))

@@ -34,10 +34,10 @@ from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from kiln.core.errors import AbiAuditError, CompileError, InvalidInputError
-from kiln.core.fsutil import sha256_bytes
-from kiln.tasks.build.cache import BuildCache, digest
-from kiln.tasks.build.manylinux import elf_members, linux_platform
+from kiln.core.fsutil import digest, sha256_bytes
 from kiln.tasks.process import run_in_group
+from kiln.tasks.wheel.manylinux import elf_members, linux_platform
+from kiln.tasks.wheel.stored import ResultCache
 
 _log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class LibraryAudit:
     non_abi3_symbols: tuple[str, ...] = ()  # abi3 wheels only
     abi3_needs: str | None = None  # the limited API it uses, when newer than its tag's Python
     # a Python extension (PyInit_*) or a user of any Py* symbol; a stable-ABI library loaded by
-    # torch.ops.load_library uses none, and its wheel fits every Python 3 (kiln.tasks.build.stable_abi)
+    # torch.ops.load_library uses none, and its wheel fits every Python 3 (kiln.tasks.wheel.stable_abi)
     python_api: bool = True
 
 
@@ -147,7 +147,7 @@ def _library(arcname: str) -> bool:
 
 
 def audit_members(wheel: str, tag: str, members: Sequence[tuple[str, bytes]], *, torch_stable: bool,
-                  cache: BuildCache | None = None) -> WheelAudit:
+                  cache: ResultCache | None = None) -> WheelAudit:
     """The audit of a wheel named ``wheel`` (tag ``tag``) of ``members``; ``cache`` keeps each report by its key."""
     abi3, libraries = abi3_claim(tag), host_libraries(members)
     if not libraries:
@@ -172,7 +172,7 @@ def check_claims(audit: WheelAudit) -> WheelAudit:
     return audit
 
 
-def _stored(cache: BuildCache | None, key: str) -> tuple[LibraryAudit, ...] | None:
+def _stored(cache: ResultCache | None, key: str) -> tuple[LibraryAudit, ...] | None:
     stored = None if cache is None else cache.file(_BATCH, key, "report.json")
     return None if stored is None else tuple(_stored_library(lib) for lib in json.loads(stored))
 
@@ -252,7 +252,7 @@ def _abi3_report(root: Path, count: int, abi3: str, tmp: Path) -> dict[int, tupl
     return found
 
 
-def audit_wheel(path: Path, *, torch_stable: bool = False, cache: BuildCache | None = None) -> WheelAudit:
+def audit_wheel(path: Path, *, torch_stable: bool = False, cache: ResultCache | None = None) -> WheelAudit:
     """The audit of a wheel file (``kiln audit-abi``); an unreadable or misnamed one is an InvalidInputError."""
     try:
         parse_wheel_filename(path.name)

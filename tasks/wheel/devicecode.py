@@ -21,8 +21,31 @@ from pathlib import Path
 
 from kiln.core.errors import CompileError
 from kiln.core.wheels import copy_member
-from kiln.tasks.build.nvcc import embedded_archs, expected_contents
-from kiln.tasks.project.archs import parse_rocm_arch
+from kiln.tasks.process import run_tool
+from kiln.tasks.project.archs import parse_cuda_arch, parse_rocm_arch
+
+_LIST_TIMEOUT_S = 60
+_ELF = re.compile(r"^ELF file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.cubin\s*$", re.M)
+_PTX = re.compile(r"^PTX file\s+\d+:\s+\S*?\.(sm_\d+[af]?)\.ptx\s*$", re.M)
+_NO_DEVICE_CODE = "does not contain device code"
+
+
+def expected_contents(archs: tuple[str, ...]) -> tuple[set[str], set[str]]:
+    """(SASS archs, PTX archs) a library built with :func:`gencode_flags` must embed."""
+    parsed = [parse_cuda_arch(a) for a in archs]
+    return {a.sm for a in parsed}, {a.sm for a in parsed if a.ptx}
+
+
+def embedded_archs(library: Path, cuobjdump: str) -> tuple[set[str], set[str]]:
+    """(SASS archs, PTX archs) embedded in ``library``, read with cuobjdump."""
+    elf = run_tool([cuobjdump, "--list-elf", str(library)], _LIST_TIMEOUT_S)
+    ptx = run_tool([cuobjdump, "--list-ptx", str(library)], _LIST_TIMEOUT_S)
+    if elf.returncode != 0 and _NO_DEVICE_CODE in elf.stdout:
+        return set(), set()  # host code only: the caller judges whether that is allowed
+    if elf.returncode != 0:
+        raise CompileError(f"cuobjdump could not read {library.name}: {elf.stdout[-500:]}")
+    return set(_ELF.findall(elf.stdout)), set(_PTX.findall(ptx.stdout)) if ptx.returncode == 0 else set()
+
 
 _LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
 _BUNDLE = b"__CLANG_OFFLOAD_BUNDLE__"

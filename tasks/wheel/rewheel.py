@@ -3,13 +3,13 @@
 The project's own metadata stays as its backend wrote it (summary,
 description, license, entry points, extras, the ``WHEEL`` file and tag, but
 a plain ``linux_<machine>`` platform, which becomes the manylinux one its
-binaries allow: :mod:`kiln.tasks.build.manylinux`);
+binaries allow: :mod:`kiln.tasks.wheel.manylinux`);
 only ``Version`` and ``Requires-Dist`` are rewritten (the backend's own lines
 merged with ``[project] dependencies`` by :func:`merged_requires`, the torch
 line pinned to the torch release series the binary was built against, or for an ``abi = "stable"`` variant
-``>=`` its floor, :func:`pins_torch` and :mod:`kiln.tasks.build.stable_abi`), with the standard
+``>=`` its floor, :func:`pins_torch` and :mod:`kiln.tasks.wheel.stable_abi`), with the standard
 library's email parser as ``wheel`` itself does, and the wheel is written
-again with :func:`kiln.tasks.build.wheel.write_wheel` (``wheel.WheelFile``:
+again with :func:`kiln.tasks.wheel.assemble.write_wheel` (``wheel.WheelFile``:
 ``RECORD`` recomputed). Reading goes through ``WheelFile`` too, which checks
 every member against the backend's ``RECORD``, and every member is read
 bounded (:func:`kiln.core.wheels.read_member`): the ones Kiln parses at
@@ -39,14 +39,10 @@ from wheel.wheelfile import WheelFile
 
 from kiln.core.errors import CompileError, MemberTooLargeError
 from kiln.core.wheels import MEMBER_LIMITS, member_limit, read_member
-from kiln.tasks.build.abi_audit import audit_members, check_claims
-from kiln.tasks.build.buildenv import requires
-from kiln.tasks.build.cache import BuildCache
-from kiln.tasks.build.devicecode import MAX_LIBRARY_BYTES
-from kiln.tasks.build.manylinux import manylinux_tag, wheel_file_tagged
-from kiln.tasks.build.sbom import sbom_arcname, wheel_sbom
-from kiln.tasks.build.stable_abi import untied_tag, wheel_file_retagged
-from kiln.tasks.build.wheel import (
+from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.project.config_project import requires
+from kiln.tasks.wheel.abi_audit import audit_members, check_claims
+from kiln.tasks.wheel.assemble import (
     WheelInput,
     WheelStamp,
     build_info,
@@ -56,7 +52,11 @@ from kiln.tasks.build.wheel import (
     wheel_metadata,
     write_wheel,
 )
-from kiln.tasks.project.config import KilnConfig, Variant
+from kiln.tasks.wheel.devicecode import MAX_LIBRARY_BYTES
+from kiln.tasks.wheel.manylinux import manylinux_tag, wheel_file_tagged
+from kiln.tasks.wheel.sbom import sbom_arcname, wheel_sbom
+from kiln.tasks.wheel.stable_abi import untied_tag, wheel_file_retagged
+from kiln.tasks.wheel.stored import ResultCache
 
 _log = logging.getLogger(__name__)
 _SIGNATURES = ("RECORD", "RECORD.jws", "RECORD.p7s")
@@ -148,7 +148,7 @@ def pins_torch(config: KilnConfig, variant: Variant, members: dict[str, bytes]) 
 
 def rewrite_wheel(config: KilnConfig, variant: Variant, version: str, built: Path, binaries: list[WheelInput],
                   entries: list[dict[str, Any]], out_dir: Path, stamp: WheelStamp | None = None,
-                  cache: BuildCache | None = None) -> Path:
+                  cache: ResultCache | None = None) -> Path:
     """Write the variant's wheel from the backend's ``built`` wheel into ``out_dir``; return its path."""
     stamp = stamp or WheelStamp()
     dist_info, members = read_members(built)

@@ -1,6 +1,6 @@
 """The manylinux platform tag a native wheel's binaries allow, from ``auditwheel``'s analysis.
 
-Kiln writes every wheel itself (:func:`kiln.tasks.build.wheel.write_wheel`, byte-reproducible), so it never
+Kiln writes every wheel itself (:func:`kiln.tasks.wheel.assemble.write_wheel`, byte-reproducible), so it never
 lets ``auditwheel repair`` rewrite the archive: it asks auditwheel's analysis (what ``auditwheel show``
 reports) which policy the wheel's ELF members satisfy, then writes the wheel under that tag.
 
@@ -45,10 +45,10 @@ from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
 from elftools.elf.sections import SymbolTableSection
 
 from kiln.core.errors import AbiAuditError, CompileError
-from kiln.core.fsutil import sha256_bytes
-from kiln.tasks.build.cache import BuildCache, digest
+from kiln.core.fsutil import digest, sha256_bytes
 from kiln.tasks.process import run_in_group
 from kiln.tasks.project.config import Backend
+from kiln.tasks.wheel.stored import ResultCache
 
 _log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def verdict_key(elves: Sequence[tuple[str, bytes]], backend: Backend) -> str:
 
 
 def platform_verdict(members: Sequence[tuple[str, bytes]], backend: Backend,
-                     cache: BuildCache | None = None) -> PlatformVerdict:
+                     cache: ResultCache | None = None) -> PlatformVerdict:
     """The platform ``members`` (a wheel's, arcname and bytes) allow; ``linux_<machine>`` with a reason when
     no manylinux policy fits. ``cache``: the build cache that keeps each verdict by its key."""
     found = elf_members(members)
@@ -151,7 +151,7 @@ def platform_verdict(members: Sequence[tuple[str, bytes]], backend: Backend,
 
 
 def manylinux_tag(tag: str, members: Sequence[tuple[str, bytes]], backend: Backend,
-                  cache: BuildCache | None = None, target: str | None = None) -> str:
+                  cache: ResultCache | None = None, target: str | None = None) -> str:
     """``tag`` (``py3-none-linux_x86_64``, ``cp311-cp311-linux_x86_64``) with its plain ``linux_<machine>``
     platform replaced by the manylinux one ``members`` allow; any other tag (``any``, a tag a backend already
     audited) as it is. A wheel that stays ``linux_<machine>`` is logged with the reason.
@@ -259,7 +259,7 @@ def wheel_file_tagged(wheel_file: bytes, tag: str) -> bytes:
     return b"\n".join(lines)
 
 
-def why_not_manylinux(wheel: Path, backend: Backend, cache: BuildCache | None = None) -> str:
+def why_not_manylinux(wheel: Path, backend: Backend, cache: ResultCache | None = None) -> str:
     """Why a wheel Kiln wrote is ``linux_<machine>`` (its verdict, from the cache after the build); empty for
     any other platform."""
     if not wheel.name.removesuffix(".whl").endswith(f"-{linux_platform()}"):
@@ -269,7 +269,7 @@ def why_not_manylinux(wheel: Path, backend: Backend, cache: BuildCache | None = 
     return platform_verdict(members, backend, cache).reason
 
 
-def _stored(cache: BuildCache | None, key: str) -> PlatformVerdict | None:
+def _stored(cache: ResultCache | None, key: str) -> PlatformVerdict | None:
     stored = None if cache is None else cache.file(_BATCH, key, "verdict.json")
     return PlatformVerdict(**json.loads(stored)) if stored is not None else None
 

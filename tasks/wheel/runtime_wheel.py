@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import cast
 
 from kiln.core.errors import ConfigError
-from kiln.tasks.build.wheel import _CACHE_SUFFIXES, _CACHES, WheelStamp, wheel_filename, wheel_metadata, write_wheel
+from kiln.tasks.wheel.assemble import _CACHE_SUFFIXES, _CACHES, WheelStamp, wheel_filename, wheel_metadata, write_wheel
 
 DISTRIBUTION = "kiln-runtime"
 
