@@ -255,3 +255,24 @@ def digest(*parts: str) -> str:
         h.update(part.encode("utf-8"))
         h.update(b"\0")
     return h.hexdigest()
+
+
+def staged_once(final: Path, marker: str, what: str, make: Callable[[Path], Path], timeout_s: float,
+                error: Callable[[str], Exception]) -> Path:
+    """``final``, a folder that is whole once it holds ``marker``: made once by ``make(tmp)`` (which returns the
+    folder it made under ``tmp``, ``marker`` written last) and renamed into place, one maker at a time (the
+    others wait on the lock, then find it). A killed maker's leftovers are removed by the next."""
+    if (final / marker).is_file():
+        return final
+    parent = final.parent
+    with polled_lock(parent / f".{final.name}.lock", time.monotonic() + timeout_s, what, error):
+        if (final / marker).is_file():
+            return final
+        for stale in parent.glob(f".{final.name}-*"):  # a killed maker's (the lock says none runs)
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # a folder without its marker is a killed rename's remains
+        with tempfile.TemporaryDirectory(dir=parent, prefix=f".{final.name}-") as tmp:
+            stage = make(Path(tmp))
+            os.chmod(stage, 0o755)
+            os.replace(stage, final)
+    return final

@@ -15,6 +15,7 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
@@ -99,6 +100,20 @@ def copy_member(archive: zipfile.ZipFile, name: str, wheel: str, dest: Path, lim
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise _corrupt(wheel, name, exc) from exc
     return written
+
+def unpack_member(archive: zipfile.ZipFile, name: str, stage: Path, relative: str, wheel: str) -> Path:
+    """Member ``name`` of ``wheel`` written at ``stage / relative``, streamed (:func:`copy_member`, its size
+    as stated), executable where the archive says so; a member that would land outside ``stage`` is refused."""
+    target = stage / relative
+    if not target.resolve().is_relative_to(stage.resolve()):
+        raise InvalidInputError(f"{wheel} has a member outside its folder: {name!r}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    info = archive.getinfo(name)
+    copy_member(archive, name, wheel, target, info.file_size)
+    if (info.external_attr >> 16) & 0o100:
+        os.chmod(target, 0o755)
+    return target
+
 
 
 def _within_declared(archive: zipfile.ZipFile, name: str, wheel: str, cap: int) -> zipfile.ZipInfo:

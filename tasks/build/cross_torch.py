@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import sys
 import tempfile
-import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from kiln.core.errors import CompileError
-from kiln.core.fsutil import polled_lock
+from kiln.core.fsutil import staged_once
+from kiln.core.wheels import unpack_member
 from kiln.tasks.build.cross import CrossTarget
 from kiln.tasks.build.guest_install import pip_env
 from kiln.tasks.process import run_tool
@@ -52,25 +50,15 @@ def _python_tag() -> str:
 
 def staged_torch(cross: CrossTarget, version: str, cache_dir: Path, timeout_s: float = FETCH_TIMEOUT_S) -> Path:
     """The folder holding the target's ``torch/include`` and ``torch/lib`` (:data:`LINKED`) of torch
-    ``version`` for this CPython; fetched and staged once in ``cache_dir``."""
-    final = cache_dir / f"torch-{version}-cp{_python_tag()}-{cross.platform}"
-    if (final / _MARKER).is_file():
-        return final
-    # one stager of a version at a time: the others wait for its folder instead of fetching the wheel again
-    with polled_lock(cache_dir / f".{final.name}.lock", time.monotonic() + timeout_s,
-                     f"staging the {cross.platform} torch {version}", CompileError):
-        if (final / _MARKER).is_file():
-            return final
-        for stale in cache_dir.glob(f".{final.name}-*"):  # a killed stager's (the lock says none runs)
-            shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)  # a folder without its marker is a killed rename's remains
-        with tempfile.TemporaryDirectory(dir=cache_dir, prefix=f".{final.name}-") as tmp:
-            wheel = _fetch(cross, version, Path(tmp) / "download", timeout_s)
-            stage = Path(tmp) / "stage"
-            _unpack(wheel, stage, cross, version)
-            os.chmod(stage, 0o755)
-            os.replace(stage, final)
-    _log.info("staged the %s torch %s headers and libraries in %s", cross.platform, version, final)
+    ``version`` for this CPython; fetched and staged once in ``cache_dir``, one stager at a time."""
+    def make(tmp: Path) -> Path:
+        wheel = _fetch(cross, version, tmp / "download", timeout_s)
+        _unpack(wheel, tmp / "stage", cross, version)
+        return tmp / "stage"
+
+    final = staged_once(cache_dir / f"torch-{version}-cp{_python_tag()}-{cross.platform}", _MARKER,
+                        f"staging the {cross.platform} torch {version}", make, timeout_s, CompileError)
+    _log.debug("the %s torch %s headers and libraries are staged in %s", cross.platform, version, final)
     return final
 
 
@@ -100,12 +88,7 @@ def _unpack(wheel: Path, stage: Path, cross: CrossTarget, version: str) -> None:
         if missing:
             raise CompileError(f"{wheel.name} holds no {', '.join(missing)}: not a torch a C++ extension can link")
         for name in names:
-            target = stage / name
-            if not target.resolve().is_relative_to(stage.resolve()):
-                raise CompileError(f"{wheel.name} has a member outside its folder: {name!r}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(name) as source, open(target, "wb") as out:
-                shutil.copyfileobj(source, out)
+            unpack_member(archive, name, stage, name, wheel.name)
     (stage / _MARKER).write_text(json.dumps({"torch": version, "platform": cross.platform, "wheel": wheel.name},
                                             indent=1, sort_keys=True) + "\n")
 

@@ -22,17 +22,15 @@ import json
 import logging
 import os
 import re
-import shutil
-import stat
 import sys
 import tempfile
-import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from kiln.core.errors import CompileError, ToolchainMissingError
-from kiln.core.fsutil import polled_lock
+from kiln.core.fsutil import staged_once
+from kiln.core.wheels import unpack_member
 from kiln.tasks.build.cross import default_cache_dir
 from kiln.tasks.build.guest_install import pip_env
 from kiln.tasks.build.nvcc import find_nvcc
@@ -75,30 +73,22 @@ def _machine_tools(release: str) -> dict[str, Path] | None:
 
 
 def staged_toolkit(release: str, cache_dir: Path, timeout_s: float = FETCH_TIMEOUT_S) -> Path:
-    """The folder holding CUDA ``release``'s compiler wheel unpacked (its ``bin/ptxas``, maybe ``bin/nvcc``);
+    """The folder holding CUDA ``release``'s compiler wheels unpacked (its ``bin/ptxas``, maybe ``bin/nvcc``);
     fetched and staged once in ``cache_dir``, one stager at a time."""
-    final = cache_dir / f"cuda-{release}"
-    if (final / _MARKER).is_file():
-        return final
-    with polled_lock(cache_dir / f".{final.name}.lock", time.monotonic() + timeout_s,
-                     f"staging the CUDA {release} compilers", CompileError):
-        if (final / _MARKER).is_file():
-            return final
-        for stale in cache_dir.glob(f".{final.name}-*"):  # a killed stager's (the lock says none runs)
-            shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)  # a folder without its marker is a killed rename's remains
-        with tempfile.TemporaryDirectory(dir=cache_dir, prefix=f".{final.name}-") as tmp:
-            stage = Path(tmp) / "stage"
-            wheels = _fetch(release, Path(tmp) / "download", timeout_s)
-            for wheel in wheels:
-                _unpack(wheel, stage)
-            if not (stage / "bin" / "ptxas").is_file():
-                raise CompileError(f"{[w.name for w in wheels]} hold no bin/ptxas: not NVIDIA's CUDA compiler wheels")
-            (stage / _MARKER).write_text(json.dumps({"cuda": release, "wheels": [w.name for w in wheels]}, indent=1,
-                                                    sort_keys=True) + "\n")
-            os.chmod(stage, 0o755)
-            os.replace(stage, final)
-    _log.info("staged the CUDA %s compilers in %s", release, final)
+    def make(tmp: Path) -> Path:
+        stage = tmp / "stage"
+        wheels = _fetch(release, tmp / "download", timeout_s)
+        for wheel in wheels:
+            _unpack(wheel, stage)
+        if not (stage / "bin" / "ptxas").is_file():
+            raise CompileError(f"{[w.name for w in wheels]} hold no bin/ptxas: not NVIDIA's CUDA compiler wheels")
+        (stage / _MARKER).write_text(json.dumps({"cuda": release, "wheels": [w.name for w in wheels]}, indent=1,
+                                                sort_keys=True) + "\n")
+        return stage
+
+    final = staged_once(cache_dir / f"cuda-{release}", _MARKER, f"staging the CUDA {release} compilers", make,
+                        timeout_s, CompileError)
+    _log.debug("the CUDA %s compilers are staged in %s", release, final)
     return final
 
 
@@ -124,15 +114,7 @@ def _unpack(wheel: Path, stage: Path) -> None:
         members = [info for info in archive.infolist() if re.match(r"^nvidia/[^/]+/", info.filename)
                    and not info.is_dir()]
         for info in members:
-            name = info.filename.split("/", 2)[2]
-            target = stage / name
-            if not target.resolve().is_relative_to(stage.resolve()):
-                raise CompileError(f"{wheel.name} has a member outside its folder: {info.filename!r}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(info) as source, open(target, "wb") as out:
-                shutil.copyfileobj(source, out)
-            if (info.external_attr >> 16) & stat.S_IXUSR:
-                os.chmod(target, 0o755)
+            unpack_member(archive, info.filename, stage, info.filename.split("/", 2)[2], wheel.name)
 
 
 def toolkits_root() -> Path:
