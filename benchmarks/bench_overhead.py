@@ -65,7 +65,7 @@ def with_prefect(n: int) -> float:
     from prefect.cache_policies import NO_CACHE
     from prefect.futures import wait
 
-    from kiln.flows.common import retry_on_retryable
+    from kiln.flows.run.common import retry_on_retryable
 
     unit_task = task(work, name="unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1,
                      retry_condition_fn=retry_on_retryable)

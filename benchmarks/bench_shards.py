@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from kiln.core.manifest import RunManifest
-from kiln.flows.params import SuiteOptions
+from kiln.flows.run.params import SuiteOptions
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "suites" / "sharded"
 COUNTS = (1, 2, 4)

@@ -41,9 +41,11 @@ from kiln.core.errors import BenchmarkError
 from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord
 from kiln.core.store import Store
-from kiln.flows import progress
 from kiln.flows.build import build_flow
-from kiln.flows.common import (
+from kiln.flows.report import progress
+from kiln.flows.report.runname import current_step_name, name_this_run, run_name
+from kiln.flows.report.summary import BENCH_TREND_INFO
+from kiln.flows.run.common import (
     finish_stage,
     logger,
     markdown_report,
@@ -54,8 +56,6 @@ from kiln.flows.common import (
     unit_from_state,
     unwalked,
 )
-from kiln.flows.runname import current_step_name, name_this_run, run_name
-from kiln.flows.summary import BENCH_TREND_INFO
 from kiln.flows.test import gpu_slots
 from kiln.tasks.bench import history as benchhistory
 from kiln.tasks.bench.compare import Comparison, KernelOutcome, compare_results, comparison_record, kernel_unit

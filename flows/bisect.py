@@ -20,7 +20,7 @@ from kiln.core.errors import InvalidInputError, KilnError, PermanentError
 from kiln.core.objects import Store
 from kiln.core.record import RunHeader, open_record
 from kiln.flows.build import build_flow
-from kiln.flows.common import store_session, sync_state, unwalked
+from kiln.flows.run.common import store_session, sync_state, unwalked
 from kiln.release.stores.readonly import ReadOnlyStore
 from kiln.tasks.bench.compare import compare_case
 from kiln.tasks.bench.measure import run_measure

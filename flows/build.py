@@ -19,8 +19,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from kiln.core.manifest import Unit
 from kiln.core.record import Checkout
-from kiln.flows import progress
-from kiln.flows.common import (
+from kiln.flows.report import progress
+from kiln.flows.report.runname import current_step_name, name_this_run, run_name
+from kiln.flows.run.common import (
     finish_stage,
     markdown_report,
     open_run,
@@ -30,7 +31,6 @@ from kiln.flows.common import (
     table_report,
     unwalked,
 )
-from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.tasks.build import stage as build_stage
 from kiln.tasks.build import units as build_units
 from kiln.tasks.build import witness as build_witness

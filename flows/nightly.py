@@ -1,7 +1,7 @@
 """The nightly flow: build → test → benchmark → publish, each stage a subflow.
 
 Each stage's units go to the work pool of their hardware when the Prefect
-server has its deployment (flows/dispatch.py): every variant's build to the
+server has its deployment (flows/run/dispatch.py): every variant's build to the
 build pool, each suite to its pool (while the local suites and the bench run
 here), publishing to the CPU pool; they meet only in the run record. A
 dispatched suite's units are recorded before publishing, which they gate
@@ -27,7 +27,10 @@ from prefect.states import Completed, Failed
 
 from kiln.core.record import RunRecord
 from kiln.flows.bench import bench_flow
-from kiln.flows.common import (
+from kiln.flows.publish import start_dependency_checks
+from kiln.flows.report.runname import current_nightly_name, name_this_run, run_name
+from kiln.flows.report.summary import render_markdown
+from kiln.flows.run.common import (
     coverage_report,
     failure_message,
     markdown_report,
@@ -35,14 +38,11 @@ from kiln.flows.common import (
     table_report,
     unit_rows,
 )
-from kiln.flows.dispatch import find_deployments
-from kiln.flows.params import RunParams
-from kiln.flows.publish import start_dependency_checks
-from kiln.flows.runname import current_nightly_name, name_this_run, run_name
-from kiln.flows.stages import build_stage, publish_stage, start_suites, wait_suites
-from kiln.flows.summary import render_markdown
+from kiln.flows.run.dispatch import find_deployments
+from kiln.flows.run.params import RunParams
+from kiln.flows.run.stages import build_stage, publish_stage, start_suites, wait_suites
+from kiln.flows.run.waiting import cancel_dispatched_on_exit
 from kiln.flows.test import quarantine_report, test_flow
-from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.tasks import install_hint
 from kiln.tasks.project.config import KilnConfig, load_config
 from kiln.tasks.promotion import FINAL_STATE_INFO
@@ -56,7 +56,7 @@ def nightly_flow(config_path: str = "kiln.toml", out: str = "out", version: str 
     """Build → test (on each suite's pool) and bench → publish, all in one run record.
 
     Each stage's units go to their work pool's deployment when the server has
-    one (flows/dispatch.py), else run here. ``commit``: the commit this run must
+    one (flows/run/dispatch.py), else run here. ``commit``: the commit this run must
     build (the checkout is refused if it is elsewhere); every dispatched unit
     runs exactly the run's commit. If the nightly stops (a failure, an
     interrupt), the runs it dispatched are cancelled first. ``full``: run every test, carry none from an

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord, open_record
-from kiln.flows.common import record, store_session
+from kiln.flows.run.common import record, store_session
 from kiln.tasks import promotion
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.runs import artifact_store

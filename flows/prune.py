@@ -11,8 +11,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from kiln.core.errors import ConfigError, InvalidInputError
-from kiln.flows.common import markdown_report, store_session
-from kiln.flows.runname import name_this_run
+from kiln.flows.report.runname import name_this_run
+from kiln.flows.run.common import markdown_report, store_session
 from kiln.release.publish.prune import PrunePlan, Retention, open_for_prune, prune
 from kiln.tasks import releasing
 from kiln.tasks.project.config import KilnConfig, load_config

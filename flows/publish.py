@@ -28,7 +28,8 @@ from kiln.core.errors import IMMUTABLE_HINT, ConfigError, IntegrityError, Perman
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.record import RunRecord
 from kiln.core.store import Store
-from kiln.flows.common import (
+from kiln.flows.report.runname import current_step_name, name_this_run, run_name
+from kiln.flows.run.common import (
     finish_stage,
     markdown_report,
     open_run,
@@ -37,7 +38,6 @@ from kiln.flows.common import (
     store_session,
     unit_from_state,
 )
-from kiln.flows.runname import current_step_name, name_this_run, run_name
 from kiln.release.index.pins import fetch_pins, load_pins
 from kiln.release.index.render import ProjectStatus
 from kiln.release.publish.closure import ClosureQuery, ClosureResult, prefetch, resolve_shared, unique_queries

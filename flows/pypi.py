@@ -25,8 +25,8 @@ from prefect.states import Completed, Failed
 from kiln.core.errors import ConfigError
 from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord
-from kiln.flows.common import markdown_report, record, retry_on_retryable, unit_from_state
 from kiln.flows.publish import RETRY_DELAY_S, RETRY_JITTER, UPLOAD_RETRIES
+from kiln.flows.run.common import markdown_report, record, retry_on_retryable, unit_from_state
 from kiln.release.upload.pypi_release import PreparedUpload
 from kiln.release.upload.twine import Endpoint, IndexCredentials, Outcome
 from kiln.tasks import uploading

@@ -44,17 +44,17 @@ from kiln.core.errors import ConfigError
 from kiln.core.objects import BotoSession
 from kiln.core.record import RunRecord
 from kiln.flows.bench import bench_flow, store_release_baseline
-from kiln.flows.common import coverage_report, markdown_report, open_run, store_session, sync_state
-from kiln.flows.dispatch import find_deployments
-from kiln.flows.params import RunParams
 from kiln.flows.promote import promote_run
 from kiln.flows.publish import open_publish_target, project_statuses, publish_flow, publish_inputs
 from kiln.flows.pypi import plan_uploads, upload_release
-from kiln.flows.runname import current_release_name
-from kiln.flows.stages import build_stage, start_suites, wait_suites
-from kiln.flows.summary import coverage_markdown
+from kiln.flows.report.runname import current_release_name
+from kiln.flows.report.summary import coverage_markdown
+from kiln.flows.run.common import coverage_report, markdown_report, open_run, store_session, sync_state
+from kiln.flows.run.dispatch import find_deployments
+from kiln.flows.run.params import RunParams
+from kiln.flows.run.stages import build_stage, start_suites, wait_suites
+from kiln.flows.run.waiting import cancel_dispatched_on_exit
 from kiln.flows.test import test_flow
-from kiln.flows.waiting import cancel_dispatched_on_exit
 from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.release.read.verify import verify_published
 from kiln.tasks import releasing, uploading

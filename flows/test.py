@@ -27,12 +27,12 @@ from prefect.concurrency.sync import concurrency
 from prefect.states import Failed
 
 from kiln.core.record import RunRecord, load_info
-from kiln.flows import progress
 from kiln.flows.build import build_flow
-from kiln.flows.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
-from kiln.flows.params import SuiteOptions
-from kiln.flows.runname import current_step_name, name_this_run, run_name
-from kiln.flows.summary import QUARANTINE_INFO, SELECTION_SUMMARY_INFO, TEST_TABLE_INFO
+from kiln.flows.report import progress
+from kiln.flows.report.runname import current_step_name, name_this_run, run_name
+from kiln.flows.report.summary import QUARANTINE_INFO, SELECTION_SUMMARY_INFO, TEST_TABLE_INFO
+from kiln.flows.run.common import artifact_key, finish_stage, logger, open_run, record, table_report, unit_from_state
+from kiln.flows.run.params import SuiteOptions
 from kiln.tasks.project.config import KilnConfig, Suite, load_config
 from kiln.tasks.testing import quarantine, shards
 from kiln.tasks.testing.changes import suites_to_run
@@ -174,7 +174,7 @@ def test_flow(config_path: str = "kiln.toml", out: str = "out", suites: list[str
     without it the wheels are built first, in this run. ``exclude`` names suites
     that run elsewhere (the nightly dispatches GPU suites to their pool).
     ``paths`` (``kiln test -- PATHS``, relative to the project) run as one ad-hoc
-    suite instead of the configured ones; ``options`` (:class:`~kiln.flows.params.SuiteOptions`): how they run.
+    suite instead of the configured ones; ``options`` (:class:`~kiln.flows.run.params.SuiteOptions`): how they run.
     ``commit``: the commit the run names, which this checkout must be at (a suite dispatched to a worker).
     ``shard``: run only that shard (1-based) of each sharded suite, and an unsharded one's whole as shard 1: one
     of a suite's shards dispatched on its own, split by the plan its dispatcher pinned in run ``run_id``.

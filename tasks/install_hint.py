@@ -12,7 +12,7 @@ the newest final release on any of them (PyPI's ``0.8.5`` over a nightly
 say "raise [project] version above 0.8.5".
 
 The facts are a plain dict in ``run.json`` (info ``install``);
-:mod:`kiln.flows.summary` renders them from there alone.
+:mod:`kiln.flows.report.summary` renders them from there alone.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def install_info(config: KilnConfig, plan: Plan, env: Mapping[str, str] = os.env
                  lookup: install_hint.LookupFn = newest_release) -> dict[str, Any]:
     """What a run records for its install hint, read from what ``plan`` published (never from kiln.toml).
 
-    :mod:`kiln.flows.summary` renders it from run.json alone. ``env`` says whether
+    :mod:`kiln.flows.report.summary` renders it from run.json alone. ``env`` says whether
     the extra indexes are looked up (:data:`kiln.tasks.install_hint.CHECK_ENV`), ``lookup`` how.
     """
     return install_hint.install_facts(config.project.distribution, list(config.publish.extra_index_urls), plan,

@@ -9,7 +9,7 @@ use), and the command ends with the link to its run in the UI.
 Exit status: 0 when the flow completed, 1 when it ended Failed, 2 on bad
 input, 128 + the signal when SIGTERM (143) or Ctrl-C (130) cancelled it: the
 first signal ends the flow run Cancelled and every process the command
-started (:mod:`kiln.flows.cancel`), a second one exits at once.
+started (:mod:`kiln.flows.run.cancel`), a second one exits at once.
 
 One module per command group: ``stages`` (the flow commands), ``indexes``
 (index, verify, which, audit-abi), ``project`` (init, policies, history,

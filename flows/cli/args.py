@@ -13,7 +13,7 @@ from kiln.tasks.project.config import KilnConfig
 # gets kiln.toml loaded too, once, by the dispatcher (kiln.flows.cli.entry).
 PlainHandler = Callable[[argparse.Namespace], int]
 ConfigHandler = Callable[[argparse.Namespace, KilnConfig], int]
-# What a flow command does while Kiln's local server starts (kiln.flows.headstart), named by its function there.
+# What a flow command does while Kiln's local server starts (kiln.flows.run.headstart), named by its function there.
 HeadStart = str | None
 # The subparsers of ``kiln``: each command group's module adds its commands to it.
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -26,7 +26,7 @@ def runs(parser: argparse.ArgumentParser, handler: PlainHandler) -> None:
 def runs_with_config(parser: argparse.ArgumentParser, handler: ConfigHandler, *, flow: bool = False,
                      head_start: HeadStart = None) -> None:
     """``handler`` gets the loaded kiln.toml; ``flow``: it runs a flow, connected, under the command's signals
-    (and takes ``-v``); ``head_start``: the kiln.flows.headstart function it runs while Kiln's server starts."""
+    (and takes ``-v``); ``head_start``: the kiln.flows.run.headstart function it runs while Kiln's server starts."""
     parser.set_defaults(handler=None, config_handler=handler, connect=flow, head_start=head_start, verbose=False)
     if flow:
         parser.add_argument("-v", "--verbose", action="store_true",

@@ -32,7 +32,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
     handler = cast(ConfigHandler, ns.config_handler)
     if not ns.connect:
         return handler(ns, config)
-    from kiln.flows import cancel
+    from kiln.flows.run import cancel
 
     # From here one SIGTERM or Ctrl-C cancels the command: its flow run ends Cancelled, what it started ends.
     with cancel.command_signals(), verbosity(ns.verbose):
@@ -46,7 +46,7 @@ def _connected(handler: ConfigHandler, ns: argparse.Namespace, config: KilnConfi
 
 def _head_start(ns: argparse.Namespace, config: KilnConfig) -> None:
     if ns.head_start is not None:
-        from kiln.flows import headstart
+        from kiln.flows.run import headstart
 
         getattr(headstart, ns.head_start)(ns, config)
 

@@ -55,9 +55,9 @@ def run_flow(flow: Flow[..., Any], view_root: str | None, run_id: str | None = N
     """Run ``flow``; print the summary of its run; map its final state to an exit status."""
     from prefect.utilities.urls import url_for
 
-    from kiln.flows import progress
-    from kiln.flows.common import sync_state
-    from kiln.flows.summary import print_summary
+    from kiln.flows.report import progress
+    from kiln.flows.report.summary import print_summary
+    from kiln.flows.run.common import sync_state
 
     if run_id is not None:
         params["run_id"] = run_id

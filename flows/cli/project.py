@@ -83,13 +83,13 @@ def _init_check_command(directory: str) -> int:
 
 
 def _policies_command(ns: argparse.Namespace, config: KilnConfig) -> int:
-    from kiln.flows.policies import write_policies
+    from kiln.flows.cli.policies import write_policies
 
     return write_policies(config, ns.out)
 
 
 def _history_command(ns: argparse.Namespace, config: KilnConfig) -> int:
-    from kiln.flows.history import show_history
+    from kiln.flows.cli.history import show_history
 
     print(show_history(config, kernel=ns.kernel, case=ns.case, variant=ns.variant, metric=ns.metric,
                        limit=ns.limit, plot=ns.plot), end="")
@@ -97,7 +97,7 @@ def _history_command(ns: argparse.Namespace, config: KilnConfig) -> int:
 
 
 def _quarantine_command(ns: argparse.Namespace, config: KilnConfig) -> int:
-    from kiln.flows.quarantine import show_quarantine
+    from kiln.flows.cli.quarantine import show_quarantine
 
     print(show_quarantine(config), end="")
     return EXIT_OK

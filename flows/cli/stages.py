@@ -153,12 +153,12 @@ def _pytest_args(args: list[str]) -> list[str]:
 
 
 def _test_command(ns: argparse.Namespace, config: KilnConfig) -> int:
-    from kiln.flows.params import SuiteOptions
+    from kiln.flows.run.params import SuiteOptions
     from kiln.flows.test import test_flow
     from kiln.tasks.testing.suite import split_test_args
 
     if ns.explain or ns.selection_on:
-        from kiln.flows.selection import explain_selection, selection_on
+        from kiln.flows.cli.selection import explain_selection, selection_on
 
         print(selection_on(config, ns.selection_on) if ns.selection_on
               else explain_selection(config, ns.suites, ns.run_id, ns.out, full=ns.full), end="")
@@ -188,8 +188,8 @@ def _publish_command(ns: argparse.Namespace, config: KilnConfig) -> int:
 
 
 def _prune_command(ns: argparse.Namespace, config: KilnConfig) -> int:
-    from kiln.flows.common import sync_state
     from kiln.flows.prune import prune_flow
+    from kiln.flows.run.common import sync_state
 
     return print_result("prune", sync_state(prune_flow(config_path=ns.config, channel=ns.channel, target=ns.target,
                                                        dry_run=ns.dry_run, out=ns.out, return_state=True)))
@@ -197,7 +197,7 @@ def _prune_command(ns: argparse.Namespace, config: KilnConfig) -> int:
 
 def _bisect_command(ns: argparse.Namespace, config: KilnConfig) -> int:
     from kiln.flows.bisect import bisect_flow
-    from kiln.flows.common import sync_state
+    from kiln.flows.run.common import sync_state
 
     return print_result("bisect", sync_state(bisect_flow(good=ns.good, bad=ns.bad, test=ns.test, bench=ns.bench,
                                                          config_path=ns.config, variant=ns.variant,

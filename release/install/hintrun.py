@@ -3,7 +3,7 @@
 The hint a run prints (``pip install --index-url KILN --no-deps NAME==VERSION kiln-runtime==…
 && pip install --index-url KILN --extra-index-url … NAME==VERSION``, each step isolated from the
 caller's pip configuration as ``env PIP_CONFIG_FILE=/dev/null pip install --isolated …``,
-:func:`kiln.flows.hint.install_command`) is what users paste. pip merges the
+:func:`kiln.flows.report.hint.install_command`) is what users paste. pip merges the
 candidates of every index it is given, so an unpinned name can install a
 higher release from an extra index instead of what was published; only
 running the hint shows which. :func:`run_hint` does so in a fresh virtual

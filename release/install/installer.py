@@ -3,7 +3,7 @@
 :func:`index_options` and :func:`pip_steps` are the one place that knows
 how each tool is told which indexes to use so that a name the Kiln index
 holds installs from it alone; the install hint at the end of a run
-(:mod:`kiln.flows.hint`) and the installs of :mod:`kiln.release.read.verify`
+(:mod:`kiln.flows.report.hint`) and the installs of :mod:`kiln.release.read.verify`
 both take their options from them.
 
 A Kiln index holds the project's own wheels, not its dependencies (torch,

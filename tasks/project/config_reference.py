@@ -225,7 +225,7 @@ def render() -> str:
         "# `kiln.toml` reference",
         "",
         "<!-- Generated from the configuration models (kiln.tasks.project.config_reference); do not edit."
-        " Regenerate: python -m kiln.flows.reference -->",
+        " Regenerate: python -m kiln.flows.report.reference -->",
         "",
         "Every table and key `kiln.toml` accepts, generated from the models Kiln validates the file with."
         " An unknown key is an error with a did-you-mean; paths are relative to `kiln.toml`."

@@ -1,6 +1,6 @@
 """Starting and continuing a run: its id, version, source state and record.
 
-Plain functions (no Prefect): :mod:`kiln.flows.common` passes the Prefect
+Plain functions (no Prefect): :mod:`kiln.flows.run.common` passes the Prefect
 flow run id as the run id. The record lives in the artifact store named by
 ``[artifacts]`` in ``kiln.toml``; ``out`` is only where the local view of
 the run goes (``<out>/<run-id>/``, with ``<out>/latest`` pointing at it).

@@ -9,7 +9,7 @@ import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
-from kiln.flows.history import show_history
+from kiln.flows.cli.history import show_history
 from kiln.tasks.bench.series import series
 from kiln.tasks.bench.trust import HistoryReader
 from kiln.tasks.project.config import load_config

@@ -18,7 +18,7 @@ from kiln.core.errors import InvalidInputError
 from kiln.core.record import RunRecord, create_record
 from kiln.core.store import Store
 from kiln.flows.bench import compare_task
-from kiln.flows.summary import BENCH_TREND_INFO
+from kiln.flows.report.summary import BENCH_TREND_INFO
 from kiln.tasks.bench.history import BaselineChoice, last_published, store_results
 from kiln.tasks.bench.results import BenchResults, parse_results, parse_time
 from kiln.tasks.bench.trust import HistoryReader
@@ -121,7 +121,7 @@ def test_a_created_that_is_not_a_utc_time_is_refused_naming_the_field(created):
 
 
 def test_kiln_history_leaves_out_a_planted_entry_and_names_it(config):
-    from kiln.flows.history import show_history
+    from kiln.flows.cli.history import show_history
 
     store = artifact_store(config)
     _history(store, config)

@@ -83,7 +83,7 @@ def test_a_lost_server_is_started_again_for_the_next_kernel(server: MeasureServe
 
 def test_a_cancellation_ends_the_server_and_the_run_starts_no_other(server: MeasureServer, tmp_path: Path):
     """The server is registered from its start, so the handler of a kiln command's SIGTERM
-    (kiln.flows.cancel: request_cancel, then end_all) ends it; the next kernel starts nothing."""
+    (kiln.flows.run.cancel: request_cancel, then end_all) ends it; the next kernel starts nothing."""
     process.reset_cancel()
     try:
         leader = _measure(server, tmp_path, "a")["parent"]

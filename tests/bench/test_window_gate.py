@@ -90,7 +90,7 @@ def test_the_trend_line_shows_the_windows_medians_and_the_decision():
 
 def test_the_nightly_summary_shows_each_cases_trend(tmp_path):
     from kiln.core.manifest import RunManifest
-    from kiln.flows.summary import BENCH_TREND_INFO, render_markdown, render_text
+    from kiln.flows.report.summary import BENCH_TREND_INFO, render_markdown, render_text
 
     lines = [w.trend_line() for w in window_cases(_nights([1e-3] * 5), fake_run(FakeTimer(seed=9), run_id="now"),
                                                   POLICY, THRESHOLD)]

@@ -18,7 +18,7 @@ from packaging.utils import parse_wheel_filename
 from kiln.core.errors import EXIT_OK
 from kiln.core.manifest import RunManifest
 from kiln.flows.cli import main
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.tasks.build import cross
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.coverage import coverage_rows

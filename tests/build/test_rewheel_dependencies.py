@@ -16,7 +16,7 @@ import pytest
 from kiln.core.errors import CompileError
 from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.install_hint import install_facts, requires_dist
 from kiln.tasks.project.config import load_config

@@ -16,7 +16,7 @@ from prefect import flow, task
 
 from kiln.core import errors
 from kiln.core.errors import KilnError
-from kiln.flows.common import retry_on_retryable
+from kiln.flows.run.common import retry_on_retryable
 
 RETRIES = 3
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.flows import reference
 from kiln.flows.cli import build_parser
+from kiln.flows.report import reference
 from kiln.tasks.project import config_reference
 from kiln.tasks.project.config import KilnConfig
 

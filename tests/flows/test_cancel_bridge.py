@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kiln.flows import cancel
+from kiln.flows.run import cancel
 from kiln.tasks import process
 
 
@@ -22,13 +22,13 @@ def fresh_cancel():
 @pytest.mark.parametrize("dotted", cancel.PREFECT_NAMES)
 def test_prefect_still_has_the_names_kiln_cancellation_relies_on(dotted):
     module, _, name = dotted.rpartition(".")
-    assert hasattr(importlib.import_module(module), name), f"{dotted} is gone: see kiln.flows.cancel"
+    assert hasattr(importlib.import_module(module), name), f"{dotted} is gone: see kiln.flows.run.cancel"
 
 
 def test_importing_kiln_flows_makes_kiln_handler_prefects_sigterm_bridge():
     import prefect.utilities.engine as prefect_engine
 
-    import kiln.flows.common  # noqa: F401 — arms the bridge on import
+    import kiln.flows.run.common  # noqa: F401 — arms the bridge on import
 
     assert prefect_engine._prefect_sigterm_handler is cancel._on_signal
 

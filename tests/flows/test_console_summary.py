@@ -15,9 +15,9 @@ import pytest
 
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
-from kiln.flows.console import TABLE_WIDTH, variant_index
-from kiln.flows.hint import install_command
-from kiln.flows.summary import render_console, render_text
+from kiln.flows.report.console import TABLE_WIDTH, variant_index
+from kiln.flows.report.hint import install_command
+from kiln.flows.report.summary import render_console, render_text
 from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.install_hint import install_facts
 from tests.flows.test_install_hint import _pip_install, extra_index

@@ -11,7 +11,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
-from kiln.flows.dispatch import DEPLOYMENT, Remote, dispatch_suite, find_deployments
+from kiln.flows.run.dispatch import DEPLOYMENT, Remote, dispatch_suite, find_deployments
 from kiln.flows.test import select_suites_task
 from kiln.tasks.project.config import parse_config
 
@@ -226,7 +226,7 @@ def test_a_dispatched_runs_ending_names_the_pool_and_only_a_crash_is_a_lost_work
 
     from prefect import states
 
-    from kiln.flows import dispatch as dispatching
+    from kiln.flows.run import dispatch as dispatching
 
     cancelled = []
     monkeypatch.setattr(dispatching, "_cancel", lambda run, why: cancelled.append(why))  # no server: records the call
@@ -244,7 +244,7 @@ def test_a_lost_worker_raises_the_retryable_error_and_leaves_its_reason_for_the_
     from kiln.core.errors import WorkerLostError, is_retryable
     from kiln.core.record import RunHeader, create_record
     from kiln.core.store import LocalStore
-    from kiln.flows import dispatch as dispatching
+    from kiln.flows.run import dispatch as dispatching
 
     run = create_record(LocalStore(tmp_path / "a"), RunHeader(run_id="r", flow="nightly", version="0.1.0"), tmp_path / "o")
     crashed = SimpleNamespace(id=uuid.uuid4(), name="r1", state=states.Crashed(message="heartbeats stopped"))

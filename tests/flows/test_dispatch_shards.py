@@ -10,7 +10,7 @@ import uuid
 import pytest
 from prefect import flow
 
-from kiln.flows.dispatch import DEPLOYMENT, dispatch_suite
+from kiln.flows.run.dispatch import DEPLOYMENT, dispatch_suite
 from kiln.tasks.project.config import parse_config
 from kiln.tasks.testing.shards import CONTENT_TYPE, DURATIONS_INFO, SHARDS_INFO, durations_key, pinned
 from tests.flows.test_dispatch import REPO, _dispatched_runs, _record, deploy_gpu_tests

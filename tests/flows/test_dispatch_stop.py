@@ -8,7 +8,7 @@ shards, so two flow runs are dispatched and waited on at once (one shard is the
 one-run case of the same wait). One SIGTERM, as ``timeout`` or a CI runner sends
 it, must end the command and cancel every dispatched run, so no worker that
 comes up later runs one; the nightly's own run ends Cancelled (Kiln's signal
-handler, :mod:`kiln.flows.cancel`).
+handler, :mod:`kiln.flows.run.cancel`).
 """
 
 from __future__ import annotations

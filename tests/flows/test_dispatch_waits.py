@@ -14,8 +14,8 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import WorkerStatus
 
-from kiln.flows import dispatch as dispatching
-from kiln.flows.waiting import Waiting, cancel_dispatched_on_exit, time_left, worker_is_live
+from kiln.flows.run import dispatch as dispatching
+from kiln.flows.run.waiting import Waiting, cancel_dispatched_on_exit, time_left, worker_is_live
 from tests.flows.test_dispatch import config_with_pool, deploy_gpu_tests
 from tests.helpers.waiting import until
 

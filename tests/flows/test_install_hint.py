@@ -20,8 +20,8 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
-from kiln.flows.hint import first_lines, install_command, install_reason
-from kiln.flows.summary import render_markdown, render_text
+from kiln.flows.report.hint import first_lines, install_command, install_reason
+from kiln.flows.report.summary import render_markdown, render_text
 from kiln.release.publish.plan import Plan
 from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.release.read.remote import Lookup, newest_release

@@ -20,8 +20,8 @@ import pytest
 
 from kiln.core.fsutil import sha256_file
 from kiln.core.manifest import RunManifest
-from kiln.flows.console import variant_index
-from kiln.flows.hint import install_command
+from kiln.flows.report.console import variant_index
+from kiln.flows.report.hint import install_command
 from tests.helpers.gitrepo import git
 from tests.helpers.indexcheck import check_local_index
 from tests.helpers.venvs import make_venv, run

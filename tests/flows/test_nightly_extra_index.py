@@ -18,7 +18,7 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.flows.cli import main
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.release.install.hintrun import parse_hint, run_hint
 from kiln.tasks.install_hint import CHECK_ENV
 from tests.helpers.gitrepo import git_project

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
-from kiln.flows import progress
+from kiln.flows.report import progress
 
 
 class _Tty(io.StringIO):

@@ -12,7 +12,7 @@ import pytest
 
 from kiln.core.manifest import RunManifest, Unit
 from kiln.flows.publish import publish_flow
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.tasks.install_hint import CHECK_ENV
 from tests.helpers.runkit import make_record
 from tests.helpers.wheelkit import make_wheel

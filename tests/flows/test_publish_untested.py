@@ -9,7 +9,7 @@ import pytest
 
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.release.publish.plan import Plan
 from kiln.release.publish.protocol import PublishRequest, publish
 from kiln.tasks.bench.harness import nothing_to_bench

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prefect.client.orchestration import get_client
 
-from kiln.flows.runname import release_name
+from kiln.flows.report.runname import release_name
 from tests.helpers.gitrepo import git, git_project
 
 
@@ -57,7 +57,7 @@ def test_a_nightly_is_named_by_version_and_commit_before_it_runs(prefect_server,
     from prefect import flow
 
     from kiln.flows.nightly import nightly_flow
-    from kiln.flows.runname import nightly_name
+    from kiln.flows.report.runname import nightly_name
     from kiln.tasks.project.config import load_config
     from kiln.tasks.run.versioning import nightly_version
 
@@ -81,7 +81,7 @@ def test_every_step_is_named_by_its_parameters_and_commit_before_it_runs(prefect
     from kiln.flows.bench import bench_flow
     from kiln.flows.build import build_flow
     from kiln.flows.publish import publish_flow
-    from kiln.flows.runname import step_name
+    from kiln.flows.report.runname import step_name
     from kiln.flows.test import test_flow
     from kiln.tasks.project.config import load_config
     from kiln.tasks.run.versioning import nightly_version

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.runs import artifact_store
 from kiln.tasks.testing.selection_store import switched_off
@@ -121,7 +121,7 @@ def test_selection_carries_unchanged_tests_runs_changed_ones_and_a_full_run_catc
     assert PLANTED in switched_off(artifact_store(loaded), loaded.testing.quarantine, "tiny")
 
     # kiln test --explain runs nothing: it says why against the newest records (run 4's) and the wheels
-    from kiln.flows.selection import explain_selection, selection_on
+    from kiln.flows.cli.selection import explain_selection, selection_on
 
     text = explain_selection(loaded, None, fourth.run_id, str(tmp_path / "explain"))
     assert f"run    {BESIDE}  — SELECTION RECALL MISS in test/tiny/cpu" in text  # off until a person says

@@ -1,4 +1,4 @@
-"""kiln.flows.common.side_reports: reports sent on threads, all sent by the block's end, none lost silently."""
+"""kiln.flows.run.common.side_reports: reports sent on threads, all sent by the block's end, none lost silently."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextvars
 import logging
 import threading
 
-from kiln.flows.common import side_reports
+from kiln.flows.run.common import side_reports
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 
@@ -27,7 +27,7 @@ def test_a_report_that_raises_is_logged_and_the_others_still_go(caplog):
     def broken() -> None:
         raise RuntimeError("the server went away mid-report")
 
-    with caplog.at_level(logging.WARNING, logger="kiln.flows.common"), side_reports() as report:
+    with caplog.at_level(logging.WARNING, logger="kiln.flows.run.common"), side_reports() as report:
         report(broken)
         report(sent.append, 1)
     assert sent == [1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kiln.core.manifest import RunManifest, Unit
-from kiln.flows.summary import render_markdown, render_text
+from kiln.flows.report.summary import render_markdown, render_text
 
 
 def make_run(tmp_path: Path) -> RunManifest:
@@ -60,7 +60,7 @@ def test_the_display_orders_cover_every_state_and_stage():
     from typing import get_args
 
     from kiln.core.manifest import Stage, UnitState
-    from kiln.flows.summary import STAGE_ORDER, STATE_ORDER
+    from kiln.flows.report.summary import STAGE_ORDER, STATE_ORDER
 
     assert sorted(STATE_ORDER) == sorted(get_args(UnitState))
     assert STAGE_ORDER == get_args(Stage)
@@ -128,7 +128,7 @@ def test_a_step_whose_machine_could_not_confine_package_code_needs_attention_and
     """The records are what each step writes (``kiln.core.sandbox.confinement``); the second is a kernel without
     Landlock or namespaces, as a worker on an old kernel would record it."""
     from kiln.core.sandbox import CONFINEMENT_INFO
-    from kiln.flows.summary import render_console
+    from kiln.flows.report.summary import render_console
 
     run = make_run(tmp_path)
     run.info[f"{CONFINEMENT_INFO}build@node-a"] = {"landlock_abi": 7, "namespaces": True, "network": "none",

@@ -10,7 +10,7 @@ import pytest
 from kiln.core.manifest import MANIFEST_NAME
 from kiln.flows.cli.flowrun import _verbose, verbosity
 from kiln.flows.cli.parser import build_parser
-from kiln.flows.summary import print_summary, render_console, render_text
+from kiln.flows.report.summary import print_summary, render_console, render_text
 from tests.flows.test_console_summary import nightly_run
 
 

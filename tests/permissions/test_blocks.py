@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.flows.credentials import session_for
+from kiln.flows.run.credentials import session_for
 from tests.helpers.moto_iam import kiln_config
 
 

@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 
 from kiln.core.errors import ConfigError
 from kiln.core.s3 import S3Store
-from kiln.flows.credentials import session_for
+from kiln.flows.run.credentials import session_for
 from kiln.release.publish.protocol import PublishRequest, PublishSteps, publish
 from kiln.release.publish.prune import Retention, prune
 from kiln.release.stores.policies import policies_from_config, render

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.flows.credentials import session_for
+from kiln.flows.run.credentials import session_for
 from kiln.tasks.project.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

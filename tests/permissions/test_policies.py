@@ -10,7 +10,7 @@ import tomllib
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.flows.policies import policies_command
+from kiln.flows.cli.policies import policies_command
 from kiln.release.stores.policies import DESTRUCTIVE_ACTIONS, StepAccess, policies_for, render, session_policy
 from kiln.tasks.build.compile_tier import COMPILE_PREFIX
 from tests.helpers.moto_iam import REPO

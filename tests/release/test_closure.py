@@ -15,8 +15,8 @@ from kiln.core.errors import InfrastructureError
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
 from kiln.core.wheels import read_wheel
-from kiln.flows.hint import first_lines
 from kiln.flows.publish import publish_flow
+from kiln.flows.report.hint import first_lines
 from kiln.release.cli import index_command
 from kiln.release.publish.closure import ClosureQuery, Staged, read_refusal, resolve_all
 from kiln.release.publish.protocol import DependencyCheck, PublishRequest, PublishSteps, publish

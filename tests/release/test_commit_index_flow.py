@@ -15,7 +15,7 @@ from kiln.core.record import Checkout
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
 from kiln.flows.publish import publish_flow
-from kiln.flows.summary import render_markdown, render_text
+from kiln.flows.report.summary import render_markdown, render_text
 from kiln.release.read.fetch import StoreSettings
 from kiln.release.read.verify import check_links, verify_index
 from tests.helpers.pageparse import parse_json

@@ -9,7 +9,7 @@ import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.flows.cli import main
-from kiln.flows.hint import UV_VARIANTS
+from kiln.flows.report.hint import UV_VARIANTS
 from kiln.release.cli import EXIT_USAGE
 from kiln.release.install.hintrun import parse_hint
 from kiln.release.install.installer import UV_UNSET, index_options, pip_steps, printed_pip, printed_uv

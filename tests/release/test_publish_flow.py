@@ -11,7 +11,7 @@ from kiln.core.manifest import RunManifest, Unit
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore
 from kiln.flows.publish import publish_flow
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from tests.helpers.pageparse import parse_json
 from tests.helpers.runkit import make_record
 

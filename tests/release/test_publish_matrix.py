@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kiln.core.manifest import RunManifest, Unit
 from kiln.core.store import LocalStore
-from kiln.flows.hint import install_command, install_reason
+from kiln.flows.report.hint import install_command, install_reason
 from kiln.release.publish.closure import resolve_all
 from kiln.release.publish.protocol import (
     DependencyCheck,

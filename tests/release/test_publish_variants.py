@@ -15,7 +15,7 @@ from kiln.core.errors import TransientStoreError
 from kiln.core.fsutil import sha256_bytes
 from kiln.core.s3 import S3Store, make_client
 from kiln.core.store import LocalStore, Store
-from kiln.flows.hint import install_command, install_reason
+from kiln.flows.report.hint import install_command, install_reason
 from kiln.release.index.render import group, parse_project_json, project_pages, variants_file_path
 from kiln.release.index.variants import dumps
 from kiln.release.publish.plan import COMBINED

@@ -26,7 +26,7 @@ from kiln.core.manifest import RunManifest
 from kiln.core.store import LocalStore
 from kiln.core.wheels import read_wheel
 from kiln.flows.cli import main
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.release.cli import index_command
 from kiln.release.publish.closure import ClosureQuery, Staged, resolve
 from kiln.release.publish.plan import Plan

@@ -20,9 +20,9 @@ from prefect import flow
 
 from kiln.core.errors import ConfigError
 from kiln.core.record import RunRecord
-from kiln.flows.common import open_run
 from kiln.flows.pypi import plan_uploads, upload_release
 from kiln.flows.release import approved_release_flow
+from kiln.flows.run.common import open_run
 from kiln.release.upload.twine import Endpoint, IndexCredentials, send_file
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo
@@ -145,7 +145,7 @@ def test_a_refused_file_fails_its_own_unit_and_the_other_files_still_go_up(prefe
 @pytest.mark.timeout(900)  # a whole release up to its plan on a busy 2-core machine
 def test_a_dry_run_shows_the_upload_plan_and_a_refusal_stops_it_before_anything_moves(prefect_server, server,
                                                                                        tmp_path, capsys):
-    from kiln.flows.summary import print_summary  # what `kiln release --dry-run` prints at its end
+    from kiln.flows.report.summary import print_summary  # what `kiln release --dry-run` prints at its end
 
     config = _project(tmp_path, server, None)  # a dry run needs no token: it sends nothing
     taken = make_wheel(tmp_path / "elsewhere", "tiny-kernels", "0.3.0", payload="someone else's bytes")

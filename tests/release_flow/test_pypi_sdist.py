@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from kiln.flows.common import open_run
 from kiln.flows.pypi import plan_uploads, upload_release
+from kiln.flows.run.common import open_run
 from kiln.release.upload.pypi_index import read_index
 from kiln.tasks.project.config import load_config
 from tests.helpers.gitrepo import commit_all, init_repo

@@ -17,7 +17,7 @@ TEST = "tests/test_tiny.py::test_tiny_imports"  # asserts tinyk.__version__ == "
 
 def _build(config: Path, out: Path) -> None:
     from kiln.flows.build import build_flow
-    from kiln.flows.common import sync_state
+    from kiln.flows.run.common import sync_state
 
     state = sync_state(build_flow(config_path=str(config), out=str(out), variants=["cpu"], return_state=True))
     assert state.is_completed(), state.message
@@ -25,7 +25,7 @@ def _build(config: Path, out: Path) -> None:
 
 def _bisect(config: Path, good: str, bad: str) -> str:
     from kiln.flows.bisect import bisect_flow
-    from kiln.flows.common import sync_state
+    from kiln.flows.run.common import sync_state
 
     state = sync_state(bisect_flow(good=good, bad=bad, test=TEST, config_path=str(config), return_state=True))
     assert state.is_completed(), state.message
@@ -122,7 +122,7 @@ def test_bisect_bench_names_the_commit_that_made_a_kernel_slower(prefect_server,
     later = commit_all(repo, "notes", when="2025-12-02T00:00:00Z")
     _build(config, tmp_path / "out")
     from kiln.flows.bisect import bisect_flow
-    from kiln.flows.common import sync_state
+    from kiln.flows.run.common import sync_state
 
     state = sync_state(bisect_flow(good=good, bad=later, bench="axpy/n4096", config_path=str(config),
                                    return_state=True))

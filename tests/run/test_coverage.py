@@ -18,8 +18,8 @@ from prefect.client.schemas.sorting import ArtifactSort
 from kiln.core.manifest import Unit
 from kiln.core.record import RunHeader, RunRecord, create_record
 from kiln.core.store import LocalStore
-from kiln.flows.common import coverage_report
-from kiln.flows.summary import render_markdown, render_text
+from kiln.flows.report.summary import render_markdown, render_text
+from kiln.flows.run.common import coverage_report
 from kiln.tasks.project.config import load_config
 from kiln.tasks.run.coverage import COVERAGE_INFO, wheel_platform
 from kiln.tasks.wheel.assemble import WheelStamp, write_wheel

@@ -59,7 +59,7 @@ def _artifact(flow_run_id, key: str) -> str:
 
 def test_a_quarantined_failure_does_not_block_publishing_and_the_summary_says_so(prefect_server, flagged, tmp_path):
     from kiln.flows.nightly import nightly_flow
-    from kiln.flows.summary import render_text
+    from kiln.flows.report.summary import render_text
 
     config_path, flag = flagged
     config = load_config(config_path)

@@ -228,7 +228,7 @@ def test_a_required_gpu_suite_without_gpus_is_not_run_and_the_gate_follows_the_s
         assert (out / "index" / "nightly" / "cpu").exists() == published
         if published:
             assert run.info["published_untested"] == {"cpu": "tiny-gpu: needs 1 GPU, 0 on this machine"}
-            from kiln.flows.summary import render_text
+            from kiln.flows.report.summary import render_text
 
             assert "PUBLISHED UNTESTED on its hardware: cpu" in render_text(run).splitlines()[1]
         else:

@@ -89,7 +89,7 @@ def test_a_nightly_publishes_the_combined_index_uv_installs_the_machines_variant
     assert installed.ok and installed.wheel_variants, installed.summary()
     assert {f"pip tiny-kernels=={version}", f"uv tiny-kernels=={version}"} <= set(installed.installs)
     # the summary's command for it is uv's, with the preview
-    from kiln.flows.summary import render_text
+    from kiln.flows.report.summary import render_text
 
     # (run under `env -u ...` with --no-config, so no uv configuration of the caller's adds a source)
     (line,) = [line for line in render_text(run).splitlines()

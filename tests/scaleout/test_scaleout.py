@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kiln.core.manifest import RunManifest
-from kiln.flows.summary import render_markdown
+from kiln.flows.report.summary import render_markdown
 from tests.helpers.cluster import ARTIFACTS, INDEX, VARIANTS, Cluster, team_cluster, trigger, with_sharded_suite
 from tests.helpers.gitrepo import commit_all
 from tests.helpers.s3 import moto_s3_server

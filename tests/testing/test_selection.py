@@ -13,7 +13,7 @@ import pytest
 from kiln.core.manifest import RunManifest
 from kiln.core.record import load_info
 from kiln.core.store import LocalStore
-from kiln.flows.summary import SELECTION_SUMMARY_INFO, render_markdown, render_text
+from kiln.flows.report.summary import SELECTION_SUMMARY_INFO, render_markdown, render_text
 from kiln.tasks.project.config_build import Quarantine, Selection
 from kiln.tasks.testing.classify import TestResult
 from kiln.tasks.testing.jobs import Picked

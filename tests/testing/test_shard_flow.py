@@ -11,7 +11,7 @@ import pytest
 
 from kiln.core.manifest import RunManifest
 from kiln.core.store import open_store
-from kiln.flows.summary import render_text
+from kiln.flows.report.summary import render_text
 from kiln.tasks.testing.shards import partition, read_durations
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "suites" / "sharded"

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.manifest import RunManifest
-from kiln.flows.params import SuiteOptions
+from kiln.flows.run.params import SuiteOptions
 from tests.helpers.waiting import until
 
 KILN_TOML = """

@@ -15,7 +15,7 @@ workers' heartbeats): a suite that this machine could not run either (a GPU
 suite, no GPU here) and whose pool has no live worker is "not run: no live
 worker in pool 'kiln-gpu' (start one: …)" at once. Every other unit is
 dispatched and waits for a worker of its pool, saying so every minute with
-the time left (:mod:`kiln.flows.waiting`); if the flow that dispatched it
+the time left (:mod:`kiln.flows.run.waiting`); if the flow that dispatched it
 stops, the dispatched run is cancelled.
 
 A dispatched run that is not over by its deadline is cancelled and its unit
@@ -44,9 +44,9 @@ from prefect.runtime import task_run
 from kiln.core.errors import WorkerLostError
 from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord
-from kiln.flows.common import logger, record, retry_on_retryable
-from kiln.flows.runname import run_name
-from kiln.flows.waiting import Waiting, cancel_run, live_workers, no_live_worker, wait_for_run
+from kiln.flows.report.runname import run_name
+from kiln.flows.run.common import logger, record, retry_on_retryable
+from kiln.flows.run.waiting import Waiting, cancel_run, live_workers, no_live_worker, wait_for_run
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.process import check_cancelled
 from kiln.tasks.project.config import KilnConfig, Suite

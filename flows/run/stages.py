@@ -1,7 +1,7 @@
 """The stages of a run, where their units run: dispatched to a work pool, or here.
 
 The nightly and the release share these: with a deployment for a stage's
-pool on the server (:func:`kiln.flows.dispatch.find_deployments`) its units
+pool on the server (:func:`kiln.flows.run.dispatch.find_deployments`) its units
 go there, one flow run per variant build or suite; without one the stage's
 own flow runs in this process, as on a laptop.
 """
@@ -15,10 +15,10 @@ from prefect.states import Completed, Failed
 from kiln.core.manifest import Unit
 from kiln.core.record import RunRecord
 from kiln.flows.build import build_flow
-from kiln.flows.common import record, sync_state, unit_from_state
-from kiln.flows.dispatch import Remote, dispatch_build, dispatch_publish, dispatch_suite, dispatching
-from kiln.flows.params import RunParams
 from kiln.flows.publish import publish_flow
+from kiln.flows.run.common import record, sync_state, unit_from_state
+from kiln.flows.run.dispatch import Remote, dispatch_build, dispatch_publish, dispatch_suite, dispatching
+from kiln.flows.run.params import RunParams
 from kiln.tasks.build.stage import wheel_unit_id
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.testing.suite import targets

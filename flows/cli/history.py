@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from kiln.core.errors import InvalidInputError
-from kiln.flows.common import store_session
+from kiln.flows.run.common import store_session
 from kiln.tasks.bench import history as benchhistory
 from kiln.tasks.bench import series
 from kiln.tasks.bench.plots import plot_trend

@@ -7,7 +7,7 @@ but named below the list (:mod:`kiln.tasks.testing.provenance`): the test stage 
 
 from __future__ import annotations
 
-from kiln.flows.common import store_session
+from kiln.flows.run.common import store_session
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.runs import artifact_store
 from kiln.tasks.testing import quarantine

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kiln.core.errors import InvalidInputError
 from kiln.core.record import open_record
-from kiln.flows.common import store_session
+from kiln.flows.run.common import store_session
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.runs import artifact_store
 from kiln.tasks.testing import selection, selection_store

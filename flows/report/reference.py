@@ -2,7 +2,7 @@
 the command itself uses (:func:`kiln.flows.cli.build_parser`), and ``kiln.toml``, rendered from the
 configuration models (:mod:`kiln.tasks.project.config_reference`).
 
-Regenerate both with ``python -m kiln.flows.reference``; ``--check`` exits 1 naming each stale page
+Regenerate both with ``python -m kiln.flows.report.reference``; ``--check`` exits 1 naming each stale page
 (``tests/docs/test_reference.py`` runs the same check). Pure rendering: a width fixed here, not the
 terminal's, so the pages are the same on every machine.
 """
@@ -18,8 +18,8 @@ from kiln.core.fsutil import atomic_write_bytes
 from kiln.flows.cli import build_parser
 from kiln.tasks.project import config_reference
 
-REGENERATE = "python -m kiln.flows.reference"
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+REGENERATE = "python -m kiln.flows.report.reference"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = {"reference/cli.md": "cli", "reference/kiln-toml.md": "config"}
 _WIDTH = 100
 
@@ -80,8 +80,8 @@ def render_cli(parser: argparse.ArgumentParser | None = None) -> str:
     lines = [
         "# Command-line reference",
         "",
-        f"<!-- Generated from kiln.flows.cli.build_parser (kiln.flows.reference); do not edit. Regenerate: {REGENERATE}"
-        " -->",
+        "<!-- Generated from kiln.flows.cli.build_parser (kiln.flows.report.reference); do not edit."
+        f" Regenerate: {REGENERATE} -->",
         "",
         f"{parser.description} Every subcommand, its usage and every argument, generated from the parser"
         " `kiln` itself runs.",

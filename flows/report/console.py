@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.core.manifest import RunManifest, Unit
-from kiln.flows.hint import install_command
+from kiln.flows.report.hint import install_command
 from kiln.release.publish.plan import COMBINED
 from kiln.tasks.run.coverage import COVERAGE_INFO
 

@@ -19,8 +19,8 @@ from typing import Any, get_args
 
 from kiln.core.manifest import MANIFEST_NAME, RunManifest, Stage, Unit, UnitState
 from kiln.core.sandbox import CONFINEMENT_INFO
-from kiln.flows.console import SELECTION_SUMMARY_INFO, install_lines, table_lines
-from kiln.flows.hint import first_lines, install_command, install_reason
+from kiln.flows.report.console import SELECTION_SUMMARY_INFO, install_lines, table_lines
+from kiln.flows.report.hint import first_lines, install_command, install_reason
 from kiln.tasks.run.coverage import COVERAGE_INFO
 from kiln.tasks.testing.shards import balance_lines
 
@@ -373,7 +373,7 @@ def _unfinished(units: list[Unit]) -> str:
 
 def render_console(run: RunManifest) -> str:
     """What a run's command prints at its end, one screen: the stages' counts, what needs attention, one row per
-    variant (:mod:`kiln.flows.console`) and its install command. :func:`render_text` is the whole text form."""
+    variant (:mod:`kiln.flows.report.console`) and its install command. :func:`render_text` is the whole text form."""
     stages = [(stage, [u for u in run.units if u.stage == stage]) for stage in STAGE_ORDER]
     counts = "; ".join(f"{stage} {len(units)}" + (f" ({_unfinished(units)})" if _unfinished(units) else "")
                        for stage, units in stages if units)

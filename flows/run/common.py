@@ -38,7 +38,7 @@ from kiln.core.manifest import Unit
 from kiln.core.objects import BotoSession
 from kiln.core.record import RunRecord
 from kiln.core.sandbox import CONFINEMENT_INFO, STAGE_NETWORK, confinement
-from kiln.flows import cancel
+from kiln.flows.run import cancel
 from kiln.tasks.project.config import KilnConfig
 from kiln.tasks.run.coverage import COVERAGE_INFO, coverage_rows
 from kiln.tasks.run.runs import artifact_store, check_checkout, continue_run, start_run
@@ -61,7 +61,7 @@ def store_session(config: KilnConfig, step: str, kind: str = "s3", *,
     boto3 is imported only for S3."""
     if kind != "s3":
         return None
-    from kiln.flows.credentials import session_for
+    from kiln.flows.run.credentials import session_for
 
     session: BotoSession = session_for(config, step, read_only=read_only)  # a boto3.Session: untyped, so named
     return session

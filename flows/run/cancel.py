@@ -103,7 +103,7 @@ def arm() -> None:
 
     Prefect looks its bridge up by this module-level name each time a flow run
     installs it, and compares handlers against it; replacing it before any flow
-    runs keeps both consistent. Called on import of :mod:`kiln.flows.common`,
+    runs keeps both consistent. Called on import of :mod:`kiln.flows.run.common`,
     so a deployment run's process (``prefect flow-run execute``) has it too.
     """
     if not hasattr(prefect_engine, "_prefect_sigterm_handler"):

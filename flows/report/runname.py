@@ -3,7 +3,7 @@
 Prefect names a run by random words (``offbeat-myna``) unless told otherwise;
 a release engineer scanning the UI's run list needs the version and the
 commit. Both are known once the run's identity is computed (its record's
-header, :func:`kiln.flows.common.open_run`), so a flow renames its own run
+header, :func:`kiln.flows.run.common.open_run`), so a flow renames its own run
 right after opening its record, and a dispatched run is created under the
 name its flow will give itself. A release is named by its parameters alone
 (``flow_run_name``), before anything runs.
