@@ -18,6 +18,7 @@ come from
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ def wheel_requirements(release: str) -> list[str]:
                                                 "nvidia-cuda-runtime")]
 
 
+@functools.cache
 def machine_release() -> str | None:
     """The release (``"13.0"``) of the nvcc on PATH, None without one."""
     try:
@@ -60,6 +62,7 @@ def machine_release() -> str | None:
         return None
 
 
+@functools.cache
 def _machine_tools(release: str) -> dict[str, Path] | None:
     """This machine's ``nvcc`` and the ``ptxas`` beside it when the toolkit is of ``release``, else None."""
     try:

@@ -94,6 +94,13 @@ class Variant(_Model):
         return self
 
     @model_validator(mode="after")
+    def _cuda_axis(self) -> Variant:
+        if self.cuda and self.backend != "cuda":
+            raise ValueError(f"variant {self.name!r}: cuda = {list(self.cuda)} is the CUDA release its device code is"
+                             f" compiled with; backend {self.backend!r} compiles none (give it to a cuda variant)")
+        return self
+
+    @model_validator(mode="after")
     def _target(self) -> Variant:
         if self.torch_target is not None and self.abi != "stable":
             raise ValueError(f"variant {self.name!r}: torch_target = {self.torch_target!r} needs abi = \"stable\""

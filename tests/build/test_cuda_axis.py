@@ -62,6 +62,14 @@ def test_a_bad_exclusion_is_refused_naming_it(tmp_path, extra, message):
         load_config(_project(tmp_path, extra))
 
 
+def test_a_cuda_axis_on_a_variant_that_compiles_no_cuda_is_refused(tmp_path):
+    config = _project(tmp_path)
+    config.write_text(config.read_text().replace('name = "cpu"\nbackend = "cpu"\n', 'name = "cpu"\nbackend = "cpu"\n'
+                                                                                   'cuda = ["12.8"]\n'))
+    with pytest.raises(ConfigError, match=r"variant 'cpu': cuda = \['12\.8'\] is the CUDA release .* backend 'cpu'"):
+        load_config(config)
+
+
 def test_a_bad_cuda_release_is_refused_naming_it(tmp_path):
     config = _project(tmp_path)
     config.write_text(config.read_text().replace('cuda = ["13.0", "12.8"]', 'cuda = ["13", "12.8"]'))
