@@ -67,8 +67,8 @@ def _copy_default_project(dest: Path) -> str:
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so", "build")
     for tree in ("kernels", "tests/kernels", "tests/distributed", "tests/bench"):
         shutil.copytree(REPO / tree, dest / tree, ignore=ignore)
-    (dest / "release").mkdir()
-    shutil.copy2(REPO / "release" / "pins.json", dest / "release" / "pins.json")
+    (dest / "release" / "index").mkdir(parents=True)
+    shutil.copy2(REPO / "release" / "index" / "pins.json", dest / "release" / "index" / "pins.json")
     shutil.copy2(REPO / "kiln.toml", dest / "kiln.toml")
     return str((dest / "kiln.toml").resolve())
 
