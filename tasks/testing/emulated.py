@@ -30,6 +30,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast, get_args
 
 from kiln.core.errors import InfrastructureError
 from kiln.core.fsutil import polled_lock
@@ -171,6 +172,10 @@ def parse_junit(path: Path) -> list[TestResult]:
     return parse_junit_bytes(path.read_bytes())
 
 
+# pytest-timeout's message for a test past its test_timeout_s ("Failed: Timeout (>30.0s) from pytest-timeout.")
+_TIMED_OUT = "Failed: Timeout (>"
+
+
 def parse_junit_bytes(data: bytes) -> list[TestResult]:
     """The tests of a pytest JUnit XML report, each with its outcome, duration and first line of message; none
     when the report cannot be read (a truncated or forged file is no result)."""
@@ -186,7 +191,12 @@ def parse_junit_bytes(data: bytes) -> list[TestResult]:
             if child.tag in _OUTCOMES:
                 text = child.get("message") or ""
                 outcome, message = _OUTCOMES[child.tag], (text.splitlines() or [""])[0]
+                if outcome == "failed" and message.startswith(_TIMED_OUT):  # as the native runner counts it
+                    outcome = "timeout"
                 break
+        recorded = case.find("properties/property[@name='kiln.outcome']")  # Kiln's own report says it exactly
+        if recorded is not None and recorded.get("value") in get_args(Outcome):
+            outcome = cast(Outcome, recorded.get("value"))
         nodeid = f"{case.get('classname', '')}::{case.get('name', '')}"
         try:
             duration = float(case.get("time") or 0.0)
