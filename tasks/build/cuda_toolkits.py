@@ -34,7 +34,7 @@ from kiln.core.fsutil import staged_once
 from kiln.core.wheels import unpack_member
 from kiln.tasks.build.cross import default_cache_dir
 from kiln.tasks.build.guest_install import pip_env
-from kiln.tasks.build.nvcc import find_nvcc
+from kiln.tasks.build.nvcc import Nvcc, find_nvcc
 from kiln.tasks.process import run_tool
 
 _log = logging.getLogger(__name__)
@@ -53,23 +53,30 @@ def wheel_requirements(release: str) -> list[str]:
                                                 "nvidia-cuda-runtime")]
 
 
+def release_of(version: str) -> str:
+    """The CUDA release of a toolkit version: ``"13.0.88"`` -> ``"13.0"``."""
+    return ".".join(version.split(".")[:2])
+
+
 @functools.cache
+def _machine_nvcc() -> Nvcc | None:
+    """The nvcc on PATH, asked once per process; None without one."""
+    try:
+        return find_nvcc()
+    except ToolchainMissingError:
+        return None
+
+
 def machine_release() -> str | None:
     """The release (``"13.0"``) of the nvcc on PATH, None without one."""
-    try:
-        return ".".join(find_nvcc().version.split(".")[:2])
-    except ToolchainMissingError:
-        return None
+    nvcc = _machine_nvcc()
+    return release_of(nvcc.version) if nvcc is not None else None
 
 
-@functools.cache
 def _machine_tools(release: str) -> dict[str, Path] | None:
     """This machine's ``nvcc`` and the ``ptxas`` beside it when the toolkit is of ``release``, else None."""
-    try:
-        nvcc = find_nvcc()
-    except ToolchainMissingError:
-        return None
-    if ".".join(nvcc.version.split(".")[:2]) != release:
+    nvcc = _machine_nvcc()
+    if nvcc is None or release_of(nvcc.version) != release:
         return None
     ptxas = Path(nvcc.path).resolve().parent / "ptxas"
     return {"nvcc": Path(nvcc.path), "ptxas": ptxas} if ptxas.is_file() else None
@@ -165,5 +172,5 @@ def toolchain_env(release: str) -> dict[str, str]:
     return {"TRITON_PTXAS_PATH": ptxas, "TRITON_PTXAS_BLACKWELL_PATH": ptxas}
 
 
-__all__ = ["cell_cuda_home", "machine_release", "staged_toolkit", "toolchain_env", "toolkit_environ", "toolkits_root",
-           "tools", "wheel_requirements"]
+__all__ = ["cell_cuda_home", "machine_release", "release_of", "staged_toolkit", "toolchain_env", "toolkit_environ",
+           "toolkits_root", "tools", "wheel_requirements"]

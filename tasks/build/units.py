@@ -120,7 +120,9 @@ def _check_release(unit: CompileUnit, env: CompileContext) -> None:
     release = variant.cell.value("cuda") if variant is not None and variant.cell is not None else None
     if release is None or unit.kind != "nvcc":
         return
-    have = ".".join(env.nvcc.version.split(".")[:2]) if env.nvcc is not None else None
+    from kiln.tasks.build.cuda_toolkits import release_of
+
+    have = release_of(env.nvcc.version) if env.nvcc is not None else None
     if have != release:
         raise CompileError(f"{unit.id}: the cell is for CUDA {release} and this machine's nvcc is "
                            f"{have or 'missing'}: Kiln's CUDA C++ kernels build only with CUDA {release}'s toolkit"
