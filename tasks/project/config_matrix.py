@@ -190,11 +190,11 @@ def _stable_once(variant: Variant) -> Variant:
     return variant.model_copy(update={"torch": variant.torch[-1:], "torch_target": target})
 
 
-def _cell(variant: Variant, values: dict[str, str], axes: Mapping[str, Sequence[str]],
+def _cell(variant: Variant, name: str, values: dict[str, str], axes: Mapping[str, Sequence[str]],
           claims: tuple[str, ...]) -> Variant:
-    """The variant of one cell: no axis of its own but the CPU it keeps, its cell, its name and its torch."""
+    """The variant of one cell (``name``): no axis of its own but the CPU it keeps, its cell and its torch."""
     update: dict[str, object] = {a.key: () for a in AXES if not a.keeps}
-    update |= {"name": cell_name(variant.name, values, axes), "exclude": (), "select": (),
+    update |= {"name": name, "exclude": (), "select": (),
                "cell": Cell(matrix=variant.name, values=values, label=_label(variant.name, values, axes),
                             claims=claims)}
     update |= {a.key: (values[a.key],) for a in AXES if a.keeps and a.key in values}
@@ -216,15 +216,14 @@ def expand(variant: Variant) -> tuple[Variant, ...]:
     if variant.abi == "stable" and len(variant.torch) > 1:
         claims = tuple(variant.torch)
         variant = _stable_once(variant)
-    axes = axis_values(variant)
-    check_exclusions(variant)
+    axes = axis_values(variant)  # the variant's model checked its exclusions against them (check_exclusions)
     exclusions = [exclusion(entry) for entry in variant.exclude]
     cells = []
     for combination in itertools.product(*axes.values()):
         values = dict(zip(axes, combination, strict=True))
         name = cell_name(variant.name, values, axes)
         if not any(entry.matches(name, values) for entry in exclusions):
-            cells.append(_cell(variant, values, axes, claims))
+            cells.append(_cell(variant, name, values, axes, claims))
     if not cells:
         said = " x ".join(f"{key} {list(values)}" for key, values in axes.items())
         raise ValueError(f"variant {variant.name!r}: its exclude list leaves no cell of {said}; remove an"
