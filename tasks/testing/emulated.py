@@ -112,9 +112,11 @@ def _pytest(root: Path, slot: Path, target: SuiteTarget) -> subprocess.Completed
     its ``test_timeout_s`` (pytest-timeout), with the variables its ``pass_env`` names (never a credential's)."""
     suite, inside = target.suite, "/" + slot.relative_to(root).as_posix()
     environ = guest_environ(slot / "home", pass_env=suite.pass_env)
-    passed = [f"{name}={environ[name]}" for name in suite.pass_env if name in environ]
-    cmd = ["/usr/sbin/chroot", str(root), "/usr/bin/env", "-i", "-C", f"{inside}/project",
-           "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home", *passed,
+    # every variable but the passed ones unset by name: their values travel in the environment, which only this
+    # user may read, never on the command line, which every local user may
+    unset = [option for name in sorted(environ) if name not in suite.pass_env for option in ("-u", name)]
+    cmd = ["/usr/sbin/chroot", str(root), "/usr/bin/env", *unset, "-C", f"{inside}/project",
+           "PATH=/usr/bin:/bin", f"PYTHONPATH={inside}/site", "LC_ALL=C.UTF-8", f"HOME={inside}/home",
            "/usr/bin/python3", "-s", "-m", "pytest", "-q", "-p", "no:cacheprovider",
            f"--timeout={suite.test_timeout_s:g}", f"--junitxml={inside}/report.xml",
            *(("-m", suite.markers) if suite.markers else ()), *suite.paths]
