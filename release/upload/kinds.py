@@ -12,8 +12,9 @@ A new kind is its module and one entry here.
 
 from __future__ import annotations
 
-import importlib
 from typing import NamedTuple, Protocol, runtime_checkable
+
+from kiln.core import entrypoints
 
 
 class UploadKind(NamedTuple):
@@ -57,9 +58,8 @@ UPLOAD_KINDS: dict[str, UploadKind] = {
 
 def load(spec: str) -> object:
     """What ``spec`` (``"module:attr"``) names, importing its module; ValueError naming the entry otherwise."""
-    module, _, attr = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
+        return entrypoints.load(spec)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"its entry {spec!r} in kiln.release.upload.kinds.UPLOAD_KINDS names nothing importable"
                          f" ({exc}); an entry is 'module:attr'") from exc

@@ -22,7 +22,6 @@ error of the worker, not of the code it was asked to judge, and becomes a
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import pickle
@@ -34,12 +33,13 @@ import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
+from kiln.core.entrypoints import load
 from kiln.core.errors import BuildWorkerError, InfrastructureError, KilnError
 from kiln.core.sandbox import guest_command, guest_environ
 from kiln.tasks.process import (
@@ -149,9 +149,8 @@ def serve(conn: Connection, stacks: str) -> None:
             target, request = conn.recv()
         except EOFError:
             return
-        module, _, attr = target.partition(":")
         try:
-            result = ("ok", getattr(importlib.import_module(module), attr)(request))
+            result = ("ok", cast(Callable[[Any], Any], load(target))(request))
         except Exception as exc:  # sent to the parent, which re-raises it as its own type
             result = ("error", pack_error(exc))
         conn.send(result)

@@ -10,15 +10,15 @@ timed, and its seconds kept in the unit's entry, so a later hit says what it sav
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from kiln.core.entrypoints import load
 from kiln.core.errors import CacheDriftError, CompileError, KilnError
 from kiln.core.fsutil import atomic_write_bytes, sha256_bytes
 from kiln.core.manifest import Unit
@@ -86,8 +86,7 @@ def cell_toolchain(variant: Variant | None) -> dict[str, str]:
     for axis in AXES:
         value = variant.cell.value(axis.key)
         if axis.toolchain and value is not None:
-            module, _, attr = axis.toolchain.partition(":")
-            environ |= getattr(importlib.import_module(module), attr)(value)
+            environ |= cast(Callable[[str], Mapping[str, str]], load(axis.toolchain))(value)
     return environ
 
 
